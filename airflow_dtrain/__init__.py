@@ -1,0 +1,33 @@
+"""airflow-dtrain: an Apache Airflow provider for distributed LLM training.
+
+Public names are exported lazily so that provider discovery and DAG parsing stay
+fast: importing this package imports neither torch, boto3 nor the kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
+    "JobSpec": "airflow_dtrain.spec",
+    "SpecError": "airflow_dtrain.spec",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:
+    from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
+    from airflow_dtrain.spec import JobSpec, SpecError
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'airflow_dtrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

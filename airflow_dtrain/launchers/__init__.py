@@ -1,0 +1,14 @@
+"""Pod-group backends: ``local`` (processes on this machine); Kubernetes comes later."""
+
+from __future__ import annotations
+
+from airflow_dtrain.launchers.base import (
+    PREEMPTED_EXIT_CODE,
+    GroupState,
+    GroupStatus,
+    LogChunk,
+    PodGroupLauncher,
+    get_launcher,
+)
+
+__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "get_launcher"]

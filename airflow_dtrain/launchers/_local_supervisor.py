@@ -1,0 +1,201 @@
+"""Supervisor of one local pod group.
+
+``python -m airflow_dtrain.launchers._local_supervisor GROUP_DIR`` is started,
+detached, by ``LocalLauncher.launch``. It outlives the Airflow worker that
+started it (that is what lets a restarted task reattach), starts one torchrun
+agent per node, copies their output into ``group.log`` with a ``[nodeN]``
+prefix, ends the group when one node ends badly, and writes ``result.json``
+last. It is a child subreaper, so torchrun workers orphaned by a dead agent are
+reparented to it and never outlive the group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``pid`` and all its descendants (torchrun workers live in their own sessions)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _become_subreaper() -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _pump(stream, prefix: bytes, sink, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        with lock:
+            sink.write(prefix + line)
+    stream.close()
+
+
+def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tuple[GroupState, str]:
+    """Turn node exit codes into a group state.
+
+    ``collateral`` are nodes this supervisor killed because a peer had already
+    ended: their exit codes say nothing about the cause.
+    """
+    if stopped:
+        return GroupState.STOPPED, "stopped on request"
+    if all(code == 0 for code in codes.values()):
+        return GroupState.SUCCEEDED, "all nodes exited 0"
+    own = {i: c for i, c in codes.items() if i not in collateral and c != 0}
+    for i, code in sorted(own.items()):
+        if code == PREEMPTED_EXIT_CODE:
+            return GroupState.PREEMPTED, f"node {i} exited {code} (preempted, resumable)"
+    for i, code in sorted(own.items()):
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return GroupState.PREEMPTED, f"node {i} was killed by {name} (node lost; resumable)"
+    if own:
+        i, code = sorted(own.items())[0]
+        return GroupState.FAILED, f"node {i} exited {code}"
+    return GroupState.FAILED, "nodes were stopped after a peer ended"
+
+
+def _node_env(env: dict[str, str], group: dict, index: int) -> dict[str, str]:
+    per_node = group.get("node_env") or []
+    return {**env, **(per_node[index] if index < len(per_node) else {})}
+
+
+def main(group_dir: Path) -> int:
+    group = json.loads((group_dir / "group.json").read_text())
+    _become_subreaper()
+    stop_requested = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
+    signal.signal(signal.SIGINT, lambda *_: stop_requested.set())
+
+    env = {**os.environ, **group["env"]}
+    lock = threading.Lock()
+    sink = open(group_dir / "group.log", "ab", buffering=0)  # noqa: SIM115 - lives as long as the group
+    nodes: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    for index, command in enumerate(group["node_commands"]):
+        node = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_node_env(env, group, index),
+            cwd=group.get("cwd") or None,
+            start_new_session=True,
+        )
+        pump = threading.Thread(target=_pump, args=(node.stdout, f"[node{index}]".encode(), sink, lock))
+        pump.start()
+        nodes.append(node)
+        pumps.append(pump)
+    write_json_atomic(
+        group_dir / "nodes.json",
+        {str(i): {"pid": n.pid, "create_time": psutil.Process(n.pid).create_time()} for i, n in enumerate(nodes)},
+    )
+
+    peer_grace = float(group.get("peer_exit_grace_s", 30.0))
+    collateral: set[int] = set()
+    first_bad_exit: float | None = None
+    stop_deadline: float | None = None
+    while True:
+        codes = {i: n.poll() for i, n in enumerate(nodes)}
+        running = [i for i, c in codes.items() if c is None]
+        if not running:
+            break
+        now = time.monotonic()
+        if stop_requested.is_set() and stop_deadline is None:
+            request = group_dir / "stop_request.json"
+            grace = json.loads(request.read_text())["grace_period_s"] if request.exists() else 30.0
+            stop_deadline = now + grace
+            for i in running:  # the agent forwards SIGTERM to its workers, which checkpoint and exit
+                nodes[i].send_signal(signal.SIGTERM)
+        if first_bad_exit is None and any(c not in (None, 0) for c in codes.values()):
+            # Peers of a preempted node are saving the same checkpoint and exit on their own;
+            # peers of a crashed node hang in a collective until we end them.
+            first_bad_exit = now
+        expired = (first_bad_exit is not None and now - first_bad_exit > peer_grace) or (
+            stop_deadline is not None and now > stop_deadline
+        )
+        if expired:
+            for i in running:
+                collateral.add(i)
+                kill_tree(nodes[i].pid)
+        time.sleep(0.2)
+
+    for child in psutil.Process().children(recursive=True):  # orphans reparented to us
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for pump in pumps:
+        pump.join(timeout=5)
+    sink.close()
+    codes = {i: n.returncode for i, n in enumerate(nodes)}
+    state, message = classify(codes, collateral, stop_requested.is_set())
+    write_json_atomic(
+        group_dir / "result.json",
+        {
+            "state": state.value,
+            "message": message,
+            "node_exit_codes": {str(i): c for i, c in codes.items()},
+            "finished_at": time.time(),
+        },
+    )
+    return 0
+
+
+def _daemonize_and_run(group_dir: Path) -> int:
+    # Double fork: the launcher reaps the intermediate at once, so the supervisor is
+    # nobody's zombie-to-be and survives the Airflow worker that started it.
+    if os.fork() > 0:
+        return 0
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    me = psutil.Process()
+    write_json_atomic(group_dir / "supervisor.json", {"pid": me.pid, "create_time": me.create_time()})
+    try:
+        code = main(group_dir)
+    except BaseException as err:  # noqa: BLE001 - the result must say why the group ended
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+        write_json_atomic(
+            group_dir / "result.json",
+            {"state": GroupState.FAILED.value, "message": f"supervisor error: {err!r}", "node_exit_codes": {}},
+        )
+        code = 1
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(_daemonize_and_run(Path(sys.argv[1])))

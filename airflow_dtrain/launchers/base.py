@@ -1,0 +1,113 @@
+"""The interface every pod-group backend implements.
+
+A pod group is N nodes × P processes, each node one torchrun agent. A backend
+can launch a group under a name, find it again by that name (after a worker
+restart), report its state, hand out its logs incrementally, and stop it.
+Everything here is plain data, so triggers can carry it across processes.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.config import PREEMPTED_EXIT_CODE
+
+__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher"]
+
+
+class GroupState(str, enum.Enum):
+    """Where a pod group is in its life."""
+
+    PENDING = "pending"
+    """Created, not all nodes running yet."""
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    """Every node exited 0."""
+    PREEMPTED = "preempted"
+    """A node was preempted or lost; the group can resume from its latest checkpoint."""
+    FAILED = "failed"
+    """A node failed for another reason; relaunching would fail again."""
+    STOPPED = "stopped"
+    """Stopped on request (``stop()``, e.g. from ``on_kill``)."""
+    NOT_FOUND = "not_found"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {GroupState.SUCCEEDED, GroupState.PREEMPTED, GroupState.FAILED, GroupState.STOPPED}
+)
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    state: GroupState
+    message: str = ""
+    node_exit_codes: dict[int, int | None] = field(default_factory=dict)
+    """Exit code per node index; None while running or when unknown (negative: killed by that signal)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "message": self.message,
+            "node_exit_codes": {str(k): v for k, v in self.node_exit_codes.items()},
+        }
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    lines: list[str]
+    cursor: Any
+    """Opaque position to pass to the next ``logs()`` call (JSON-serialisable)."""
+
+
+class PodGroupLauncher(abc.ABC):
+    """Launch, find, watch and stop pod groups on one backend."""
+
+    backend: str
+
+    @abc.abstractmethod
+    def launch(self, name: str, spec: dict[str, Any]) -> GroupStatus:
+        """Start group ``name`` for a ``JobSpec.to_dict()``; raises if it already exists."""
+
+    @abc.abstractmethod
+    def find(self, prefix: str) -> list[str]:
+        """Names of the groups whose name starts with ``prefix``, oldest first."""
+
+    @abc.abstractmethod
+    def status(self, name: str) -> GroupStatus:
+        """The group's current state (``NOT_FOUND`` if there is no such group)."""
+
+    @abc.abstractmethod
+    def logs(self, name: str, cursor: Any = None) -> LogChunk:
+        """Complete log lines produced since ``cursor`` (None: from the start)."""
+
+    @abc.abstractmethod
+    def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
+        """Ask every process to checkpoint and exit, kill what is left after the grace period."""
+
+
+def poll_group(launcher: PodGroupLauncher, name: str, cursor: Any) -> tuple[GroupStatus, LogChunk]:
+    """One look at a group: its state, then the log lines since ``cursor``.
+
+    State first: a backend writes the end state only after the last line, so when the
+    state is terminal the lines read after it are complete.
+    """
+    status = launcher.status(name)
+    return status, launcher.logs(name, cursor)
+
+
+def get_launcher(backend: str, **kwargs: Any) -> PodGroupLauncher:
+    """The launcher for ``backend``, built lazily so parsing a DAG imports nothing heavy."""
+    if backend == "local":
+        from airflow_dtrain.launchers.local import LocalLauncher
+
+        return LocalLauncher(**kwargs)
+    raise ValueError(f"backend: unknown backend {backend!r}")

@@ -1,0 +1,253 @@
+"""The ``local`` backend: a pod group as processes on this machine.
+
+Every node is its own torchrun agent (``python -m trainer.launch``, torchrun with
+exit codes that say "preempted"), so ``num_nodes=2, procs_per_node=1`` is a real
+two-node c10d rendezvous over 127.0.0.1. A detached supervisor per group
+(``_local_supervisor``) owns the processes; this class only reads and writes the
+group's directory, so any process on the machine -- a restarted worker, the
+triggerer -- can find, watch and stop a group by name.
+
+Group directory ``<state_dir>/<name>/``: ``group.json`` (what to run),
+``train_config.json``, ``supervisor.json`` and ``nodes.json`` (pids),
+``group.log`` (every process's output, ``[nodeN][rankR]:`` prefixed) and
+``result.json`` (written last: the group has ended).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from airflow_dtrain.launchers._local_supervisor import kill_tree, write_json_atomic
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher
+
+_MAX_LOG_CHUNK = 1 << 20
+
+
+def default_state_dir() -> Path:
+    if os.environ.get("DTRAIN_LOCAL_STATE_DIR"):
+        return Path(os.environ["DTRAIN_LOCAL_STATE_DIR"])
+    airflow_home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    return Path(airflow_home) / "dtrain" / "groups"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _alive(record: dict[str, Any]) -> bool:
+    try:
+        proc = psutil.Process(record["pid"])
+        return proc.create_time() == record["create_time"] and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class LocalLauncher(PodGroupLauncher):
+    """Runs pod groups as torchrun agents on this machine.
+
+    :param state_dir: where group directories live; shared by worker and triggerer.
+    :param python: interpreter for the agents (default: this one, which must have the trainer extra).
+    :param peer_exit_grace_s: after one node ends badly, how long its peers get to exit on their own.
+    """
+
+    backend = "local"
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike | None = None,
+        python: str | None = None,
+        peer_exit_grace_s: float = 30.0,
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.python = python or sys.executable
+        self.peer_exit_grace_s = peer_exit_grace_s
+
+    def _dir(self, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"name: not a group name: {name!r}")
+        return self.state_dir / name
+
+    def launch(self, name: str, spec: dict[str, Any]) -> GroupStatus:
+        if self.python == sys.executable and importlib.util.find_spec("torch") is None:
+            raise RuntimeError(
+                "the local backend runs the trainer on this machine and needs the trainer extra: "
+                "pip install 'airflow-dtrain[trainer]'"
+            )
+        group_dir = self._dir(name)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            group_dir.mkdir()
+        except FileExistsError:
+            raise ValueError(f"group {name!r} already exists in {self.state_dir}") from None
+
+        config_path = group_dir / "train_config.json"
+        config_path.write_text(json.dumps(spec["train"], indent=1))
+        num_nodes, procs = spec["num_nodes"], spec["procs_per_node"]
+        gpus = (spec.get("resources") or {}).get("gpus_per_node") or 0
+        port = _free_port()
+        commands = []
+        for node in range(num_nodes):
+            commands.append(
+                [
+                    self.python, "-u", "-m", "trainer.launch",
+                    "--nnodes", str(num_nodes),
+                    "--nproc-per-node", str(procs),
+                    "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"127.0.0.1:{port}",
+                    "--rdzv-id", name,
+                    # node 0 hosts the rendezvous store, as pod 0 does on Kubernetes
+                    "--rdzv-conf", f"is_host={1 if node == 0 else 0}",
+                    "--max-restarts", "0",
+                    "--tee", "3",
+                    "--log-dir", str(group_dir / "torchelastic" / f"node{node}"),
+                    "-m", "trainer", "--config", str(config_path),
+                ]
+            )  # fmt: skip
+        threads = max(1, (os.cpu_count() or 1) // (num_nodes * procs))
+        env = {
+            "DTRAIN_GROUP_NAME": name,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1",
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+        }
+        group = {
+            "name": name,
+            "backend": self.backend,
+            "spec": spec,
+            "node_commands": commands,
+            "env": env,
+            "rdzv_port": port,
+            "peer_exit_grace_s": self.peer_exit_grace_s,
+            "created_at": time.time(),
+        }
+        if gpus:
+            # one GPU per process, consecutive ranges per node
+            group["node_env"] = [
+                {"CUDA_VISIBLE_DEVICES": ",".join(str(node * gpus + g) for g in range(gpus))}
+                for node in range(num_nodes)
+            ]
+        write_json_atomic(group_dir / "group.json", group)
+
+        with open(group_dir / "supervisor.log", "ab") as out:
+            starter = subprocess.Popen(
+                [self.python, "-m", "airflow_dtrain.launchers._local_supervisor", str(group_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+            )
+        starter.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while not (group_dir / "supervisor.json").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"group {name}: supervisor did not start; see {group_dir / 'supervisor.log'}"
+                )
+            time.sleep(0.05)
+        return self.status(name)
+
+    def find(self, prefix: str) -> list[str]:
+        if not self.state_dir.is_dir():
+            return []
+        found = [p for p in self.state_dir.iterdir() if p.name.startswith(prefix) and (p / "group.json").exists()]
+        return [p.name for p in sorted(found, key=lambda p: json.loads((p / "group.json").read_text())["created_at"])]
+
+    def status(self, name: str) -> GroupStatus:
+        group_dir = self._dir(name)
+        if not (group_dir / "group.json").exists():
+            return GroupStatus(name, GroupState.NOT_FOUND, f"no group {name!r} in {self.state_dir}")
+        result_path = group_dir / "result.json"
+        if result_path.exists():
+            result = json.loads(result_path.read_text())
+            codes = {int(k): v for k, v in result.get("node_exit_codes", {}).items()}
+            return GroupStatus(name, GroupState(result["state"]), result.get("message", ""), codes)
+        supervisor = group_dir / "supervisor.json"
+        if not supervisor.exists():
+            return GroupStatus(name, GroupState.PENDING, "supervisor starting")
+        if _alive(json.loads(supervisor.read_text())):
+            if not (group_dir / "nodes.json").exists():
+                return GroupStatus(name, GroupState.PENDING, "starting nodes")
+            return GroupStatus(name, GroupState.RUNNING, "")
+        if result_path.exists():  # it finished between the two checks
+            return self.status(name)
+        return GroupStatus(name, GroupState.FAILED, "the group's supervisor died without a result (killed?)")
+
+    def logs(self, name: str, cursor: Any = None) -> LogChunk:
+        path = self._dir(name) / "group.log"
+        offset = int(cursor or 0)
+        if not path.exists():
+            return LogChunk([], offset)
+        with open(path, "rb") as log:
+            log.seek(offset)
+            data = log.read(_MAX_LOG_CHUNK)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return LogChunk([], offset)
+        data = data[: end + 1]
+        return LogChunk(data.decode("utf-8", "replace").splitlines(), offset + len(data))
+
+    def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
+        group_dir = self._dir(name)
+        current = self.status(name)
+        if current.state in (GroupState.PENDING, GroupState.RUNNING):
+            write_json_atomic(group_dir / "stop_request.json", {"grace_period_s": grace_period_s})
+            supervisor = group_dir / "supervisor.json"
+            deadline = time.monotonic() + 60
+            while not supervisor.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            record = json.loads(supervisor.read_text()) if supervisor.exists() else None
+            if record and _alive(record):
+                os.kill(record["pid"], signal.SIGTERM)
+            deadline = time.monotonic() + grace_period_s + 15
+            while not (group_dir / "result.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self._sweep(name)
+        if not (group_dir / "result.json").exists() and (group_dir / "group.json").exists():
+            write_json_atomic(
+                group_dir / "result.json",
+                {"state": GroupState.STOPPED.value, "message": "stopped on request (killed)", "node_exit_codes": {}},
+            )
+        return self.status(name)
+
+    def _sweep(self, name: str) -> None:
+        """Kill whatever is left of the group: the supervisor, its nodes and every tagged process."""
+        group_dir = self._dir(name)
+        for record_file in ("supervisor.json",):
+            path = group_dir / record_file
+            if path.exists() and _alive(record := json.loads(path.read_text())):
+                kill_tree(record["pid"])
+        nodes = group_dir / "nodes.json"
+        if nodes.exists():
+            for record in json.loads(nodes.read_text()).values():
+                if _alive(record):
+                    kill_tree(record["pid"])
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.environ().get("DTRAIN_GROUP_NAME") == name:
+                    proc.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+
+    def processes(self, name: str) -> list[psutil.Process]:
+        """Live processes that belong to group ``name`` (for tests and troubleshooting)."""
+        live = []
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.environ().get("DTRAIN_GROUP_NAME") == name and proc.status() != psutil.STATUS_ZOMBIE:
+                    live.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+        return live

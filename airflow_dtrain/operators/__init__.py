@@ -1,0 +1,15 @@
+"""Operators of airflow-dtrain."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {"FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train"}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'airflow_dtrain.operators' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -1,0 +1,350 @@
+"""FSDPTrainOperator: train a Llama-family model with FSDP2 as a pod group."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, conf
+
+from airflow_dtrain.launchers.base import GroupState, PodGroupLauncher, get_launcher, poll_group
+from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
+from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+# Operator arguments that go into the trainer's config (see airflow_dtrain.spec.TRAIN_FIELDS).
+_TRAIN_ARGUMENTS = (
+    "flavor", "dataset", "seq_len", "steps", "global_batch_size", "micro_batch_size", "seed", "lr",
+    "warmup_steps", "weight_decay", "grad_clip", "checkpoint_uri", "checkpoint_every", "checkpoint_keep",
+    "log_every", "simulate_preemption_at_step",
+)  # fmt: skip
+_GROUP_ARGUMENTS = ("num_nodes", "procs_per_node", "backend", "resources", "max_preemptions", "config")
+
+
+class TrainingFailed(RuntimeError):
+    """The pod group failed (not preempted) or ran out of relaunches."""
+
+
+def _is_template(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(_is_template(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_is_template(v) for v in value)
+    # XComArg, MappedArgument and other lazy values resolve at run time
+    return type(value).__module__.startswith("airflow.")
+
+
+class FSDPTrainOperator(BaseOperator):
+    """
+    Train a Llama-family model with PyTorch FSDP2 as a pod group of ``num_nodes`` × ``procs_per_node``.
+
+    Each node runs one torchrun agent. The group's name is derived from
+    dag_id/run_id/task_id/map_index, so a task restarted while its group runs
+    reattaches instead of launching a second one. A group that ends preempted is
+    relaunched from its latest checkpoint, up to ``max_preemptions`` times,
+    without spending Airflow retries. Returns a summary (XCom): final step,
+    tokens seen, final loss, latest checkpoint, wall time, preemptions, steps lost.
+
+    :param flavor: model flavour: ``debug``, ``llama3_1b``, ``llama3_3b``, ``llama3_8b``. (templated)
+    :param dataset: ``builtin`` or a token-shard directory from ``python -m trainer.prepare_data``. (templated)
+    :param seq_len: tokens per sequence. (templated)
+    :param steps: optimizer steps to train. (templated)
+    :param global_batch_size: sequences per optimizer step across all ranks. (templated)
+    :param micro_batch_size: sequences per rank per forward/backward. (templated)
+    :param seed: random seed. (templated)
+    :param lr: peak learning rate (linear warmup, then cosine decay). (templated)
+    :param warmup_steps: warmup steps. (templated)
+    :param weight_decay: AdamW weight decay. (templated)
+    :param grad_clip: gradient-norm clipping threshold. (templated)
+    :param checkpoint_uri: where checkpoints go (a path or ``file://``); default for the local
+        backend: next to its group state. (templated)
+    :param checkpoint_every: save every N steps (0: at the end and on preemption). (templated)
+    :param checkpoint_keep: committed checkpoints to keep. (templated)
+    :param log_every: steps between metric lines. (templated)
+    :param simulate_preemption_at_step: for demos: SIGTERM the group once, at this step (0: never). (templated)
+    :param config: further trainer config, nested or dotted keys; the flat arguments win. (templated)
+    :param num_nodes: nodes in the group. (templated)
+    :param procs_per_node: training processes per node. (templated)
+    :param backend: ``local`` (processes on this machine). (templated)
+    :param resources: per-node ``{"cpu", "memory", "gpus_per_node"}``. (templated)
+    :param max_preemptions: relaunches after preemption before the task fails. (templated)
+    :param poll_interval: seconds between looks at the group.
+    :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
+    :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
+    :param deferrable: watch the group from the triggerer, freeing the worker slot.
+    """
+
+    template_fields: Sequence[str] = (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)
+    template_fields_renderers = {"config": "json", "resources": "json"}
+    ui_color = "#f0e4ff"
+
+    def __init__(
+        self,
+        *,
+        flavor: str = "debug",
+        dataset: str = "builtin",
+        seq_len: int | None = None,
+        steps: int | None = None,
+        global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+        seed: int | None = None,
+        lr: float | None = None,
+        warmup_steps: int | None = None,
+        weight_decay: float | None = None,
+        grad_clip: float | None = None,
+        checkpoint_uri: str | None = None,
+        checkpoint_every: int | None = None,
+        checkpoint_keep: int | None = None,
+        log_every: int | None = None,
+        simulate_preemption_at_step: int | None = None,
+        config: dict[str, Any] | None = None,
+        num_nodes: int = 1,
+        procs_per_node: int = 1,
+        backend: str = "local",
+        resources: dict[str, Any] | None = None,
+        max_preemptions: int = 3,
+        poll_interval: float = 5.0,
+        stop_grace_period_s: float = 30.0,
+        local_state_dir: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.flavor = flavor
+        self.dataset = dataset
+        self.seq_len = seq_len
+        self.steps = steps
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self.lr = lr
+        self.warmup_steps = warmup_steps
+        self.weight_decay = weight_decay
+        self.grad_clip = grad_clip
+        self.checkpoint_uri = checkpoint_uri
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_keep = checkpoint_keep
+        self.log_every = log_every
+        self.simulate_preemption_at_step = simulate_preemption_at_step
+        self.config = config
+        self.num_nodes = num_nodes
+        self.procs_per_node = procs_per_node
+        self.backend = backend
+        self.resources = resources
+        self.max_preemptions = max_preemptions
+        self.poll_interval = poll_interval
+        self.stop_grace_period_s = stop_grace_period_s
+        self.local_state_dir = local_state_dir
+        self.deferrable = deferrable
+        self._group: str | None = None
+        # Fail in the DAG file, not at run time, for everything that is not templated.
+        self.job_spec(skip_templates=True)
+
+    # -- spec -------------------------------------------------------------------------------
+    def job_spec(self, *, skip_templates: bool = False) -> JobSpec:
+        """The validated job spec; raises ``SpecError`` naming the field and the value."""
+        arguments = {name: getattr(self, name) for name in (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)}
+        if skip_templates:
+            defaults = {"num_nodes": 1, "procs_per_node": 1, "backend": "local", "max_preemptions": 3}
+            arguments = {
+                k: (defaults.get(k) if _is_template(v) else v) for k, v in arguments.items()
+            }
+        if not arguments.get("checkpoint_uri") and not skip_templates:
+            arguments["checkpoint_uri"] = self._default_checkpoint_uri(arguments.get("backend"))
+        try:
+            return JobSpec.from_arguments(**arguments)
+        except SpecError as err:
+            raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
+
+    def _default_checkpoint_uri(self, backend: str | None) -> str:
+        if backend != "local":
+            raise SpecError(f"checkpoint_uri: required for backend {backend!r}")
+        return str(self._state_dir().parent / "checkpoints" / self._base)
+
+    def _state_dir(self):
+        from pathlib import Path
+
+        from airflow_dtrain.launchers.local import default_state_dir
+
+        configured = self.local_state_dir or conf.get("dtrain", "local_state_dir", fallback="")
+        return Path(configured) if configured else default_state_dir()
+
+    # -- launcher -----------------------------------------------------------------------------
+    def _launcher_kwargs(self, backend: str) -> dict[str, Any]:
+        return {"state_dir": str(self._state_dir())} if backend == "local" else {}
+
+    def _get_launcher(self, backend: str) -> PodGroupLauncher:
+        return get_launcher(backend, **self._launcher_kwargs(backend))
+
+    def _groups(self, launcher: PodGroupLauncher) -> list[str]:
+        names = launcher.find(self._base)
+        return sorted((n for n in names if relaunch_index(self._base, n) is not None), key=lambda n: relaunch_index(self._base, n))
+
+    def _preemptions(self, launcher: PodGroupLauncher, names: list[str]) -> int:
+        return sum(launcher.status(n).state == GroupState.PREEMPTED for n in names)
+
+    def _launch(self, launcher: PodGroupLauncher, spec: JobSpec, relaunch: int) -> str:
+        name = group_name(self._base, relaunch)
+        self.log.info(
+            "Launching group %s: %d node(s) x %d process(es) on %s, %s flavour, %d steps, checkpoints in %s",
+            name, spec.num_nodes, spec.procs_per_node, spec.backend, spec.train.model.flavor,
+            spec.train.steps, spec.train.checkpoint.uri,
+        )  # fmt: skip
+        launcher.launch(name, spec.to_dict())
+        return name
+
+    def _attach_or_launch(self, launcher: PodGroupLauncher, spec: JobSpec) -> str:
+        names = self._groups(launcher)
+        if not names:
+            return self._launch(launcher, spec, 0)
+        last = names[-1]
+        status = launcher.status(last)
+        if status.state in (GroupState.PENDING, GroupState.RUNNING, GroupState.SUCCEEDED):
+            self.log.info("Reattaching to group %s (%s), launched by an earlier try", last, status.state.value)
+            return last
+        self.log.info(
+            "Group %s of an earlier try ended %s (%s); relaunching from the latest checkpoint",
+            last, status.state.value, status.message,
+        )  # fmt: skip
+        return self._launch(launcher, spec, relaunch_index(self._base, last) + 1)
+
+    # -- execution ----------------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        ti = context["ti"]
+        self._base = group_base_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        spec = self.job_spec()
+        launcher = self._get_launcher(spec.backend)
+        self._group = self._attach_or_launch(launcher, spec)
+        ti.xcom_push(key="group", value=self._group)
+        if self.deferrable:
+            self._defer(spec, self._group, None)
+        return self._watch(context, spec, launcher)
+
+    def _defer(self, spec: JobSpec, name: str, cursor: Any) -> None:
+        self.defer(
+            trigger=FSDPTrainTrigger(
+                name=name,
+                backend=spec.backend,
+                launcher_kwargs=self._launcher_kwargs(spec.backend),
+                poll_interval=self.poll_interval,
+                log_cursor=cursor,
+            ),
+            method_name="execute_complete",
+            kwargs={"spec": spec.to_dict(), "base": self._base},
+        )
+
+    def _watch(self, context: Context, spec: JobSpec, launcher: PodGroupLauncher) -> dict[str, Any]:
+        """Watch from the worker (not deferrable): stream logs, relaunch on preemption."""
+        cursor: Any = None
+        tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        while True:
+            status, chunk = poll_group(launcher, self._group, cursor)
+            for line in chunk.lines:
+                self.log.info("%s", line)
+            tail.extend(chunk.lines)
+            cursor = chunk.cursor
+            if status.state.terminal or status.state == GroupState.NOT_FOUND:
+                outcome = self._on_group_end(spec, launcher, group_event(status, list(tail), cursor))
+                if isinstance(outcome, dict):
+                    return outcome
+                self._group, cursor = outcome, None
+                tail.clear()
+                continue
+            time.sleep(self.poll_interval)
+
+    def execute_complete(self, context: Context, event: dict[str, Any], spec: dict, base: str) -> dict[str, Any]:
+        self._base = base
+        job = JobSpec.from_dict(spec)
+        launcher = self._get_launcher(job.backend)
+        self._group = event.get("name")
+        outcome = self._on_group_end(job, launcher, event)
+        if isinstance(outcome, dict):
+            return outcome
+        self._group = outcome
+        context["ti"].xcom_push(key="group", value=outcome)
+        self._defer(job, outcome, None)
+        raise AssertionError("unreachable: defer() raises")
+
+    def _on_group_end(self, spec: JobSpec, launcher: PodGroupLauncher, event: dict[str, Any]) -> dict | str:
+        """Success -> the summary; preempted -> the name of the relaunched group; else raise."""
+        name = event["name"]
+        if event["status"] == "success":
+            return self._summary(spec, launcher, name)
+        if event["status"] == "preempted":
+            names = self._groups(launcher)
+            preemptions = self._preemptions(launcher, names)
+            if preemptions > spec.max_preemptions:
+                raise TrainingFailed(
+                    f"group {name} was preempted {preemptions} times, more than max_preemptions="
+                    f"{spec.max_preemptions}: {event['message']}"
+                )
+            self.log.warning(
+                "Group %s preempted (%s): relaunching from the latest checkpoint (preemption %d of at most %d)",
+                name, event["message"], preemptions, spec.max_preemptions,
+            )  # fmt: skip
+            return self._launch(launcher, spec, relaunch_index(self._base, name) + 1)
+        tail = "\n".join(event.get("log_tail") or [])
+        raise TrainingFailed(
+            f"training group {name} {event.get('state')}: {event.get('message')}\n"
+            f"Last lines of its log:\n{tail}"
+        )
+
+    def _summary(self, spec: JobSpec, launcher: PodGroupLauncher, name: str) -> dict[str, Any]:
+        progress = read_progress(spec.train.checkpoint.uri)
+        names = self._groups(launcher)
+        if progress.get("status") != "completed" or progress.get("step") != spec.train.steps:
+            raise TrainingFailed(
+                f"group {name} exited 0 but its progress says status={progress.get('status')!r} "
+                f"step={progress.get('step')} of {spec.train.steps}"
+            )
+        summary = {
+            "group": name,
+            "final_step": progress["step"],
+            "tokens_seen": progress.get("tokens_seen"),
+            "final_loss": progress.get("loss"),
+            "latest_checkpoint": progress.get("latest_checkpoint"),
+            "wall_time_s": progress.get("wall_time_s"),
+            "preemptions": self._preemptions(launcher, names),
+            "relaunches": len(names) - 1,
+            "steps_lost": progress.get("steps_lost", 0),
+        }
+        summary_path = write_summary(spec.train.checkpoint.uri, summary)
+        self.log.info("Training finished: %s (summary in %s)", json.dumps(summary), summary_path)
+        return summary
+
+    def on_kill(self) -> None:
+        if not self._group:
+            return
+        backend = self.backend if isinstance(self.backend, str) else "local"
+        self.log.info("Stopping group %s", self._group)
+        status = self._get_launcher(backend).stop(self._group, self.stop_grace_period_s)
+        self.log.info("Group %s is %s", self._group, status.state.value)
+
+
+def read_progress(checkpoint_uri: str) -> dict[str, Any]:
+    """The trainer's ``progress.json`` under ``checkpoint_uri`` ({} when there is none yet)."""
+    import fsspec
+
+    path = checkpoint_uri.rstrip("/") + "/progress.json"
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    if not fs.exists(fs_path):
+        return {}
+    with fs.open(fs_path, "r") as fh:
+        return json.load(fh)
+
+
+def write_summary(checkpoint_uri: str, summary: dict[str, Any]) -> str:
+    """Write the run summary as ``summary.json`` next to the checkpoints; returns its path."""
+    import fsspec
+
+    path = checkpoint_uri.rstrip("/") + "/summary.json"
+    with fsspec.open(path, "w") as fh:
+        json.dump(summary, fh, indent=1)
+    return path

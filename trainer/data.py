@@ -1,0 +1,231 @@
+"""Token data: the built-in corpus, the on-disk format, and each rank's batches.
+
+On-disk format (a directory), written by this module for the built-in corpus and by
+``python -m trainer.prepare_data`` for text files:
+
+* ``meta.json``: {"format": "dtrain-tokens", "version": 1, "tokenizer": "bytes",
+  "vocab_size": 256, "dtype": "uint16", "splits": {"train": n_tokens, "val": n_tokens}}
+* ``train.bin``, ``val.bin``: raw little-endian token ids, read through np.memmap.
+
+Batches are a pure function of (seed, samples consumed so far): the loader's whole
+state is one integer, saved in every checkpoint, so a resumed run sees exactly the
+batches the uninterrupted run would have seen, for any world size.
+"""
+
+import json
+import math
+import os
+import random
+import shutil
+import uuid
+
+import numpy as np
+import torch
+
+from trainer.config import ConfigError, DataConfig
+
+FORMAT_VERSION = 1
+BUILTIN_NAME = "builtin-v1"  # bump when the generator below changes, so caches are rebuilt
+BUILTIN_TRAIN_BYTES = 2_000_000
+BUILTIN_VAL_BYTES = 100_000
+DOC_SEPARATOR = b"\n\n"
+
+
+def default_data_dir() -> str:
+    return os.environ.get("DTRAIN_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "airflow-dtrain", "data")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_token_dir(out_dir: str, train: bytes, val: bytes, source: str) -> None:
+    """Write the format atomically: build in a sibling temp dir, then rename into place.
+
+    If another process (another node on a shared filesystem) renamed its copy first,
+    ours is dropped: both are identical for the built-in corpus.
+    """
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex}")
+    os.makedirs(tmp)
+    try:
+        for name, data in (("train", train), ("val", val)):
+            # byte-level tokens: a token id is the byte value; uint16 leaves room for
+            # other tokenizers up to 65535 ids.
+            np.frombuffer(data, dtype=np.uint8).astype("<u2").tofile(os.path.join(tmp, f"{name}.bin"))
+        meta = {
+            "format": "dtrain-tokens",
+            "version": FORMAT_VERSION,
+            "tokenizer": "bytes",
+            "vocab_size": 256,
+            "dtype": "uint16",
+            "splits": {"train": len(train), "val": len(val)},
+            "source": source,
+        }
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if not os.path.exists(os.path.join(out_dir, "meta.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def generate_builtin_text(n_bytes: int, seed: int) -> bytes:
+    """English-like text from a small grammar: learnable structure (spelling, agreement,
+    punctuation, recurring names) so that the loss falls clearly within a few hundred steps."""
+    rng = random.Random(seed)
+    names = ["Ada", "Ben", "Clara", "Dev", "Ella", "Finn", "Grace", "Hugo", "Iris", "Jon"]
+    adjs = ["small", "red", "quiet", "bright", "old", "young", "happy", "tired", "clever", "green", "heavy", "warm"]
+    nouns = ["cat", "dog", "bird", "tree", "river", "house", "garden", "train", "book", "lamp", "horse", "child"]
+    verbs = [("sees", "see", "saw"), ("finds", "find", "found"), ("likes", "like", "liked"),
+             ("follows", "follow", "followed"), ("watches", "watch", "watched"), ("paints", "paint", "painted")]
+    preps = ["near", "under", "behind", "beside", "above", "inside"]
+    advs = ["slowly", "quickly", "happily", "today", "again", "at night"]
+    numbers = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+    def np_(plural: bool) -> str:
+        noun = rng.choice(nouns)
+        noun = noun + ("ren" if noun == "child" else "es" if noun.endswith("s") else "s") if plural else noun
+        return f"the {rng.choice(adjs)} {noun}" if rng.random() < 0.6 else f"the {noun}"
+
+    def sentence() -> str:
+        kind = rng.randrange(6)
+        v = rng.choice(verbs)
+        if kind == 0:  # subject-verb agreement
+            plural = rng.random() < 0.5
+            return f"{np_(plural).capitalize()} {v[1] if plural else v[0]} {np_(rng.random() < 0.3)} {rng.choice(preps)} {np_(False)}."
+        if kind == 1:
+            return f"{rng.choice(names)} {v[2]} {np_(False)} {rng.choice(advs)}."
+        if kind == 2:  # question and its answer repeat the words
+            a, b = rng.choice(nouns), rng.choice(nouns)
+            return f"Did the {a} {v[1]} the {b}? Yes, the {a} {v[2]} the {b}."
+        if kind == 3:  # counting
+            start = rng.randrange(7)
+            return "We count " + ", ".join(numbers[start:start + 4]) + "."
+        if kind == 4:
+            n = rng.choice(names)
+            return f"{n} has {rng.choice(numbers[1:])} {rng.choice(nouns[:6])}s, and {n} is {rng.choice(adjs)}."
+        return f"There is a {rng.choice(nouns)} {rng.choice(preps)} {np_(False)}."
+
+    out, size = [], 0
+    while size < n_bytes:
+        doc = " ".join(sentence() for _ in range(rng.randint(3, 8)))
+        out.append(doc)
+        size += len(doc) + len(DOC_SEPARATOR)
+    return DOC_SEPARATOR.join(d.encode() for d in out)[:n_bytes]
+
+
+def ensure_builtin(data_dir: str) -> str:
+    """Build the built-in corpus under data_dir if it is not there yet; return its path."""
+    path = os.path.join(data_dir, BUILTIN_NAME)
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        text = generate_builtin_text(BUILTIN_TRAIN_BYTES + BUILTIN_VAL_BYTES, seed=1234)
+        write_token_dir(path, text[:BUILTIN_TRAIN_BYTES], text[BUILTIN_TRAIN_BYTES:], source="builtin grammar v1")
+    return path
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def resolve_dataset(cfg: DataConfig, is_local_leader: bool, barrier) -> str:
+    """The directory of cfg.dataset. The local rank 0 of each node builds the built-in
+    corpus (nodes may not share a filesystem) while the others wait on `barrier()`."""
+    if cfg.dataset == "builtin":
+        path = os.path.join(default_data_dir(), BUILTIN_NAME)
+        if is_local_leader:
+            ensure_builtin(default_data_dir())
+        barrier()
+        return path
+    if not os.path.exists(os.path.join(cfg.dataset, "meta.json")):
+        raise ConfigError(
+            f"data.dataset: {cfg.dataset!r} is not \"builtin\" nor a directory written by "
+            "`python -m trainer.prepare_data` (no meta.json there)"
+        )
+    return cfg.dataset
+
+
+def open_split(directory: str, split: str) -> tuple[np.ndarray, dict]:
+    with open(os.path.join(directory, "meta.json")) as f:
+        meta = json.load(f)
+    if meta.get("format") != "dtrain-tokens" or meta.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{directory}: unsupported token format {meta.get('format')!r} v{meta.get('version')!r}")
+    tokens = np.memmap(os.path.join(directory, f"{split}.bin"), dtype=np.dtype(meta["dtype"]).newbyteorder("<"), mode="r")
+    return tokens, meta
+
+
+def _affine_permutation(n: int, seed: int, epoch: int) -> tuple[int, int]:
+    """(a, b) such that i -> (a*i + b) mod n is a permutation of range(n): a cheap,
+    O(1)-memory shuffle of the sequence order, different for every epoch."""
+    rng = random.Random(f"{seed}-{epoch}")
+    if n == 1:
+        return 1, 0
+    while True:
+        a = rng.randrange(1, n)
+        if math.gcd(a, n) == 1:
+            return a, rng.randrange(n)
+
+
+class TrainBatches:
+    """This rank's micro-batches of the training split.
+
+    Global sample g of the run (g = step * global_batch_size + j) is the sequence
+    starting at token seq_len * perm(g mod n_seq). In each global batch, rank r takes
+    the contiguous block j in [r * B/W, (r+1) * B/W) and cuts it into micro-batches, so
+    ranks read disjoint slices and the union over ranks does not depend on the world size.
+    """
+
+    def __init__(self, directory: str, seq_len: int, global_batch_size: int, micro_batch_size: int,
+                 rank: int, world_size: int, seed: int, device: torch.device):
+        self.tokens, self.meta = open_split(directory, "train")
+        self.seq_len, self.seed, self.device = seq_len, seed, device
+        self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
+        self.per_rank = global_batch_size // world_size
+        self.rank = rank
+        # Each sequence needs seq_len + 1 tokens (inputs and next-token targets).
+        self.n_seq = (len(self.tokens) - 1) // seq_len
+        if self.n_seq < 1:
+            raise ValueError(f"{directory}: train split has {len(self.tokens)} tokens, fewer than seq_len+1 = {seq_len + 1}")
+        self.samples_seen = 0  # global samples consumed; the loader's whole state
+        self._perm_epoch, self._perm = -1, (1, 0)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta["vocab_size"]
+
+    def _sequence(self, g: int) -> np.ndarray:
+        epoch, i = divmod(g, self.n_seq)
+        if epoch != self._perm_epoch:
+            self._perm_epoch, self._perm = epoch, _affine_permutation(self.n_seq, self.seed, epoch)
+        a, b = self._perm
+        start = ((a * i + b) % self.n_seq) * self.seq_len
+        return self.tokens[start:start + self.seq_len + 1]
+
+    def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One optimizer step's micro-batches for this rank: [(inputs, targets)], each (micro_batch, seq_len) int64."""
+        first = self.samples_seen + self.rank * self.per_rank
+        rows = np.stack([self._sequence(first + j) for j in range(self.per_rank)]).astype(np.int64)
+        self.samples_seen += self.global_batch_size
+        rows = torch.from_numpy(rows).to(self.device)  # (per_rank, seq_len + 1)
+        return [(mb[:, :-1], mb[:, 1:]) for mb in rows.split(self.micro_batch_size)]
+
+    def state_dict(self) -> dict:
+        return {"samples_seen": self.samples_seen, "seq_len": self.seq_len, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.samples_seen = int(state["samples_seen"])
+
+
+def eval_batches(directory: str, seq_len: int, batch_size: int, max_batches: int, device: torch.device):
+    """Consecutive non-overlapping sequences of the held-out split: (inputs, targets), each (batch, seq_len)."""
+    tokens, _ = open_split(directory, "val")
+    n_seq = (len(tokens) - 1) // seq_len
+    if n_seq < 1:
+        raise ValueError(f"{directory}: val split has {len(tokens)} tokens, fewer than seq_len+1 = {seq_len + 1}")
+    for first in range(0, min(n_seq, batch_size * max_batches), batch_size):
+        idx = range(first, min(first + batch_size, n_seq))
+        rows = np.stack([tokens[i * seq_len:i * seq_len + seq_len + 1] for i in idx]).astype(np.int64)
+        rows = torch.from_numpy(rows).to(device)
+        yield rows[:, :-1], rows[:, 1:]
