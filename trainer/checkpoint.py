@@ -88,8 +88,9 @@ def _set_rng_state(state: dict) -> None:
 class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 
-    def __init__(self, cfg: CheckpointConfig, *, flavor: str, config_hash: str, rank: int, world_size: int):
-        self.cfg, self.flavor, self.config_hash = cfg, flavor, config_hash
+    def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str,
+                 rank: int, world_size: int):
+        self.cfg, self.flavor, self.config, self.config_hash = cfg, flavor, config, config_hash
         self.rank, self.world_size = rank, world_size
         self.root = local_dir(cfg.uri)
 
@@ -141,6 +142,8 @@ class Checkpointer:
                 "wall_time_s": round(wall_time_s, 3),
                 "files": dict(sorted(files.items())),
                 "created_at": time.time(),
+                # not required by readers of the manifest; lets evaluate/export rebuild the model
+                "config": self.config,
             }
             write_json_atomic(os.path.join(path, MANIFEST), manifest)  # the commit point
             self._apply_retention()

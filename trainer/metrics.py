@@ -78,6 +78,10 @@ class Metrics:
         except OSError:
             pass  # metrics must never stop training
 
+    def start_window(self) -> None:
+        """Start timing throughput from now (call when the training loop starts)."""
+        self._window_start, self._window_tokens = time.perf_counter(), 0
+
     def count_tokens(self, n: int) -> None:
         self._window_tokens += n
 

@@ -28,6 +28,8 @@ class Progress:
     def __init__(self, root: str | None, steps: int, enabled: bool):
         """root: the local checkpoint directory (None: no progress file); enabled: rank 0 only."""
         self.path = os.path.join(root, FILENAME) if (root and enabled) else None
+        if self.path:
+            os.makedirs(root, exist_ok=True)
         self.steps = steps
         self.attempt, self.steps_lost, self.prior_wall_s = 1, 0, 0.0
         self.resumed_from_step: int | None = None
@@ -45,6 +47,8 @@ class Progress:
             # checkpoint we restart from is trained again.
             self.steps_lost = int(previous.get("steps_lost", 0)) + max(0, int(previous.get("step", 0)) - start_step)
             self.prior_wall_s = float(previous.get("wall_time_s", 0.0))
+            if previous.get("step") == start_step:
+                self.state["loss"] = previous.get("loss")
         self.state.update(step=start_step, tokens_seen=tokens_seen, latest_checkpoint=latest_checkpoint)
         self.update()
 

@@ -23,7 +23,7 @@ _TRAIN_ARGUMENTS = (
     "warmup_steps", "weight_decay", "grad_clip", "checkpoint_uri", "checkpoint_every", "checkpoint_keep",
     "log_every", "simulate_preemption_at_step",
 )  # fmt: skip
-_GROUP_ARGUMENTS = ("num_nodes", "procs_per_node", "backend", "resources", "max_preemptions", "config")
+_GROUP_ARGUMENTS = ("num_nodes", "procs_per_node", "backend", "node_resources", "max_preemptions", "config")
 
 
 class TrainingFailed(RuntimeError):
@@ -73,7 +73,8 @@ class FSDPTrainOperator(BaseOperator):
     :param num_nodes: nodes in the group. (templated)
     :param procs_per_node: training processes per node. (templated)
     :param backend: ``local`` (processes on this machine). (templated)
-    :param resources: per-node ``{"cpu", "memory", "gpus_per_node"}``. (templated)
+    :param node_resources: per-node ``{"cpu", "memory", "gpus_per_node"}`` (``resources`` is
+        Airflow's own task argument). (templated)
     :param max_preemptions: relaunches after preemption before the task fails. (templated)
     :param poll_interval: seconds between looks at the group.
     :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
@@ -82,7 +83,7 @@ class FSDPTrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)
-    template_fields_renderers = {"config": "json", "resources": "json"}
+    template_fields_renderers = {"config": "json", "node_resources": "json"}
     ui_color = "#f0e4ff"
 
     def __init__(
@@ -108,7 +109,7 @@ class FSDPTrainOperator(BaseOperator):
         num_nodes: int = 1,
         procs_per_node: int = 1,
         backend: str = "local",
-        resources: dict[str, Any] | None = None,
+        node_resources: dict[str, Any] | None = None,
         max_preemptions: int = 3,
         poll_interval: float = 5.0,
         stop_grace_period_s: float = 30.0,
@@ -137,7 +138,7 @@ class FSDPTrainOperator(BaseOperator):
         self.num_nodes = num_nodes
         self.procs_per_node = procs_per_node
         self.backend = backend
-        self.resources = resources
+        self.node_resources = node_resources
         self.max_preemptions = max_preemptions
         self.poll_interval = poll_interval
         self.stop_grace_period_s = stop_grace_period_s
@@ -158,6 +159,7 @@ class FSDPTrainOperator(BaseOperator):
             }
         if not arguments.get("checkpoint_uri") and not skip_templates:
             arguments["checkpoint_uri"] = self._default_checkpoint_uri(arguments.get("backend"))
+        arguments["resources"] = arguments.pop("node_resources")
         try:
             return JobSpec.from_arguments(**arguments)
         except SpecError as err:

@@ -1,0 +1,146 @@
+"""FSDPTrainOperator against real groups of torchrun processes on the local backend."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import signal
+import threading
+
+import pytest
+from airflow.exceptions import TaskDeferred
+
+from airflow_dtrain import FSDPTrainOperator
+from airflow_dtrain.launchers.base import GroupState
+from airflow_dtrain.launchers.local import LocalLauncher
+from airflow_dtrain.operators.fsdp_train import TrainingFailed
+from airflow_dtrain.spec import group_base_name
+from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
+from tests.conftest import RecordingTI, run_trigger
+from tests.integration.helpers import SMALL, node_pids, wait_for, wait_for_step
+
+pytestmark = pytest.mark.torchrun
+
+
+def _operator(tmp_path, **overrides) -> FSDPTrainOperator:
+    arguments = {
+        **SMALL,
+        "task_id": "train",
+        "num_nodes": 2,
+        "procs_per_node": 1,
+        "checkpoint_uri": str(tmp_path / "ckpt"),
+        "local_state_dir": str(tmp_path / "groups"),
+        "poll_interval": 0.5,
+        "deferrable": True,
+        **overrides,
+    }
+    return FSDPTrainOperator(**arguments)
+
+
+def _defer(op, ti) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+    return deferred.value
+
+
+def _complete(op, ti, deferred: TaskDeferred, event: dict):
+    return getattr(op, deferred.method_name)({"ti": ti}, event=event, **(deferred.kwargs or {}))
+
+
+def test_defers_to_a_serialisable_trigger_and_completes_with_a_summary(tmp_path):
+    op, ti = _operator(tmp_path, steps=8), RecordingTI()
+    deferred = _defer(op, ti)
+
+    assert isinstance(deferred.trigger, FSDPTrainTrigger)
+    classpath, kwargs = deferred.trigger.serialize()
+    module, _, cls = classpath.rpartition(".")
+    trigger = getattr(importlib.import_module(module), cls)(**kwargs)  # as the triggerer rebuilds it
+    event = run_trigger(trigger)
+    assert event["status"] == "success", event
+    summary = _complete(op, ti, deferred, event)
+
+    assert summary["final_step"] == 8
+    assert summary["tokens_seen"] == 8 * 4 * 64
+    assert summary["preemptions"] == 0 and summary["steps_lost"] == 0
+    assert summary["final_loss"] > 0
+    assert os.path.isfile(os.path.join(summary["latest_checkpoint"], "manifest.json"))
+    assert ti.xcoms["group"] == summary["group"]
+    assert (tmp_path / "ckpt" / "summary.json").is_file()
+
+
+def test_restarted_task_reattaches_to_the_running_group(tmp_path):
+    ti = RecordingTI(run_id="manual__reattach")
+    first = _defer(_operator(tmp_path, steps=100_000), ti)
+    wait_for_step(tmp_path / "ckpt", 1)
+
+    # The worker died; Airflow runs the task again with a fresh operator instance.
+    restarted = _operator(tmp_path, steps=100_000)
+    second = _defer(restarted, RecordingTI(run_id="manual__reattach"))
+
+    assert second.trigger.name == first.trigger.name
+    launcher = LocalLauncher(tmp_path / "groups")
+    assert launcher.find(group_base_name("dag", "manual__reattach", "train")) == [first.trigger.name]
+    asyncio.run(second.trigger.on_kill())  # the user marks the deferred task failed
+    assert launcher.status(first.trigger.name).state == GroupState.STOPPED
+    assert launcher.processes(first.trigger.name) == []
+
+
+def test_on_kill_stops_the_whole_group(tmp_path):
+    op, ti = _operator(tmp_path, steps=100_000, deferrable=False), RecordingTI()
+    outcome: dict = {}
+
+    def run():
+        try:
+            op.execute({"ti": ti})
+        except Exception as err:  # noqa: BLE001
+            outcome["error"] = err
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    wait_for_step(tmp_path / "ckpt", 2)
+    name = ti.xcoms["group"]
+
+    op.on_kill()
+    worker.join(timeout=120)
+
+    launcher = LocalLauncher(tmp_path / "groups")
+    assert launcher.processes(name) == []
+    assert launcher.status(name).state == GroupState.STOPPED
+    assert isinstance(outcome.get("error"), TrainingFailed) and "stopped" in str(outcome["error"])
+
+
+def test_group_killed_mid_run_is_relaunched_from_its_checkpoint_and_finishes(tmp_path):
+    op, ti = _operator(tmp_path, steps=16), RecordingTI()
+    deferred = _defer(op, ti)
+    wait_for_step(tmp_path / "ckpt", 4)
+    os.kill(node_pids(tmp_path / "groups", deferred.trigger.name)[1], signal.SIGTERM)
+
+    event = run_trigger(deferred.trigger)
+    assert event["status"] == "preempted", event
+    with pytest.raises(TaskDeferred) as relaunched:
+        _complete(op, ti, deferred, event)
+    assert relaunched.value.trigger.name.endswith("-r1")
+
+    summary = _complete(op, ti, relaunched.value, run_trigger(relaunched.value.trigger))
+    assert summary["final_step"] == 16
+    assert summary["preemptions"] == 1
+    assert summary["steps_lost"] == 0
+
+
+def test_synchronous_mode_recovers_a_simulated_preemption(tmp_path):
+    op, ti = _operator(tmp_path, steps=10, simulate_preemption_at_step=5, deferrable=False), RecordingTI()
+    summary = op.execute({"ti": ti})
+    assert summary["final_step"] == 10
+    assert summary["preemptions"] == 1 and summary["relaunches"] == 1
+    assert summary["steps_lost"] == 0
+
+
+def test_a_failing_group_fails_the_task_with_its_last_log_lines(tmp_path):
+    # a dataset directory that does not exist: the trainer fails on every rank
+    op, ti = _operator(tmp_path, steps=5, dataset=str(tmp_path / "missing"), deferrable=False), RecordingTI()
+    with pytest.raises(TrainingFailed) as err:
+        op.execute({"ti": ti})
+    message = str(err.value)
+    assert "failed" in message and "node" in message
+    assert "missing" in message, "the error should carry the trainer's own complaint from the log"

@@ -1,0 +1,72 @@
+"""The local backend runs real torchrun agents, one per node, over a c10d rendezvous on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from airflow_dtrain.launchers.base import GroupState
+from airflow_dtrain.launchers.local import LocalLauncher
+from airflow_dtrain.spec import JobSpec
+from tests.integration.helpers import SMALL, node_pids, progress, wait_for, wait_for_step, wait_terminal
+
+pytestmark = pytest.mark.torchrun
+
+
+def _spec(tmp_path, **overrides) -> dict:
+    arguments = {**SMALL, "num_nodes": 2, "procs_per_node": 1, "checkpoint_uri": str(tmp_path / "ckpt"), **overrides}
+    return JobSpec.from_arguments(**arguments).to_dict()
+
+
+def test_two_node_group_trains_and_every_node_reaches_the_log(tmp_path):
+    launcher = LocalLauncher(tmp_path / "groups")
+    launcher.launch("two-nodes-r0", _spec(tmp_path, steps=6))
+    with pytest.raises(ValueError, match="already exists"):
+        launcher.launch("two-nodes-r0", _spec(tmp_path, steps=6))
+
+    status = wait_terminal(launcher, "two-nodes-r0")
+    assert status.state == GroupState.SUCCEEDED, status
+    assert status.node_exit_codes == {0: 0, 1: 0}
+    lines = launcher.logs("two-nodes-r0").lines
+    assert any(line.startswith("[node0][rank0]:") for line in lines), lines[-20:]
+    assert any(line.startswith("[node1][rank1]:") for line in lines), lines[-20:]
+    assert progress(tmp_path / "ckpt")["status"] == "completed"
+    # the log cursor hands out each line once
+    chunk = launcher.logs("two-nodes-r0")
+    assert launcher.logs("two-nodes-r0", chunk.cursor).lines == []
+    assert launcher.find("two-nodes") == ["two-nodes-r0"]
+    assert launcher.status("nope-r0").state == GroupState.NOT_FOUND
+
+
+def test_stop_checkpoints_and_leaves_no_process_behind(tmp_path):
+    launcher = LocalLauncher(tmp_path / "groups")
+    launcher.launch("stopme-r0", _spec(tmp_path, steps=100_000))
+    wait_for_step(tmp_path / "ckpt", 2)
+    assert launcher.processes("stopme-r0"), "the group's processes should be visible while it runs"
+
+    status = launcher.stop("stopme-r0", grace_period_s=30)
+
+    assert status.state == GroupState.STOPPED
+    assert launcher.processes("stopme-r0") == []
+    state_dir = str(tmp_path / "groups")
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if state_dir in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+    # SIGTERM let every rank save the step it was on
+    assert progress(tmp_path / "ckpt")["status"] == "preempted"
+    assert progress(tmp_path / "ckpt")["latest_checkpoint"]
+
+
+def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_path):
+    launcher = LocalLauncher(tmp_path / "groups", peer_exit_grace_s=3)
+    launcher.launch("lost-r0", _spec(tmp_path, steps=100_000))
+    wait_for_step(tmp_path / "ckpt", 2)
+
+    os.kill(node_pids(tmp_path / "groups", "lost-r0")[1], signal.SIGKILL)  # the node vanishes, no save
+
+    status = wait_terminal(launcher, "lost-r0", timeout=120)
+    assert status.state == GroupState.PREEMPTED, status
+    assert "node 1" in status.message and "SIGKILL" in status.message
+    wait_for(lambda: launcher.processes("lost-r0") == [], 30, "no process left")

@@ -1,0 +1,77 @@
+"""``python -m trainer.evaluate --checkpoint-uri DIR [--step S] [--batches N] [--batch-size B]``
+
+Held-out loss of a committed checkpoint (the latest unless --step), in one plain
+process. Prints one JSON line: {"step", "loss", "perplexity", "tokens", "path", "flavor"}.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+
+from trainer.checkpoint import MANIFEST, committed_checkpoints, local_dir, step_dir_name
+from trainer.config import ConfigError, TrainConfig
+from trainer.data import default_data_dir, ensure_builtin, eval_batches
+from trainer.model import Llama, ModelArgs
+
+
+def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
+    """An unsharded model with the weights of a committed checkpoint (any world size)."""
+    with open(os.path.join(step_dir, MANIFEST)) as f:
+        manifest = json.load(f)
+    cfg = TrainConfig.from_dict(manifest["config"])
+    with torch.device("meta"):
+        model = Llama(ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
+    model.to_empty(device=device)
+    model.init_weights(cfg.seed)  # fills the rotary tables; the weights are overwritten below
+    state = {"model": model.state_dict()}
+    # DCP reads the sharded save into these full tensors; no process group needed.
+    dcp.load(state, checkpoint_id=step_dir, no_dist=True)
+    model.load_state_dict(state["model"])
+    return model.eval(), manifest
+
+
+@torch.no_grad()
+def evaluate(model: Llama, data_dir: str, seq_len: int, batches: int, batch_size: int, device) -> dict:
+    total_loss, tokens = 0.0, 0
+    for inputs, targets in eval_batches(data_dir, seq_len, batch_size, batches, device):  # (batch, seq_len)
+        logits = model(inputs)
+        total_loss += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+        tokens += targets.numel()
+    loss = total_loss / tokens
+    return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint-uri", required=True)
+    p.add_argument("--step", type=int, help="a committed step (default: the latest)")
+    p.add_argument("--batches", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=8)
+    args = p.parse_args(argv)
+    try:
+        root = local_dir(args.checkpoint_uri)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    found = dict(committed_checkpoints(root or ""))
+    step = args.step if args.step is not None else max(found, default=None)
+    if step not in found:
+        print(f"no committed checkpoint {step_dir_name(step) if step else ''} under {root}", file=sys.stderr)
+        return 1
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, manifest = load_model(found[step], device)
+    cfg = TrainConfig.from_dict(manifest["config"])
+    data_dir = ensure_builtin(default_data_dir()) if cfg.data.dataset == "builtin" else cfg.data.dataset
+    result = evaluate(model, data_dir, cfg.data.seq_len, args.batches, args.batch_size, device)
+    print(json.dumps({"step": step, **result, "path": found[step], "flavor": cfg.model.flavor}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""``python -m trainer.launch <torchrun arguments...>``: torchrun with meaningful exit codes.
+
+torchrun exits 1 for every failure, so a node could not tell "preempted, resumable"
+from "crashed". This maps the outcome to the node's exit code:
+
+* all workers succeeded                                   -> 0
+* workers failed, every one of them with exit code 75     -> 75 (they saved and stopped)
+* the agent itself got SIGTERM/SIGINT/SIGHUP (SignalException): torchrun has already
+  forwarded SIGTERM to its workers and waited for them to save               -> 75
+* anything else                                           -> 1
+"""
+
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+
+from trainer.config import PREEMPTED_EXIT_CODE
+
+
+def main(argv: list[str] | None = None) -> int:
+    # torchrun SIGKILLs workers this long after forwarding SIGTERM (its default is 30 s):
+    # leave them the time a preemption save needs; the platform's own grace period is the real bound.
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run(args)
+        code, why = 0, "all workers succeeded"
+    except ChildFailedError as e:
+        codes = sorted({f.exitcode for f in e.failures.values()})
+        if codes == [PREEMPTED_EXIT_CODE]:
+            code, why = PREEMPTED_EXIT_CODE, f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)"
+        else:
+            code, why = 1, f"workers failed with exit codes {codes}"
+    except SignalException as e:
+        code, why = PREEMPTED_EXIT_CODE, f"agent received {e.sigval.name}; workers were told to save and stop"
+    except Exception as e:  # rendezvous errors, bad arguments to the agent, ...
+        code, why = 1, f"launcher error: {type(e).__name__}: {e}"
+    print(f"[trainer.launch] exit {code}: {why}", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
