@@ -7,7 +7,7 @@ launches the pod group (2 nodes x 1 process, a real c10d rendezvous), defers, an
 triggerer watches the group until it ends; the task then resumes on a worker and returns the
 summary.
 
-Slow (a few minutes on 2 CPU cores); deselect with ``-m "not scheduler"``.
+Slow (one to two minutes on 2 CPU cores); deselect with ``-m "not scheduler"``.
 """
 
 from __future__ import annotations
@@ -113,6 +113,10 @@ class Airflow:
                 "AIRFLOW__API__WORKERS": "1",
                 "AIRFLOW__API__BASE_URL": self.url,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                # the scheduler's and triggerer's log servers, off their fixed default ports
+                # (8793, 8794) so a developer's own Airflow does not get in the way
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
                 # one secret for every component that signs or checks task tokens
                 "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
                 # no login: the REST API answers this test without a token
@@ -205,7 +209,9 @@ class Airflow:
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"airflow standalone exited with {self.proc.returncode}\n{self.diagnostics()}")
+            raise AssertionError(
+                f"airflow standalone exited with {self.proc.returncode}\n{self.diagnostics()}"
+            )
 
     def diagnostics(self) -> str:
         parts = [f"--- last lines of {self.log_path} ---", _tail(self.log_path, 150)]
@@ -223,12 +229,10 @@ class Airflow:
 def _wait_for(what: str, airflow: Airflow, timeout: float, probe, interval: float = 2.0) -> Any:
     """Call ``probe`` until it returns something truthy; fail with the diagnostics after ``timeout``."""
     deadline = time.monotonic() + timeout
-    last = None
     while time.monotonic() < deadline:
         airflow.check_alive()
-        last = probe()
-        if last:
-            return last
+        if result := probe():
+            return result
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{airflow.diagnostics()}")
 
@@ -241,7 +245,8 @@ def airflow(tmp_path: Path) -> Iterator[Airflow]:
         yield instance
     finally:
         instance.stop()
-        assert not instance.leftover_processes(), "processes outlived the test"
+        leftovers = instance.leftover_processes()
+        assert not leftovers, f"processes outlived the test: {leftovers}"
 
 
 @pytest.mark.timeout(600)
@@ -278,13 +283,14 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
     # 3. Trigger it, then unpause it.
     #
     # train_llama is @daily with catchup=False and max_active_runs=1, and its start_date is in the
-    # past: unpausing it makes the scheduler create a scheduled run for the latest complete
-    # interval (the DAG's next_dagrun_logical_date) straight away. That run, with the DAG's
+    # past: unpausing it makes the scheduler create a scheduled run for the latest @daily tick
+    # (today 00:00 UTC, the DAG's next_dagrun_logical_date) straight away. That run, with the DAG's
     # default params (60 steps and a simulated preemption), would be queued ahead of ours --
     # it has the earlier run_after -- and hold the only active-run slot for minutes. So the run
     # is triggered, while the DAG is still paused, *at that logical date*: the scheduler then
     # finds the interval's run already there, creates no scheduled run, and moves next_dagrun
-    # on to the next (future) interval. The run also gets a run id of our own, so everything
+    # on to the next (future) tick. (Checked: triggered without --logical-date, the run stays
+    # queued while scheduled__<today> runs.) The run also gets a run id of our own, so everything
     # below looks at exactly this run whatever else might exist.
     run_id = f"scheduler_test__{uuid.uuid4().hex[:12]}"
     logical_date = dag["next_dagrun_logical_date"]
@@ -323,8 +329,10 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
     assert summary["final_step"] == STEPS, f"{summary}\n{airflow.diagnostics()}"
     assert summary["preemptions"] == 0, summary
 
-    summaries = sorted(airflow.tmp_path.glob("**/checkpoints/*/summary.json"))
+    # checkpoint_uri is empty: checkpoints go to <local state dir>/../checkpoints/<group base>/
+    summaries = sorted((airflow.tmp_path / "dtrain" / "checkpoints").glob("*/summary.json"))
     assert len(summaries) == 1, f"summary.json files: {summaries}\n{airflow.diagnostics()}"
-    assert json.loads(summaries[0].read_text())["final_step"] == STEPS
+    assert json.loads(summaries[0].read_text()) == summary
+    assert Path(summary["latest_checkpoint"]).parent == summaries[0].parent, summary
 
     print(f"train_llama run {run_id} succeeded in {time.monotonic() - started:.0f}s: {summary}")
