@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -31,7 +32,9 @@ def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
     model.init_weights(cfg.seed)  # fills the rotary tables; the weights are overwritten below
     state = {"model": model.state_dict()}
     # DCP reads the sharded save into these full tensors; no process group needed.
-    dcp.load(state, checkpoint_id=step_dir, no_dist=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=step_dir, no_dist=True)
     model.load_state_dict(state["model"])
     return model.eval(), manifest
 

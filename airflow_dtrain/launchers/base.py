@@ -90,6 +90,13 @@ class PodGroupLauncher(abc.ABC):
         """Complete log lines produced since ``cursor`` (None: from the start)."""
 
     @abc.abstractmethod
+    def checkpoint_now(self, name: str) -> int:
+        """Ask every training process to save at its next step boundary and carry on (SIGUSR1).
+
+        Returns how many processes were asked (0 if the group is not running).
+        """
+
+    @abc.abstractmethod
     def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
         """Ask every process to checkpoint and exit, kill what is left after the grace period."""
 

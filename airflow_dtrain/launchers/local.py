@@ -222,6 +222,22 @@ class LocalLauncher(PodGroupLauncher):
             )
         return self.status(name)
 
+    def checkpoint_now(self, name: str) -> int:
+        asked = 0
+        for proc in self.processes(name):
+            try:
+                cmdline = proc.cmdline()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            # the training workers, not their torchrun agents (which would treat SIGUSR1 as fatal)
+            if "-m" in cmdline and "trainer" in cmdline and "trainer.launch" not in cmdline:
+                try:
+                    proc.send_signal(signal.SIGUSR1)
+                    asked += 1
+                except psutil.NoSuchProcess:
+                    continue
+        return asked
+
     def _sweep(self, name: str) -> None:
         """Kill whatever is left of the group: the supervisor, its nodes and every tagged process."""
         group_dir = self._dir(name)

@@ -70,3 +70,18 @@ def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_p
     assert status.state == GroupState.PREEMPTED, status
     assert "node 1" in status.message and "SIGKILL" in status.message
     wait_for(lambda: launcher.processes("lost-r0") == [], 30, "no process left")
+
+
+def test_checkpoint_now_saves_at_the_next_step_and_training_goes_on(tmp_path):
+    launcher = LocalLauncher(tmp_path / "groups")
+    launcher.launch("ckptnow-r0", _spec(tmp_path, steps=100_000))
+    wait_for_step(tmp_path / "ckpt", 2)
+
+    assert launcher.checkpoint_now("ckptnow-r0") == 2  # both ranks, not the agents
+
+    saved = wait_for(lambda: progress(tmp_path / "ckpt").get("latest_checkpoint"), 60, "a checkpoint")
+    step_at_save = int(saved.rstrip("/").rsplit("-", 1)[1])
+    wait_for_step(tmp_path / "ckpt", step_at_save + 3)
+    assert launcher.status("ckptnow-r0").state == GroupState.RUNNING
+    launcher.stop("ckptnow-r0")
+    assert launcher.processes("ckptnow-r0") == []

@@ -1,0 +1,132 @@
+"""Helpers for the trainer tests: real processes (python -m trainer, torchrun via trainer.launch) on CPU/gloo."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Small and fast on 2 CPU cores; every run in these tests uses it unless it says otherwise.
+FAST = ["--flavor", "debug", "--set", "data.seq_len=32", "--set", "global_batch_size=8",
+        "--set", "micro_batch_size=4", "--set", "metrics.log_every=1"]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> str:
+    """A DTRAIN_DATA_DIR shared by the session: the built-in corpus is built once."""
+    d = tmp_path_factory.mktemp("dtrain-data")
+    from trainer.data import ensure_builtin
+
+    ensure_builtin(str(d))
+    return str(d)
+
+
+def trainer_env(data_dir: str) -> dict:
+    env = dict(os.environ, DTRAIN_DATA_DIR=data_dir, PYTHONPATH=str(REPO))
+    env.pop("RANK", None)
+    return env
+
+
+def trainer_cmd(args: list[str], nproc: int | None) -> list[str]:
+    """`python -m trainer ARGS` (nproc None) or `python -m trainer.launch --nproc-per-node N -m trainer ARGS`."""
+    if nproc is None:
+        return [sys.executable, "-m", "trainer", *args]
+    return [sys.executable, "-m", "trainer.launch", "--nproc-per-node", str(nproc), "--master-port", "0",
+            "-m", "trainer", *args]
+
+
+class Run:
+    """A finished run: exit code, JSON events from stdout, stderr."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+    def losses(self) -> dict[int, float]:
+        return {e["step"]: e["loss"] for e in self.of("train")}
+
+    def __repr__(self) -> str:
+        return f"Run(rc={self.returncode})\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
+
+
+def run_trainer(args: list[str], data_dir: str, nproc: int | None = None, timeout: float = 240) -> Run:
+    p = subprocess.run(trainer_cmd(args, nproc), cwd=REPO, env=trainer_env(data_dir),
+                       capture_output=True, text=True, timeout=timeout)
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+def run_and_signal(args: list[str], data_dir: str, *, when_step: int, send, nproc: int | None = None,
+                   timeout: float = 240) -> Run:
+    """Start a run, call send(proc) once a "train" event for step >= when_step is printed, wait for exit."""
+    proc = subprocess.Popen(trainer_cmd(args, nproc), cwd=REPO, env=trainer_env(data_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, deadline, sent = [], time.monotonic() + timeout, False
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if not sent and line.startswith("{"):
+                event = json.loads(line)
+                if event["event"] == "train" and event["step"] >= when_step:
+                    send(proc)
+                    sent = True
+            if time.monotonic() > deadline:
+                raise TimeoutError("run did not finish in time")
+        proc.wait(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sent, f"never reached step {when_step}:\n{''.join(lines)}\n{proc.stderr.read()}"
+    return Run(proc.returncode, "".join(lines), proc.stderr.read())
+
+
+def worker_pids(agent_pid: int) -> dict[int, int]:
+    """{rank: pid} of the torchrun workers started by the agent process."""
+    out = {}
+    children = Path(f"/proc/{agent_pid}/task/{agent_pid}/children").read_text().split()
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if b"RANK" in env:
+            out[int(env[b"RANK"])] = pid
+    return out
+
+
+def sigterm(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+
+
+def read_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_checkpoint_tensors(step_dir) -> dict:
+    """Every tensor of a DCP checkpoint as full (unsharded) tensors: {"model.x": t, "optim.state.x.exp_avg": t, ...}."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = Path(step_dir).parent / f"{Path(step_dir).name}.pt"
+    dcp_to_torch_save(str(step_dir), str(out))
+    state = torch.load(out, weights_only=False)
+    out.unlink()
+    flat = {}
+
+    def walk(prefix, node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(node, torch.Tensor):
+            flat[prefix] = node
+
+    walk("", state)
+    return flat

@@ -1,0 +1,241 @@
+"""End to end: `python -m trainer` and `python -m trainer.launch ... -m trainer` as real processes on CPU/gloo.
+
+What a user (or the Airflow operator) sees: exit codes, the JSON event lines, progress.json,
+committed checkpoints, and that stopping and resuming changes nothing about the result.
+"""
+
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import (FAST, REPO, load_checkpoint_tensors, read_json, run_and_signal, run_trainer, sigterm,
+                      trainer_env, worker_pids)
+
+STEPS = 12  # of the 2-rank runs compared with each other
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tmp_path_factory):
+    """A 2-rank run of STEPS steps that nothing interrupts: the reference."""
+    ckpt = tmp_path_factory.mktemp("uninterrupted")
+    run = run_trainer([*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt)], data_dir, nproc=2)
+    assert run.returncode == 0, run
+    return run, ckpt
+
+
+# --------------------------------------------------------------------------- configuration errors
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--flavor", "tiny"], {}, "model.flavor: unknown flavour 'tiny'"),
+        (["--set", "optim.lrr=1"], {}, "optim.lrr: unknown key"),
+        (["--set", "optim.lr=-1"], {}, "optim.lr: must be > 0, got -1.0"),
+        (["--checkpoint-uri", "ftp://host/x"], {}, "checkpoint.uri"),
+        (["--set", "micro_batch_size=4"], {"WORLD_SIZE": "3"},
+         "global_batch_size 8 is not divisible by world size 3 × micro_batch_size 4"),
+        (["--set", "data.dataset=/no/such/dir"], {}, "data.dataset: '/no/such/dir' is not"),
+    ],
+)
+def test_bad_config_exits_2_naming_the_field_before_training(args, env, message, data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    p = subprocess.run([sys.executable, "-m", "trainer", *args, "--steps", "3"]
+                       + ([] if "--checkpoint-uri" in args else ["--checkpoint-uri", str(ckpt)]),
+                       cwd=REPO, env={**trainer_env(data_dir), **env}, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+    assert not ckpt.exists()  # nothing trained, nothing written
+    assert p.stdout == ""
+
+
+# --------------------------------------------------------------------------- a normal run
+
+
+def test_run_completes_with_events_progress_and_committed_checkpoints(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = run_trainer([*FAST, "--steps", "6", "--checkpoint-uri", f"file://{ckpt}", "--checkpoint-every", "2",
+                       "--set", "checkpoint.keep=2"], data_dir)
+    assert run.returncode == 0, run
+    assert all(line.startswith("{") for line in run.stdout.splitlines())  # stdout is pure JSON lines
+    assert [e["step"] for e in run.of("train")] == [1, 2, 3, 4, 5, 6]
+    first = run.of("train")[0]
+    assert set(first) == {"event", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"}
+    assert first["loss"] == pytest.approx(math.log(256), abs=0.3)  # starts near uniform over bytes
+    assert [(e["step"], e["reason"]) for e in run.of("checkpoint")] == [(2, "interval"), (4, "interval"), (6, "final")]
+    [done] = run.of("done")
+    assert (done["step"], done["tokens_seen"]) == (6, 6 * 8 * 32)
+    assert done["loss"] == pytest.approx(run.of("train")[-1]["loss"], abs=1e-5)
+
+    # Retention keeps the last 2; each has a manifest whose hashes match the files.
+    assert sorted(p.name for p in ckpt.iterdir()) == ["progress.json", "step-00000004", "step-00000006"]
+    manifest = read_json(ckpt / "step-00000006" / "manifest.json")
+    assert {k: manifest[k] for k in ("step", "world_size", "flavor", "tokens_seen")} == {
+        "step": 6, "world_size": 1, "flavor": "debug", "tokens_seen": 6 * 8 * 32}
+    assert len(manifest["config_hash"]) == 64 and manifest["wall_time_s"] > 0 and manifest["created_at"] > 0
+    assert ".metadata" in manifest["files"]
+    for name, entry in manifest["files"].items():
+        data = (ckpt / "step-00000006" / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    progress = read_json(ckpt / "progress.json")
+    assert {k: progress[k] for k in ("status", "step", "steps", "tokens_seen", "resumed_from_step", "steps_lost",
+                                     "attempt")} == {
+        "status": "completed", "step": 6, "steps": 6, "tokens_seen": 6 * 8 * 32, "resumed_from_step": None,
+        "steps_lost": 0, "attempt": 1}
+    assert progress["latest_checkpoint"] == str(ckpt / "step-00000006")
+    assert progress["loss"] == pytest.approx(run.of("train")[-1]["loss"], abs=1e-5)
+
+
+def test_loss_falls_and_held_out_evaluation_agrees(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = run_trainer([*FAST, "--steps", "150", "--checkpoint-uri", str(ckpt), "--set", "metrics.log_every=25",
+                       "--set", "micro_batch_size=8"], data_dir)
+    assert run.returncode == 0, run
+    losses = run.losses()
+    assert losses[25] < 0.6 * math.log(256), losses
+    assert losses[150] < 0.35 * math.log(256), losses  # byte-level English-like grammar: spelling is learnt fast
+
+    p = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", str(ckpt), "--batches", "8"],
+                       cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["step"] == 150 and result["tokens"] == 8 * 8 * 32
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
+    assert result["loss"] < 0.4 * math.log(256)  # generalises to held-out text, not just memorised
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+@pytest.mark.torchrun
+def test_two_ranks_follow_the_same_loss_trajectory_as_one_process(uninterrupted, data_dir, tmp_path):
+    two, _ = uninterrupted
+    one = run_trainer([*FAST, "--steps", str(STEPS)], data_dir)
+    assert one.returncode == 0, one
+    assert one.losses().keys() == two.losses().keys() == set(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert one.losses()[step] == pytest.approx(two.losses()[step], rel=1e-3), step
+
+
+@pytest.mark.torchrun
+def test_sigterm_to_the_agent_exits_75_and_resuming_is_bitwise_identical(uninterrupted, data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt)]
+    stopped = run_and_signal(args, data_dir, nproc=2, when_step=4, send=sigterm)
+
+    assert stopped.returncode == 75, stopped
+    assert "[trainer.launch] exit 75: agent received SIGTERM" in stopped.stderr
+    [preempted] = stopped.of("preempted")
+    s = preempted["step"]
+    assert 4 <= s < STEPS and preempted["seconds_to_save"] < 110
+    assert [(e["step"], e["reason"]) for e in stopped.of("checkpoint")] == [(s, "preemption")]
+    manifest = read_json(ckpt / f"step-{s:08d}" / "manifest.json")
+    assert manifest["step"] == s and manifest["world_size"] == 2
+    progress = read_json(ckpt / "progress.json")
+    assert (progress["status"], progress["step"], progress["attempt"]) == ("preempted", s, 1)
+
+    resumed = run_trainer(args, data_dir, nproc=2)
+    assert resumed.returncode == 0, resumed
+    assert resumed.of("resume") == [{"event": "resume", "from_step": s, "path": str(ckpt / f"step-{s:08d}")}]
+    assert min(resumed.losses()) == s + 1
+    progress = read_json(ckpt / "progress.json")
+    assert (progress["status"], progress["step"], progress["attempt"], progress["resumed_from_step"],
+            progress["steps_lost"]) == ("completed", STEPS, 2, s, 0)
+
+    # The stop/resume is invisible in the result: weights and optimizer state are bitwise equal.
+    _, reference_ckpt = uninterrupted
+    ours = load_checkpoint_tensors(ckpt / f"step-{STEPS:08d}")
+    theirs = load_checkpoint_tensors(reference_ckpt / f"step-{STEPS:08d}")
+    weights = [k for k in theirs if k.startswith(("model.", "optim."))]
+    assert len(weights) > 30 and weights == [k for k in ours if k.startswith(("model.", "optim."))]
+    for k in weights:
+        assert torch.equal(ours[k], theirs[k]), k
+    assert resumed.losses()[STEPS] == uninterrupted[0].losses()[STEPS]
+
+
+@pytest.mark.torchrun
+def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(uninterrupted, data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt)]
+    stopped = run_and_signal(args, data_dir, nproc=2, when_step=3,
+                             send=lambda proc: os.kill(worker_pids(proc.pid)[1], signal.SIGTERM))
+
+    assert stopped.returncode == 75, stopped
+    assert "every failed worker exited 75" in stopped.stderr
+    s = stopped.of("preempted")[0]["step"]
+    files = read_json(ckpt / f"step-{s:08d}" / "manifest.json")["files"]
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(files)  # both ranks saved the same step
+
+    # A different world size resumes from it (DCP reshards) and ends where the 2-rank run ends.
+    resumed = run_trainer(args, data_dir)
+    assert resumed.returncode == 0, resumed
+    assert resumed.of("resume")[0]["from_step"] == s
+    assert resumed.losses()[STEPS] == pytest.approx(uninterrupted[0].losses()[STEPS], rel=1e-3)
+
+
+@pytest.mark.torchrun
+def test_simulated_preemption_sends_sigterm_to_the_agent_once(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [*FAST, "--steps", "6", "--checkpoint-uri", str(ckpt), "--set", "simulate_preemption_at_step=3"]
+    first = run_trainer(args, data_dir, nproc=2)
+    assert first.returncode == 75, first
+    assert [(e["step"], e["reason"]) for e in first.of("checkpoint")] == [(3, "preemption")]
+    assert max(first.losses()) == 3  # stopped right at step 3
+
+    second = run_trainer(args, data_dir, nproc=2)
+    assert second.returncode == 0, second  # resumed at step 3 >= 3: not preempted again
+    assert second.of("preempted") == [] and second.of("resume")[0]["from_step"] == 3
+    progress = read_json(ckpt / "progress.json")
+    assert (progress["status"], progress["attempt"], progress["steps_lost"]) == ("completed", 2, 0)
+
+
+# --------------------------------------------------------------------------- signals and failures, one process
+
+
+def test_sigusr1_checkpoints_now_and_training_carries_on(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = run_and_signal([*FAST, "--steps", "40", "--checkpoint-uri", str(ckpt)], data_dir, when_step=2,
+                         send=lambda proc: proc.send_signal(signal.SIGUSR1))
+    assert run.returncode == 0, run
+    reasons = [(e["step"], e["reason"]) for e in run.of("checkpoint")]
+    assert reasons[-1] == (40, "final") and len(reasons) == 2 and reasons[0][1] == "checkpoint-now", reasons
+    assert (ckpt / f"step-{reasons[0][0]:08d}" / "manifest.json").exists()
+    assert run.of("done")[0]["step"] == 40
+
+
+def test_plain_process_sigterm_exits_75_with_a_checkpoint_then_resumes(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [*FAST, "--steps", "40", "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2"]
+    stopped = run_and_signal(args, data_dir, when_step=3, send=sigterm)
+    assert stopped.returncode == 75, stopped
+    s = stopped.of("preempted")[0]["step"]
+    assert (ckpt / f"step-{s:08d}" / "manifest.json").exists()
+    # Pretend the previous attempt got further than its last checkpoint (killed without saving).
+    progress = read_json(ckpt / "progress.json")
+    first_wall = progress["wall_time_s"]
+    (ckpt / "progress.json").write_text(json.dumps({**progress, "step": s + 3, "status": "failed"}))
+    resumed = run_trainer([*args, "--steps", str(s + 2)], data_dir)
+    assert resumed.returncode == 0, resumed
+    progress = read_json(ckpt / "progress.json")
+    assert (progress["attempt"], progress["steps_lost"], progress["resumed_from_step"]) == (2, 3, s)
+    assert progress["wall_time_s"] > first_wall  # summed over both attempts
+
+
+@pytest.mark.torchrun
+def test_non_finite_loss_fails_naming_step_and_rank_and_launch_exits_1(data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = run_trainer([*FAST, "--steps", "5", "--checkpoint-uri", str(ckpt), "--set", "optim.lr=1e30",
+                       "--set", "optim.warmup_steps=0"], data_dir, nproc=2)
+    assert run.returncode == 1, run
+    assert "step 2, rank 0: non-finite loss" in run.stderr or "step 2, rank 1: non-finite loss" in run.stderr
+    assert "[trainer.launch] exit 1: workers failed with exit codes [1]" in run.stderr
+    assert read_json(ckpt / "progress.json")["status"] == "failed"
+    assert not list(ckpt.glob("step-*"))
