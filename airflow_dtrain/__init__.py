@@ -12,15 +12,21 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "BudgetBranchOperator": "airflow_dtrain.operators.budget_branch",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
     "JobSpec": "airflow_dtrain.spec",
     "SpecError": "airflow_dtrain.spec",
+    "SpotInterruptionSensor": "airflow_dtrain.sensors.spot_interruption",
+    "SpotPriceSensor": "airflow_dtrain.sensors.spot_price",
 }
 
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
+    from airflow_dtrain.operators.budget_branch import BudgetBranchOperator
     from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
+    from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
+    from airflow_dtrain.sensors.spot_price import SpotPriceSensor
     from airflow_dtrain.spec import JobSpec, SpecError
 
 

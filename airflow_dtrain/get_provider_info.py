@@ -24,10 +24,26 @@ def get_provider_info() -> dict:
             }
         ],
         "operators": [
-            {"integration-name": INTEGRATION, "python-modules": ["airflow_dtrain.operators.fsdp_train"]},
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_dtrain.operators.budget_branch", "airflow_dtrain.operators.fsdp_train"],
+            },
+        ],
+        "sensors": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_dtrain.sensors.spot_interruption", "airflow_dtrain.sensors.spot_price"],
+            },
         ],
         "triggers": [
-            {"integration-name": INTEGRATION, "python-modules": ["airflow_dtrain.triggers.fsdp_train"]},
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [
+                    "airflow_dtrain.triggers.fsdp_train",
+                    "airflow_dtrain.triggers.spot_interruption",
+                    "airflow_dtrain.triggers.spot_price",
+                ],
+            },
         ],
         "config": {
             "dtrain": {

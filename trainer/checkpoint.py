@@ -161,6 +161,22 @@ class Checkpointer:
             if m and int(m.group(1)) < latest and not os.path.exists(os.path.join(self.root, name, MANIFEST)):
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
+    def check_compatible(self, path: str) -> dict:
+        """Refuse, before any model is built, a checkpoint this run cannot continue; returns its manifest."""
+        with open(os.path.join(path, MANIFEST)) as f:
+            manifest = json.load(f)
+        if manifest["flavor"] != self.flavor:
+            raise ConfigError(
+                f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
+                f"{manifest['flavor']!r} (use the same flavour or another checkpoint.uri)"
+            )
+        for name, entry in manifest["files"].items():
+            file = os.path.join(path, name)
+            size = os.path.getsize(file) if os.path.exists(file) else None
+            if size != entry["size"]:
+                raise ValueError(f"cannot resume from {path}: {name} is {size} bytes, its manifest says {entry['size']}")
+        return manifest
+
     def load(self, path: str, model, optimizer, scheduler, data) -> dict:
         """Restore everything from a committed step directory; returns its manifest.
 
@@ -168,17 +184,7 @@ class Checkpointer:
         can re-split, the data position is global, only the per-rank RNG states of
         ranks that did not exist before start from the seed.
         """
-        with open(os.path.join(path, MANIFEST)) as f:
-            manifest = json.load(f)
-        if manifest["flavor"] != self.flavor:
-            raise ValueError(
-                f"cannot resume from {path}: it holds model flavour {manifest['flavor']!r}, "
-                f"this run is {self.flavor!r} (use another checkpoint.uri or the same flavour)"
-            )
-        for name, entry in manifest["files"].items():
-            size = os.path.getsize(os.path.join(path, name)) if os.path.exists(os.path.join(path, name)) else None
-            if size != entry["size"]:
-                raise ValueError(f"cannot resume from {path}: {name} is {size} bytes, manifest says {entry['size']}")
+        manifest = self.check_compatible(path)
         state = self._state(model, optimizer, scheduler, data, 0)
         saved_keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         rng_key = f"rng_rank{self.rank}"

@@ -47,12 +47,13 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Ada
 
 
 def lr_lambda(cfg: OptimConfig, total_steps: int):
-    """Multiplier of the peak lr for a 0-based step: linear warmup, then cosine to min_lr_ratio."""
+    """Multiplier of the peak lr for a 0-based step: linear warmup, then cosine down to
+    min_lr_ratio, reached exactly at the last step (index total_steps - 1)."""
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
-        decay_steps = max(1, total_steps - cfg.warmup_steps)
+        decay_steps = max(1, total_steps - 1 - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
         cosine = 0.5 * (1 + math.cos(math.pi * progress))
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine

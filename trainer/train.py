@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainer.checkpoint import Checkpointer
-from trainer.config import PREEMPTED_EXIT_CODE, TrainConfig
+from trainer.config import PREEMPTED_EXIT_CODE, ConfigError, TrainConfig
 from trainer.data import TrainBatches, resolve_dataset
 from trainer.metrics import Metrics, flops_per_token
 from trainer.model import Llama, ModelArgs
@@ -125,83 +125,120 @@ def train(cfg: TrainConfig) -> int:
     cfg.validate_world_size(world_size_from_env())  # fail before joining the group
     d = setup_distributed()
     try:
-        return _train(cfg, d)
+        job = Job.build(cfg, d)
+        return job.run()
     finally:
         dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, d: Dist) -> int:
-    random.seed(cfg.seed + d.rank)
-    np.random.seed(cfg.seed + d.rank)
-    torch.manual_seed(cfg.seed + d.rank)
-    data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
-    data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
-                        d.rank, d.world_size, cfg.seed, d.device)
-    model = build_model(cfg, d)
-    if data.vocab_size > model.args.vocab_size:
-        raise ValueError(f"data.dataset: {data_dir} has vocab {data.vocab_size} > model vocab {model.args.vocab_size}")
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)
-    ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, config=cfg.to_dict(),
-                        config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size)
-    metrics = Metrics(cfg.metrics, is_rank0=d.rank == 0, world_size=d.world_size, device=d.device,
-                      flops_per_token=flops_per_token(model.args, model.num_params(exclude_embedding=True), cfg.data.seq_len))
-    progress = Progress(ckpt.root, cfg.steps, enabled=d.rank == 0)
-    tokens_per_step = cfg.global_batch_size * cfg.data.seq_len
+@dataclass
+class Job:
+    """Everything one training attempt holds; run() is the algorithm."""
 
-    step, resumed_from, latest = 0, None, ckpt.latest()
-    if latest is not None:
-        ckpt.load(latest[1], model, optimizer, scheduler, data)
-        step = resumed_from = latest[0]
-        metrics.emit("resume", from_step=step, path=latest[1])
-    progress.start(resumed_from, latest[1] if latest else None, step * tokens_per_step)
-    stops = StopRequests(d.device)
+    cfg: TrainConfig
+    d: Dist
+    stops: StopRequests
+    ckpt: Checkpointer
+    data: TrainBatches
+    model: Llama
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    metrics: Metrics
+    progress: Progress
 
-    def save(reason: str) -> float:
-        if not ckpt.enabled:
-            log(d, f"step {step}: no checkpoint.uri, not saving ({reason})")
+    def run(self) -> int:
+        cfg, stops = self.cfg, self.stops
+        step, resumed_from = self.resume()
+        try:
+            self.metrics.start_window()
+            while step < cfg.steps:
+                step += 1
+                lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
+                loss, grad_norm = train_step(self.model, self.optimizer, self.scheduler, self.data.next_batch(),
+                                             cfg, step, self.d.rank)
+                self.metrics.count_tokens(self.tokens(1))
+                self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == cfg.steps)
+                self.progress.update(step=step, loss=loss, tokens_seen=self.tokens(step))
+                maybe_simulate_preemption(cfg, step, resumed_from, self.d, stops)
+                stop, checkpoint_now = stops.agree()
+                if stop:
+                    return self.preempted(step)
+                if checkpoint_now:
+                    self.save(step, "checkpoint-now")
+                elif cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
+                    self.save(step, "interval")
+            self.save(step, "final")
+            self.progress.update(status="completed")
+            self.metrics.emit("done", step=step, loss=self.progress.state["loss"], tokens_seen=self.tokens(step))
+            return 0
+        except BaseException:
+            self.progress.update(status="failed")
+            raise
+        finally:
+            self.metrics.close()
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, d: Dist) -> "Job":
+        stops = StopRequests(d.device)  # first: a SIGTERM while loading must not kill us unsaved
+        random.seed(cfg.seed + d.rank)
+        np.random.seed(cfg.seed + d.rank)
+        torch.manual_seed(cfg.seed + d.rank)
+        ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, config=cfg.to_dict(),
+                            config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size)
+        if ckpt.latest() is not None:
+            ckpt.check_compatible(ckpt.latest()[1])  # before building a model it cannot fill
+        data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
+        data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
+                            d.rank, d.world_size, cfg.seed, d.device)
+        model = build_model(cfg, d)
+        if data.vocab_size > model.args.vocab_size:
+            raise ConfigError(f"data.dataset: {data_dir} has vocab {data.vocab_size} > model vocab {model.args.vocab_size}")
+        optimizer = build_optimizer(model, cfg.optim)
+        fpt = flops_per_token(model.args, model.num_params(exclude_embedding=True), cfg.data.seq_len)
+        return cls(
+            cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, model=model, optimizer=optimizer,
+            scheduler=build_scheduler(optimizer, cfg.optim, cfg.steps),
+            metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, world_size=d.world_size, device=d.device,
+                            flops_per_token=fpt),
+            progress=Progress(ckpt.root, cfg.steps, enabled=d.rank == 0),
+        )
+
+    def tokens(self, steps: int) -> int:
+        return steps * self.cfg.global_batch_size * self.cfg.data.seq_len
+
+    def resume(self) -> tuple[int, int | None]:
+        """Load the latest committed checkpoint, if any; returns (step, resumed_from_step)."""
+        latest = self.ckpt.latest()
+        step, resumed_from = 0, None
+        if latest is not None:
+            self.ckpt.load(latest[1], self.model, self.optimizer, self.scheduler, self.data)
+            step = resumed_from = latest[0]
+            self.metrics.emit("resume", from_step=step, path=latest[1])
+        self.progress.start(resumed_from, latest[1] if latest else None, self.tokens(step))
+        return step, resumed_from
+
+    def save(self, step: int, reason: str) -> float:
+        """Checkpoint `step` (all ranks); returns the seconds it took."""
+        if not self.ckpt.enabled:
+            log(self.d, f"step {step}: no checkpoint.uri, not saving ({reason})")
             return 0.0
         start = time.perf_counter()
-        path = ckpt.save(step, model, optimizer, scheduler, data,
-                         tokens_seen=step * tokens_per_step, wall_time_s=progress.wall_time_s)
+        path = self.ckpt.save(step, self.model, self.optimizer, self.scheduler, self.data,
+                              tokens_seen=self.tokens(step), wall_time_s=self.progress.wall_time_s)
         seconds = time.perf_counter() - start
-        metrics.emit("checkpoint", step=step, seconds=round(seconds, 3), path=path, reason=reason)
-        metrics.gauge("checkpoint_seconds", seconds)
-        progress.update(latest_checkpoint=path)
+        self.metrics.emit("checkpoint", step=step, seconds=round(seconds, 3), path=path, reason=reason)
+        self.metrics.gauge("checkpoint_seconds", seconds)
+        self.progress.update(latest_checkpoint=path)
         return seconds
 
-    try:
-        metrics.start_window()
-        while step < cfg.steps:
-            step += 1
-            lr = scheduler.get_last_lr()[0]  # the lr this step uses
-            loss, grad_norm = train_step(model, optimizer, scheduler, data.next_batch(), cfg, step, d.rank)
-            metrics.count_tokens(tokens_per_step)
-            metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == cfg.steps)
-            progress.update(step=step, loss=loss, tokens_seen=step * tokens_per_step)
-            maybe_simulate_preemption(cfg, step, resumed_from, d, stops)
-            stop, checkpoint_now = stops.agree()
-            if stop:
-                seconds = save("preemption")
-                progress.update(status="preempted")
-                metrics.emit("preempted", step=step, seconds_to_save=round(seconds, 3),
-                             grace_period_s=cfg.checkpoint.grace_period_s)
-                if seconds > cfg.checkpoint.grace_period_s:
-                    log(d, f"WARNING: preemption save took {seconds:.1f}s > grace period {cfg.checkpoint.grace_period_s}s")
-                return PREEMPTED_EXIT_CODE
-            if checkpoint_now:
-                save("checkpoint-now")
-            elif cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
-                save("interval")
-        save("final")
-        progress.update(status="completed")
-        metrics.emit("done", step=step, loss=progress.state["loss"], tokens_seen=step * tokens_per_step)
-        return 0
-    except BaseException:
-        progress.update(status="failed")
-        raise
-    finally:
-        metrics.close()
+    def preempted(self, step: int) -> int:
+        seconds = self.save(step, "preemption")
+        self.progress.update(status="preempted")
+        grace = self.cfg.checkpoint.grace_period_s
+        self.metrics.emit("preempted", step=step, seconds_to_save=round(seconds, 3), grace_period_s=grace)
+        if seconds > grace:
+            log(self.d, f"WARNING: the preemption save took {seconds:.1f}s, longer than the {grace}s grace period")
+        return PREEMPTED_EXIT_CODE
 
 
 def maybe_simulate_preemption(cfg: TrainConfig, step: int, resumed_from: int | None, d: Dist, stops: StopRequests) -> None:

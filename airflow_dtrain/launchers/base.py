@@ -117,4 +117,8 @@ def get_launcher(backend: str, **kwargs: Any) -> PodGroupLauncher:
         from airflow_dtrain.launchers.local import LocalLauncher
 
         return LocalLauncher(**kwargs)
+    if backend == "kubernetes":
+        from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
+
+        return KubernetesLauncher(**kwargs)
     raise ValueError(f"backend: unknown backend {backend!r}")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {"FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train"}
+_LAZY = {
+    "BudgetBranchOperator": "airflow_dtrain.operators.budget_branch",
+    "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
+}
 __all__ = list(_LAZY)
 
 

@@ -23,7 +23,9 @@ _TRAIN_ARGUMENTS = (
     "warmup_steps", "weight_decay", "grad_clip", "checkpoint_uri", "checkpoint_every", "checkpoint_keep",
     "log_every", "simulate_preemption_at_step",
 )  # fmt: skip
-_GROUP_ARGUMENTS = ("num_nodes", "procs_per_node", "backend", "node_resources", "max_preemptions", "config")
+_GROUP_ARGUMENTS = (
+    "num_nodes", "procs_per_node", "backend", "node_resources", "max_preemptions", "config", "kubernetes",
+)  # fmt: skip
 
 
 class TrainingFailed(RuntimeError):
@@ -72,10 +74,15 @@ class FSDPTrainOperator(BaseOperator):
     :param config: further trainer config, nested or dotted keys; the flat arguments win. (templated)
     :param num_nodes: nodes in the group. (templated)
     :param procs_per_node: training processes per node. (templated)
-    :param backend: ``local`` (processes on this machine). (templated)
+    :param backend: ``local`` (processes on this machine) or ``kubernetes`` (an Indexed Job and a
+        headless Service per group). (templated)
     :param node_resources: per-node ``{"cpu", "memory", "gpus_per_node"}`` (``resources`` is
         Airflow's own task argument). (templated)
     :param max_preemptions: relaunches after preemption before the task fails. (templated)
+    :param kubernetes: pods of the ``kubernetes`` backend: ``image``, ``namespace``, ``capacity_type``,
+        ``kueue_queue``, ``volumes``, ``secret_env``, ``pod_template``, ... (see
+        ``airflow_dtrain.spec.KubernetesSpec``). (templated)
+    :param kubernetes_conn_id: the Kubernetes connection of the ``kubernetes`` backend.
     :param poll_interval: seconds between looks at the group.
     :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
     :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
@@ -83,7 +90,7 @@ class FSDPTrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)
-    template_fields_renderers = {"config": "json", "node_resources": "json"}
+    template_fields_renderers = {"config": "json", "node_resources": "json", "kubernetes": "json"}
     ui_color = "#f0e4ff"
 
     def __init__(
@@ -111,6 +118,8 @@ class FSDPTrainOperator(BaseOperator):
         backend: str = "local",
         node_resources: dict[str, Any] | None = None,
         max_preemptions: int = 3,
+        kubernetes: dict[str, Any] | None = None,
+        kubernetes_conn_id: str = "kubernetes_default",
         poll_interval: float = 5.0,
         stop_grace_period_s: float = 30.0,
         local_state_dir: str | None = None,
@@ -140,6 +149,8 @@ class FSDPTrainOperator(BaseOperator):
         self.backend = backend
         self.node_resources = node_resources
         self.max_preemptions = max_preemptions
+        self.kubernetes = kubernetes
+        self.kubernetes_conn_id = kubernetes_conn_id
         self.poll_interval = poll_interval
         self.stop_grace_period_s = stop_grace_period_s
         self.local_state_dir = local_state_dir
@@ -157,6 +168,11 @@ class FSDPTrainOperator(BaseOperator):
             arguments = {
                 k: (defaults.get(k) if _is_template(v) else v) for k, v in arguments.items()
             }
+            if arguments["backend"] != "local" and (
+                _is_template(self.kubernetes) or _is_template(self.checkpoint_uri)
+            ):
+                # what the backend requires of these is checked once they are rendered
+                arguments["backend"] = "local"
         if not arguments.get("checkpoint_uri") and not skip_templates:
             arguments["checkpoint_uri"] = self._default_checkpoint_uri(arguments.get("backend"))
         arguments["resources"] = arguments.pop("node_resources")
@@ -180,6 +196,9 @@ class FSDPTrainOperator(BaseOperator):
 
     # -- launcher -----------------------------------------------------------------------------
     def _launcher_kwargs(self, backend: str) -> dict[str, Any]:
+        if backend == "kubernetes":
+            namespace = self.kubernetes.get("namespace") if isinstance(self.kubernetes, dict) else None
+            return {"kubernetes_conn_id": self.kubernetes_conn_id, "namespace": namespace}
         return {"state_dir": str(self._state_dir())} if backend == "local" else {}
 
     def _get_launcher(self, backend: str) -> PodGroupLauncher:

@@ -5,7 +5,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def trainer_cmd(args: list[str], nproc: int | None) -> list[str]:
     """`python -m trainer ARGS` (nproc None) or `python -m trainer.launch --nproc-per-node N -m trainer ARGS`."""
     if nproc is None:
         return [sys.executable, "-m", "trainer", *args]
-    return [sys.executable, "-m", "trainer.launch", "--nproc-per-node", str(nproc), "--master-port", "0",
+    # --standalone: a rendezvous on a free local port, so tests never collide on one.
+    return [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc),
             "-m", "trainer", *args]
 
 
@@ -58,35 +60,61 @@ class Run:
         return f"Run(rc={self.returncode})\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
 
 
+def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float):
+    """Start a run in a session of its own (so its workers can be reaped with it), with a
+    watchdog that kills the whole group after `timeout` seconds. stderr goes to a file:
+    a full pipe would block the run while we read its stdout."""
+    stderr = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(trainer_cmd(args, nproc), cwd=REPO, env=trainer_env(data_dir), text=True,
+                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    watchdog = threading.Timer(timeout, _killpg, (proc,))
+    watchdog.start()
+    return proc, stderr, watchdog
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _finish(proc, stderr, watchdog, stdout: str) -> "Run":
+    proc.wait()
+    timed_out = watchdog.finished.is_set()  # set by the watchdog firing (we have not cancelled it yet)
+    watchdog.cancel()
+    _killpg(proc)  # workers left behind by a dead agent, if any
+    stderr.seek(0)
+    run = Run(proc.returncode, stdout, stderr.read())
+    stderr.close()
+    assert not timed_out, f"run timed out and was killed: {run}"
+    return run
+
+
 def run_trainer(args: list[str], data_dir: str, nproc: int | None = None, timeout: float = 240) -> Run:
-    p = subprocess.run(trainer_cmd(args, nproc), cwd=REPO, env=trainer_env(data_dir),
-                       capture_output=True, text=True, timeout=timeout)
-    return Run(p.returncode, p.stdout, p.stderr)
+    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout)
+    return _finish(proc, stderr, watchdog, proc.stdout.read())
 
 
 def run_and_signal(args: list[str], data_dir: str, *, when_step: int, send, nproc: int | None = None,
                    timeout: float = 240) -> Run:
     """Start a run, call send(proc) once a "train" event for step >= when_step is printed, wait for exit."""
-    proc = subprocess.Popen(trainer_cmd(args, nproc), cwd=REPO, env=trainer_env(data_dir),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines, deadline, sent = [], time.monotonic() + timeout, False
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if not sent and line.startswith("{"):
-                event = json.loads(line)
-                if event["event"] == "train" and event["step"] >= when_step:
-                    send(proc)
-                    sent = True
-            if time.monotonic() > deadline:
-                raise TimeoutError("run did not finish in time")
-        proc.wait(timeout=max(1, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert sent, f"never reached step {when_step}:\n{''.join(lines)}\n{proc.stderr.read()}"
-    return Run(proc.returncode, "".join(lines), proc.stderr.read())
+    return run_with_signals(args, data_dir, [(lambda e: e["event"] == "train" and e["step"] >= when_step, send)],
+                            nproc=nproc, timeout=timeout)
+
+
+def run_with_signals(args: list[str], data_dir: str, plan, nproc: int | None = None, timeout: float = 240) -> Run:
+    """Start a run; plan is [(predicate(event), send(proc))]: each send fires, in order, on the first
+    JSON event (after the previous one fired) that matches its predicate. Waits for the exit."""
+    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout)
+    lines, pending = [], list(plan)
+    for line in proc.stdout:
+        lines.append(line)
+        if pending and line.startswith("{") and pending[0][0](json.loads(line)):
+            pending.pop(0)[1](proc)
+    run = _finish(proc, stderr, watchdog, "".join(lines))
+    assert not pending, f"the run ended before all signals were sent: {run}"
+    return run
 
 
 def worker_pids(agent_pid: int) -> dict[int, int]:

@@ -4,21 +4,23 @@ What a user (or the Airflow operator) sees: exit codes, the JSON event lines, pr
 committed checkpoints, and that stopping and resuming changes nothing about the result.
 """
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import (FAST, REPO, load_checkpoint_tensors, read_json, run_and_signal, run_trainer, sigterm,
-                      trainer_env, worker_pids)
+from conftest import (FAST, REPO, load_checkpoint_tensors, read_json, run_and_signal, run_trainer, run_with_signals,
+                      sigterm, trainer_env, worker_pids)
 
-STEPS = 12  # of the 2-rank runs compared with each other
+STEPS = 8  # of the 2-rank runs compared with each other
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,7 @@ def uninterrupted(data_dir, tmp_path_factory):
         (["--set", "optim.lrr=1"], {}, "optim.lrr: unknown key"),
         (["--set", "optim.lr=-1"], {}, "optim.lr: must be > 0, got -1.0"),
         (["--checkpoint-uri", "ftp://host/x"], {}, "checkpoint.uri"),
+        (["--checkpoint-uri", "s3://bucket/run"], {}, "checkpoint.uri: s3:// is not supported by this trainer yet"),
         (["--set", "micro_batch_size=4"], {"WORLD_SIZE": "3"},
          "global_batch_size 8 is not divisible by world size 3 × micro_batch_size 4"),
         (["--set", "data.dataset=/no/such/dir"], {}, "data.dataset: '/no/such/dir' is not"),
@@ -59,10 +62,13 @@ def test_bad_config_exits_2_naming_the_field_before_training(args, env, message,
 # --------------------------------------------------------------------------- a normal run
 
 
-def test_run_completes_with_events_progress_and_committed_checkpoints(data_dir, tmp_path):
+def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
+    statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a real UDP listener standing in for statsd
+    statsd.bind(("127.0.0.1", 0))
     run = run_trainer([*FAST, "--steps", "6", "--checkpoint-uri", f"file://{ckpt}", "--checkpoint-every", "2",
-                       "--set", "checkpoint.keep=2"], data_dir)
+                       "--set", "checkpoint.keep=2", "--set", "metrics.statsd_host=127.0.0.1",
+                       "--set", f"metrics.statsd_port={statsd.getsockname()[1]}"], data_dir)
     assert run.returncode == 0, run
     assert all(line.startswith("{") for line in run.stdout.splitlines())  # stdout is pure JSON lines
     assert [e["step"] for e in run.of("train")] == [1, 2, 3, 4, 5, 6]
@@ -93,23 +99,39 @@ def test_run_completes_with_events_progress_and_committed_checkpoints(data_dir, 
     assert progress["latest_checkpoint"] == str(ckpt / "step-00000006")
     assert progress["loss"] == pytest.approx(run.of("train")[-1]["loss"], abs=1e-5)
 
+    statsd.setblocking(False)
+    gauges = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            gauges.append(statsd.recv(1024).decode())
+    statsd.close()
+    losses = [float(g.split(":")[1].split("|")[0]) for g in gauges if g.startswith("dtrain.loss:")]
+    assert losses == [e["loss"] for e in run.of("train")]
+    assert any(g.startswith("dtrain.checkpoint_seconds:") for g in gauges)
+
+    # The same directory cannot be resumed by another model: refused before building it.
+    other = run_trainer([*FAST, "--steps", "8", "--checkpoint-uri", str(ckpt), "--flavor", "llama3_1b"], data_dir)
+    assert other.returncode == 2, other
+    assert "model.flavor: 'llama3_1b' cannot resume from" in other.stderr and "'debug'" in other.stderr
+    assert read_json(ckpt / "progress.json")["status"] == "completed"
+
 
 def test_loss_falls_and_held_out_evaluation_agrees(data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
-    run = run_trainer([*FAST, "--steps", "150", "--checkpoint-uri", str(ckpt), "--set", "metrics.log_every=25",
+    run = run_trainer([*FAST, "--steps", "60", "--checkpoint-uri", str(ckpt), "--set", "metrics.log_every=20",
                        "--set", "micro_batch_size=8"], data_dir)
     assert run.returncode == 0, run
     losses = run.losses()
-    assert losses[25] < 0.6 * math.log(256), losses
-    assert losses[150] < 0.35 * math.log(256), losses  # byte-level English-like grammar: spelling is learnt fast
+    assert losses[20] < 0.6 * math.log(256), losses
+    assert losses[60] < 0.45 * math.log(256), losses  # byte-level English-like grammar: spelling is learnt fast
 
     p = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", str(ckpt), "--batches", "8"],
                        cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout.strip().splitlines()[-1])
-    assert result["step"] == 150 and result["tokens"] == 8 * 8 * 32
+    assert result["step"] == 60 and result["tokens"] == 8 * 8 * 32
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
-    assert result["loss"] < 0.4 * math.log(256)  # generalises to held-out text, not just memorised
+    assert result["loss"] < 0.5 * math.log(256)  # generalises to held-out text, not just memorised
 
 
 # --------------------------------------------------------------------------- distributed
@@ -129,13 +151,13 @@ def test_two_ranks_follow_the_same_loss_trajectory_as_one_process(uninterrupted,
 def test_sigterm_to_the_agent_exits_75_and_resuming_is_bitwise_identical(uninterrupted, data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt)]
-    stopped = run_and_signal(args, data_dir, nproc=2, when_step=4, send=sigterm)
+    stopped = run_and_signal(args, data_dir, nproc=2, when_step=3, send=sigterm)
 
     assert stopped.returncode == 75, stopped
     assert "[trainer.launch] exit 75: agent received SIGTERM" in stopped.stderr
     [preempted] = stopped.of("preempted")
     s = preempted["step"]
-    assert 4 <= s < STEPS and preempted["seconds_to_save"] < 110
+    assert 3 <= s < STEPS and preempted["seconds_to_save"] < 110
     assert [(e["step"], e["reason"]) for e in stopped.of("checkpoint")] == [(s, "preemption")]
     manifest = read_json(ckpt / f"step-{s:08d}" / "manifest.json")
     assert manifest["step"] == s and manifest["world_size"] == 2
@@ -165,7 +187,7 @@ def test_sigterm_to_the_agent_exits_75_and_resuming_is_bitwise_identical(uninter
 def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(uninterrupted, data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt)]
-    stopped = run_and_signal(args, data_dir, nproc=2, when_step=3,
+    stopped = run_and_signal(args, data_dir, nproc=2, when_step=2,
                              send=lambda proc: os.kill(worker_pids(proc.pid)[1], signal.SIGTERM))
 
     assert stopped.returncode == 75, stopped
@@ -200,32 +222,34 @@ def test_simulated_preemption_sends_sigterm_to_the_agent_once(data_dir, tmp_path
 # --------------------------------------------------------------------------- signals and failures, one process
 
 
-def test_sigusr1_checkpoints_now_and_training_carries_on(data_dir, tmp_path):
+def test_sigusr1_saves_and_carries_on_then_sigterm_exits_75_and_a_restart_resumes(data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
-    run = run_and_signal([*FAST, "--steps", "40", "--checkpoint-uri", str(ckpt)], data_dir, when_step=2,
-                         send=lambda proc: proc.send_signal(signal.SIGUSR1))
-    assert run.returncode == 0, run
-    reasons = [(e["step"], e["reason"]) for e in run.of("checkpoint")]
-    assert reasons[-1] == (40, "final") and len(reasons) == 2 and reasons[0][1] == "checkpoint-now", reasons
-    assert (ckpt / f"step-{reasons[0][0]:08d}" / "manifest.json").exists()
-    assert run.of("done")[0]["step"] == 40
-
-
-def test_plain_process_sigterm_exits_75_with_a_checkpoint_then_resumes(data_dir, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--steps", "40", "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2"]
-    stopped = run_and_signal(args, data_dir, when_step=3, send=sigterm)
+    args = [*FAST, "--steps", "40", "--checkpoint-uri", str(ckpt)]
+    stopped = run_with_signals(args, data_dir, [
+        (lambda e: e["event"] == "train" and e["step"] >= 2, lambda proc: proc.send_signal(signal.SIGUSR1)),
+        (lambda e: e["event"] == "checkpoint", sigterm),
+    ])
     assert stopped.returncode == 75, stopped
+    [now, preemption] = stopped.of("checkpoint")
+    assert now["reason"] == "checkpoint-now" and preemption["reason"] == "preemption"
     s = stopped.of("preempted")[0]["step"]
-    assert (ckpt / f"step-{s:08d}" / "manifest.json").exists()
-    # Pretend the previous attempt got further than its last checkpoint (killed without saving).
+    assert now["step"] < s == preemption["step"] < 40  # trained on after SIGUSR1, stopped after SIGTERM
+    assert max(stopped.losses()) == s
+    for step in (now["step"], s):
+        assert (ckpt / f"step-{step:08d}" / "manifest.json").exists()
     progress = read_json(ckpt / "progress.json")
+    assert (progress["status"], progress["step"], progress["latest_checkpoint"]) == (
+        "preempted", s, str(ckpt / f"step-{s:08d}"))
+
+    # Pretend the attempt got 3 steps past its checkpoint before dying without saving.
     first_wall = progress["wall_time_s"]
     (ckpt / "progress.json").write_text(json.dumps({**progress, "step": s + 3, "status": "failed"}))
-    resumed = run_trainer([*args, "--steps", str(s + 2)], data_dir)
+    resumed = run_trainer([*FAST, "--steps", str(s + 2), "--checkpoint-uri", str(ckpt)], data_dir)
     assert resumed.returncode == 0, resumed
+    assert resumed.of("resume")[0]["from_step"] == s and sorted(resumed.losses()) == [s + 1, s + 2]
     progress = read_json(ckpt / "progress.json")
-    assert (progress["attempt"], progress["steps_lost"], progress["resumed_from_step"]) == (2, 3, s)
+    assert (progress["status"], progress["attempt"], progress["steps_lost"], progress["resumed_from_step"]) == (
+        "completed", 2, 3, s)
     assert progress["wall_time_s"] > first_wall  # summed over both attempts
 
 
@@ -236,6 +260,7 @@ def test_non_finite_loss_fails_naming_step_and_rank_and_launch_exits_1(data_dir,
                        "--set", "optim.warmup_steps=0"], data_dir, nproc=2)
     assert run.returncode == 1, run
     assert "step 2, rank 0: non-finite loss" in run.stderr or "step 2, rank 1: non-finite loss" in run.stderr
-    assert "[trainer.launch] exit 1: workers failed with exit codes [1]" in run.stderr
+    # The first failing rank exits 1; torchrun may SIGTERM the other before it does.
+    assert "[trainer.launch] exit 1: workers failed with exit codes [" in run.stderr
     assert read_json(ckpt / "progress.json")["status"] == "failed"
     assert not list(ckpt.glob("step-*"))

@@ -42,11 +42,12 @@ def test_provider_info_lists_every_operator_and_trigger_module():
     }
     assert _classes("airflow_dtrain.operators", ("BaseOperator",)) == listed["operators"]
     assert _classes("airflow_dtrain.triggers", ("BaseTrigger",)) == listed["triggers"]
+    assert _classes("airflow_dtrain.sensors", ("BaseSensorOperator",)) == listed["sensors"]
     for kind, modules in listed.items():
         for module in modules:
             importlib.import_module(module)  # every listed module exists
     integrations = {i["integration-name"] for i in info["integrations"]}
-    for kind in ("operators", "triggers"):
+    for kind in ("operators", "triggers", "sensors"):
         assert {e["integration-name"] for e in info[kind]} <= integrations
 
 

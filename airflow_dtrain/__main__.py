@@ -1,0 +1,120 @@
+"""``python -m airflow_dtrain render``: print a pod group's Kubernetes objects as YAML.
+
+    python -m airflow_dtrain render --backend kubernetes --nodes 2 --gpus-per-node 8 \\
+        --image ghcr.io/acme/dtrain:0.1.0 --checkpoint-uri s3://bucket/run [--spec spec.yaml] | kubectl apply -f -
+
+``--spec`` is a ``JobSpec`` as JSON or YAML (``JobSpec.to_dict()``, any part of it);
+the flags win over it. What is printed is exactly what ``FSDPTrainOperator`` with
+``backend="kubernetes"`` creates for the same spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from airflow_dtrain.spec import JobSpec, SpecError
+
+_DEFAULT_CHECKPOINT = "s3://change-me/dtrain/{name}"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the trainer config) as readable ``|`` blocks."""
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None
+    ),
+)
+
+
+def _load_spec(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    data = yaml.safe_load(Path(path).read_text())  # YAML is a superset of JSON
+    if not isinstance(data, dict):
+        raise SpecError(f"--spec {path}: expected a mapping (a JobSpec), got {type(data).__name__}")
+    return data
+
+
+def build_spec(args: argparse.Namespace) -> JobSpec:
+    """The spec file, then the flags over it."""
+    data = _load_spec(args.spec)
+    data["backend"] = args.backend
+    train = data.setdefault("train", {})
+    if args.nodes is not None:
+        data["num_nodes"] = args.nodes
+    if args.gpus_per_node is not None:
+        data.setdefault("resources", {})["gpus_per_node"] = args.gpus_per_node
+        data["procs_per_node"] = max(1, args.gpus_per_node)
+    if args.image:
+        data.setdefault("kubernetes", {})["image"] = args.image
+    if args.namespace:
+        data.setdefault("kubernetes", {})["namespace"] = args.namespace
+    if args.flavor:
+        train.setdefault("model", {})["flavor"] = args.flavor
+    if args.checkpoint_uri:
+        train.setdefault("checkpoint", {})["uri"] = args.checkpoint_uri
+    elif not train.get("checkpoint", {}).get("uri"):
+        train.setdefault("checkpoint", {})["uri"] = _DEFAULT_CHECKPOINT.format(name=args.name)
+    if "global_batch_size" not in train:
+        # one micro-batch per rank per step unless the spec says otherwise: valid for any world size
+        world = int(data.get("num_nodes", 1)) * int(data.get("procs_per_node", 1))
+        train["global_batch_size"] = world * int(train.get("micro_batch_size", 2))
+    return JobSpec.from_dict(data)
+
+
+def render(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m airflow_dtrain render", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--backend", required=True, choices=["kubernetes"])
+    parser.add_argument("--nodes", type=int, help="num_nodes")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (and training processes) per node")
+    parser.add_argument("--image", help="the trainer image (kubernetes.image)")
+    parser.add_argument("--spec", help="a JobSpec as JSON or YAML")
+    parser.add_argument("--checkpoint-uri", help=f"checkpoint.uri (default {_DEFAULT_CHECKPOINT})")
+    parser.add_argument("--flavor", help="model.flavor")
+    parser.add_argument(
+        "--name", default="dtrain-manual-r0", help="the group's name (default dtrain-manual-r0)"
+    )
+    parser.add_argument("--namespace", help="kubernetes.namespace (default: default)")
+    args = parser.parse_args(argv)
+
+    from airflow_dtrain.kubernetes_objects import render_group
+
+    try:
+        spec = build_spec(args)
+        objects = render_group(args.name, spec, namespace=spec.kubernetes.namespace or "default")
+    except (SpecError, ValueError, OSError, yaml.YAMLError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    header = (
+        f"# pod group {args.name}: {spec.num_nodes} node(s) x {spec.procs_per_node} process(es), "
+        "rendered by airflow-dtrain\n"
+    )
+    if spec.train.checkpoint.uri == _DEFAULT_CHECKPOINT.format(name=args.name):
+        header += "# checkpoint.uri is a placeholder: pass --checkpoint-uri s3://<bucket>/<prefix>\n"
+    sys.stdout.write(header + yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "render":
+        print(
+            "usage: python -m airflow_dtrain render --backend kubernetes [options]  (see render --help)",
+            file=sys.stderr,
+        )
+        return 2
+    return render(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""The Kubernetes objects of one pod group, rendered from a ``JobSpec`` as plain dicts.
+
+A group is a ConfigMap (the trainer's config, no secrets), a headless Service and
+an Indexed Job with ``parallelism = completions = num_nodes``. Pod ``i`` is node
+``i``: its hostname is ``<job>-<i>``, the Service gives it the stable DNS name
+``<job>-<i>.<service>``, and every node rendezvous with pod 0 there. torch's c10d
+rendezvous makes the pod whose address the endpoint resolves to the store host, so
+no pod needs to know whether it is node 0.
+
+Pure functions, no kubernetes client: ``python -m airflow_dtrain render`` prints
+exactly what the launcher creates.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+from airflow_dtrain.spec import JobSpec
+from trainer.config import PREEMPTED_EXIT_CODE
+
+LABEL_GROUP = "airflow-dtrain/group"
+"""The group's name: selects its Job, Service, ConfigMap and pods."""
+LABEL_TASK = "airflow-dtrain/task"
+"""The group's name without the relaunch suffix: every group of one task instance."""
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "airflow-dtrain"
+ANNOTATION_PENDING_TIMEOUT = "airflow-dtrain/pending-timeout-s"
+ANNOTATION_OUTCOME = "airflow-dtrain/outcome"
+"""Set by the launcher when it ends a group itself (preempted node, no capacity)."""
+
+CONTAINER = "trainer"
+CONFIG_DIR = "/etc/dtrain"
+CONFIG_FILE = "train_config.json"
+# Leave torchrun's agent time after the workers' save to exit on its own, before SIGKILL.
+_GRACE_MARGIN_S = 15
+
+# Karpenter and EKS managed node groups label capacity differently: either may hold the pod.
+_CAPACITY_LABELS = {
+    "spot": (("karpenter.sh/capacity-type", "spot"), ("eks.amazonaws.com/capacityType", "SPOT")),
+    "on-demand": (
+        ("karpenter.sh/capacity-type", "on-demand"),
+        ("eks.amazonaws.com/capacityType", "ON_DEMAND"),
+    ),
+}
+
+
+def task_name(group: str) -> str:
+    """``<base>-r3`` -> ``<base>``: what every relaunch of one task instance shares."""
+    stem, sep, suffix = group.rpartition("-r")
+    return stem if sep and suffix.isdigit() else group
+
+
+def group_labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "airflow-dtrain",
+        "app.kubernetes.io/component": "trainer",
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_GROUP: name,
+        LABEL_TASK: task_name(name),
+    }
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-config"
+
+
+def rendezvous_endpoint(name: str, port: int) -> str:
+    """Pod 0's stable DNS name: the Job names it ``<job>-0``, the headless Service adds ``.<service>``."""
+    return f"{name}-0.{name}:{port}"
+
+
+def render_group(name: str, spec: JobSpec, *, namespace: str) -> list[dict[str, Any]]:
+    """The ConfigMap, headless Service and Indexed Job of group ``name``, in creation order."""
+    if len(name) > 52:  # "<name>-<index>" is the pods' hostname, a 63-character DNS label
+        raise ValueError(f"name: group names must be at most 52 characters, got {name!r}")
+    return [
+        render_config_map(name, spec, namespace=namespace),
+        render_service(name, spec, namespace=namespace),
+        render_job(name, spec, namespace=namespace),
+    ]
+
+
+def render_config_map(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": config_map_name(name), "namespace": namespace, "labels": group_labels(name)},
+        # The trainer's own config: hyperparameters and the checkpoint URI, never credentials
+        # (those reach the pod through secretKeyRef or the service account).
+        "data": {CONFIG_FILE: json.dumps(spec.train.to_dict(), indent=1, sort_keys=True)},
+    }
+
+
+def render_service(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": group_labels(name)},
+        "spec": {
+            "clusterIP": "None",
+            # DNS records as soon as a pod has an IP: pod 0 must be resolvable while it starts
+            # its rendezvous store, long before anything could call it ready.
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_GROUP: name},
+            "ports": [
+                {"name": "rdzv", "port": spec.kubernetes.rdzv_port, "targetPort": spec.kubernetes.rdzv_port}
+            ],
+        },
+    }
+
+
+def trainer_args(name: str, spec: JobSpec) -> list[str]:
+    """torchrun's arguments (a list: no shell ever sees them)."""
+    k8s = spec.kubernetes
+    args = [
+        "--nnodes", str(spec.num_nodes),
+        "--nproc-per-node", str(spec.procs_per_node),
+        # c10d assigns node ranks at the rendezvous (torchrun ignores --node-rank with it, loudly);
+        # the completion index reaches the pod as DTRAIN_NODE_RANK, for its logs and tools
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", rendezvous_endpoint(name, k8s.rdzv_port),
+        "--rdzv-id", name,
+        # a lost node ends the group; the operator relaunches it from the checkpoint
+        "--max-restarts", "0",
+        "-m", "trainer", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
+    ]  # fmt: skip
+    if k8s.statsd_host:
+        # $(VAR) is expanded by the kubelet from the container's env, not by a shell
+        args += [
+            "--set",
+            "metrics.statsd_host=$(DTRAIN_STATSD_HOST)",
+            "--set",
+            "metrics.statsd_port=$(DTRAIN_STATSD_PORT)",
+        ]
+    return args
+
+
+def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
+    k8s = spec.kubernetes
+    env: list[dict[str, Any]] = [
+        {
+            "name": "DTRAIN_NODE_RANK",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+            },
+        },
+        {"name": "DTRAIN_GROUP_NAME", "value": name},
+        {"name": "DTRAIN_CHECKPOINT_URI", "value": spec.train.checkpoint.uri},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "value": "[rank${rank}]:"},
+        # the root filesystem is read-only: caches and the built-in corpus go to the /tmp emptyDir
+        {"name": "HOME", "value": "/tmp/home"},
+        {"name": "DTRAIN_DATA_DIR", "value": "/tmp/dtrain-data"},
+    ]
+    if spec.resources.gpus_per_node == 0:
+        env.append({"name": "OMP_NUM_THREADS", "value": "1"})
+    if k8s.statsd_host == "node":
+        env.append({"name": "DTRAIN_STATSD_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}})
+    elif k8s.statsd_host:
+        env.append({"name": "DTRAIN_STATSD_HOST", "value": k8s.statsd_host})
+    if k8s.statsd_host:
+        env.append({"name": "DTRAIN_STATSD_PORT", "value": str(k8s.statsd_port)})
+    env += [{"name": key, "value": value} for key, value in sorted(k8s.env.items())]
+    env += [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}}}
+        for key, ref in sorted(k8s.secret_env.items())
+    ]
+    return env
+
+
+def _resources(spec: JobSpec) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if spec.resources.cpu:
+        requests["cpu"] = spec.resources.cpu  # no CPU limit: throttling a rank stalls every rank
+    if spec.resources.memory:
+        requests["memory"] = limits["memory"] = spec.resources.memory
+    if spec.resources.gpus_per_node:
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(spec.resources.gpus_per_node)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _scheduling(name: str, spec: JobSpec) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    pod: dict[str, Any] = {}
+    if k8s.node_selector:
+        pod["nodeSelector"] = dict(k8s.node_selector)
+    tolerations: list[dict[str, Any]] = []
+    if k8s.capacity_type in _CAPACITY_LABELS:
+        # Node selector terms are ORed: a Karpenter node or an EKS managed node group node.
+        pod["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+                        for key, value in _CAPACITY_LABELS[k8s.capacity_type]
+                    ]
+                }
+            }
+        }
+        tolerations += [
+            {"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"}
+            for key, value in _CAPACITY_LABELS[k8s.capacity_type]
+        ]
+    if spec.resources.gpus_per_node:
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    tolerations += [dict(t) for t in k8s.tolerations]
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if k8s.topology_spread:
+        pod["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": k8s.topology_spread,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {LABEL_GROUP: name}},
+            }
+        ]
+    if k8s.priority_class:
+        pod["priorityClassName"] = k8s.priority_class
+    return pod
+
+
+def termination_grace_period_s(spec: JobSpec) -> int:
+    """Long enough for every rank to finish its step and save before the kubelet's SIGKILL."""
+    return math.ceil(spec.train.checkpoint.grace_period_s) + _GRACE_MARGIN_S
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """How a failed pod ends (or does not end) the group; rules apply in order, the first match wins."""
+    return {
+        "rules": [
+            # A node saved a checkpoint and exited "preempted, resumable". The other nodes cannot
+            # go on without it (the world size is fixed): fail the whole Job now. The Job's Failed
+            # condition names this exit code, so the launcher reports "preempted" even after the
+            # pods are gone, and the operator relaunches the group from the checkpoint.
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": [PREEMPTED_EXIT_CODE],
+                },
+            },
+            # Evicted, drained, spot node reclaimed: not the trainer's fault, never counted against
+            # backoffLimit. The launcher sees the DisruptionTarget condition and ends the group as
+            # preempted itself.
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            # Anything else is a bug or bad input: retrying would fail again.
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "NotIn",
+                    "values": [0, PREEMPTED_EXIT_CODE],
+                },
+            },
+        ]
+    }
+
+
+def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    labels = group_labels(name)
+    volume_mounts = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    for i, volume in enumerate(k8s.volumes):
+        volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": volume["claim"]}})
+        volume_mounts.append(
+            {
+                "name": f"pvc-{i}",
+                "mountPath": volume["mount_path"],
+                "readOnly": bool(volume.get("read_only", False)),
+            }
+        )
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": k8s.image,
+        "imagePullPolicy": k8s.image_pull_policy,
+        "command": ["python", "-m", "trainer.launch"],
+        "args": trainer_args(name, spec),
+        "env": _env(name, spec),
+        "ports": [{"name": "rdzv", "containerPort": k8s.rdzv_port, "protocol": "TCP"}],
+        "volumeMounts": volume_mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+        },
+        # the last lines of a crashed trainer are the pod's termination message
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    resources = _resources(spec)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # required by podFailurePolicy; the operator owns relaunches
+        "subdomain": name,  # with the headless Service: <job>-<i>.<service> resolves to pod i
+        "serviceAccountName": k8s.service_account,
+        "automountServiceAccountToken": False,  # the trainer never calls the Kubernetes API
+        "terminationGracePeriodSeconds": termination_grace_period_s(spec),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,  # checkpoints on a PVC are written by uid 1000
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+        **_scheduling(name, spec),
+    }
+    if k8s.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in k8s.image_pull_secrets]
+    template = {"metadata": {"labels": dict(labels)}, "spec": pod_spec}
+    if k8s.pod_template:
+        template = merge_pod_template(template, k8s.pod_template)
+
+    job_labels = dict(labels)
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": spec.num_nodes,
+        "parallelism": spec.num_nodes,
+        "backoffLimit": 0,
+        "podFailurePolicy": pod_failure_policy(),
+        # A replacement pod starts only once the old one is gone: two pods never share a hostname.
+        "podReplacementPolicy": "Failed",
+        "template": template,
+    }
+    if k8s.kueue_queue:
+        job_labels["kueue.x-k8s.io/queue-name"] = k8s.kueue_queue
+        # Kueue admits the whole group at once (gang admission) by unsuspending the Job.
+        job_spec["suspend"] = True
+    if k8s.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = k8s.ttl_seconds_after_finished
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": job_labels,
+            "annotations": {ANNOTATION_PENDING_TIMEOUT: str(k8s.pending_timeout_s)},
+        },
+        "spec": job_spec,
+    }
+
+
+# Lists of a PodSpec that merge element by element on "name", as kubectl's strategic merge does.
+_MERGE_BY_NAME = {
+    "containers",
+    "initContainers",
+    "volumes",
+    "env",
+    "volumeMounts",
+    "ports",
+    "imagePullSecrets",
+}
+
+
+def merge_pod_template(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base``: mappings merge, named lists merge by name, other lists append."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        current = merged.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            merged[key] = merge_pod_template(current, value)
+        elif key in _MERGE_BY_NAME and isinstance(current, list) and isinstance(value, list):
+            by_name = {item.get("name"): i for i, item in enumerate(current)}
+            for item in value:
+                if item.get("name") in by_name:
+                    current[by_name[item["name"]]] = merge_pod_template(current[by_name[item["name"]]], item)
+                else:
+                    current.append(copy.deepcopy(item))
+        elif isinstance(current, list) and isinstance(value, list):
+            merged[key] = current + copy.deepcopy(value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged

@@ -1,0 +1,191 @@
+"""BudgetBranchOperator: train on spot, on on-demand, wait for a better price, or stop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseBranchOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+_NUMBERS = (
+    "total_steps", "budget_usd", "step_time_estimate_s", "num_nodes", "spot_price", "on_demand_price",
+    "interruption_rate_per_hour", "max_interruption_rate_per_hour", "restart_overhead_s", "lost_work_s",
+    "deadline_s", "waited_s", "max_wait_s", "wait_interval_s", "wait_target_price",
+)  # fmt: skip
+
+
+def _is_template(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    return type(value).__module__.startswith("airflow.")
+
+
+class BudgetBranchOperator(BaseBranchOperator):
+    """
+    Choose how the job goes on from what is left to train, the prices and the money left.
+
+    Reads the cost ledger and the measured step time from the latest committed checkpoint
+    manifest under ``checkpoint_uri`` (``airflow_dtrain.spot.ledger``), takes the spot offer
+    chosen by a ``SpotPriceSensor`` (``price_task_id``) or the prices you give, and follows
+    the decision table of ``airflow_dtrain.spot.budget``: ``spot``, ``on_demand``, ``wait`` or
+    ``stop``. It never chooses work whose estimate exceeds the remaining budget. The
+    decision and its reason are logged and pushed to XCom (key ``decision``).
+
+    :param spot_task_id: task (or task group) to run when training on spot.
+    :param on_demand_task_id: task to run when training on on-demand.
+    :param wait_task_id: task to run when waiting for a better price (None: skip everything).
+    :param stop_task_id: task to run when stopping (None: skip everything).
+    :param checkpoint_uri: the job's checkpoint directory (local path or ``s3://``). (templated)
+    :param total_steps: optimizer steps of the whole job. (templated)
+    :param budget_usd: the job's budget in US$, across every run, retry and preemption (None: no budget). (templated)
+    :param step_time_estimate_s: seconds per step before one has been measured. (templated)
+    :param num_nodes: nodes of the group. (templated)
+    :param price_task_id: a ``SpotPriceSensor`` whose XCom gives ``spot_price`` and ``on_demand_price``.
+    :param spot_price: spot $/node-hour (wins over ``price_task_id``). (templated)
+    :param on_demand_price: on-demand $/node-hour (wins over ``price_task_id``). (templated)
+    :param interruption_rate_per_hour: expected interruptions of the group per hour on spot. (templated)
+    :param max_interruption_rate_per_hour: above this risk, spot is not used. (templated)
+    :param restart_overhead_s: time one interruption costs besides lost work. (templated)
+    :param lost_work_s: work lost per interruption. (templated)
+    :param deadline_s: seconds left to finish (None: no deadline). (templated)
+    :param waited_s: how long the job has waited for spot so far. (templated)
+    :param max_wait_s: how long it may wait for spot in all (0: never). (templated)
+    :param wait_interval_s: how long one wait lasts. (templated)
+    :param wait_target_price: the spot $/node-hour a wait hopes for (default: the offer's ``limit``
+        from ``price_task_id``, else the current spot or on-demand price). (templated)
+    """
+
+    template_fields: Sequence[str] = ("checkpoint_uri", *_NUMBERS)
+
+    def __init__(
+        self,
+        *,
+        spot_task_id: str,
+        on_demand_task_id: str,
+        wait_task_id: str | None = None,
+        stop_task_id: str | None = None,
+        checkpoint_uri: str | None = None,
+        total_steps: int | str,
+        budget_usd: float | str | None = None,
+        step_time_estimate_s: float | str | None = None,
+        num_nodes: int | str = 1,
+        price_task_id: str | None = None,
+        spot_price: float | str | None = None,
+        on_demand_price: float | str | None = None,
+        interruption_rate_per_hour: float | str = 0.05,
+        max_interruption_rate_per_hour: float | str | None = None,
+        restart_overhead_s: float | str = 600.0,
+        lost_work_s: float | str = 0.0,
+        deadline_s: float | str | None = None,
+        waited_s: float | str = 0.0,
+        max_wait_s: float | str = 0.0,
+        wait_interval_s: float | str = 900.0,
+        wait_target_price: float | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.spot_task_id = spot_task_id
+        self.on_demand_task_id = on_demand_task_id
+        self.wait_task_id = wait_task_id
+        self.stop_task_id = stop_task_id
+        self.checkpoint_uri = checkpoint_uri
+        self.total_steps = total_steps
+        self.budget_usd = budget_usd
+        self.step_time_estimate_s = step_time_estimate_s
+        self.num_nodes = num_nodes
+        self.price_task_id = price_task_id
+        self.spot_price = spot_price
+        self.on_demand_price = on_demand_price
+        self.interruption_rate_per_hour = interruption_rate_per_hour
+        self.max_interruption_rate_per_hour = max_interruption_rate_per_hour
+        self.restart_overhead_s = restart_overhead_s
+        self.lost_work_s = lost_work_s
+        self.deadline_s = deadline_s
+        self.waited_s = waited_s
+        self.max_wait_s = max_wait_s
+        self.wait_interval_s = wait_interval_s
+        self.wait_target_price = wait_target_price
+        self._numbers(skip_templates=True)  # fail in the DAG file for what is not templated
+
+    def _numbers(self, *, skip_templates: bool = False) -> dict[str, float | None]:
+        prefix = f"{type(self).__name__}(task_id={self.task_id!r}): "
+        out: dict[str, float | None] = {}
+        for name in _NUMBERS:
+            value = getattr(self, name)
+            if skip_templates and _is_template(value):
+                continue
+            if value is None or value == "" or value == "None":
+                out[name] = None
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{prefix}{name}: expected a number, got {value!r}") from None
+            if number < 0 or number != number:
+                raise ValueError(f"{prefix}{name}: must be >= 0, got {value!r}")
+            out[name] = number
+        for name in ("total_steps", "num_nodes"):
+            if name in out and (out[name] is None or out[name] < 1 or out[name] != int(out[name])):
+                raise ValueError(f"{prefix}{name}: must be an integer >= 1, got {getattr(self, name)!r}")
+        return out
+
+    def _prices(self, context: Context, numbers: dict[str, float | None]) -> tuple[float | None, float | None, dict]:
+        offer: dict[str, Any] = {}
+        if self.price_task_id:
+            offer = context["ti"].xcom_pull(task_ids=self.price_task_id) or {}
+            if not offer:
+                self.log.info("No spot offer from task %s (skipped or not run)", self.price_task_id)
+        spot = numbers["spot_price"] if numbers["spot_price"] is not None else offer.get("spot_price")
+        od = numbers["on_demand_price"] if numbers["on_demand_price"] is not None else offer.get("on_demand_price")
+        return spot, od, offer
+
+    def choose_branch(self, context: Context) -> str | list[str] | None:
+        from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
+        from airflow_dtrain.spot.ledger import Ledger, read_ledger
+
+        n = self._numbers()
+        ledger = read_ledger(self.checkpoint_uri) if self.checkpoint_uri else Ledger()
+        spot, od, offer = self._prices(context, n)
+        steps_remaining = max(0, int(n["total_steps"]) - ledger.step)
+        step_time = ledger.step_time_s or n["step_time_estimate_s"]
+        remaining = None if n["budget_usd"] is None else n["budget_usd"] - ledger.total_dollars
+        self.log.info(
+            "Ledger: step %d of %d, $%.2f spent (%s), step time %s s (%s)",
+            ledger.step, int(n["total_steps"]), ledger.total_dollars, ledger.path or "no checkpoint yet",
+            step_time, "measured" if ledger.step_time_s else "estimate",
+        )  # fmt: skip
+        inputs = BudgetInputs(
+            steps_remaining=steps_remaining,
+            step_time_s=step_time,
+            num_nodes=int(n["num_nodes"]),
+            spot_price=None if spot is None else float(spot),
+            on_demand_price=None if od is None else float(od),
+            remaining_budget=None if remaining is None else max(0.0, remaining),
+            interruption_rate_per_hour=n["interruption_rate_per_hour"] or 0.0,
+            max_interruption_rate_per_hour=(
+                n["max_interruption_rate_per_hour"] if n["max_interruption_rate_per_hour"] is not None else float("inf")
+            ),
+            restart_overhead_s=n["restart_overhead_s"] or 0.0,
+            lost_work_s=n["lost_work_s"] or 0.0,
+            deadline_s=n["deadline_s"],
+            waited_s=n["waited_s"] or 0.0,
+            max_wait_s=n["max_wait_s"] or 0.0,
+            wait_interval_s=n["wait_interval_s"] or 900.0,
+            wait_target_price=n["wait_target_price"] if n["wait_target_price"] is not None else offer.get("limit"),
+        )
+        decision = decide(inputs)
+        self.log.info("Decision: %s. %s", decision.choice.value, decision.reason)
+        context["ti"].xcom_push(
+            key="decision",
+            value={**decision.to_dict(), "ledger": ledger.to_dict(), "offer": offer, "steps_remaining": steps_remaining},
+        )
+        branch = {
+            Choice.SPOT: self.spot_task_id,
+            Choice.ON_DEMAND: self.on_demand_task_id,
+            Choice.WAIT: self.wait_task_id,
+            Choice.STOP: self.stop_task_id,
+        }[decision.choice]
+        return branch or None

@@ -1,0 +1,175 @@
+"""SpotInterruptionSensor: on an interruption notice for a training group, checkpoint now."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+
+from airflow_dtrain.spot.events import KINDS
+from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
+from airflow_dtrain.spot.members import InstanceSource, StaticInstances
+from airflow_dtrain.triggers.spot_interruption import SpotInterruptionTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class SpotInterruptionSensor(BaseSensorOperator):
+    """
+    Wait for a spot interruption warning or rebalance recommendation for a group's instances.
+
+    Notices come from the SQS queue that EventBridge feeds (the queue aws-node-termination-handler
+    and Karpenter use; raw events or SNS envelopes) and, with a source that can see nodes
+    (``KubernetesGroupNodes``), from the taints those tools put on the group's nodes. On a
+    notice for one of the group's instances, the group is asked to checkpoint now (SIGUSR1 to
+    every trainer on the local backend: they save at the next step boundary and carry on),
+    the SQS message is deleted, and the sensor succeeds with the record of the event
+    (XCom return value: ``interrupted``, ``group``, ``checkpoint_requested``, ``notices``).
+    Notices for other instances are released for other consumers; malformed messages are
+    logged and skipped. When the group ends before any notice, the sensor succeeds with
+    ``interrupted: False``.
+
+    Which instances belong to the group comes from ``instance_source`` (see
+    ``airflow_dtrain.spot.members``); ``instance_ids`` / ``node_names`` are shorthand for a
+    ``StaticInstances`` source.
+
+    :param group: the group's name, e.g. ``"{{ ti.xcom_pull(task_ids='train', key='group') }}"``; a
+        prefix of relaunched groups' names also works (the newest one is watched). (templated)
+    :param instance_ids: EC2 instance ids of the group. (templated)
+    :param node_names: Kubernetes node names of the group. (templated)
+    :param instance_source: where the group's instances come from (instead of the two above).
+    :param sqs_queue_url: the SQS queue EventBridge sends interruption events to. (templated)
+    :param kinds: which notices count: ``spot-interruption``, ``rebalance-recommendation``,
+        ``scheduled-maintenance``, ``disruption``.
+    :param backend: the group's launcher backend (``local``). (templated)
+    :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
+    :param wait_time_seconds: SQS long-poll seconds per look (0-20).
+    :param aws_conn_id: the Airflow AWS connection.
+    :param region_name: the queue's region (default: the connection's).
+    :param deferrable: watch from the triggerer, freeing the worker slot.
+    """
+
+    template_fields: Sequence[str] = ("group", "instance_ids", "node_names", "sqs_queue_url", "backend")
+    ui_color = "#ffe0cc"
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        instance_ids: list[str] | None = None,
+        node_names: list[str] | None = None,
+        instance_source: InstanceSource | None = None,
+        sqs_queue_url: str | None = None,
+        kinds: Sequence[str] = DEFAULT_KINDS,
+        backend: str = "local",
+        local_state_dir: str | None = None,
+        wait_time_seconds: int = 5,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("poke_interval", 5)  # a spot warning gives two minutes
+        super().__init__(**kwargs)
+        self.group = group
+        self.instance_ids = instance_ids
+        self.node_names = node_names
+        self.instance_source = instance_source
+        self.sqs_queue_url = sqs_queue_url
+        self.kinds = tuple(kinds)
+        self.backend = backend
+        self.local_state_dir = local_state_dir
+        self.wait_time_seconds = wait_time_seconds
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+        self.deferrable = deferrable
+        prefix = f"{type(self).__name__}(task_id={self.task_id!r}): "
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if not self.kinds or unknown:
+            raise ValueError(f"{prefix}kinds: expected some of {list(KINDS)}, got {list(kinds)!r}")
+        if instance_source is not None and (instance_ids or node_names):
+            raise ValueError(f"{prefix}instance_source: give it or instance_ids/node_names, not both")
+        if instance_source is not None and not isinstance(instance_source, InstanceSource):
+            raise ValueError(f"{prefix}instance_source: expected an InstanceSource, got {instance_source!r}")
+        if instance_source is None and not instance_ids and not node_names:
+            raise ValueError(f"{prefix}instance_ids / node_names / instance_source: give one, got none")
+        if not isinstance(wait_time_seconds, int) or not 0 <= wait_time_seconds <= 20:
+            raise ValueError(f"{prefix}wait_time_seconds: must be an integer 0-20, got {wait_time_seconds!r}")
+        if not sqs_queue_url and (instance_source is None or type(instance_source).node_notices is InstanceSource.node_notices):
+            raise ValueError(f"{prefix}sqs_queue_url: required unless instance_source can see node taints")
+
+    def _source(self) -> InstanceSource:
+        if self.instance_source is not None:
+            return self.instance_source
+        ids, names = self.instance_ids or [], self.node_names or []
+        for field, value in (("instance_ids", ids), ("node_names", names)):
+            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+                raise ValueError(f"{type(self).__name__}(task_id={self.task_id!r}): {field}: expected a list of names, got {value!r}")
+        return StaticInstances(instance_ids=ids, node_names=names)
+
+    def _launcher_kwargs(self) -> dict[str, Any]:
+        if self.backend != "local":
+            return {}
+        from airflow_dtrain.launchers.local import default_state_dir
+
+        configured = self.local_state_dir or conf.get("dtrain", "local_state_dir", fallback="")
+        return {"state_dir": str(configured or default_state_dir())}
+
+    def _watch_kwargs(self) -> dict[str, Any]:
+        if not isinstance(self.group, str) or not self.group or self.group == "None":
+            raise ValueError(f"{type(self).__name__}(task_id={self.task_id!r}): group: expected a group name, got {self.group!r}")
+        return {
+            "group": self.group,
+            "source": self._source(),
+            "backend": self.backend,
+            "launcher_kwargs": self._launcher_kwargs(),
+            "sqs_queue_url": self.sqs_queue_url or None,
+            "aws_conn_id": self.aws_conn_id,
+            "region_name": self.region_name,
+            "kinds": list(self.kinds),
+            "wait_time_seconds": self.wait_time_seconds,
+        }
+
+    def execute(self, context: Context) -> Any:
+        watch_kwargs = self._watch_kwargs()
+        if self.deferrable:
+            result = self.poke(context)
+            if result:
+                return result.xcom_value
+            watch_kwargs["source"] = list(watch_kwargs["source"].serialize())
+            self.defer(
+                trigger=SpotInterruptionTrigger(watch_kwargs=watch_kwargs, poll_interval=self.poke_interval),
+                method_name="execute_complete",
+                timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+            )
+        return super().execute(context)
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        from airflow_dtrain.spot.interruptions import watch_once
+
+        record = watch_once(**self._watch_kwargs())
+        if record is None:
+            return PokeReturnValue(is_done=False)
+        self._report(record)
+        return PokeReturnValue(is_done=True, xcom_value=record)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") != "success":
+            raise RuntimeError(f"{type(self).__name__}(task_id={self.task_id!r}): {event.get('message')}")
+        record = {k: v for k, v in event.items() if k != "status"}
+        self._report(record)
+        return record
+
+    def _report(self, record: dict[str, Any]) -> None:
+        if not record.get("interrupted"):
+            self.log.info("Group %s ended (%s) without an interruption notice", record["group"], record["group_state"])
+            return
+        for notice in record["notices"]:
+            self.log.warning(
+                "%s for %s (from %s, %s): group %s asked to checkpoint now (%d process(es))",
+                notice["kind"], notice.get("instance_id") or notice.get("node_name"), notice["source"],
+                notice.get("time"), record["group"], record["checkpoint_requested"],
+            )  # fmt: skip

@@ -1,0 +1,225 @@
+"""The budget policy: train on spot, train on on-demand, wait for a better price, or stop.
+
+Pure functions over plain numbers, so the policy is tested table by table and the
+benchmark (``benchmarks/spot_cost.py``) runs the very code the operator runs.
+
+Estimates::
+
+    hours            = steps_remaining × step_time_s / 3600
+    on-demand cost   = hours × num_nodes × on_demand_price
+    spot hours       = hours × (1 + overhead)
+    overhead         = interruption_rate_per_hour × (restart_overhead_s + lost_work_s) / 3600
+    spot cost        = spot hours × num_nodes × spot_price
+    wait cost        = 0 (and the wait must leave time to finish on on-demand)
+
+Decision, first row that applies:
+
+==  ================================================================  =========
+#   condition                                                         decision
+==  ================================================================  =========
+1   no steps remaining                                                stop
+2   no step time (none measured, no estimate) and a budget is set     stop
+3   no price at all (spot nor on-demand)                              stop
+4   spot offered, acceptable risk, spot cost ≤ budget, spot hours     spot
+    fit the deadline
+5   spot not (yet) possible, waiting allowed and a wait of
+    ``wait_interval_s`` still leaves time to finish (on-demand,
+    or spot if no on-demand price), and something could then fit
+    the budget                                                        wait
+6   on-demand cost ≤ budget (on-demand is the fastest way to finish,  on_demand
+    so a deadline does not rule it out)
+7   spot was ruled out only by the deadline and on-demand is over     spot
+    budget: finishing late beats not finishing (the budget is hard,
+    the deadline soft)
+8   otherwise (every estimate exceeds the remaining budget)           stop
+==  ================================================================  =========
+
+"≤ budget" compares in whole micro-dollars, so a cost exactly at the budget is within it.
+Nothing is ever launched whose estimate exceeds the remaining budget.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+class Choice(str, enum.Enum):
+    SPOT = "spot"
+    ON_DEMAND = "on_demand"
+    WAIT = "wait"
+    STOP = "stop"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetInputs:
+    """What the policy decides on. Prices are US$ per node-hour; None means unknown."""
+
+    steps_remaining: int
+    """Optimizer steps left to train."""
+    step_time_s: float | None
+    """Seconds per optimizer step (measured, from the latest checkpoint manifest, or estimated)."""
+    num_nodes: int = 1
+    spot_price: float | None = None
+    """The chosen spot offer's price; None when there is no acceptable offer now."""
+    on_demand_price: float | None = None
+    remaining_budget: float | None = None
+    """US$ left to spend; None means no budget."""
+    interruption_rate_per_hour: float = 0.05
+    """Expected interruptions of the group per hour on spot (any node)."""
+    max_interruption_rate_per_hour: float = math.inf
+    """Above this risk, spot is not used."""
+    restart_overhead_s: float = 600.0
+    """Time an interruption costs besides lost work: new capacity, start-up, checkpoint load."""
+    lost_work_s: float = 0.0
+    """Work lost per interruption; about one step when the warning triggers a checkpoint, half
+    the checkpoint interval when it does not."""
+    deadline_s: float | None = None
+    """Seconds left until the job must be finished; None means no deadline."""
+    waited_s: float = 0.0
+    """How long this job has already waited for spot."""
+    max_wait_s: float = 0.0
+    """How long the job may wait for a spot offer in all (0: never wait)."""
+    wait_interval_s: float = 900.0
+    """How long one wait lasts before the next decision."""
+    wait_target_price: float | None = None
+    """The spot price hoped for when waiting (default: the spot limit, else on-demand)."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "steps_remaining": self.steps_remaining is not None and self.steps_remaining >= 0,
+            "step_time_s": self.step_time_s is None or self.step_time_s > 0,
+            "num_nodes": self.num_nodes >= 1,
+            "spot_price": self.spot_price is None or self.spot_price >= 0,
+            "on_demand_price": self.on_demand_price is None or self.on_demand_price >= 0,
+            "interruption_rate_per_hour": self.interruption_rate_per_hour >= 0,
+            "restart_overhead_s": self.restart_overhead_s >= 0,
+            "lost_work_s": self.lost_work_s >= 0,
+            "wait_interval_s": self.wait_interval_s > 0,
+            "max_wait_s": self.max_wait_s >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    choice: Choice
+    reason: str
+    hours: float | None = None
+    """Estimated node-independent training hours left (without interruptions)."""
+    spot_cost: float | None = None
+    on_demand_cost: float | None = None
+    spot_hours: float | None = None
+    remaining_budget: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "choice": self.choice.value}
+
+
+def _fits(cost: float | None, budget: float | None) -> bool:
+    if cost is None:
+        return False
+    return budget is None or round(cost * 1e6) <= round(budget * 1e6)
+
+
+def _in_time(hours: float | None, deadline_s: float | None, after_s: float = 0.0) -> bool:
+    if hours is None:
+        return False
+    return deadline_s is None or after_s + hours * 3600.0 <= deadline_s + 1e-6
+
+
+def spot_overhead(inputs: BudgetInputs) -> float:
+    """Fraction of extra time spot costs through interruptions."""
+    return inputs.interruption_rate_per_hour * (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
+
+
+def decide(inputs: BudgetInputs) -> Decision:
+    """The decision for ``inputs`` and why, following the table in this module's docstring."""
+    i = inputs
+    money = f"${i.remaining_budget:.2f}" if i.remaining_budget is not None else "no budget"
+    if i.steps_remaining == 0:
+        return Decision(Choice.STOP, "no steps remaining: the job is complete", 0.0, 0.0, 0.0, 0.0, i.remaining_budget)
+    if i.step_time_s is None and i.remaining_budget is not None:
+        return Decision(
+            Choice.STOP,
+            "unknown step time: no measured step_time_s in a checkpoint manifest and no estimate, "
+            f"so no estimate can be shown to fit the remaining budget {money}",
+            remaining_budget=i.remaining_budget,
+        )
+    if i.spot_price is None and i.on_demand_price is None:
+        return Decision(Choice.STOP, "no price known: neither a spot offer nor an on-demand price", remaining_budget=i.remaining_budget)
+
+    hours = i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
+    overhead = spot_overhead(i)
+    spot_hours = hours * (1 + overhead) if hours is not None else None
+    spot_cost = spot_hours * i.num_nodes * i.spot_price if spot_hours is not None and i.spot_price is not None else None
+    od_cost = hours * i.num_nodes * i.on_demand_price if hours is not None and i.on_demand_price is not None else None
+    if hours is None:  # no budget, no step time: decide on price and risk alone
+        spot_cost_ok = od_cost_ok = True
+        spot_time_ok = i.deadline_s is None
+    else:
+        spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
+        spot_time_ok = _in_time(spot_hours, i.deadline_s)
+
+    def made(choice: Choice, reason: str) -> Decision:
+        return Decision(choice, reason, hours, spot_cost, od_cost, spot_hours, i.remaining_budget)
+
+    est = f"{hours:.2f} h" if hours is not None else "unknown hours"
+    risky = i.interruption_rate_per_hour > i.max_interruption_rate_per_hour
+    spot_why = []
+    if i.spot_price is None:
+        spot_why.append("no acceptable spot offer")
+    else:
+        if risky:
+            spot_why.append(
+                f"interruption risk {i.interruption_rate_per_hour:.3f}/h above {i.max_interruption_rate_per_hour:.3f}/h"
+            )
+        if not spot_cost_ok:
+            spot_why.append(f"spot estimate ${spot_cost:.2f} exceeds the remaining budget {money}")
+        if spot_cost_ok and not spot_time_ok:
+            spot_why.append(f"spot would take {spot_hours:.2f} h, past the deadline")
+    if not spot_why:
+        return made(
+            Choice.SPOT,
+            f"spot: {est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {overhead:.3f} interruption "
+            f"overhead) = ${spot_cost or 0:.2f} within {money}"
+            + (f" (on-demand would cost ${od_cost:.2f})" if od_cost is not None else ""),
+        )
+    spot_reason = "; ".join(spot_why)
+
+    # Wait only when the wait leaves time to finish afterwards and something could then fit.
+    fallback_hours = hours if i.on_demand_price is not None else spot_hours
+    target = i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
+    target_cost = spot_hours * i.num_nodes * target if spot_hours is not None and target is not None else None
+    can_wait = (
+        i.max_wait_s > 0
+        and i.waited_s + i.wait_interval_s <= i.max_wait_s
+        and not risky
+        and (hours is None or _in_time(fallback_hours, i.deadline_s, after_s=i.wait_interval_s))
+        and (hours is None or _fits(target_cost, i.remaining_budget) or od_cost_ok)
+    )
+    if can_wait:
+        return made(
+            Choice.WAIT,
+            f"wait {i.wait_interval_s:.0f} s for spot ({spot_reason}); waited {i.waited_s:.0f} of {i.max_wait_s:.0f} s",
+        )
+    if i.on_demand_price is not None and od_cost_ok:
+        return made(
+            Choice.ON_DEMAND,
+            f"on-demand ({spot_reason}): {est} × {i.num_nodes} node(s) × ${i.on_demand_price:.4f}/h = "
+            f"${od_cost or 0:.2f} within {money}",
+        )
+    od_why = "no on-demand price" if i.on_demand_price is None else (
+        f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}"
+    )
+    if i.spot_price is not None and not risky and spot_cost_ok:  # only the deadline ruled spot out
+        return made(
+            Choice.SPOT,
+            f"spot past the deadline ({spot_reason}), the only way to finish within budget ({od_why}): "
+            f"${spot_cost or 0:.2f} within {money}",
+        )
+    return made(Choice.STOP, f"over budget: {spot_reason}; {od_why}")

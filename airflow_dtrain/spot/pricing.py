@@ -1,0 +1,361 @@
+"""Spot and on-demand prices, and the choice of the cheapest acceptable offer.
+
+Every AWS call goes through the amazon provider's hooks (``EC2Hook`` for the spot price
+history, ``AwsBaseHook(client_type="pricing")`` for the Price List API), so the usual
+Airflow connection (``aws_default`` or the one you name) decides credentials, region and
+endpoint. boto3 is imported by those hooks only when a price is actually read.
+
+On-demand prices are looked up in this order:
+
+1. ``overrides`` you pass (``{"p3.2xlarge": 3.06}`` or ``{"us-west-2/p3.2xlarge": 3.06}``);
+2. the AWS Price List API (``pricing:GetProducts``), when reachable;
+3. ``ON_DEMAND_USD_PER_HOUR``, the built-in table below.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ON_DEMAND_USD_PER_HOUR: dict[str, float] = {
+    # p3: 1/4/8 V100 (p3dn: 8 V100 32 GB + 100 Gb/s EFA)
+    "p3.2xlarge": 3.06,
+    "p3.8xlarge": 12.24,
+    "p3.16xlarge": 24.48,
+    "p3dn.24xlarge": 31.212,
+    # p4d: 8 A100 40 GB; p5: 8 H100 (before the June 2025 P4/P5 on-demand price cut)
+    "p4d.24xlarge": 32.7726,
+    "p5.48xlarge": 98.32,
+    # g4dn: T4; g5: A10G
+    "g4dn.xlarge": 0.526,
+    "g4dn.2xlarge": 0.752,
+    "g4dn.12xlarge": 3.912,
+    "g5.xlarge": 1.006,
+    "g5.2xlarge": 1.212,
+    "g5.12xlarge": 5.672,
+    "g5.48xlarge": 16.288,
+    "trn1.32xlarge": 21.50,
+}
+"""Built-in on-demand list prices, US$ per instance-hour, Linux, shared tenancy, us-east-1
+(AWS Price List, 2024). Other regions are often dearer and prices change: where the Price
+List API is unreachable, pass your own prices (``on_demand_prices=``)."""
+
+PRICE_LIST_REGION = "us-east-1"
+"""The Price List API is served from us-east-1 (also eu-central-1, ap-south-1)."""
+
+_REGION_OF_ZONE = re.compile(r"^([a-z]{2}(?:-gov)?-[a-z]+-\d+)")
+
+
+def region_of_zone(zone: str) -> str:
+    """``us-east-1a`` -> ``us-east-1`` (also local zones: ``us-west-2-lax-1a`` -> ``us-west-2``)."""
+    match = _REGION_OF_ZONE.match(zone)
+    if not match:
+        raise ValueError(f"availability_zones: not an availability zone: {zone!r}")
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class SpotPrice:
+    """The spot price in effect for one instance type in one availability zone."""
+
+    instance_type: str
+    availability_zone: str
+    price: float
+    """US$ per instance-hour."""
+    timestamp: str
+    """When this price took effect (ISO 8601)."""
+
+    @property
+    def region(self) -> str:
+        return region_of_zone(self.availability_zone)
+
+
+def current_spot_prices(
+    *,
+    instance_types: Iterable[str],
+    region: str | None = None,
+    availability_zones: Iterable[str] | None = None,
+    product_description: str = "Linux/UNIX",
+    aws_conn_id: str | None = "aws_default",
+    now: datetime | None = None,
+) -> list[SpotPrice]:
+    """The spot price in effect now for each instance type × zone of one region.
+
+    ``DescribeSpotPriceHistory`` with a start time and no end time returns every price in
+    effect since then, including the one that was in effect at the start time, so the
+    newest record per (type, zone) is the current price.
+
+    :param instance_types: instance types to look at.
+    :param region: the region (default: the connection's).
+    :param availability_zones: only these zones of the region (default: all).
+    :param product_description: e.g. ``Linux/UNIX`` (VPC and EC2-Classic spellings are both accepted).
+    :param aws_conn_id: the Airflow AWS connection.
+    :param now: the time to read prices at (tests).
+    """
+    from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+
+    hook = EC2Hook(api_type="client_type", aws_conn_id=aws_conn_id, region_name=region)
+    client = hook.conn
+    now = now or datetime.now(timezone.utc)
+    filters = [{"Name": "product-description", "Values": _product_descriptions(product_description)}]
+    zones = sorted(set(availability_zones or ()))
+    if zones:
+        filters.append({"Name": "availability-zone", "Values": zones})
+    latest: dict[tuple[str, str], SpotPrice] = {}
+    paginator = client.get_paginator("describe_spot_price_history")
+    pages = paginator.paginate(
+        InstanceTypes=sorted(set(instance_types)), Filters=filters, StartTime=now - timedelta(seconds=1)
+    )
+    for page in pages:
+        for record in page.get("SpotPriceHistory", []):
+            key = (record["InstanceType"], record["AvailabilityZone"])
+            stamp = record["Timestamp"]
+            stamp = stamp.isoformat() if isinstance(stamp, datetime) else str(stamp)
+            price = SpotPrice(key[0], key[1], float(record["SpotPrice"]), stamp)
+            if key not in latest or price.timestamp > latest[key].timestamp:
+                latest[key] = price
+    return sorted(latest.values(), key=lambda p: (p.price, p.instance_type, p.availability_zone))
+
+
+def _product_descriptions(description: str) -> list[str]:
+    if "(Amazon VPC)" in description:
+        return [description]
+    return [description, f"{description} (Amazon VPC)"]
+
+
+def on_demand_price(
+    instance_type: str,
+    region: str,
+    *,
+    overrides: Mapping[str, float] | None = None,
+    use_price_list_api: bool = True,
+    aws_conn_id: str | None = "aws_default",
+) -> tuple[float | None, str]:
+    """The on-demand price of ``instance_type`` in ``region`` and where it came from.
+
+    Returns ``(price, source)``; source is ``override``, ``price-list-api``, ``builtin`` or
+    ``unknown`` (price None).
+
+    :param instance_type: e.g. ``p3.2xlarge``.
+    :param region: e.g. ``us-east-1``.
+    :param overrides: your prices: ``{"<type>": $/h}`` or ``{"<region>/<type>": $/h}`` (the latter wins).
+    :param use_price_list_api: ask the AWS Price List API before the built-in table.
+    :param aws_conn_id: the Airflow AWS connection for the Price List API.
+    """
+    overrides = overrides or {}
+    for key in (f"{region}/{instance_type}", instance_type):
+        if key in overrides:
+            return float(overrides[key]), "override"
+    if use_price_list_api:
+        try:
+            price = price_list_on_demand(instance_type, region, aws_conn_id=aws_conn_id)
+        except Exception as err:  # unreachable, not permitted, not implemented: fall back
+            log.warning(
+                "On-demand price of %s in %s: Price List API unavailable (%s); using the built-in table",
+                instance_type, region, err,
+            )  # fmt: skip
+        else:
+            if price is not None:
+                return price, "price-list-api"
+    if instance_type in ON_DEMAND_USD_PER_HOUR:
+        return ON_DEMAND_USD_PER_HOUR[instance_type], "builtin"
+    return None, "unknown"
+
+
+def price_list_on_demand(instance_type: str, region: str, *, aws_conn_id: str | None = "aws_default") -> float | None:
+    """The Linux, shared-tenancy on-demand price from ``pricing:GetProducts`` (None: no such product)."""
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    client = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="pricing", region_name=PRICE_LIST_REGION).conn
+    filters = {
+        "instanceType": instance_type,
+        "regionCode": region,
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+        "licenseModel": "No License required",
+    }
+    response = client.get_products(
+        ServiceCode="AmazonEC2",
+        Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()],
+        MaxResults=10,
+    )
+    prices = [p for p in map(parse_price_list_product, response.get("PriceList", [])) if p is not None]
+    return min(prices) if prices else None
+
+
+def parse_price_list_product(product: str | dict[str, Any]) -> float | None:
+    """The hourly on-demand USD price in one Price List API product document (None if it has none)."""
+    doc = json.loads(product) if isinstance(product, str) else product
+    for term in doc.get("terms", {}).get("OnDemand", {}).values():
+        for dimension in term.get("priceDimensions", {}).values():
+            usd = dimension.get("pricePerUnit", {}).get("USD")
+            if usd is not None and dimension.get("unit", "Hrs").lower().startswith("hr") and float(usd) > 0:
+                return float(usd)
+    return None
+
+
+@dataclass(frozen=True)
+class PriceChoice:
+    """The offer a ``SpotPriceSensor`` chose; what it pushes to XCom (``to_dict()``)."""
+
+    instance_type: str
+    availability_zone: str
+    region: str
+    spot_price: float
+    on_demand_price: float | None
+    on_demand_source: str
+    limit: float
+    """The price this offer had to be at or below."""
+    timestamp: str
+    source: str = "ec2"
+    """``ec2`` (spot price history) or ``fixed`` (a fixed price, e.g. the local backend)."""
+
+    @property
+    def fraction_of_on_demand(self) -> float | None:
+        return self.spot_price / self.on_demand_price if self.on_demand_price else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fraction_of_on_demand": self.fraction_of_on_demand}
+
+
+def price_limit(
+    *, max_price: float | None, max_price_fraction: float | None, on_demand: float | None
+) -> float | None:
+    """The highest acceptable spot price: the tighter of the absolute and the relative limit.
+
+    None when the only limit is relative and the on-demand price is unknown: such an
+    offer cannot be shown to be acceptable.
+    """
+    limits = []
+    if max_price is not None:
+        limits.append(float(max_price))
+    if max_price_fraction is not None:
+        if on_demand is None:
+            return None
+        limits.append(float(max_price_fraction) * on_demand)
+    return min(limits) if limits else None
+
+
+def choose_offer(
+    prices: Iterable[SpotPrice],
+    on_demand: Mapping[str, tuple[float | None, str]],
+    *,
+    max_price: float | None,
+    max_price_fraction: float | None,
+) -> tuple[PriceChoice | None, list[str]]:
+    """The cheapest offer at or below its limit, and one line per offer saying why (not).
+
+    :param prices: current spot prices.
+    :param on_demand: ``{instance_type: (price or None, source)}``.
+    :param max_price: absolute limit, $/h.
+    :param max_price_fraction: limit as a fraction of the on-demand price.
+    """
+    best: PriceChoice | None = None
+    reasons: list[str] = []
+    for offer in sorted(prices, key=lambda p: (p.price, p.instance_type, p.availability_zone)):
+        od, od_source = on_demand.get(offer.instance_type, (None, "unknown"))
+        limit = price_limit(max_price=max_price, max_price_fraction=max_price_fraction, on_demand=od)
+        where = f"{offer.instance_type} in {offer.availability_zone} at ${offer.price:.4f}/h"
+        if limit is None:
+            reasons.append(f"{where}: no on-demand price known, so max_price_fraction cannot be applied")
+            continue
+        if offer.price > limit + 1e-12:
+            reasons.append(f"{where}: above the limit ${limit:.4f}/h")
+            continue
+        reasons.append(f"{where}: acceptable (limit ${limit:.4f}/h)")
+        if best is None:
+            best = PriceChoice(
+                instance_type=offer.instance_type,
+                availability_zone=offer.availability_zone,
+                region=offer.region,
+                spot_price=offer.price,
+                on_demand_price=od,
+                on_demand_source=od_source,
+                limit=limit,
+                timestamp=offer.timestamp,
+            )
+    return best, reasons
+
+
+def fixed_price_choice(*, price_per_hour: float, on_demand_price: float | None = None) -> PriceChoice:
+    """The offer of a backend with a fixed price (the local backend): no AWS involved."""
+    return PriceChoice(
+        instance_type="local",
+        availability_zone="local",
+        region="local",
+        spot_price=float(price_per_hour),
+        on_demand_price=float(on_demand_price if on_demand_price is not None else price_per_hour),
+        on_demand_source="fixed",
+        limit=float(price_per_hour),
+        timestamp=datetime.now(timezone.utc).isoformat(),
+        source="fixed",
+    )
+
+
+def find_offer(
+    *,
+    instance_types: list[str],
+    availability_zones: list[str] | None = None,
+    regions: list[str] | None = None,
+    max_price: float | None = None,
+    max_price_fraction: float | None = None,
+    on_demand_prices: Mapping[str, float] | None = None,
+    use_price_list_api: bool = True,
+    product_description: str = "Linux/UNIX",
+    aws_conn_id: str | None = "aws_default",
+) -> tuple[PriceChoice | None, list[str]]:
+    """One look at the market: the cheapest acceptable offer (or None) and the reasons.
+
+    Shared by ``SpotPriceSensor.poke`` and ``SpotPriceTrigger``; plain arguments only.
+    Zones select their regions; with neither zones nor regions, the connection's region.
+    """
+    by_region: dict[str | None, list[str] | None] = {}
+    for zone in availability_zones or ():
+        by_region.setdefault(region_of_zone(zone), []).append(zone)
+    for region in regions or ():
+        by_region.setdefault(region, None)
+    if not by_region:
+        by_region[None] = None
+    prices: list[SpotPrice] = []
+    for region, zones in by_region.items():
+        prices.extend(
+            current_spot_prices(
+                instance_types=instance_types,
+                region=region,
+                availability_zones=zones,
+                product_description=product_description,
+                aws_conn_id=aws_conn_id,
+            )
+        )
+    on_demand: dict[tuple[str, str], tuple[float | None, str]] = {}
+    for p in prices:
+        key = (p.region, p.instance_type)
+        if key not in on_demand:
+            on_demand[key] = on_demand_price(
+                p.instance_type, p.region, overrides=on_demand_prices,
+                use_price_list_api=use_price_list_api, aws_conn_id=aws_conn_id,
+            )  # fmt: skip
+    best: PriceChoice | None = None
+    reasons: list[str] = []
+    for region in sorted({p.region for p in prices}):
+        choice, why = choose_offer(
+            [p for p in prices if p.region == region],
+            {t: v for (r, t), v in on_demand.items() if r == region},
+            max_price=max_price,
+            max_price_fraction=max_price_fraction,
+        )
+        reasons.extend(why)
+        if choice is not None and (best is None or choice.spot_price < best.spot_price):
+            best = choice
+    if not prices:
+        reasons.append(f"no spot price history for {instance_types} in {sorted(map(str, by_region))}")
+    return best, reasons

@@ -1,0 +1,51 @@
+"""Trigger that watches for interruption notices of a group and has it checkpoint at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+
+class SpotInterruptionTrigger(BaseTrigger):
+    """
+    Watch the SQS queue (and the group's node taints) until a notice for the group arrives.
+
+    The checkpoint-now request is sent from here, not from the resumed task: a spot warning
+    gives two minutes, and a resumed task may take longer than that to be scheduled.
+
+    :param watch_kwargs: keyword arguments of ``airflow_dtrain.spot.interruptions.watch_once``,
+        with the instance source as ``source: [classpath, kwargs]`` (plain values).
+    :param poll_interval: seconds between looks (on top of the SQS long poll).
+    """
+
+    def __init__(self, *, watch_kwargs: dict[str, Any], poll_interval: float = 5.0) -> None:
+        super().__init__()
+        self.watch_kwargs = watch_kwargs
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "airflow_dtrain.triggers.spot_interruption.SpotInterruptionTrigger",
+            {"watch_kwargs": self.watch_kwargs, "poll_interval": self.poll_interval},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_dtrain.spot.interruptions import watch_once
+        from airflow_dtrain.spot.members import deserialize_source
+
+        kwargs = dict(self.watch_kwargs)
+        group = kwargs["group"]
+        try:
+            kwargs["source"] = deserialize_source(*kwargs["source"])
+            while True:
+                record = await asyncio.to_thread(watch_once, **kwargs)
+                if record is not None:
+                    yield TriggerEvent({"status": "success", **record})
+                    return
+                await asyncio.sleep(self.poll_interval)
+        except Exception as err:  # the task must hear about it, not time out
+            self.log.exception("Watching group %s for interruptions failed", group)
+            yield TriggerEvent({"status": "error", "group": group, "message": f"watching for interruptions failed: {err!r}"})

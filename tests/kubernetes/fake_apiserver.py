@@ -1,0 +1,515 @@
+"""A stateful fake Kubernetes API server on 127.0.0.1, for tests (there is no cluster here).
+
+The real kubernetes client talks to it over HTTP, through a kubeconfig that points at
+it, exactly as it would to a cluster. It keeps namespaces, ConfigMaps, Services, Pods
+and batch/v1 Jobs, answers list calls with label selectors, serves pod logs (with
+``timestamps``, ``sinceSeconds`` and ``tailLines``), applies JSON merge patches, and
+deletes with the propagation policies of the real garbage collector (Jobs default to
+orphaning, as ``batch/v1`` does).
+
+It also plays a small Job controller: an Indexed Job gets one Pod per completion index;
+tests then drive the pods (``run``, ``log``, ``exit``, ``disrupt``, ``unschedulable``)
+and the fake applies the Job's ``podFailurePolicy`` rules, completion, suspension and
+replacement pods the way the real controller does for the fields the launcher uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+_ROUTES = [
+    (re.compile(r"^/api/v1/namespaces$"), "namespaces", False),
+    (re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$"), "namespaces", False),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>pods|services|configmaps)$"), None, True),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>pods|services|configmaps)/(?P<name>[^/]+)(?P<sub>/log|/status)?$"), None, True),
+    (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>jobs)$"), None, True),
+    (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>jobs)/(?P<name>[^/]+)(?P<sub>/status)?$"), None, True),
+]  # fmt: skip
+_KIND = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "configmaps": ("v1", "ConfigMap"),
+         "jobs": ("batch/v1", "Job"), "namespaces": ("v1", "Namespace")}  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _nano(at: float) -> str:
+    whole = datetime.fromtimestamp(int(at), timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{int(round((at % 1) * 1e9)):09d}Z"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def matches(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based label selectors: ``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, comma-separated."""
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+class FakeKubernetesApiServer:
+    """A fake Kubernetes API server with a fake Job controller; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.pod_logs: dict[tuple[str, str], list[tuple[float, str]]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self._accounted: dict[str, set[str]] = {}  # failed pods the Job controller has counted, per Job uid
+        self._version = 0
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- server ------------------------------------------------------------------------------
+    def start(self) -> FakeKubernetesApiServer:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def _handle(self) -> None:
+                url = urlparse(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                try:
+                    code, payload = fake.handle(
+                        self.command,
+                        url.path,
+                        parse_qs(url.query),
+                        body,
+                        self.headers.get("Content-Type", ""),
+                    )
+                except ApiError as err:
+                    code, payload = err.code, {
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": err.message, "reason": err.reason, "code": err.code,
+                    }  # fmt: skip
+                if isinstance(payload, str):
+                    data, ctype = payload.encode(), "text/plain"
+                else:
+                    data, ctype = json.dumps(payload).encode(), "application/json"
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.reset()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
+        }  # fmt: skip
+        path.write_text(json.dumps(config))
+        return path
+
+    def reset(self) -> None:
+        with self.lock:
+            self.objects.clear()
+            self.pod_logs.clear()
+            self.requests.clear()
+            self._accounted.clear()
+            self._create("namespaces", "", {"metadata": {"name": "default"}})
+
+    # -- the API -------------------------------------------------------------------------------
+    def handle(self, method: str, path: str, query: dict, body: bytes, content_type: str) -> tuple[int, Any]:
+        with self.lock:
+            self.requests.append((method, path))
+            for pattern, fixed_kind, namespaced in _ROUTES:
+                match = pattern.match(path)
+                if match:
+                    break
+            else:
+                raise ApiError(404, "NotFound", f"the server could not find the requested resource {path}")
+            parts = match.groupdict()
+            kind = fixed_kind or parts["kind"]
+            ns = parts.get("ns", "") if namespaced else ""
+            name, sub = parts.get("name"), parts.get("sub")
+            if namespaced and ("namespaces", "", ns) not in self.objects and method != "DELETE":
+                raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+            data = json.loads(body) if body else None
+            if name is None:
+                if method == "GET":
+                    return 200, self._list(kind, ns, query.get("labelSelector", [""])[0])
+                if method == "POST":
+                    return 201, self._create(kind, ns, data)
+            elif sub == "/log":
+                return 200, self._log(ns, name, query)
+            elif method == "GET":
+                return 200, self._get(kind, ns, name)
+            elif method == "PATCH":
+                if "json-patch" in content_type and not isinstance(data, list):
+                    # what a real API server says to a dict sent as a JSON patch
+                    raise ApiError(
+                        400,
+                        "BadRequest",
+                        "json: cannot unmarshal object into Go value of type jsonpatch.Patch",
+                    )
+                if "json-patch" in content_type:
+                    raise ApiError(415, "UnsupportedMediaType", "the fake supports merge patches only")
+                return 200, self._patch(kind, ns, name, data)
+            elif method == "DELETE":
+                policy = (data or {}).get("propagationPolicy") or query.get("propagationPolicy", [None])[0]
+                self._delete(kind, ns, name, policy)
+                return 200, {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Success",
+                    "details": {"name": name},
+                }
+            raise ApiError(405, "MethodNotAllowed", f"{method} {path}")
+
+    def _list(self, kind: str, ns: str, selector: str) -> dict[str, Any]:
+        api_version, kind_name = _KIND[kind]
+        items = [
+            copy.deepcopy(o) for (k, n, _), o in sorted(self.objects.items())
+            if k == kind and (n == ns or not ns) and matches(o["metadata"].get("labels") or {}, selector)
+        ]  # fmt: skip
+        return {"kind": f"{kind_name}List", "apiVersion": api_version,
+                "metadata": {"resourceVersion": str(self._version)}, "items": items}  # fmt: skip
+
+    def _get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        obj = self.objects.get((kind, ns, name))
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{kind} "{name}" not found')
+        return copy.deepcopy(obj)
+
+    def _create(self, kind: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        name = meta.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        if (kind, ns, name) in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{kind} "{name}" already exists')
+        self._version += 1
+        api_version, kind_name = _KIND[kind]
+        obj.update(apiVersion=api_version, kind=kind_name)
+        meta.update(uid=str(uuid.uuid4()), resourceVersion=str(self._version), creationTimestamp=_now())
+        if ns:
+            meta["namespace"] = ns
+        obj.setdefault("status", {})
+        self.objects[(kind, ns, name)] = obj
+        if kind == "jobs":
+            obj["status"] = {"startTime": _now()} if not obj["spec"].get("suspend") else {}
+            self._sync_job(ns, name)
+        return copy.deepcopy(obj)
+
+    def _patch(self, kind: str, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        obj = self._get(kind, ns, name)
+        was_suspended = bool(obj.get("spec", {}).get("suspend"))
+        obj = merge_patch(obj, patch)
+        self._version += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        self.objects[(kind, ns, name)] = obj
+        if kind == "jobs" and bool(obj["spec"].get("suspend")) != was_suspended:
+            self._on_suspend(ns, name, bool(obj["spec"].get("suspend")))
+        return copy.deepcopy(obj)
+
+    def _delete(self, kind: str, ns: str, name: str, policy: str | None) -> None:
+        obj = self._get(kind, ns, name)
+        # batch/v1 Jobs orphan their pods unless told otherwise, as the real API does
+        policy = policy or ("Orphan" if kind == "jobs" else "Background")
+        uid = obj["metadata"]["uid"]
+        self.objects[(kind, ns, name)]["metadata"]["deletionTimestamp"] = _now()  # no controller revives it
+        for key, dependent in list(self.objects.items()):
+            owners = dependent["metadata"].get("ownerReferences") or []
+            if any(o.get("uid") == uid for o in owners):
+                if policy == "Orphan":
+                    dependent["metadata"]["ownerReferences"] = [o for o in owners if o.get("uid") != uid]
+                elif key in self.objects:
+                    self._delete(key[0], key[1], key[2], policy)
+        del self.objects[(kind, ns, name)]
+        if kind == "pods":
+            self.pod_logs.pop((ns, name), None)
+            self._sync_owner(obj)
+
+    def _log(self, ns: str, name: str, query: dict) -> str:
+        pod = self._get("pods", ns, name)
+        container = (query.get("container") or [pod["spec"]["containers"][0]["name"]])[0]
+        states = {s["name"]: s.get("state", {}) for s in pod["status"].get("containerStatuses", [])}
+        if "running" not in states.get(container, {}) and "terminated" not in states.get(container, {}):
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating',
+            )
+        lines = self.pod_logs.get((ns, name), [])
+        if "sinceSeconds" in query:
+            lines = [entry for entry in lines if entry[0] >= time.time() - int(query["sinceSeconds"][0])]
+        if "tailLines" in query:
+            lines = lines[-int(query["tailLines"][0]) :] if int(query["tailLines"][0]) else []
+        with_time = query.get("timestamps", ["false"])[0].lower() in ("true", "1")  # Go's ParseBool
+        return "".join(f"{_nano(at) + ' ' if with_time else ''}{line}\n" for at, line in lines)
+
+    # -- the fake Job controller ---------------------------------------------------------------
+    def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+        uid = job["metadata"]["uid"]
+        pods = [o for (k, n, _), o in self.objects.items() if k == "pods" and n == ns
+                and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]  # fmt: skip
+        return sorted(pods, key=lambda p: p["metadata"]["resourceVersion"])
+
+    def _sync_owner(self, pod: dict[str, Any]) -> None:
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if (
+                ref.get("kind") == "Job"
+                and ("jobs", pod["metadata"]["namespace"], ref["name"]) in self.objects
+            ):
+                self._sync_job(pod["metadata"]["namespace"], ref["name"])
+
+    def _create_pod(self, ns: str, job: dict[str, Any], index: int) -> None:
+        template = copy.deepcopy(job["spec"]["template"])
+        name = job["metadata"]["name"]
+        meta = template.get("metadata") or {}
+        labels = {**(meta.get("labels") or {}), "batch.kubernetes.io/job-name": name, "job-name": name,
+                  "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
+                  "batch.kubernetes.io/job-completion-index": str(index)}  # fmt: skip
+        annotations = {
+            **(meta.get("annotations") or {}),
+            "batch.kubernetes.io/job-completion-index": str(index),
+        }
+        pod = {
+            "metadata": {
+                "name": f"{name}-{index}-{secrets.token_hex(3)[:5]}", "labels": labels, "annotations": annotations,
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                     "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+            },
+            "spec": {**template["spec"], "hostname": f"{name}-{index}"},
+        }  # fmt: skip
+        created = self._create("pods", ns, pod)
+        self.objects[("pods", ns, created["metadata"]["name"])]["status"] = {"phase": "Pending"}
+
+    def _sync_job(self, ns: str, name: str) -> None:
+        job = self.objects[("jobs", ns, name)]
+        status = job.setdefault("status", {})
+        terminal = {c["type"] for c in status.get("conditions", []) if c.get("status") == "True"}
+        if (
+            terminal & {"Complete", "Failed"}
+            or job["spec"].get("suspend")
+            or job["metadata"].get("deletionTimestamp")
+        ):
+            return
+        pods = self._job_pods(ns, job)
+        accounted = self._accounted.setdefault(job["metadata"]["uid"], set())
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            if pod["status"].get("phase") != "Failed" or uid in accounted:
+                continue
+            accounted.add(uid)
+            action, rule, code = self._match_failure_policy(job, pod)
+            if action == "Ignore":
+                continue
+            status["failed"] = status.get("failed", 0) + 1
+            if action == "FailJob":
+                message = (f"Container trainer for pod {ns}/{pod['metadata']['name']} failed with exit code "
+                           f"{code} matching FailJob rule at index {rule}")  # fmt: skip
+                return self._fail_job(ns, job, "PodFailurePolicy", message)
+            if status["failed"] > job["spec"].get("backoffLimit", 6):
+                return self._fail_job(
+                    ns, job, "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+                )
+        succeeded = {self._index(p) for p in pods if p["status"].get("phase") == "Succeeded"}
+        status["succeeded"] = len(succeeded)
+        completions = job["spec"].get("completions", 1)
+        if len(succeeded) >= completions:
+            status["conditions"] = [
+                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": _now()},
+                {"type": "Complete", "status": "True", "lastTransitionTime": _now()},
+            ]
+            status["completionTime"] = _now()
+            status["active"] = 0
+            return
+        active = {self._index(p) for p in pods if p["status"].get("phase") in ("Pending", "Running")}
+        for index in range(completions):
+            if index not in active and index not in succeeded:
+                self._create_pod(ns, job, index)  # first pod, or the replacement of an ignored failure
+        status["active"] = len({self._index(p) for p in self._job_pods(ns, job)
+                                if p["status"].get("phase") in ("Pending", "Running")})  # fmt: skip
+
+    def _match_failure_policy(
+        self, job: dict[str, Any], pod: dict[str, Any]
+    ) -> tuple[str, int | None, int | None]:
+        code = None
+        for status in pod["status"].get("containerStatuses", []):
+            code = (status.get("state", {}).get("terminated") or {}).get("exitCode", code)
+        conditions = {(c["type"], c["status"]) for c in pod["status"].get("conditions", [])}
+        for i, rule in enumerate((job["spec"].get("podFailurePolicy") or {}).get("rules", [])):
+            on_codes = rule.get("onExitCodes")
+            if on_codes and code not in (None, 0):
+                inside = code in on_codes["values"]
+                if inside == (on_codes["operator"] == "In"):
+                    return rule["action"], i, code
+            for cond in rule.get("onPodConditions", []):
+                if (cond["type"], cond.get("status", "True")) in conditions:
+                    return rule["action"], i, code
+        return "Count", None, code
+
+    def _fail_job(self, ns: str, job: dict[str, Any], reason: str, message: str) -> None:
+        job["status"]["conditions"] = [
+            {"type": "FailureTarget", "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()},
+            {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()},
+        ]  # fmt: skip
+        job["status"]["active"] = 0
+        for pod in self._job_pods(ns, job):  # the controller deletes the pods still running
+            if pod["status"].get("phase") in ("Pending", "Running"):
+                self._delete("pods", ns, pod["metadata"]["name"], "Background")
+
+    def _on_suspend(self, ns: str, name: str, suspended: bool) -> None:
+        job = self.objects[("jobs", ns, name)]
+        if suspended:
+            for pod in self._job_pods(ns, job):
+                if pod["status"].get("phase") in ("Pending", "Running"):
+                    self._delete("pods", ns, pod["metadata"]["name"], "Background")
+            job["status"]["conditions"] = [
+                {"type": "Suspended", "status": "True", "lastTransitionTime": _now()}
+            ]
+            job["status"]["active"] = 0
+        else:
+            job["status"]["conditions"] = []
+            job["status"]["startTime"] = _now()
+            self._sync_job(ns, name)
+
+    @staticmethod
+    def _index(pod: dict[str, Any]) -> int:
+        return int(pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+
+    # -- what tests drive ----------------------------------------------------------------------
+    def jobs(self, namespace: str = "default") -> list[str]:
+        with self.lock:
+            return sorted(n for k, ns, n in self.objects if k == "jobs" and ns == namespace)
+
+    def names(self, kind: str, namespace: str = "default") -> list[str]:
+        with self.lock:
+            return sorted(n for k, ns, n in self.objects if k == kind and ns == namespace)
+
+    def get(self, kind: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        with self.lock:
+            obj = self.objects.get((kind, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def pod(self, job: str, index: int, namespace: str = "default") -> dict[str, Any]:
+        """The newest pod of ``index`` of Job ``job``."""
+        with self.lock:
+            pods = [o for (k, n, _), o in self.objects.items() if k == "pods" and n == namespace
+                    and o["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job
+                    and self._index(o) == index]  # fmt: skip
+            if not pods:
+                raise KeyError(f"no pod of index {index} of Job {job}")
+            return max(pods, key=lambda p: int(p["metadata"]["resourceVersion"]))
+
+    def _update_pod(self, job: str, index: int, namespace: str, change) -> None:
+        with self.lock:
+            pod = self.pod(job, index, namespace)
+            change(pod)
+            self._version += 1
+            pod["metadata"]["resourceVersion"] = str(self._version)
+            self._sync_owner(pod)
+
+    def unschedulable(self, job: str, index: int, message: str, namespace: str = "default") -> None:
+        def change(pod):
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "message": message, "lastTransitionTime": _now()}]  # fmt: skip
+
+        self._update_pod(job, index, namespace, change)
+
+    def run(self, job: str, indexes: list[int] | None = None, namespace: str = "default") -> None:
+        """Pods scheduled and their trainer container started."""
+        spec = self.get("jobs", job, namespace)
+        for index in indexes if indexes is not None else range(spec["spec"]["completions"]):
+
+            def change(pod, index=index):
+                pod["status"].update(
+                    phase="Running", startTime=_now(), podIP=f"10.0.0.{index + 10}",
+                    conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                    containerStatuses=[{"name": "trainer", "ready": True, "restartCount": 0,
+                                        "state": {"running": {"startedAt": _now()}}}],
+                )  # fmt: skip
+
+            self._update_pod(job, index, namespace, change)
+
+    def log(self, job: str, index: int, *lines: str, namespace: str = "default") -> None:
+        with self.lock:
+            pod = self.pod(job, index, namespace)
+            entries = self.pod_logs.setdefault((namespace, pod["metadata"]["name"]), [])
+            entries.extend((time.time(), line) for line in lines)
+
+    def exit(
+        self, job: str, index: int, code: int, namespace: str = "default", disruption: str | None = None
+    ) -> None:
+        """The trainer container of pod ``index`` exits ``code``; ``disruption``: the DisruptionTarget reason."""
+
+        def change(pod):
+            phase = "Succeeded" if code == 0 else "Failed"
+            conditions = [c for c in pod["status"].get("conditions", []) if c["type"] != "Ready"]
+            if disruption:
+                conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption,
+                                   "message": "the node is being reclaimed", "lastTransitionTime": _now()})  # fmt: skip
+            pod["status"].update(phase=phase, conditions=conditions, containerStatuses=[{
+                "name": "trainer", "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                         "startedAt": _now(), "finishedAt": _now()}},
+            }])  # fmt: skip
+
+        self._update_pod(job, index, namespace, change)

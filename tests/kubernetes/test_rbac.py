@@ -1,0 +1,60 @@
+"""docker/rbac.yaml grants every API call the launcher makes, and nothing it does not make."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
+from airflow_dtrain.spec import JobSpec
+from tests.conftest import REPO
+
+_VERB = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}
+
+
+def _granted() -> set[tuple[str, str, str]]:
+    docs = list(yaml.safe_load_all((REPO / "docker" / "rbac.yaml").read_text()))
+    [role] = [d for d in docs if d["kind"] == "Role"]
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+
+
+def _needed(requests: list[tuple[str, str]]) -> set[tuple[str, str, str]]:
+    needed = set()
+    for method, path in requests:
+        match = re.match(
+            r"^/(?:api/v1|apis/(?P<group>[^/]+)/v1)/namespaces/[^/]+/(?P<res>[^/]+)(?P<name>/[^/]+)?(?P<sub>/\w+)?$",
+            path,
+        )
+        assert match, path
+        resource = match["res"] + (match["sub"] or "")
+        verb = _VERB.get(method) or ("get" if match["name"] else "list")
+        needed.add((match["group"] or "", resource, verb))
+    return needed
+
+
+def test_the_role_grants_exactly_what_a_group_lifecycle_uses(fake):
+    launcher = KubernetesLauncher()
+    spec = JobSpec.from_arguments(backend="kubernetes", num_nodes=2, checkpoint_uri="s3://bucket/run",
+                                  kubernetes={"image": "img:1"})  # fmt: skip
+    launcher.launch("life-r0", spec.to_dict())
+    fake.run("life-r0")
+    fake.log("life-r0", 0, "[rank0]: step 1")
+    launcher.logs("life-r0")
+    launcher.find("life")
+    fake.exit("life-r0", 1, 1)
+    assert "exited 1" in launcher.status("life-r0").message  # reads the failed pod's log, settles the verdict
+    launcher.launch("life-r1", spec.to_dict())
+    fake.run("life-r1", [0])
+    fake.exit("life-r1", 1, 137, disruption="EvictionByEvictionAPI")
+    launcher.status("life-r1")  # suspends the Job
+    launcher.stop("life-r1")
+
+    needed = _needed(fake.requests)
+    granted = _granted()
+    assert needed <= granted, f"calls the Role does not allow: {sorted(needed - granted)}"
+    # pods/exec is only for checkpoint_now(), which needs a real kubelet
+    assert granted - needed == {("", "pods/exec", "create"), ("", "pods/exec", "get")}, sorted(
+        granted - needed
+    )

@@ -1,0 +1,103 @@
+"""``python -m airflow_dtrain render``: YAML a user can read and ``kubectl apply -f -``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import kubernetes_validate
+import yaml
+
+from tests.conftest import REPO
+
+
+def _render(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_dtrain", "render", *args],
+        capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=60,
+    )  # fmt: skip
+
+
+def test_render_prints_every_object_as_valid_multi_document_yaml():
+    out = _render("--backend", "kubernetes", "--nodes", "16", "--gpus-per-node", "8",
+                  "--image", "ghcr.io/acme/dtrain:0.1.0", "--checkpoint-uri", "s3://ml-ckpt/llama")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.31.0", strict=True)
+    job = docs[2]["spec"]
+    assert job["completions"] == job["parallelism"] == 16
+    container = job["template"]["spec"]["containers"][0]
+    assert container["image"] == "ghcr.io/acme/dtrain:0.1.0"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container["args"][container["args"].index("--nproc-per-node") + 1] == "8"
+    config = json.loads(docs[0]["data"]["train_config.json"])
+    assert config["checkpoint"]["uri"] == "s3://ml-ckpt/llama"
+    assert config["global_batch_size"] % (16 * 8 * config["micro_batch_size"]) == 0
+
+
+def test_render_applies_a_spec_file_under_the_flags(tmp_path):
+    spec = {
+        "train": {"model": {"flavor": "llama3_1b"}, "steps": 1000, "global_batch_size": 64, "micro_batch_size": 4,
+                  "checkpoint": {"uri": "s3://ml-ckpt/run7", "grace_period_s": 200}},
+        "kubernetes": {"namespace": "ml", "capacity_type": "spot", "kueue_queue": "gpu-queue",
+                       "secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}}},
+    }  # fmt: skip
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = _render(
+        "--backend",
+        "kubernetes",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--image",
+        "img:1",
+        "--spec",
+        str(path),
+    )
+    assert out.returncode == 0, out.stderr
+    config_map, service, job = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert {d["metadata"]["namespace"] for d in (config_map, service, job)} == {"ml"}
+    assert json.loads(config_map["data"]["train_config.json"])["model"]["flavor"] == "llama3_1b"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= 200
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in pod[
+        "containers"
+    ][0]["env"]
+
+
+def test_render_without_a_checkpoint_uri_says_the_placeholder_must_be_replaced():
+    out = _render("--backend", "kubernetes", "--nodes", "1", "--gpus-per-node", "0", "--image", "img:1")
+    assert out.returncode == 0, out.stderr
+    assert "checkpoint.uri is a placeholder" in out.stdout
+
+
+def test_render_rejects_a_bad_spec_naming_the_field(tmp_path):
+    out = _render("--backend", "kubernetes", "--nodes", "2", "--gpus-per-node", "8")  # no --image
+    assert out.returncode == 2
+    assert "kubernetes.image" in out.stderr and "required" in out.stderr
+    assert out.stdout == "", "nothing half-rendered for kubectl to apply"
+
+
+def test_nothing_imports_the_kubernetes_client_at_dag_parse_time():
+    probe = (
+        "import sys\n"
+        "from airflow_dtrain import FSDPTrainOperator\n"
+        "FSDPTrainOperator(task_id='t', backend='kubernetes', num_nodes=4, checkpoint_uri='s3://ml-ckpt/x',\n"
+        "                  global_batch_size=8, kubernetes={'image': 'img:1', 'capacity_type': 'spot'})\n"
+        "FSDPTrainOperator(task_id='u', backend='kubernetes', checkpoint_uri='{{ var.value.ckpt }}',\n"
+        "                  kubernetes={'image': '{{ var.value.image }}'})\n"
+        "import airflow_dtrain.triggers.fsdp_train, airflow_dtrain.kubernetes_objects\n"
+        "print(sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith(('kubernetes.', 'kubernetes_asyncio'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=os.environ.copy()
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
