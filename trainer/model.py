@@ -46,10 +46,11 @@ class ModelArgs:
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     """Inverse rotary frequencies, (head_dim / 2,), with Llama 3.1's long-context scaling when set."""
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
+    # float32 throughout, computed exactly as transformers does, so logits match it closely.
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.int64).float() / args.head_dim))
     s = args.rope_scaling
     if not s:
-        return inv_freq.float()
+        return inv_freq
     # Same rule as transformers' "llama3" rope type: long wavelengths are slowed down by
     # `factor`, short ones kept, and the band in between interpolated smoothly.
     low_wavelen = s["original_max_position_embeddings"] / s["low_freq_factor"]
@@ -61,7 +62,7 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     scaled = torch.where(wavelen > low_wavelen, inv_freq / s["factor"], inv_freq)
     mid = (1 - smooth) * inv_freq / s["factor"] + smooth * inv_freq
     is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(is_mid, mid, scaled).float()
+    return torch.where(is_mid, mid, scaled)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,13 @@ def setup_distributed() -> Dist:
     else:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, init_method="env://")
+    # One line from every rank, so a group's log shows who joined where.
+    print(
+        f"[trainer] rank {rank}/{world_size} (local rank {local_rank}) on {socket.gethostname()}, "
+        f"device {device}, backend {backend}",
+        file=sys.stderr,
+        flush=True,
+    )
     return Dist(rank, local_rank, world_size, device, init_device_mesh(device.type, (world_size,)))
 
 
@@ -80,6 +87,14 @@ class StopRequests:
 
     def _on_checkpoint_now(self, signum, frame) -> None:
         self.checkpoint_now = True
+
+    def ignore_further_signals(self) -> None:
+        """Once every rank is stopping, another SIGTERM has nothing left to ask. When the
+        first rank exits, torchrun SIGTERMs the others; Python restores the default
+        (fatal) action while it shuts down, which would turn their exit 75 into a death
+        by signal. An ignored signal stays ignored."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
     def agree(self) -> tuple[bool, bool]:
         flags = torch.tensor([self.stop, self.checkpoint_now], dtype=torch.int32, device=self.device)
@@ -232,12 +247,13 @@ class Job:
         return seconds
 
     def preempted(self, step: int) -> int:
+        self.stops.ignore_further_signals()
         seconds = self.save(step, "preemption")
         self.progress.update(status="preempted")
         grace = self.cfg.checkpoint.grace_period_s
         self.metrics.emit("preempted", step=step, seconds_to_save=round(seconds, 3), grace_period_s=grace)
-        if seconds > grace:
-            log(self.d, f"WARNING: the preemption save took {seconds:.1f}s, longer than the {grace}s grace period")
+        verdict = "within" if seconds <= grace else "WARNING: longer than"
+        log(self.d, f"preempted at step {step}: checkpoint saved in {seconds:.1f}s, {verdict} the {grace}s grace period")
         return PREEMPTED_EXIT_CODE
 
 
