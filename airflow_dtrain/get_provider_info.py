@@ -60,6 +60,40 @@ def get_provider_info() -> dict:
                         "example": "/var/lib/airflow/dtrain/groups",
                         "default": "",
                     },
+                    "statsd_host": {
+                        "description": (
+                            "Where operators, sensors and triggers send orchestration metrics "
+                            "(airflow_dtrain.metrics.ORCHESTRATION_METRICS). Empty: off."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "statsd-exporter.monitoring",
+                        "default": "",
+                    },
+                    "statsd_port": {
+                        "description": "UDP port of the statsd server.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "9125",
+                        "default": "8125",
+                    },
+                    "statsd_prefix": {
+                        "description": "Prefix of every metric name (the trainer uses the same one).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "dtrain",
+                        "default": "dtrain",
+                    },
+                    "grafana_url": {
+                        "description": (
+                            "Base URL of the Grafana that shows docker/grafana/dtrain-dashboard.json; "
+                            "the train task's 'Training dashboard' link points there."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "https://grafana.example.com",
+                        "default": "http://localhost:3000",
+                    },
                 },
             }
         },

@@ -125,9 +125,9 @@ def trainer_args(name: str, spec: JobSpec) -> list[str]:
         "--rdzv-id", name,
         # a lost node ends the group; the operator relaunches it from the checkpoint
         "--max-restarts", "0",
-        "-m", "trainer", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
+        "-m", *(spec.entrypoint or ("trainer", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}")),
     ]  # fmt: skip
-    if k8s.statsd_host:
+    if k8s.statsd_host and not spec.entrypoint:  # the --set flags are the trainer's
         # $(VAR) is expanded by the kubelet from the container's env, not by a shell
         args += [
             "--set",
@@ -161,7 +161,7 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
         env.append({"name": "DTRAIN_STATSD_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}})
     elif k8s.statsd_host:
         env.append({"name": "DTRAIN_STATSD_HOST", "value": k8s.statsd_host})
-    if k8s.statsd_host:
+    if k8s.statsd_host and not spec.entrypoint:  # the --set flags are the trainer's
         env.append({"name": "DTRAIN_STATSD_PORT", "value": str(k8s.statsd_port)})
     env += [{"name": key, "value": value} for key, value in sorted(k8s.env.items())]
     env += [

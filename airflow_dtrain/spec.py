@@ -380,8 +380,17 @@ class JobSpec:
     """How many times a preempted group is relaunched from its checkpoint."""
     kubernetes: KubernetesSpec = field(default_factory=KubernetesSpec)
     """Pods, scheduling and storage of the ``kubernetes`` backend."""
+    entrypoint: tuple[str, ...] = ()
+    """What each process runs instead of ``-m trainer --config <the train config>``: a trainer
+    module and its arguments, e.g. ``("trainer.evaluate", "--checkpoint-uri", uri)``."""
 
     def __post_init__(self) -> None:
+        if self.entrypoint:
+            module = self.entrypoint[0]
+            if not re.fullmatch(r"trainer(\.[a-z_]+)*", str(module)) or not all(
+                isinstance(a, str) for a in self.entrypoint
+            ):
+                raise SpecError(f"entrypoint: must be a trainer module and string arguments, got {self.entrypoint!r}")
         _positive_int("num_nodes", self.num_nodes)
         _positive_int("procs_per_node", self.procs_per_node)
         _positive_int("max_preemptions", self.max_preemptions, minimum=0)
@@ -421,6 +430,7 @@ class JobSpec:
             "resources": self.resources.to_dict(),
             "max_preemptions": self.max_preemptions,
             "kubernetes": self.kubernetes.to_dict(),
+            "entrypoint": list(self.entrypoint),
         }
 
     @classmethod
@@ -432,10 +442,11 @@ class JobSpec:
             raise SpecError(str(err)) from None
         resources = Resources.from_value(data.pop("resources", None))
         kubernetes = KubernetesSpec.from_value(data.pop("kubernetes", None))
+        entrypoint = tuple(data.pop("entrypoint", None) or ())
         unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions"})
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
-        return cls(train=train, resources=resources, kubernetes=kubernetes, **data)
+        return cls(train=train, resources=resources, kubernetes=kubernetes, entrypoint=entrypoint, **data)
 
     @classmethod
     def from_arguments(

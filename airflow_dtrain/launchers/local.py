@@ -113,7 +113,7 @@ class LocalLauncher(PodGroupLauncher):
                     "--max-restarts", "0",
                     "--tee", "3",
                     "--log-dir", str(group_dir / "torchelastic" / f"node{node}"),
-                    "-m", "trainer", "--config", str(config_path),
+                    "-m", *(spec.get("entrypoint") or ["trainer", "--config", str(config_path)]),
                 ]
             )  # fmt: skip
         threads = max(1, (os.cpu_count() or 1) // (num_nodes * procs))

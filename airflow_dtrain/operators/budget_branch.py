@@ -143,6 +143,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         return spot, od, offer
 
     def choose_branch(self, context: Context) -> str | list[str] | None:
+        from airflow_dtrain import metrics
         from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
         from airflow_dtrain.spot.ledger import Ledger, read_ledger
 
@@ -178,6 +179,12 @@ class BudgetBranchOperator(BaseBranchOperator):
         )
         decision = decide(inputs)
         self.log.info("Decision: %s. %s", decision.choice.value, decision.reason)
+        metrics.incr(f"budget.decision.{decision.choice.value}")
+        if decision.remaining_budget is not None:
+            metrics.gauge("budget.remaining_usd", decision.remaining_budget)
+        estimate = {Choice.SPOT: decision.spot_cost, Choice.ON_DEMAND: decision.on_demand_cost}.get(decision.choice)
+        if estimate is not None:
+            metrics.gauge("budget.estimate_usd", estimate)
         context["ti"].xcom_push(
             key="decision",
             value={**decision.to_dict(), "ledger": ledger.to_dict(), "offer": offer, "steps_remaining": steps_remaining},

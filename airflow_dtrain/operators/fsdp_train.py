@@ -12,7 +12,8 @@ from airflow.sdk import BaseOperator, conf
 
 from airflow_dtrain.launchers.base import GroupState, PodGroupLauncher, get_launcher, poll_group
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
-from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event
+from airflow_dtrain import metrics
+from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event, observe_recovery
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -156,6 +157,7 @@ class FSDPTrainOperator(BaseOperator):
         self.local_state_dir = local_state_dir
         self.deferrable = deferrable
         self._group: str | None = None
+        self._recovering_since: float | None = None
         # Fail in the DAG file, not at run time, for everything that is not templated.
         self.job_spec(skip_templates=True)
 
@@ -219,6 +221,7 @@ class FSDPTrainOperator(BaseOperator):
             spec.train.steps, spec.train.checkpoint.uri,
         )  # fmt: skip
         launcher.launch(name, spec.to_dict())
+        metrics.incr("group.launches")
         return name
 
     def _attach_or_launch(self, launcher: PodGroupLauncher, spec: JobSpec) -> str:
@@ -256,6 +259,7 @@ class FSDPTrainOperator(BaseOperator):
                 launcher_kwargs=self._launcher_kwargs(spec.backend),
                 poll_interval=self.poll_interval,
                 log_cursor=cursor,
+                recovering_since=self._recovering_since,
             ),
             method_name="execute_complete",
             kwargs={"spec": spec.to_dict(), "base": self._base},
@@ -271,6 +275,7 @@ class FSDPTrainOperator(BaseOperator):
                 self.log.info("%s", line)
             tail.extend(chunk.lines)
             cursor = chunk.cursor
+            self._recovering_since = observe_recovery(chunk.lines, self._recovering_since)
             if status.state.terminal or status.state == GroupState.NOT_FOUND:
                 outcome = self._on_group_end(spec, launcher, group_event(status, list(tail), cursor))
                 if isinstance(outcome, dict):
@@ -299,6 +304,8 @@ class FSDPTrainOperator(BaseOperator):
         if event["status"] == "success":
             return self._summary(spec, launcher, name)
         if event["status"] == "preempted":
+            metrics.incr("group.preemptions")
+            self._recovering_since = time.time()
             names = self._groups(launcher)
             preemptions = self._preemptions(launcher, names)
             if preemptions > spec.max_preemptions:
@@ -311,6 +318,7 @@ class FSDPTrainOperator(BaseOperator):
                 name, event["message"], preemptions, spec.max_preemptions,
             )  # fmt: skip
             return self._launch(launcher, spec, relaunch_index(self._base, name) + 1)
+        metrics.incr("group.failures")
         tail = "\n".join(event.get("log_tail") or [])
         raise TrainingFailed(
             f"training group {name} {event.get('state')}: {event.get('message')}\n"
@@ -335,10 +343,24 @@ class FSDPTrainOperator(BaseOperator):
             "preemptions": self._preemptions(launcher, names),
             "relaunches": len(names) - 1,
             "steps_lost": progress.get("steps_lost", 0),
+            **self._cost(spec),
         }
         summary_path = write_summary(spec.train.checkpoint.uri, summary)
         self.log.info("Training finished: %s (summary in %s)", json.dumps(summary), summary_path)
         return summary
+
+    def _cost(self, spec: JobSpec) -> dict[str, Any]:
+        """The job's spend so far, from the ledger in the latest checkpoint manifest."""
+        from airflow_dtrain.spot.ledger import read_ledger
+
+        try:
+            ledger = read_ledger(spec.train.checkpoint.uri)
+        except Exception:  # the summary must not fail on a ledger it cannot read
+            self.log.warning("Could not read the cost ledger under %s", spec.train.checkpoint.uri, exc_info=True)
+            return {}
+        metrics.gauge("cost.dollars_spent", ledger.total_dollars)
+        metrics.gauge("cost.gpu_hours", ledger.gpu_hours)
+        return {"dollars": ledger.total_dollars, "gpu_hours": ledger.gpu_hours}
 
     def on_kill(self) -> None:
         if not self._group:

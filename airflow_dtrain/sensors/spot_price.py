@@ -178,6 +178,7 @@ class SpotPriceSensor(BaseSensorOperator):
         fixed = self._fixed()
         if fixed is not None:
             self.log.info("Fixed price $%.4f/h: no spot market to watch", fixed["spot_price"])
+            _report(fixed)
             return fixed
         if self.deferrable:
             result = self.poke(context)
@@ -202,10 +203,21 @@ class SpotPriceSensor(BaseSensorOperator):
             "Chose %s in %s at $%.4f/h (on-demand $%s/h, %s)", choice.instance_type, choice.availability_zone,
             choice.spot_price, choice.on_demand_price, choice.on_demand_source,
         )  # fmt: skip
+        _report(choice.to_dict())
         return PokeReturnValue(is_done=True, xcom_value=choice.to_dict())
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") != "success":
             raise RuntimeError(f"SpotPriceSensor(task_id={self.task_id!r}): {event.get('message')}")
         self.log.info("%s", event.get("message"))
+        _report(event["choice"])
         return event["choice"]
+
+
+def _report(choice: dict[str, Any]) -> None:
+    from airflow_dtrain import metrics
+
+    if choice.get("spot_price") is not None:
+        metrics.gauge("spot.price_per_hour", float(choice["spot_price"]))
+    if choice.get("on_demand_price") is not None:
+        metrics.gauge("spot.on_demand_price_per_hour", float(choice["on_demand_price"]))

@@ -155,7 +155,8 @@ def watch_once(
 
 
 def _count(notices: list[InterruptionNotice]) -> None:
-    from airflow.sdk.observability.stats import Stats
+    from airflow_dtrain import metrics
 
+    names = {"spot-interruption": "spot.interruption_warning", "rebalance-recommendation": "spot.rebalance_recommendation"}
     for notice in notices:
-        Stats.incr(f"dtrain.spot.{notice.kind.replace('-', '_')}")
+        metrics.incr(names.get(notice.kind, "spot.interruption_warning"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,19 @@ EVENT_STATUS = {
     GroupState.SUCCEEDED: "success",
     GroupState.PREEMPTED: "preempted",
 }
+
+
+def observe_recovery(lines: list[str], since: float | None) -> float | None:
+    """Report ``group.recovery_seconds`` once a relaunched group trains again; returns what is left to watch."""
+    if since is None:
+        return None
+    for line in lines:
+        if '"event": "resume"' in line or '"event": "train"' in line:
+            from airflow_dtrain import metrics
+
+            metrics.timing("group.recovery_seconds", time.time() - since)
+            return None
+    return since
 
 
 def group_event(status: GroupStatus, tail: list[str], cursor: Any) -> dict[str, Any]:
@@ -41,6 +55,8 @@ class FSDPTrainTrigger(BaseTrigger):
     :param launcher_kwargs: keyword arguments of the launcher (plain values).
     :param poll_interval: seconds between looks at the group.
     :param log_cursor: where the log was left off (from a previous trigger or the worker).
+    :param recovering_since: unix time a preemption of the previous group was noticed, if this
+        group is its relaunch (reported as ``group.recovery_seconds`` once it trains again).
     """
 
     def __init__(
@@ -51,6 +67,7 @@ class FSDPTrainTrigger(BaseTrigger):
         launcher_kwargs: dict[str, Any] | None = None,
         poll_interval: float = 5.0,
         log_cursor: Any = None,
+        recovering_since: float | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -58,6 +75,7 @@ class FSDPTrainTrigger(BaseTrigger):
         self.launcher_kwargs = launcher_kwargs or {}
         self.poll_interval = poll_interval
         self.log_cursor = log_cursor
+        self.recovering_since = recovering_since
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -68,6 +86,7 @@ class FSDPTrainTrigger(BaseTrigger):
                 "launcher_kwargs": self.launcher_kwargs,
                 "poll_interval": self.poll_interval,
                 "log_cursor": self.log_cursor,
+                "recovering_since": self.recovering_since,
             },
         )
 
@@ -77,6 +96,7 @@ class FSDPTrainTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         launcher = self._launcher()
         cursor = self.log_cursor
+        recovering_since = self.recovering_since
         tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         try:
             while True:
@@ -85,6 +105,7 @@ class FSDPTrainTrigger(BaseTrigger):
                     self.log.info("%s", line)
                 tail.extend(chunk.lines)
                 cursor = chunk.cursor
+                recovering_since = observe_recovery(chunk.lines, recovering_since)
                 if status.state.terminal or status.state == GroupState.NOT_FOUND:
                     self.log.info("Group %s is %s: %s", self.name, status.state.value, status.message)
                     yield TriggerEvent(group_event(status, list(tail), cursor))
