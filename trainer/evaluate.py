@@ -1,7 +1,10 @@
 """``python -m trainer.evaluate --checkpoint-uri DIR [--step S] [--batches N] [--batch-size B]``
 
 Held-out loss of a committed checkpoint (the latest unless --step), in one plain
-process. Prints one JSON line: {"step", "loss", "perplexity", "tokens", "path", "flavor"}.
+process. Prints one JSON line per evaluated checkpoint: {"step", "loss", "perplexity",
+"tokens", "tokens_per_s", "path", "flavor"}. ``--all`` evaluates every committed
+checkpoint (the eval curve), ``--out`` writes the results as JSON, ``--report`` a PNG of
+the train and held-out loss curves.
 """
 
 import argparse
@@ -9,6 +12,7 @@ import json
 import math
 import os
 import sys
+import time
 import warnings
 
 import torch
@@ -56,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, help="a committed step (default: the latest)")
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--all", action="store_true", help="also evaluate every other committed checkpoint (the eval curve)")
+    p.add_argument("--out", help="write the results as JSON to this file")
+    p.add_argument("--report", help="write a PNG of the train and eval loss curves to this file")
     args = p.parse_args(argv)
     try:
         root = local_dir(args.checkpoint_uri)
@@ -68,12 +75,61 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no committed checkpoint {step_dir_name(step) if step else ''} under {root}", file=sys.stderr)
         return 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, manifest = load_model(found[step], device)
-    cfg = TrainConfig.from_dict(manifest["config"])
-    data_dir = ensure_builtin(default_data_dir()) if cfg.data.dataset == "builtin" else cfg.data.dataset
-    result = evaluate(model, data_dir, cfg.data.seq_len, args.batches, args.batch_size, device)
-    print(json.dumps({"step": step, **result, "path": found[step], "flavor": cfg.model.flavor}), flush=True)
+    results = []
+    for s in sorted(found) if args.all else [step]:
+        start = time.perf_counter()
+        model, manifest = load_model(found[s], device)
+        cfg = TrainConfig.from_dict(manifest["config"])
+        data_dir = ensure_builtin(default_data_dir()) if cfg.data.dataset == "builtin" else cfg.data.dataset
+        result = evaluate(model, data_dir, cfg.data.seq_len, args.batches, args.batch_size, device)
+        seconds = time.perf_counter() - start
+        result = {"step": s, **result, "tokens_per_s": result["tokens"] / seconds, "path": found[s],
+                  "flavor": cfg.model.flavor}  # fmt: skip
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    latest = next(r for r in results if r["step"] == step)
+    train_curve = _train_curve(root)
+    if args.report:
+        _plot(args.report, train_curve, [(r["step"], r["loss"]) for r in results], latest)
+    if args.out:
+        payload = {**latest, "eval_curve": [[r["step"], r["loss"]] for r in results], "train_curve": train_curve,
+                   "report": args.report}  # fmt: skip
+        tmp = f"{args.out}.tmp"
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(payload, f, indent=1)
+        os.replace(tmp, args.out)
     return 0
+
+
+def _train_curve(root: str) -> list[list[float]]:
+    """[[step, loss], ...] of the training run, from progress.json's history (empty if none)."""
+    try:
+        with open(os.path.join(root, "progress.json")) as f:
+            return [list(point) for point in json.load(f).get("history", [])]
+    except (OSError, ValueError):
+        return []
+
+
+def _plot(path: str, train: list, evals: list, latest: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training nodes
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    if train:
+        ax.plot([p[0] for p in train], [p[1] for p in train], label="train loss", color="tab:blue")
+    ax.plot([p[0] for p in evals], [p[1] for p in evals], "o-", label="held-out loss", color="tab:orange")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(f"{latest['flavor']}: held-out loss {latest['loss']:.3f} at step {latest['step']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

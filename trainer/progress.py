@@ -12,6 +12,8 @@ checkpoint and on exit. Fields::
     latest_checkpoint  absolute path of the newest committed checkpoint, or null
     attempt            1 for the first start, +1 for each restart
     wall_time_s        training wall time summed over attempts
+    history            [[step, loss], ...]: the loss curve, at most HISTORY_POINTS points
+                       (thinned evenly as it grows), without steps a resume trains again
     updated_at         unix time
 """
 
@@ -22,6 +24,7 @@ import time
 from trainer.checkpoint import write_json_atomic
 
 FILENAME = "progress.json"
+HISTORY_POINTS = 1000
 
 
 class Progress:
@@ -33,6 +36,7 @@ class Progress:
         self.steps = steps
         self.attempt, self.steps_lost, self.prior_wall_s = 1, 0, 0.0
         self.resumed_from_step: int | None = None
+        self.history: list[list[float]] = []
         self.start_time = time.monotonic()
         self.state = {"status": "running", "step": 0, "loss": None, "tokens_seen": 0, "latest_checkpoint": None}
 
@@ -49,6 +53,7 @@ class Progress:
             self.prior_wall_s = float(previous.get("wall_time_s", 0.0))
             if previous.get("step") == start_step:
                 self.state["loss"] = previous.get("loss")
+            self.history = [p for p in previous.get("history", []) if p[0] <= start_step]
         self.state.update(step=start_step, tokens_seen=tokens_seen, latest_checkpoint=latest_checkpoint)
         self.update()
 
@@ -56,6 +61,10 @@ class Progress:
         self.state.update(fields)
         if self.path is None:
             return
+        if "step" in fields and fields.get("loss") is not None:
+            self.history.append([fields["step"], round(float(fields["loss"]), 6)])
+            if len(self.history) > HISTORY_POINTS:
+                self.history = self.history[::2]  # halve the resolution, keep the whole run
         write_json_atomic(self.path, {
             **self.state,
             "steps": self.steps,
@@ -63,6 +72,7 @@ class Progress:
             "steps_lost": self.steps_lost,
             "attempt": self.attempt,
             "wall_time_s": round(self.wall_time_s, 3),
+            "history": self.history,
             "updated_at": time.time(),
         })
 
