@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "BudgetBranchOperator": "airflow_dtrain.operators.budget_branch",
+    "EvaluateCheckpointOperator": "airflow_dtrain.operators.evaluate_checkpoint",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
     "JobSpec": "airflow_dtrain.spec",
     "SpecError": "airflow_dtrain.spec",
@@ -24,6 +25,7 @@ __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
     from airflow_dtrain.operators.budget_branch import BudgetBranchOperator
+    from airflow_dtrain.operators.evaluate_checkpoint import EvaluateCheckpointOperator
     from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
     from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
     from airflow_dtrain.sensors.spot_price import SpotPriceSensor

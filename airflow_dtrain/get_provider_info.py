@@ -26,7 +26,11 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_dtrain.operators.budget_branch", "airflow_dtrain.operators.fsdp_train"],
+                "python-modules": [
+                    "airflow_dtrain.operators.budget_branch",
+                    "airflow_dtrain.operators.evaluate_checkpoint",
+                    "airflow_dtrain.operators.fsdp_train",
+                ],
             },
         ],
         "sensors": [
@@ -45,6 +49,7 @@ def get_provider_info() -> dict:
                 ],
             },
         ],
+        "extra-links": ["airflow_dtrain.operators.fsdp_train.TrainingDashboardLink"],
         "config": {
             "dtrain": {
                 "description": "Settings of the airflow-dtrain provider.",

@@ -130,6 +130,9 @@ def _check_types(obj: Any, section: str) -> None:
         elif f.type is str:
             if not isinstance(value, str):
                 raise ConfigError(f"{where}: expected a string, got {value!r}")
+        elif f.type is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: expected true or false, got {value!r}")
         elif dataclasses.is_dataclass(f.type):
             if not isinstance(value, f.type):
                 raise ConfigError(f"{where}: expected a {f.type.__name__}, got {value!r}")
@@ -298,6 +301,57 @@ class MetricsConfig:
         )
 
 
+ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """How the model is laid out on the devices: sharding, recomputation, compilation, offload."""
+
+    _section = "parallel"
+
+    replicate_degree: int = 1
+    """1 = FSDP: every parameter sharded over all ranks. R > 1 = HSDP: R replica groups of
+    world_size / R ranks each; parameters are sharded inside a group and replicated across
+    groups, so the per-layer all-gathers stay inside a group and only the gradient
+    all-reduce crosses groups. Set R to the number of nodes, or 0 for exactly that
+    (world_size / LOCAL_WORLD_SIZE, read from torchrun's environment)."""
+
+    activation_checkpointing: str = "none"
+    """"none", "selective" or "full" (recompute every block's activations in backward:
+    least memory, about one extra forward of compute)."""
+
+    selective_ac_every: int = 0
+    """With activation_checkpointing = "selective": 0 = op-level (each block keeps the
+    outputs of its attention and of every other matmul, and recomputes the rest);
+    N >= 1 = checkpoint every N-th whole block (2 = every other block)."""
+
+    compile: bool = False
+    """torch.compile each transformer block (one compiled graph reused by every layer).
+    Costs compile time at start-up; on GPUs it fuses the norms, rotary and SwiGLU pointwise ops."""
+
+    cpu_offload: bool = False
+    """Keep the sharded parameters, gradients and optimizer state in host memory
+    (FSDP2 CPUOffloadPolicy); the optimizer step runs on the CPU. For models that do not
+    fit otherwise; much slower. No effect when training on CPU."""
+
+    auto_micro_batch_size: bool = False
+    """Before training, find the largest micro_batch_size that fits in GPU memory (a
+    divisor of global_batch_size / world size, probed with a forward and backward pass)
+    and use it instead of micro_batch_size; gradient accumulation absorbs the rest.
+    Skipped, with a message, on CPU."""
+
+    def __post_init__(self) -> None:
+        s = self._section
+        _check_types(self, s)
+        _require(self.replicate_degree >= 0, s, "replicate_degree", self.replicate_degree,
+                 "must be >= 0 (1 = FSDP, R > 1 = HSDP with R replica groups, 0 = one group per node)")
+        _require(self.activation_checkpointing in ACTIVATION_CHECKPOINTING, s, "activation_checkpointing",
+                 self.activation_checkpointing, f"must be one of {', '.join(ACTIVATION_CHECKPOINTING)}")
+        _require(self.selective_ac_every >= 0, s, "selective_ac_every", self.selective_ac_every,
+                 "must be >= 0 (0 = op-level, N = every N-th block)")
+
+
 # --------------------------------------------------------------------------- the job
 
 
@@ -321,6 +375,9 @@ class TrainConfig:
 
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Logging and statsd."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """FSDP/HSDP layout, activation checkpointing, compile, offload, auto micro-batch size."""
 
     steps: int = 50
     """Optimizer steps to train for in total (a resumed run continues up to this)."""
@@ -366,6 +423,11 @@ class TrainConfig:
             raise ConfigError(
                 f"global_batch_size {self.global_batch_size} is not divisible by "
                 f"world size {world_size} × micro_batch_size {self.micro_batch_size}"
+            )
+        replicate = self.parallel.replicate_degree
+        if replicate > 1 and world_size % replicate:
+            raise ConfigError(
+                f"parallel.replicate_degree: {replicate} replica groups do not divide world size {world_size}"
             )
 
     def grad_accum_steps(self, world_size: int) -> int:
@@ -474,7 +536,11 @@ def _coerce(key: str, ftype: type, value: object) -> object:
             return int(value)
         if ftype is float:
             return float(value)
+        if ftype is bool:
+            if value.strip().lower() not in ("true", "false"):
+                raise ValueError
+            return value.strip().lower() == "true"
     except ValueError:
-        kind = "an integer" if ftype is int else "a number"
+        kind = {int: "an integer", float: "a number", bool: "true or false"}[ftype]
         raise ConfigError(f"{key}: expected {kind}, got {value!r}") from None
     return value

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from trainer.config import FLAVORS
 
@@ -129,8 +130,20 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = MLP(args)
+        # Activation checkpointing, set by trainer.parallelize.apply_ac. It lives inside the
+        # block's own forward, not in a wrapper module, so parameter names (and with them
+        # checkpoints and the HF mapping) do not change, and torch.compile of the block
+        # traces the checkpoint region as one graph. ac_context_fn chooses what is saved
+        # (selective op-level); the default saves only the block's input.
+        self.checkpoint_activations = False
+        self.ac_context_fn = noop_context_fn
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_activations:
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False, context_fn=self.ac_context_fn)
+        return self._forward(x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return h + self.mlp(self.post_attention_layernorm(h))
 

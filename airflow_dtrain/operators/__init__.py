@@ -7,6 +7,7 @@ from typing import Any
 
 _LAZY = {
     "BudgetBranchOperator": "airflow_dtrain.operators.budget_branch",
+    "EvaluateCheckpointOperator": "airflow_dtrain.operators.evaluate_checkpoint",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
 }
 __all__ = list(_LAZY)

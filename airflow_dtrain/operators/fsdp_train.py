@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator, conf
+from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
 from airflow_dtrain.launchers.base import GroupState, PodGroupLauncher, get_launcher, poll_group
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
@@ -16,7 +16,11 @@ from airflow_dtrain import metrics
 from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event, observe_recovery
 
 if TYPE_CHECKING:
+    from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow.sdk import Context
+
+DASHBOARD_UID = "dtrain-training"
+"""uid of docker/grafana/dtrain-dashboard.json."""
 
 # Operator arguments that go into the trainer's config (see airflow_dtrain.spec.TRAIN_FIELDS).
 _TRAIN_ARGUMENTS = (
@@ -42,6 +46,16 @@ def _is_template(value: Any) -> bool:
         return any(_is_template(v) for v in value)
     # XComArg, MappedArgument and other lazy values resolve at run time
     return type(value).__module__.startswith("airflow.")
+
+
+class TrainingDashboardLink(BaseOperatorLink):
+    """The train task's link to the Grafana dashboard (``[dtrain] grafana_url``)."""
+
+    name = "Training dashboard"
+
+    def get_link(self, operator, *, ti_key: TaskInstanceKey) -> str:
+        base = conf.get("dtrain", "grafana_url", fallback="http://localhost:3000").rstrip("/")
+        return f"{base}/d/{DASHBOARD_UID}/airflow-dtrain?orgId=1&from=now-6h&to=now"
 
 
 class FSDPTrainOperator(BaseOperator):
@@ -92,6 +106,7 @@ class FSDPTrainOperator(BaseOperator):
 
     template_fields: Sequence[str] = (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)
     template_fields_renderers = {"config": "json", "node_resources": "json", "kubernetes": "json"}
+    operator_extra_links = (TrainingDashboardLink(),)
     ui_color = "#f0e4ff"
 
     def __init__(
