@@ -2,41 +2,67 @@
 ### train_llama
 
 Continued pre-training of a Llama-family model with PyTorch FSDP2, as a pod group of
-`num_nodes` × `procs_per_node` processes under torchrun.
+`num_nodes` × `procs_per_node` processes under torchrun, paid for on spot capacity when
+the price and the budget allow.
 
-With its defaults this DAG runs on this machine (the `local` backend: one torchrun
-agent per node, gloo on CPU) with the tiny `debug` flavour, so it works with no cloud
-and no cluster. `simulate_preemption_at_step` sends the group a SIGTERM once at that
-step, as a spot reclaim would: every rank saves a checkpoint of the step it is on,
-and the operator relaunches the group from it, losing no steps.
+**Flow**: `spot_price` (SpotPriceSensor) → `budget` (BudgetBranchOperator) →
+`train_spot` | `train_on_demand` | `wait` | `stop` → `validate` (CheckpointValidationOperator)
+→ `evaluate` (EvaluateCheckpointOperator: held-out loss, loss-curve report, promotion).
+A promotion updates the asset `train_llama_best_model`, on which `publish_llama` is scheduled.
 
-Trigger it from the UI's trigger form or with `airflow dags trigger train_llama`.
-The train task returns a summary (XCom `return_value`): final step, tokens seen,
-final loss, latest checkpoint, wall time, preemptions and steps lost; the same
-summary is written as `summary.json` next to the checkpoints.
+With its defaults it runs on this machine: the `local` backend (one torchrun agent per node,
+gloo on CPU), the tiny `debug` flavour, and a fixed price per node-hour instead of the EC2
+spot market. `simulate_preemption_at_step` sends the group a SIGTERM once at that step, as a
+spot reclaim would: every rank saves a checkpoint of that step, and the group is relaunched
+from it, losing no steps.
+
+On Kubernetes/AWS: `backend=kubernetes`, the `kubernetes` param (image, namespace, volumes...),
+`instance_types` and `availability_zones` to watch, connections `aws_default` and
+`kubernetes_default`, and an `s3://` (or shared volume) `checkpoint_uri`.
+
+The train task returns a summary (XCom `return_value`): final step, tokens seen, final loss,
+latest checkpoint, wall time, preemptions, steps lost and dollars; the same summary is written
+as `summary.json` next to the checkpoints, beside `report.png` (train and held-out loss curves).
 """
 
 from __future__ import annotations
 
-import pendulum
-from airflow.sdk import DAG, Param
+import os
 
-from airflow_dtrain import FSDPTrainOperator
+import pendulum
+from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk.definitions.trigger_rule import TriggerRule
+
+from airflow_dtrain import (
+    BudgetBranchOperator,
+    CheckpointValidationOperator,
+    EvaluateCheckpointOperator,
+    FSDPTrainOperator,
+    SpotPriceSensor,
+)
 
 FLAVORS = ["debug", "llama3_1b", "llama3_3b", "llama3_8b"]
+_HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
+REGISTRY = os.path.join(_HOME, "dtrain", "models", "train_llama")
+BEST_MODEL = Asset(name="train_llama_best_model", uri="dtrain://train_llama/best-model")
+
+# One checkpoint directory per run, unless the trigger form names one (e.g. to continue a run).
+CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ run_id | replace(':', '-') | replace('+', '-') }}"
+LOCAL = "params.backend == 'local'"
 
 with DAG(
     dag_id="train_llama",
-    description="FSDP2 training of a Llama model as a pod group, surviving preemption",
+    description="FSDP2 training of a Llama model on spot capacity within a dollar budget",
     schedule="@daily",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
     doc_md=__doc__,
-    tags=["llm", "training", "fsdp", "airflow-dtrain"],
+    tags=["llm", "training", "fsdp", "spot", "airflow-dtrain"],
     params={
-        "backend": Param("local", type="string", enum=["local"], description="Where the pod group runs."),
+        "backend": Param("local", type="string", enum=["local", "kubernetes"], description="Where the pod group runs."),
         "flavor": Param("debug", type="string", enum=FLAVORS, description="Model flavour."),
         "num_nodes": Param(2, type="integer", minimum=1, description="Nodes (torchrun agents) in the group."),
         "procs_per_node": Param(1, type="integer", minimum=1, description="Training processes per node."),
@@ -48,30 +74,164 @@ with DAG(
         "checkpoint_uri": Param(
             "",
             type="string",
-            description="Where checkpoints go (path or file://). Empty: $AIRFLOW_HOME/dtrain/checkpoints/<run>.",
+            pattern=r"^$|^/|^file://|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$",
+            description="Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
+            "Empty: a new directory per run under $AIRFLOW_HOME/dtrain/checkpoints/train_llama.",
         ),
         "checkpoint_every": Param(20, type="integer", minimum=0, description="Save every N steps (0: end only)."),
         "simulate_preemption_at_step": Param(
             30, type="integer", minimum=0, description="SIGTERM the group once at this step (0: never)."
         ),
         "max_preemptions": Param(3, type="integer", minimum=0, description="Relaunches after preemption."),
+        "budget_usd": Param(5.0, type="number", minimum=0, description="Dollar budget of the whole job."),
+        "max_price": Param(
+            1.0, type="number", minimum=0, description="Highest acceptable spot $/node-hour; above it: wait."
+        ),
+        "max_wait_s": Param(3600, type="integer", minimum=0, description="How long the job may wait for spot."),
+        "local_spot_price": Param(
+            0.5, type="number", minimum=0, description="local backend: the $/node-hour charged as 'spot'."
+        ),
+        "local_on_demand_price": Param(
+            1.5, type="number", minimum=0, description="local backend: the $/node-hour charged as 'on-demand'."
+        ),
+        "step_time_estimate_s": Param(
+            0.5, type="number", exclusiveMinimum=0, description="Seconds per step before one is measured."
+        ),
+        "instance_types": Param(
+            ["p4d.24xlarge", "p5.48xlarge"], type="array", items={"type": "string"},
+            description="EC2 instance types to consider (kubernetes backend).",
+        ),
+        "availability_zones": Param(
+            [], type="array", items={"type": "string"}, description="Zones to consider (empty: all)."
+        ),
+        "kubernetes": Param({}, type="object", description="Pods of the kubernetes backend (image, namespace...)."),
     },
 ) as dag:
-    train = FSDPTrainOperator(
-        task_id="train",
-        backend="{{ params.backend }}",
-        flavor="{{ params.flavor }}",
-        num_nodes="{{ params.num_nodes }}",
-        procs_per_node="{{ params.procs_per_node }}",
-        steps="{{ params.steps }}",
-        global_batch_size="{{ params.global_batch_size }}",
-        micro_batch_size="{{ params.micro_batch_size }}",
-        seq_len="{{ params.seq_len }}",
-        lr="{{ params.lr }}",
-        checkpoint_uri="{{ params.checkpoint_uri }}",
-        checkpoint_every="{{ params.checkpoint_every }}",
-        simulate_preemption_at_step="{{ params.simulate_preemption_at_step }}",
-        max_preemptions="{{ params.max_preemptions }}",
-        log_every=10,
-        poll_interval=1.0,
+    spot_price = SpotPriceSensor(
+        task_id="spot_price",
+        instance_types="{{ params.instance_types }}",
+        availability_zones="{{ params.availability_zones or None }}",
+        max_price="{{ None if " + LOCAL + " else params.max_price }}",
+        fixed_price_per_hour="{{ params.local_spot_price if " + LOCAL + " else None }}",
+        fixed_on_demand_price="{{ params.local_on_demand_price if " + LOCAL + " else None }}",
+        poke_interval=60,
+        timeout=1800,
+        mode="reschedule",
+        soft_fail=True,  # no acceptable offer in time: the budget decides between waiting and on-demand
     )
+
+    budget = BudgetBranchOperator(
+        task_id="budget",
+        spot_task_id="train_spot",
+        on_demand_task_id="train_on_demand",
+        wait_task_id="wait",
+        stop_task_id="stop",
+        price_task_id="spot_price",
+        checkpoint_uri=CHECKPOINT_URI,
+        total_steps="{{ params.steps }}",
+        budget_usd="{{ params.budget_usd }}",
+        step_time_estimate_s="{{ params.step_time_estimate_s }}",
+        num_nodes="{{ params.num_nodes }}",
+        max_spot_price="{{ params.max_price }}",
+        max_wait_s="{{ params.max_wait_s }}",
+        trigger_rule=TriggerRule.NONE_FAILED,
+    )
+
+    def train(capacity: str, price: str) -> FSDPTrainOperator:
+        return FSDPTrainOperator(
+            task_id=f"train_{capacity}",
+            backend="{{ params.backend }}",
+            flavor="{{ params.flavor }}",
+            num_nodes="{{ params.num_nodes }}",
+            procs_per_node="{{ params.procs_per_node }}",
+            steps="{{ params.steps }}",
+            global_batch_size="{{ params.global_batch_size }}",
+            micro_batch_size="{{ params.micro_batch_size }}",
+            seq_len="{{ params.seq_len }}",
+            lr="{{ params.lr }}",
+            checkpoint_uri=CHECKPOINT_URI,
+            checkpoint_every="{{ params.checkpoint_every }}",
+            simulate_preemption_at_step="{{ params.simulate_preemption_at_step }}",
+            max_preemptions="{{ params.max_preemptions }}",
+            kubernetes="{{ dict(params.kubernetes, capacity_type='" + capacity + "') if params.backend == 'kubernetes' else None }}",
+            config={
+                "cost": {
+                    "capacity_type": "{{ 'local' if " + LOCAL + " else '" + capacity + "' }}",
+                    "price_per_node_hour": "{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
+                }
+            },
+            log_every=10,
+            poll_interval=1.0,
+        )
+
+    train_spot = train("spot", "spot_price")
+    train_on_demand = train("on_demand", "on_demand_price")
+
+    @task(task_id="wait")
+    def wait(ti=None) -> dict:
+        """No acceptable spot price now: end this run; the next scheduled run looks again."""
+        decision = ti.xcom_pull(task_ids="budget", key="decision") or {}
+        print(f"Waiting for a better price: {decision.get('reason')}")
+        return decision
+
+    @task(task_id="stop")
+    def stop(ti=None) -> dict:
+        """Over budget (or nothing left to do): training is skipped."""
+        decision = ti.xcom_pull(task_ids="budget", key="decision") or {}
+        print(f"Stopped, training skipped: {decision.get('reason')}")
+        return decision
+
+    validate = CheckpointValidationOperator(
+        task_id="validate",
+        checkpoint_uri=CHECKPOINT_URI,
+        fallback_to_valid=True,
+        trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+    )
+
+    evaluate = EvaluateCheckpointOperator(
+        task_id="evaluate",
+        checkpoint_uri=CHECKPOINT_URI,
+        step="{{ ti.xcom_pull(task_ids='validate')['step'] }}",
+        registry_uri=REGISTRY,
+        asset=BEST_MODEL,
+        backend="{{ params.backend }}",
+        kubernetes="{{ params.kubernetes or None }}",
+        batches=10,
+    )
+
+    spot_price >> budget >> [train_spot, train_on_demand, wait(), stop()]
+    [train_spot, train_on_demand] >> validate >> evaluate
+
+
+with DAG(
+    dag_id="publish_llama",
+    description="Publish the model each time train_llama promotes a better checkpoint",
+    schedule=[BEST_MODEL],
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    doc_md="Runs when `train_llama` promotes a checkpoint (asset `train_llama_best_model`): "
+    "copies the exported safetensors to `published/latest` and writes a model card.",
+    tags=["llm", "airflow-dtrain"],
+) as publish_dag:
+
+    @task
+    def publish(triggering_asset_events=None) -> dict:
+        import json
+        import shutil
+
+        event = triggering_asset_events[BEST_MODEL][-1]
+        info = dict(event.extra)
+        if not info.get("export"):
+            raise ValueError(f"the promotion of {info.get('checkpoint')} carries no export")
+        target = os.path.join(REGISTRY, "published", "latest")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(info["export"], target)
+        with open(os.path.join(target, "MODEL_CARD.md"), "w") as card:
+            card.write(
+                f"# train_llama\n\nHeld-out loss {info['loss']:.4f} (perplexity {info['perplexity']:.2f}) "
+                f"at step {info['step']}.\n\nCheckpoint: `{info['checkpoint']}`\n"
+            )
+        print(json.dumps({"published": target, **info}))
+        return {"published": target, **info}
+
+    publish()

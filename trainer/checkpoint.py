@@ -1,24 +1,31 @@
 """Resumable checkpoints: a DCP sharded save per step directory, committed by a manifest.
 
-Layout under checkpoint.uri::
+Layout: see trainer/storage.py. A step directory without manifest.json is an
+interrupted save and is ignored (and cleaned up). The DCP save holds the model and
+optimizer (sharded), the LR scheduler, the data position, the step, and each rank's
+python/numpy/torch RNG states.
 
-    step-00000050/
-        .metadata, __0_0.distcp, __1_0.distcp, ...   torch.distributed.checkpoint files
-        manifest.json                                written last: the commit point
-    progress.json                                    see trainer/progress.py
+The commit rule, for every backend and for async saves alike: every rank writes its
+shard files, hashes them and (for s3://) uploads them; only once all ranks have done
+so does rank 0 write manifest.json, last. A crash or kill -9 at any point before that
+leaves the previous checkpoint as the latest.
 
-A step directory without manifest.json is an interrupted save and is ignored (and
-cleaned up). The DCP save holds the model and optimizer (sharded), the LR scheduler,
-the data position, the step, and each rank's python/numpy/torch RNG states.
+Async saves (checkpoint.async_save): the training loop blocks only while the state is
+copied to host memory (pinned, reused across saves, on GPU); the write, the hashing,
+the upload and the commit run in a background thread on a process group of their own
+(gloo), so they never interleave with the training collectives. One save is in flight
+at a time: the next save, the final save and a preemption first wait for it.
 """
 
 import hashlib
-import json
 import os
 import random
-import re
 import shutil
+import sys
+import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -27,47 +34,23 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainer.config import CheckpointConfig, ConfigError
+from trainer.storage import (MANIFEST, STEP_DIR, Storage, committed_checkpoints, is_best, step_dir_name,
+                             write_json_atomic)
 
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
-MANIFEST = "manifest.json"
+__all__ = ["MANIFEST", "Checkpointer", "committed_checkpoints", "local_dir", "step_dir_name", "write_json_atomic"]
+
+# Test hook, named as such: "STEP:SECONDS" makes rank 0 sleep after the files of that
+# step are written (and uploaded) but before its manifest, so that a test can kill -9
+# a group in the middle of a save deterministically.
+_TEST_COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
 
 
 def local_dir(uri: str) -> str | None:
-    """The local directory of a checkpoint URI; None when checkpoints are off."""
-    if uri == "":
-        return None
-    if uri.startswith("s3://"):
-        raise ConfigError(f"checkpoint.uri: s3:// is not supported by this trainer yet, got {uri!r}")
-    return os.path.abspath(uri[len("file://"):] if uri.startswith("file://") else uri)
+    """The root of a checkpoint URI (a local path or an s3:// URL); None when checkpoints are off."""
+    return Storage(uri).root if uri else None
 
 
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def write_json_atomic(path: str, obj: dict) -> None:
-    """Readers (the Airflow operator) never see a half-written file: write a temp file, then rename."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def committed_checkpoints(root: str) -> list[tuple[int, str]]:
-    """[(step, path)] of the step directories that have a manifest, oldest first."""
-    if not os.path.isdir(root):
-        return []
-    found = []
-    for name in os.listdir(root):
-        m = _STEP_DIR.match(name)
-        if m and os.path.exists(os.path.join(root, name, MANIFEST)):
-            found.append((int(m.group(1)), os.path.join(root, name)))
-    return sorted(found)
-
-
-def _sha256(path: str) -> str:
+def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -85,21 +68,42 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def storage_reader(storage: Storage, step_dir: str):
+    """DCP's reader for a step directory: the filesystem one locally, its fsspec one for s3://."""
+    if storage.remote:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(step_dir)
+    return dcp.FileSystemReader(step_dir)
+
+
 class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 
     def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str,
-                 rank: int, world_size: int):
+                 rank: int, world_size: int, device: torch.device | None = None):
         self.cfg, self.flavor, self.config, self.config_hash = cfg, flavor, config, config_hash
         self.rank, self.world_size = rank, world_size
-        self.root = local_dir(cfg.uri)
+        self.device = device or torch.device("cpu")
+        self.storage = Storage(cfg.uri) if cfg.uri else None
+        self.root = self.storage.root if self.storage else None
+        self.pg = None
+        if self.storage is not None and dist.is_initialized():
+            # The checkpoint's own collectives (DCP's plan/finish, the manifest gather)
+            # run here, possibly in a background thread: a separate group keeps them
+            # from interleaving with the training collectives on the default group.
+            self.pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(600.0, 2 * cfg.grace_period_s)))
+        self._stager = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: tuple[Future, dict] | None = None
+        self._completed: list[dict] = []
 
     @property
     def enabled(self) -> bool:
-        return self.root is not None
+        return self.storage is not None
 
     def latest(self) -> tuple[int, str] | None:
-        found = committed_checkpoints(self.root) if self.enabled else []
+        found = committed_checkpoints(self.storage) if self.enabled else []
         return found[-1] if found else None
 
     def _state(self, model, optimizer, scheduler, data, step: int) -> dict:
@@ -114,67 +118,165 @@ class Checkpointer:
             f"rng_rank{self.rank}": _rng_state(),
         }
 
-    def save(self, step: int, model, optimizer, scheduler, data, *, tokens_seen: int, wall_time_s: float) -> str:
-        """Save and commit step `step`; returns the step directory. Idempotent per step."""
-        path = os.path.join(self.root, step_dir_name(step))
-        if os.path.exists(os.path.join(path, MANIFEST)):
-            return path  # e.g. the final save right after an interval save of the same step
-        if self.rank == 0 and os.path.exists(path):
-            shutil.rmtree(path)  # an interrupted save of this step (maybe another world size)
-        dist.barrier()
-        dcp.save(self._state(model, optimizer, scheduler, data, step), checkpoint_id=path)
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int, model, optimizer, scheduler, data, *, manifest_fields: dict, reason: str,
+             blocking: bool = False) -> str:
+        """Save `step` and commit it; returns the step directory.
+
+        Blocking (or async_save off): returns once committed. Otherwise returns after the
+        device-to-host copy; completed() reports the commit later. Idempotent per step.
+        """
+        start = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        path = self.storage.path(step_dir_name(step))
+        if self.storage.exists(self.storage.path(step_dir_name(step), MANIFEST)):
+            # e.g. a preemption right after an interval save of the same step
+            self._completed.append({"step": step, "path": path, "reason": reason,
+                                    "seconds": time.perf_counter() - start, "blocked_s": time.perf_counter() - start})
+            return path
+        write_dir = self._staging_dir(step) if self.storage.remote else path
+        if self.rank == 0:
+            if os.path.exists(write_dir):
+                shutil.rmtree(write_dir)  # an interrupted save of this step (maybe another world size)
+            if self.storage.remote and self.storage.exists(path):
+                self.storage.remove_checkpoint(path)
+        dist.barrier(group=self.pg)
+        state = self._state(model, optimizer, scheduler, data, step)
+        info = {"step": step, "path": path, "reason": reason, "start": start, "write_dir": write_dir,
+                "fields": manifest_fields}
+        if blocking or not self.cfg.async_save:
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(write_dir), process_group=self.pg)
+            info["blocked_s"] = time.perf_counter() - start
+            self._completed.append(self._commit(None, info))
+            return path
+        # Only the copy to host memory happens here; the write runs in DCP's thread.
+        upload = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(write_dir), process_group=self.pg,
+                                async_stager=self._get_stager())
+        info["blocked_s"] = time.perf_counter() - start
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+        self._pending = (self._executor.submit(self._commit, upload, info), info)
+        return path
+
+    def _get_stager(self):
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = self.device.type == "cuda"
+            # On GPU: pinned host buffers, allocated once and reused by every save, so the
+            # stall is one device-to-host copy at full PCIe speed. (Not measured here: CPU only.)
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+        return self._stager
+
+    def _staging_dir(self, step: int) -> str:
+        base = os.environ.get("DTRAIN_STAGING_DIR") or os.path.join(tempfile.gettempdir(), "dtrain-staging")
+        run = hashlib.sha256(self.storage.root.encode()).hexdigest()[:16]
+        return os.path.join(base, run, step_dir_name(step))
+
+    def _commit(self, upload: Future | None, info: dict) -> dict:
+        """On every rank: wait for the write, hash (and upload) this rank's files; rank 0 then writes the manifest."""
+        if upload is not None:
+            upload.result()
+        write_dir, path, step = info["write_dir"], info["path"], info["step"]
         # Each rank hashes the shard files it wrote, so the manifest of a large model
         # costs one shard's hashing time, not the whole checkpoint's.
-        mine = sorted(n for n in os.listdir(path) if n.startswith(f"__{self.rank}_"))
+        mine = sorted(n for n in os.listdir(write_dir) if n.startswith(f"__{self.rank}_"))
         if self.rank == 0:
             mine.append(".metadata")
-        hashes = {n: {"size": os.path.getsize(os.path.join(path, n)), "sha256": _sha256(os.path.join(path, n))} for n in mine}
+        files = {n: {"size": os.path.getsize(os.path.join(write_dir, n)), "sha256": sha256_file(os.path.join(write_dir, n))}
+                 for n in mine}
+        if self.storage.remote:
+            for n in mine:
+                self.storage.put_file(os.path.join(write_dir, n), f"{path}/{n}")
+        _maybe_test_delay(step, self.rank)
         gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, hashes)
+        dist.all_gather_object(gathered, files, group=self.pg)
         if self.rank == 0:
-            files = {name: entry for part in gathered for name, entry in sorted(part.items())}
             manifest = {
                 "step": step,
                 "world_size": self.world_size,
                 "flavor": self.flavor,
                 "config_hash": self.config_hash,
-                "tokens_seen": tokens_seen,
-                "wall_time_s": round(wall_time_s, 3),
-                "files": dict(sorted(files.items())),
+                **info["fields"],
+                "files": dict(sorted((k, v) for part in gathered for k, v in part.items())),
                 "created_at": time.time(),
                 # not required by readers of the manifest; lets evaluate/export rebuild the model
                 "config": self.config,
             }
-            write_json_atomic(os.path.join(path, MANIFEST), manifest)  # the commit point
+            self.storage.write_json(self.storage.path(step_dir_name(step), MANIFEST), manifest)  # the commit point
             self._apply_retention()
-        dist.barrier()  # nobody reports the checkpoint before it is committed
-        return path
+        dist.barrier(group=self.pg)  # nobody reports the checkpoint before it is committed
+        if self.storage.remote:
+            for n in mine:
+                os.remove(os.path.join(write_dir, n))
+            try:
+                os.rmdir(write_dir)
+            except OSError:
+                pass  # another local rank's files are still there
+        return {"step": step, "path": path, "reason": info["reason"], "blocked_s": info["blocked_s"],
+                "seconds": time.perf_counter() - info["start"]}
 
     def _apply_retention(self) -> None:
-        found = committed_checkpoints(self.root)
+        """Keep the last `keep` committed checkpoints and every one marked best; drop dead interrupted saves."""
+        found = committed_checkpoints(self.storage)
         for _, old in found[: -self.cfg.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if not is_best(self.storage, old):
+                self.storage.remove_checkpoint(old)
         latest = found[-1][0]
-        # Uncommitted directories older than the newest commit are dead interrupted saves.
-        for name in os.listdir(self.root):
-            m = _STEP_DIR.match(name)
-            if m and int(m.group(1)) < latest and not os.path.exists(os.path.join(self.root, name, MANIFEST)):
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+        for name in self.storage.listdir(self.storage.root):
+            m = STEP_DIR.match(name)
+            if m and int(m.group(1)) < latest and not self.storage.exists(self.storage.path(name, MANIFEST)):
+                self.storage.remove_checkpoint(self.storage.path(name))
+
+    def completed(self) -> list[dict]:
+        """Saves committed since the last call: [{"step", "path", "reason", "seconds", "blocked_s"}].
+
+        Polls the save in flight without waiting; raises if it failed (a checkpoint that
+        silently stopped being written is worse than a stopped run).
+        """
+        if self._pending is not None and self._pending[0].done():
+            future, _ = self._pending
+            self._pending = None
+            self._completed.append(future.result())
+        out, self._completed = self._completed, []
+        return out
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed."""
+        if self._pending is not None:
+            future, _ = self._pending
+            self._pending = None
+            self._completed.append(future.result())
+
+    def close(self) -> None:
+        """Finish the save in flight and release the staging buffers."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    # ------------------------------------------------------------------ load
 
     def check_compatible(self, path: str) -> dict:
         """Refuse, before any model is built, a checkpoint this run cannot continue; returns its manifest."""
-        with open(os.path.join(path, MANIFEST)) as f:
-            manifest = json.load(f)
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        manifest = self.storage.read_json(self.storage.path(name, MANIFEST))
         if manifest["flavor"] != self.flavor:
             raise ConfigError(
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
                 f"{manifest['flavor']!r} (use the same flavour or another checkpoint.uri)"
             )
-        for name, entry in manifest["files"].items():
-            file = os.path.join(path, name)
-            size = os.path.getsize(file) if os.path.exists(file) else None
+        for file, entry in manifest["files"].items():
+            size = self.storage.size(self.storage.path(name, file))
             if size != entry["size"]:
-                raise ValueError(f"cannot resume from {path}: {name} is {size} bytes, its manifest says {entry['size']}")
+                raise ValueError(f"cannot resume from {path}: {file} is {size} bytes, its manifest says {entry['size']}")
         return manifest
 
     def load(self, path: str, model, optimizer, scheduler, data) -> dict:
@@ -186,11 +288,11 @@ class Checkpointer:
         """
         manifest = self.check_compatible(path)
         state = self._state(model, optimizer, scheduler, data, 0)
-        saved_keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        saved_keys = storage_reader(self.storage, path).read_metadata().state_dict_metadata
         rng_key = f"rng_rank{self.rank}"
         if not any(k.startswith(rng_key + ".") for k in saved_keys):
             del state[rng_key]
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, storage_reader=storage_reader(self.storage, path), process_group=self.pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         scheduler.load_state_dict(state["scheduler"])
         data.load_state_dict(state["data"])
@@ -199,3 +301,14 @@ class Checkpointer:
         if state["step"] != manifest["step"]:
             raise ValueError(f"cannot resume from {path}: it holds step {state['step']}, manifest says {manifest['step']}")
         return manifest
+
+
+def _maybe_test_delay(step: int, rank: int) -> None:
+    spec = os.environ.get(_TEST_COMMIT_DELAY_ENV, "")
+    if rank != 0 or not spec:
+        return
+    at, _, seconds = spec.partition(":")
+    if int(at) == step:
+        print(f"[trainer] test hook: step {step} files written, sleeping {seconds}s before the manifest",
+              file=sys.stderr, flush=True)
+        time.sleep(float(seconds))

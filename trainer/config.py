@@ -263,6 +263,11 @@ class CheckpointConfig:
     """Seconds the platform allows between SIGTERM and SIGKILL; a preemption save that
     takes longer is reported as a warning (the next attempt would lose those steps)."""
 
+    async_save: bool = True
+    """Interval and SIGUSR1 saves block training only for the copy to host memory; the
+    write, checksums, upload and commit run in the background. The final and the
+    preemption saves are always synchronous (nothing is left to overlap them with)."""
+
     def __post_init__(self) -> None:
         s = self._section
         _check_types(self, s)
@@ -270,6 +275,33 @@ class CheckpointConfig:
         _require(self.every >= 0, s, "every", self.every, "must be >= 0 (0 = only final/preemption)")
         _require(self.keep >= 1, s, "keep", self.keep, "must be >= 1")
         _require(self.grace_period_s > 0, s, "grace_period_s", self.grace_period_s, "must be > 0")
+
+
+CAPACITY_TYPES = ("spot", "on_demand", "local")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostConfig:
+    """What the job's nodes cost: the ledger every checkpoint manifest carries."""
+
+    _section = "cost"
+
+    price_per_node_hour: float = 0.0
+    """Dollars per node-hour of the capacity this attempt runs on (0: not billed)."""
+
+    capacity_type: str = "local"
+    """One of "spot", "on_demand", "local": the ledger bucket this attempt's node-hours go to."""
+
+    gpus_per_node: int = 0
+    """GPUs per node, for gpu_hours (0 on CPU)."""
+
+    def __post_init__(self) -> None:
+        s = self._section
+        _check_types(self, s)
+        _require(self.price_per_node_hour >= 0, s, "price_per_node_hour", self.price_per_node_hour, "must be >= 0")
+        _require(self.capacity_type in CAPACITY_TYPES, s, "capacity_type", self.capacity_type,
+                 f"must be one of {', '.join(CAPACITY_TYPES)}")
+        _require(self.gpus_per_node >= 0, s, "gpus_per_node", self.gpus_per_node, "must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,6 +404,9 @@ class TrainConfig:
 
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint location, interval and retention."""
+
+    cost: CostConfig = field(default_factory=CostConfig)
+    """Price and capacity type of the nodes, for the cost ledger in checkpoint manifests."""
 
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Logging and statsd."""

@@ -2,14 +2,24 @@
 
 Events (each a single line starting with "{"):
 
-    {"event": "train", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"}
+    {"event": "train", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb",
+                       ["gpu_utilization_pct", "gpu_memory_used_mb", "gpu_power_w", "gpu_temperature_c"]}
     {"event": "checkpoint", "step", "seconds", "path", "reason"}   reason: interval|final|preemption|checkpoint-now
     {"event": "resume", "from_step", "path"}
     {"event": "preempted", "step", "seconds_to_save", "grace_period_s"}
     {"event": "done", "step", "loss", "tokens_seen"}
 
-"mfu" is null where the accelerator's peak FLOP/s is unknown (CPU).
+"train" values are over the log interval: tokens_per_s for the whole group, "mfu" null
+where the accelerator's peak FLOP/s is unknown (CPU), peak_mem_mb this rank's peak (CUDA
+allocator, else the process's max RSS). The gpu_* fields are rank 0's GPU as NVML sees it;
+they are absent (not null) without a GPU or without a working NVML.
+
+statsd: the same values as gauges named ``<metrics.statsd_prefix>.<name>`` for each name of
+TRAINING_METRICS, sent by rank 0 only. This module imports no torch at module level, so the
+Airflow side (dashboards, tests) can import TRAINING_METRICS cheaply.
 """
+
+from __future__ import annotations
 
 import json
 import math
@@ -17,33 +27,123 @@ import resource
 import socket
 import sys
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from trainer.config import MetricsConfig
-from trainer.model import ModelArgs
 
-# Dense bf16 peak FLOP/s by device-name substring, for MFU.
-_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.model import ModelArgs
+
+TRAINING_METRICS: tuple[str, ...] = (
+    "train.loss",              # mean loss of the global batch at the logged step
+    "train.grad_norm",         # global gradient norm before clipping
+    "train.lr",                # learning rate the logged step used
+    "train.tokens_per_s",      # tokens per second of the whole group over the interval
+    "train.mfu",               # model FLOPs utilisation, 0..1 (GPUs with a known peak only)
+    "train.peak_mem_mb",       # peak memory of rank 0 (CUDA allocator, else max RSS), MiB
+    "train.step",              # the logged step
+    "gpu.utilization_pct",     # NVML: % of time a kernel ran, rank 0's GPU
+    "gpu.memory_used_mb",      # NVML: used device memory, MiB (all processes)
+    "gpu.power_w",             # NVML: board power draw, W
+    "gpu.temperature_c",       # NVML: GPU core temperature, °C
+    "checkpoint.seconds",      # wall time of the last checkpoint save
+)
+"""Every statsd metric the trainer emits, relative to the prefix: the full name is
+``f"{prefix}.{name}"`` (prefix "dtrain" by default: ``dtrain.train.loss``). All are gauges."""
+
+# Dense (no 2:4 sparsity) bf16 tensor-core peak per GPU, by device-name substring; the first
+# match wins, so specific names come before the families that contain them. Sources: NVIDIA
+# datasheets, whose headline figures are "with sparsity", halved here:
+#   H100 SXM / H200 (SXM) / GH200: 1,979 TFLOPS sparse -> 989 dense (H100, H200 datasheets)
+#   H100 PCIe: 1,513 sparse -> 756;  H100 NVL: 1,671 sparse -> 835 (H100 datasheet)
+#   A100 (SXM and PCIe): 312 dense (A100 datasheet)
+#   L40S: 733 sparse -> 366 (L40S datasheet);  L4: 242 sparse -> 121 (L4 datasheet)
+#   A10 / A10G: 250 sparse -> 125 (A10 datasheet; AWS's A10G is quoted at the same tensor peak)
+# Boost clocks are assumed: a GPU held at lower clocks by its power limit shows a lower MFU.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 366e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+)
 
 
 def flops_per_token(args: ModelArgs, n_params_no_embedding: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls (forward + backward) plus attention's
-    12 * layers * dim * seq (PaLM appendix B)."""
-    return 6 * n_params_no_embedding + 12 * args.n_layers * args.dim * seq_len
+    """Training FLOPs per token (forward + backward), PaLM appendix B's count:
+
+    * 6 N for the matmuls, N = every weight used in a matmul: all parameters except the
+      input embedding, which is a lookup. A tied output projection is added back: it is a
+      vocab × dim matmul even though it shares the embedding's storage;
+    * 12 · layers · dim · seq for attention's scores and weighted sum, not halved for the
+      causal mask (as PaLM and torchtitan count it, so MFU figures compare with theirs).
+    """
+    n = n_params_no_embedding + (args.vocab_size * args.dim if args.tie_word_embeddings else 0)
+    return 6 * n + 12 * args.n_layers * args.dim * seq_len
 
 
-def peak_flops(device: torch.device) -> float | None:
+def peak_flops(device: torch.device) -> tuple[str, float] | None:
+    """(device name, dense bf16 peak FLOP/s) of a known GPU; None on CPU or an unknown GPU."""
     if device.type != "cuda":
         return None
+    import torch
+
     name = torch.cuda.get_device_name(device)
-    return next((v for k, v in _PEAK_FLOPS.items() if k in name), None)
+    return next(((name, v) for k, v in PEAK_BF16_FLOPS if k in name), None)
 
 
 def peak_mem_mb(device: torch.device) -> float:
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class GpuTelemetry:
+    """NVML readings of one GPU; read() returns {} when there is no GPU or NVML fails, ever."""
+
+    def __init__(self, device: torch.device):
+        self._nvml = self._handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml  # nvidia-ml-py
+            import torch
+
+            pynvml.nvmlInit()
+            # By UUID: CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML.
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            except pynvml.NVMLError:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            self._nvml, self._handle = pynvml, handle
+        except Exception:  # no driver, no library, a container without NVML: telemetry is optional
+            self._nvml = self._handle = None
+
+    def read(self) -> dict[str, float]:
+        if self._handle is None:
+            return {}
+        nvml, h, out = self._nvml, self._handle, {}
+        readers = {
+            "gpu_utilization_pct": lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu,
+            "gpu_memory_used_mb": lambda: round(nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20, 1),
+            "gpu_power_w": lambda: round(nvml.nvmlDeviceGetPowerUsage(h) / 1000, 1),  # mW
+            "gpu_temperature_c": lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU),
+        }
+        for key, reader in readers.items():
+            try:
+                out[key] = reader()
+            except Exception:  # e.g. power readings unsupported on this board: leave that one out
+                pass
+        return out
 
 
 def _finite_or_none(v):
@@ -56,10 +156,17 @@ class Metrics:
         self.cfg, self.is_rank0, self.device = cfg, is_rank0, device
         self.world_size = world_size
         self.flops_per_token = flops_per_token
-        self.peak = peak_flops(device)
+        peak = peak_flops(device)
+        self.peak = peak[1] if peak else None
+        self.gpu = GpuTelemetry(device) if is_rank0 else None
         self._sock = None
         if is_rank0 and cfg.statsd_host:
             self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if is_rank0 and device.type == "cuda":
+            said = (f"{peak[0]}: {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU" if peak
+                    else f"{torch_device_name(device)}: peak unknown, mfu will be null")
+            print(f"[trainer] MFU = tokens/s × {flops_per_token / 1e9:.2f} GFLOP/token ÷ (peak × {world_size} GPUs); "
+                  f"peak of {said}", file=sys.stderr, flush=True)
         self._window_start, self._window_tokens = time.perf_counter(), 0
 
     def emit(self, event: str, **fields) -> None:
@@ -70,6 +177,9 @@ class Metrics:
         print(line, file=sys.stdout, flush=True)
 
     def gauge(self, name: str, value: float, kind: str = "g") -> None:
+        """Send ``<prefix>.<name>``; name must be one of TRAINING_METRICS (one scheme, one list)."""
+        if name not in TRAINING_METRICS:
+            raise ValueError(f"{name!r} is not in trainer.metrics.TRAINING_METRICS; add it there first")
         if self._sock is None or value is None:
             return
         payload = f"{self.cfg.statsd_prefix}.{name}:{value}|{kind}".encode()
@@ -99,11 +209,20 @@ class Metrics:
             "tokens_per_s": round(tokens_per_s, 1), "mfu": None if mfu is None else round(mfu, 4),
             "peak_mem_mb": round(peak_mem_mb(self.device), 1),
         }
-        self.emit("train", **fields)
+        gpu = self.gpu.read() if self.gpu is not None else {}
+        self.emit("train", **fields, **gpu)
         for name in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"):
-            self.gauge(name, fields[name])
+            self.gauge(f"train.{name}", fields[name])
+        for key, value in gpu.items():  # "gpu_power_w" -> "gpu.power_w"
+            self.gauge(key.replace("gpu_", "gpu.", 1), value)
         self._window_start, self._window_tokens = time.perf_counter(), 0
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
+
+
+def torch_device_name(device: torch.device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device)

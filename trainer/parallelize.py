@@ -1,33 +1,123 @@
-"""FSDP2 sharding, the optimizer, the LR schedule, and one optimizer step's gradient maths."""
+"""The model's layout on the devices (mesh, activation checkpointing, compile, FSDP2), the
+optimizer, the LR schedule, and one optimizer step's gradient maths."""
 
 import math
+import os
+from collections import defaultdict
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from trainer.config import OptimConfig
+from trainer.config import ConfigError, OptimConfig, ParallelConfig
 from trainer.model import Llama
 
 
-def parallelize(model: Llama, mesh: DeviceMesh) -> Llama:
-    """Shard a (meta-device) model in place with FSDP2 and return it.
+def replicate_degree(cfg: ParallelConfig, world_size: int) -> int:
+    """The number of HSDP replica groups: cfg.replicate_degree, or one per node when it is 0."""
+    replicate = cfg.replicate_degree
+    if replicate == 0:  # one replica group per node: torchrun says how many ranks a node runs
+        replicate = world_size // int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if replicate < 1 or world_size % replicate:
+        raise ConfigError(
+            f"parallel.replicate_degree: {replicate} replica groups do not divide world size {world_size}"
+        )
+    return replicate
 
-    Order: fully_shard each transformer block, then the root. Each block becomes its own
-    all-gather / reduce-scatter unit, so only one block's full weights are live at a
-    time; the root gets what is left (embeddings, final norm, lm_head), which are used
-    at the very start and end of forward. There is no activation checkpointing or
-    torch.compile step in this trainer; they would come before fully_shard.
+
+def build_mesh(device_type: str, world_size: int, cfg: ParallelConfig) -> DeviceMesh:
+    """1-D ("dp_shard",) for FSDP; 2-D ("dp_replicate", "dp_shard") for HSDP.
+
+    Ranks are laid out row-major, so with one replica group per node the shard dimension
+    (a row: consecutive ranks) is the ranks of one node, where the all-gathers and
+    reduce-scatters of every layer run; only the gradient all-reduce crosses nodes.
     """
-    mp = None
+    replicate = replicate_degree(cfg, world_size)
+    if replicate == 1:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
+    return init_device_mesh(device_type, (replicate, world_size // replicate),
+                            mesh_dim_names=("dp_replicate", "dp_shard"))
+
+
+def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = None) -> Llama:
+    """Lay a (meta-device) model out on the mesh in place and return it.
+
+    The order matters, and is torchtitan's:
+
+    1. activation checkpointing, per block: it must be inside what is compiled, so that
+       the compiled graph holds the recomputation rather than breaking around it;
+    2. torch.compile, per block: all blocks have the same code and shapes, so one compiled
+       graph serves every layer (compiling the whole model would trace the FSDP hooks);
+    3. fully_shard on each block: each becomes its own all-gather / reduce-scatter unit,
+       so only one block's full weights are live at a time, and the next block's
+       all-gather overlaps the current block's compute;
+    4. fully_shard on the root last: it takes what is left (embeddings, final norm,
+       lm_head), used at the very start and end of forward. Applied before the blocks
+       it would claim their parameters too.
+
+    A 2-D mesh (build_mesh with replicate_degree > 1) makes fully_shard HSDP: sharded over
+    the mesh's second dimension, replicated over its first.
+    """
+    cfg = cfg or ParallelConfig()
+    apply_ac(model, cfg)
+    if cfg.compile:
+        for layer in model.layers:
+            layer.compile(fullgraph=True)
+    kwargs: dict = {"mesh": mesh}
     if mesh.device_type == "cuda":
         # bf16 compute and communication, fp32 gradient reduction and master weights.
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    kwargs = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
-    for layer in model.layers:
-        fully_shard(layer, **kwargs)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if cfg.cpu_offload:
+            # Shards, gradients and optimizer state live in pinned host memory; each block is
+            # copied to the GPU for its forward and backward, and the optimizer steps on the CPU.
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+    last = len(model.layers) - 1
+    for i, layer in enumerate(model.layers):
+        # The last block is the first one backward needs: keeping it gathered after
+        # forward saves an all-gather per micro-step for one block's worth of memory.
+        fully_shard(layer, reshard_after_forward=i < last, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def apply_ac(model: Llama, cfg: ParallelConfig) -> None:
+    """Mark the blocks whose activations are recomputed in backward (see DecoderLayer.forward)."""
+    mode, every = cfg.activation_checkpointing, cfg.selective_ac_every
+    for i, layer in enumerate(model.layers):
+        if mode == "full" or (mode == "selective" and every >= 1 and i % every == 0):
+            layer.checkpoint_activations = True  # keep only the block's input
+        elif mode == "selective":  # op-level
+            layer.checkpoint_activations = True
+            layer.ac_context_fn = op_level_ac_context
+
+
+def _ops(*names: str) -> set:
+    return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
+
+
+# What op-level selective AC keeps: the expensive results (attention, matmuls). The cheap
+# pointwise ops around them (norms, rotary, SiLU, the SwiGLU product) are recomputed.
+_ATTENTION_OPS = _ops("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                      "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+_MM = torch.ops.aten.mm.default
+
+
+def op_level_ac_context():
+    """A fresh policy per checkpointed forward: save attention outputs and every other matmul
+    output (torchtitan's "op" mode: half the matmuls are recomputed, trading about a sixth of
+    a forward's FLOPs for most of a block's activation memory)."""
+    mm_count: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        if func is _MM:
+            key = "recompute" if ctx.is_recompute else "forward"
+            mm_count[key] += 1
+            # The count runs the same in forward and recompute, so both agree on which to keep.
+            return CheckpointPolicy.MUST_SAVE if mm_count[key] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in _ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

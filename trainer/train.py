@@ -18,14 +18,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.checkpoint import Checkpointer
-from trainer.config import PREEMPTED_EXIT_CODE, ConfigError, TrainConfig
+from trainer.auto_batch import fit_micro_batch_size
+from trainer.cost import CostLedger, nodes_in_group
+from trainer.config import PREEMPTED_EXIT_CODE, ConfigError, ParallelConfig, TrainConfig
 from trainer.data import TrainBatches, resolve_dataset
 from trainer.metrics import Metrics, flops_per_token
 from trainer.model import Llama, ModelArgs
-from trainer.parallelize import build_optimizer, build_scheduler, clip_grads, parallelize, set_grad_sync
+from trainer.parallelize import (build_mesh, build_optimizer, build_scheduler, clip_grads, parallelize,
+                                 set_grad_sync)
 from trainer.progress import Progress
 
 
@@ -42,7 +45,7 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def setup_distributed() -> Dist:
+def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
     if "RANK" not in os.environ:  # a plain process: become rank 0 of 1
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -65,7 +68,10 @@ def setup_distributed() -> Dist:
         file=sys.stderr,
         flush=True,
     )
-    return Dist(rank, local_rank, world_size, device, init_device_mesh(device.type, (world_size,)))
+    mesh = build_mesh(device.type, world_size, parallel or ParallelConfig())
+    if rank == 0 and mesh.ndim > 1:
+        print(f"[trainer] HSDP mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}", file=sys.stderr, flush=True)
+    return Dist(rank, local_rank, world_size, device, mesh)
 
 
 class StopRequests:
@@ -106,9 +112,12 @@ class StopRequests:
 def build_model(cfg: TrainConfig, d: Dist) -> Llama:
     with torch.device("meta"):  # no memory until sharded
         model = Llama(ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
-    parallelize(model, d.mesh)
-    model.to_empty(device=d.device)  # each rank allocates only its shards
+    parallelize(model, d.mesh, cfg.parallel)
+    offload = cfg.parallel.cpu_offload and d.device.type == "cuda"
+    model.to_empty(device="cpu" if offload else d.device)  # each rank allocates only its shards
     model.init_weights(cfg.seed)
+    if offload:  # FSDP keeps the parameters in host memory; the rotary tables are used on the GPU
+        model.rope_cos, model.rope_sin = model.rope_cos.to(d.device), model.rope_sin.to(d.device)
     return model
 
 
@@ -138,7 +147,7 @@ def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, ste
 def train(cfg: TrainConfig) -> int:
     """Train to cfg.steps or until stopped; returns 0 or PREEMPTED_EXIT_CODE."""
     cfg.validate_world_size(world_size_from_env())  # fail before joining the group
-    d = setup_distributed()
+    d = setup_distributed(cfg.parallel)
     try:
         job = Job.build(cfg, d)
         return job.run()
@@ -160,6 +169,7 @@ class Job:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     metrics: Metrics
     progress: Progress
+    cost: CostLedger
 
     def run(self) -> int:
         cfg, stops = self.cfg, self.stops
@@ -169,11 +179,17 @@ class Job:
             while step < cfg.steps:
                 step += 1
                 lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
+                started = time.perf_counter()
                 loss, grad_norm = train_step(self.model, self.optimizer, self.scheduler, self.data.next_batch(),
                                              cfg, step, self.d.rank)
+                self.cost.time_step(time.perf_counter() - started)
                 self.metrics.count_tokens(self.tokens(1))
                 self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == cfg.steps)
-                self.progress.update(step=step, loss=loss, tokens_seen=self.tokens(step))
+                logged = step % cfg.metrics.log_every == 0
+                self.progress.update(step=step, loss=loss, tokens_seen=self.tokens(step), flush=logged)
+                self.report_checkpoints()  # an async save commits in the background
+                if logged:
+                    self.gauge_cost()
                 maybe_simulate_preemption(cfg, step, resumed_from, self.d, stops)
                 stop, checkpoint_now = stops.agree()
                 if stop:
@@ -182,7 +198,7 @@ class Job:
                     self.save(step, "checkpoint-now")
                 elif cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
                     self.save(step, "interval")
-            self.save(step, "final")
+            self.save(step, "final", blocking=True)
             self.progress.update(status="completed")
             self.metrics.emit("done", step=step, loss=self.progress.state["loss"], tokens_seen=self.tokens(step))
             return 0
@@ -190,6 +206,7 @@ class Job:
             self.progress.update(status="failed")
             raise
         finally:
+            self.ckpt.close()
             self.metrics.close()
 
     @classmethod
@@ -199,13 +216,16 @@ class Job:
         np.random.seed(cfg.seed + d.rank)
         torch.manual_seed(cfg.seed + d.rank)
         ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, config=cfg.to_dict(),
-                            config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size)
+                            config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device)
         if ckpt.latest() is not None:
             ckpt.check_compatible(ckpt.latest()[1])  # before building a model it cannot fill
         data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
         data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
                             d.rank, d.world_size, cfg.seed, d.device)
         model = build_model(cfg, d)
+        if cfg.parallel.auto_micro_batch_size:  # same global batch; accumulation absorbs the change
+            cfg = fit_micro_batch_size(cfg, model, d.device, d.world_size, log=lambda m: log(d, m))
+            data.micro_batch_size = cfg.micro_batch_size
         if data.vocab_size > model.args.vocab_size:
             raise ConfigError(f"data.dataset: {data_dir} has vocab {data.vocab_size} > model vocab {model.args.vocab_size}")
         optimizer = build_optimizer(model, cfg.optim)
@@ -216,6 +236,8 @@ class Job:
             metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, world_size=d.world_size, device=d.device,
                             flops_per_token=fpt),
             progress=Progress(ckpt.root, cfg.steps, enabled=d.rank == 0),
+            cost=CostLedger(price_per_node_hour=cfg.cost.price_per_node_hour, capacity_type=cfg.cost.capacity_type,
+                            gpus_per_node=cfg.cost.gpus_per_node, nodes=nodes_in_group(d.world_size)),
         )
 
     def tokens(self, steps: int) -> int:
@@ -226,29 +248,52 @@ class Job:
         latest = self.ckpt.latest()
         step, resumed_from = 0, None
         if latest is not None:
-            self.ckpt.load(latest[1], self.model, self.optimizer, self.scheduler, self.data)
+            manifest = self.ckpt.load(latest[1], self.model, self.optimizer, self.scheduler, self.data)
+            self.cost.carry(manifest.get("cost"), manifest.get("step_time_s"))
             step = resumed_from = latest[0]
             self.metrics.emit("resume", from_step=step, path=latest[1])
         self.progress.start(resumed_from, latest[1] if latest else None, self.tokens(step))
         return step, resumed_from
 
-    def save(self, step: int, reason: str) -> float:
-        """Checkpoint `step` (all ranks); returns the seconds it took."""
+    def save(self, step: int, reason: str, *, blocking: bool = False) -> float:
+        """Checkpoint `step` (all ranks); returns the seconds training was held up.
+
+        blocking: return once committed (final, preemption). Otherwise an async save
+        returns after the copy to host memory and report_checkpoints() reports its commit.
+        """
         if not self.ckpt.enabled:
             log(self.d, f"step {step}: no checkpoint.uri, not saving ({reason})")
             return 0.0
         start = time.perf_counter()
-        path = self.ckpt.save(step, self.model, self.optimizer, self.scheduler, self.data,
-                              tokens_seen=self.tokens(step), wall_time_s=self.progress.wall_time_s)
+        fields = {"tokens_seen": self.tokens(step), "wall_time_s": round(self.progress.wall_time_s, 3),
+                  "step_time_s": self.cost.step_time_s, "cost": self.cost.snapshot()}
+        self.ckpt.save(step, self.model, self.optimizer, self.scheduler, self.data, manifest_fields=fields,
+                       reason=reason, blocking=blocking)
         seconds = time.perf_counter() - start
-        self.metrics.emit("checkpoint", step=step, seconds=round(seconds, 3), path=path, reason=reason)
-        self.metrics.gauge("checkpoint_seconds", seconds)
-        self.progress.update(latest_checkpoint=path)
+        self.report_checkpoints()
         return seconds
+
+    def report_checkpoints(self) -> None:
+        """Events, gauges and progress for the saves committed since the last call."""
+        if not self.ckpt.enabled:
+            return
+        for c in self.ckpt.completed():
+            self.metrics.emit("checkpoint", step=c["step"], seconds=round(c["seconds"], 3), path=c["path"],
+                              reason=c["reason"], blocked_s=round(c["blocked_s"], 3))
+            self.metrics.gauge("checkpoint.seconds", c["seconds"])
+            self.metrics.gauge("checkpoint.blocked_seconds", c["blocked_s"])
+            self.progress.update(latest_checkpoint=c["path"])
+            self.gauge_cost()
+
+    def gauge_cost(self) -> None:
+        """The spend so far (statsd): <prefix>.cost.dollars and <prefix>.cost.gpu_hours."""
+        ledger = self.cost.snapshot()
+        self.metrics.gauge("cost.dollars", ledger["total_dollars"])
+        self.metrics.gauge("cost.gpu_hours", round(sum(ledger[c]["gpu_hours"] for c in ("spot", "on_demand", "local")), 6))
 
     def preempted(self, step: int) -> int:
         self.stops.ignore_further_signals()
-        seconds = self.save(step, "preemption")
+        seconds = self.save(step, "preemption", blocking=True)
         self.progress.update(status="preempted")
         grace = self.cfg.checkpoint.grace_period_s
         self.metrics.emit("preempted", step=step, seconds_to_save=round(seconds, 3), grace_period_s=grace)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 _NUMBERS = (
     "total_steps", "budget_usd", "step_time_estimate_s", "num_nodes", "spot_price", "on_demand_price",
     "interruption_rate_per_hour", "max_interruption_rate_per_hour", "restart_overhead_s", "lost_work_s",
-    "deadline_s", "waited_s", "max_wait_s", "wait_interval_s", "wait_target_price",
+    "deadline_s", "waited_s", "max_wait_s", "wait_interval_s", "wait_target_price", "max_spot_price",
 )  # fmt: skip
 
 
@@ -54,8 +54,10 @@ class BudgetBranchOperator(BaseBranchOperator):
     :param waited_s: how long the job has waited for spot so far. (templated)
     :param max_wait_s: how long it may wait for spot in all (0: never). (templated)
     :param wait_interval_s: how long one wait lasts. (templated)
-    :param wait_target_price: the spot $/node-hour a wait hopes for (default: the offer's ``limit``
-        from ``price_task_id``, else the current spot or on-demand price). (templated)
+    :param wait_target_price: the spot $/node-hour a wait hopes for (default: ``max_spot_price``,
+        else the offer's ``limit`` from ``price_task_id``, else the current spot or on-demand price). (templated)
+    :param max_spot_price: a spot offer above this $/node-hour is not acceptable: the decision is
+        then to wait for a better price (if waiting is allowed), on-demand, or stop. (templated)
     """
 
     template_fields: Sequence[str] = ("checkpoint_uri", *_NUMBERS)
@@ -84,6 +86,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         max_wait_s: float | str = 0.0,
         wait_interval_s: float | str = 900.0,
         wait_target_price: float | str | None = None,
+        max_spot_price: float | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -108,6 +111,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         self.max_wait_s = max_wait_s
         self.wait_interval_s = wait_interval_s
         self.wait_target_price = wait_target_price
+        self.max_spot_price = max_spot_price
         self._numbers(skip_templates=True)  # fail in the DAG file for what is not templated
 
     def _numbers(self, *, skip_templates: bool = False) -> dict[str, float | None]:
@@ -140,6 +144,10 @@ class BudgetBranchOperator(BaseBranchOperator):
                 self.log.info("No spot offer from task %s (skipped or not run)", self.price_task_id)
         spot = numbers["spot_price"] if numbers["spot_price"] is not None else offer.get("spot_price")
         od = numbers["on_demand_price"] if numbers["on_demand_price"] is not None else offer.get("on_demand_price")
+        cap = numbers.get("max_spot_price")
+        if spot is not None and cap is not None and float(spot) > cap:
+            self.log.info("Spot price $%.4f/h is above max_spot_price $%.4f/h: no acceptable spot offer", spot, cap)
+            spot = None
         return spot, od, offer
 
     def choose_branch(self, context: Context) -> str | list[str] | None:
@@ -175,7 +183,9 @@ class BudgetBranchOperator(BaseBranchOperator):
             waited_s=n["waited_s"] or 0.0,
             max_wait_s=n["max_wait_s"] or 0.0,
             wait_interval_s=n["wait_interval_s"] or 900.0,
-            wait_target_price=n["wait_target_price"] if n["wait_target_price"] is not None else offer.get("limit"),
+            wait_target_price=next(
+                (p for p in (n["wait_target_price"], n["max_spot_price"], offer.get("limit")) if p is not None), None
+            ),
         )
         decision = decide(inputs)
         self.log.info("Decision: %s. %s", decision.choice.value, decision.reason)

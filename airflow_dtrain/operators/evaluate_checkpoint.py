@@ -61,6 +61,8 @@ class EvaluateCheckpointOperator(BaseOperator):
     ``best.json``, and an asset event for ``asset`` is emitted. Nothing is emitted otherwise.
 
     :param checkpoint_uri: the run's checkpoint directory (as given to FSDPTrainOperator). (templated)
+    :param step: the checkpoint step to evaluate and maybe promote, e.g. the one validation
+        chose (default: the latest committed). (templated)
     :param registry_uri: where the best model so far is recorded and exported. (templated)
     :param asset: the asset a promotion updates (a downstream DAG can be scheduled on it).
     :param batches: held-out batches per checkpoint. (templated)
@@ -78,7 +80,7 @@ class EvaluateCheckpointOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "checkpoint_uri", "registry_uri", "batches", "batch_size", "eval_all", "export", "min_improvement",
+        "checkpoint_uri", "step", "registry_uri", "batches", "batch_size", "eval_all", "export", "min_improvement",
         "backend", "kubernetes", "node_resources",
     )  # fmt: skip
     template_fields_renderers = {"kubernetes": "json", "node_resources": "json"}
@@ -89,6 +91,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         *,
         checkpoint_uri: str,
         registry_uri: str,
+        step: int | str | None = None,
         asset: Asset | None = None,
         batches: int | str = 20,
         batch_size: int | str = 8,
@@ -110,6 +113,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         super().__init__(**kwargs)
         self.checkpoint_uri = checkpoint_uri
         self.registry_uri = registry_uri
+        self.step = step
         self.asset = asset
         self.batches = batches
         self.batch_size = batch_size
@@ -198,6 +202,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         out, report = f"{root}/evals/latest.json", f"{root}/report.png"
         entry = ["trainer.evaluate", "--checkpoint-uri", root, "--out", out, "--report", report,
                  "--batches", int(self.batches), "--batch-size", int(self.batch_size)]  # fmt: skip
+        if self.step not in (None, "", "None"):
+            entry += ["--step", int(self.step)]
         if _true(self.eval_all):
             entry.append("--all")
         self._run_job(context, "eval", self._job_spec(*entry))

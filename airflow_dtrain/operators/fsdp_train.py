@@ -193,6 +193,8 @@ class FSDPTrainOperator(BaseOperator):
         if not arguments.get("checkpoint_uri") and not skip_templates:
             arguments["checkpoint_uri"] = self._default_checkpoint_uri(arguments.get("backend"))
         arguments["resources"] = arguments.pop("node_resources")
+        if not skip_templates:
+            arguments["config"] = _with_statsd_defaults(arguments.get("config"))
         try:
             return JobSpec.from_arguments(**arguments)
         except SpecError as err:
@@ -384,6 +386,25 @@ class FSDPTrainOperator(BaseOperator):
         self.log.info("Stopping group %s", self._group)
         status = self._get_launcher(backend).stop(self._group, self.stop_grace_period_s)
         self.log.info("Group %s is %s", self._group, status.state.value)
+
+
+def _with_statsd_defaults(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The trainer reports to the provider's statsd (``[dtrain] statsd_*``) unless told otherwise."""
+    host = conf.get("dtrain", "statsd_host", fallback="")
+    if not host:
+        return config
+    config = dict(config or {})
+    flat = {k for k in config if "." in k}
+    metrics_section = dict(config.get("metrics") or {})
+    if "metrics.statsd_host" in flat or metrics_section.get("statsd_host"):
+        return config
+    metrics_section.update(
+        statsd_host=host,
+        statsd_port=conf.getint("dtrain", "statsd_port", fallback=8125),
+        statsd_prefix=conf.get("dtrain", "statsd_prefix", fallback="dtrain") or "dtrain",
+    )
+    config["metrics"] = metrics_section
+    return config
 
 
 def read_progress(checkpoint_uri: str) -> dict[str, Any]:

@@ -1,0 +1,187 @@
+"""Where checkpoints live: a local directory (a path or ``file://``) or ``s3://bucket/prefix``.
+
+Standard library only at module level: the Airflow provider imports this (through
+trainer.validate) in its workers, and ``mark_best`` is called from evaluation tasks.
+Remote URIs go through fsspec (s3fs for ``s3://``); its endpoint and credentials come
+from the usual AWS settings (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ...), exactly as for the provider's ``read_progress``.
+
+Layout under the URI::
+
+    step-00000050/
+        .metadata, __0_0.distcp, __1_0.distcp, ...   torch.distributed.checkpoint files
+        BEST                                         optional: kept by retention (mark_best)
+        manifest.json                                written last: the commit point
+    progress.json                                    see trainer/progress.py
+"""
+
+import json
+import os
+import re
+import shutil
+import time
+
+MANIFEST = "manifest.json"
+BEST = "BEST"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def write_json_atomic(path: str, obj: dict) -> None:
+    """Readers (the Airflow operator) never see a half-written file: write a temp file, fsync, rename."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Storage:
+    """A checkpoint root. Paths are plain absolute paths locally and full ``s3://`` URLs remotely."""
+
+    def __init__(self, uri: str):
+        if not uri:
+            raise ValueError("a checkpoint URI is required")
+        self.uri = uri
+        self.remote = uri.startswith("s3://")
+        if self.remote:
+            self.root = uri.rstrip("/")
+        else:
+            self.root = os.path.abspath(uri[len("file://"):] if uri.startswith("file://") else uri)
+        self._fs = None
+
+    @property
+    def fs(self):
+        """The fsspec filesystem of a remote root (imported on first use)."""
+        if self._fs is None:
+            import fsspec
+
+            # No listing cache: other processes (other ranks, the provider) change the bucket.
+            self._fs = fsspec.filesystem("s3", use_listings_cache=False, skip_instance_cache=True)
+        return self._fs
+
+    def path(self, *parts: str) -> str:
+        if self.remote:
+            return "/".join([self.root, *parts])
+        return os.path.join(self.root, *parts)
+
+    # -- queries ------------------------------------------------------------------------
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path) if self.remote else os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        """Names (not paths) in a directory; [] when it does not exist."""
+        if not self.remote:
+            return os.listdir(path) if os.path.isdir(path) else []
+        if not self.fs.exists(path):
+            return []
+        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(path, detail=False)]
+
+    def size(self, path: str) -> int | None:
+        """Bytes in a file, None when it is missing."""
+        if not self.remote:
+            return os.path.getsize(path) if os.path.isfile(path) else None
+        try:
+            return int(self.fs.info(path)["size"])
+        except FileNotFoundError:
+            return None
+
+    def open(self, path: str, mode: str = "rb"):
+        return self.fs.open(path, mode) if self.remote else open(path, mode)
+
+    def read_json(self, path: str) -> dict:
+        with self.open(path, "r") as f:
+            return json.load(f)
+
+    # -- changes ------------------------------------------------------------------------
+    def makedirs(self) -> None:
+        if not self.remote:
+            os.makedirs(self.root, exist_ok=True)
+
+    def write_json(self, path: str, obj: dict) -> None:
+        """Atomic for readers: a local rename, or a single S3 PUT (an object appears whole or not at all)."""
+        if not self.remote:
+            write_json_atomic(path, obj)
+            return
+        self.fs.pipe_file(path, json.dumps(obj, indent=2).encode())
+
+    def put_file(self, local_path: str, path: str) -> None:
+        """Upload a local file (remote roots only)."""
+        self.fs.put_file(local_path, path)
+
+    def remove_checkpoint(self, path: str) -> None:
+        """Delete a step directory, its manifest first: a half-deleted checkpoint never looks committed."""
+        manifest = f"{path}/{MANIFEST}" if self.remote else os.path.join(path, MANIFEST)
+        if not self.remote:
+            if os.path.exists(manifest):
+                os.remove(manifest)
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        if self.fs.exists(manifest):
+            self.fs.rm_file(manifest)
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+
+def committed_checkpoints(storage: "Storage | str") -> list[tuple[int, str]]:
+    """[(step, path)] of the step directories that have a manifest, oldest first."""
+    storage = storage if isinstance(storage, Storage) else Storage(storage)
+    found = []
+    for name in storage.listdir(storage.root):
+        m = STEP_DIR.match(name)
+        if m and storage.exists(storage.path(name, MANIFEST)):
+            found.append((int(m.group(1)), storage.path(name)))
+    return sorted(found)
+
+
+def split_checkpoint_uri(uri: str) -> tuple[Storage, str | None]:
+    """(storage of the root, step directory or None) for a root URI or a step directory URI."""
+    trimmed = uri.rstrip("/")
+    name = trimmed.rsplit("/", 1)[-1]
+    if STEP_DIR.match(name):
+        parent = trimmed[: -len(name) - 1] or "/"
+        storage = Storage(parent)
+        return storage, storage.path(name)
+    return Storage(trimmed), None
+
+
+def resolve_checkpoint(uri: str) -> tuple[Storage, str, dict]:
+    """(storage, step directory, manifest) of a step directory, or of the latest committed one under a root.
+
+    Raises FileNotFoundError naming the URI when there is no committed checkpoint.
+    """
+    storage, step_dir = split_checkpoint_uri(uri)
+    if step_dir is None:
+        found = committed_checkpoints(storage)
+        if not found:
+            raise FileNotFoundError(f"no committed checkpoint (step-*/{MANIFEST}) under {uri}")
+        step_dir = found[-1][1]
+    manifest_path = storage.path(step_dir.rsplit("/", 1)[-1], MANIFEST)
+    if not storage.exists(manifest_path):
+        raise FileNotFoundError(f"{step_dir} is not a committed checkpoint: it has no {MANIFEST}")
+    return storage, step_dir, storage.read_json(manifest_path)
+
+
+def mark_best(checkpoint_dir: str, note: dict | None = None) -> str:
+    """Mark a committed checkpoint as the best one so far: retention never deletes it.
+
+    Writes a ``BEST`` file (JSON: when, plus ``note``, e.g. the evaluation loss) into the
+    step directory; returns its path. Refuses a directory that is not committed.
+    """
+    storage, step_dir = split_checkpoint_uri(checkpoint_dir)
+    if step_dir is None:
+        raise ValueError(f"mark_best: expected a step directory (.../step-XXXXXXXX), got {checkpoint_dir!r}")
+    name = step_dir.rsplit("/", 1)[-1]
+    if not storage.exists(storage.path(name, MANIFEST)):
+        raise FileNotFoundError(f"mark_best: {checkpoint_dir} is not a committed checkpoint (no {MANIFEST})")
+    path = storage.path(name, BEST)
+    storage.write_json(path, {"marked_at": time.time(), **(note or {})})
+    return path
+
+
+def is_best(storage: Storage, step_dir: str) -> bool:
+    return storage.exists(storage.path(step_dir.rstrip("/").rsplit("/", 1)[-1], BEST))
