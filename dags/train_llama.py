@@ -105,6 +105,9 @@ with DAG(
             [], type="array", items={"type": "string"}, description="Zones to consider (empty: all)."
         ),
         "kubernetes": Param({}, type="object", description="Pods of the kubernetes backend (image, namespace...)."),
+        "registry_uri": Param(
+            "", type="string", description="Where the best model is recorded and exported (empty: " + REGISTRY + ")."
+        ),
     },
 ) as dag:
     spot_price = SpotPriceSensor(
@@ -192,7 +195,7 @@ with DAG(
         task_id="evaluate",
         checkpoint_uri=CHECKPOINT_URI,
         step="{{ ti.xcom_pull(task_ids='validate')['step'] }}",
-        registry_uri=REGISTRY,
+        registry_uri="{{ params.registry_uri or '" + REGISTRY + "' }}",
         asset=BEST_MODEL,
         backend="{{ params.backend }}",
         kubernetes="{{ params.kubernetes or None }}",

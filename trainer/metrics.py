@@ -49,6 +49,9 @@ TRAINING_METRICS: tuple[str, ...] = (
     "gpu.power_w",             # NVML: board power draw, W
     "gpu.temperature_c",       # NVML: GPU core temperature, °C
     "checkpoint.seconds",      # wall time of the last checkpoint save
+    "checkpoint.blocked_seconds",  # of which training was held up (async: the copy to host memory)
+    "cost.dollars",            # cumulative spend of the job over all attempts (manifest cost ledger)
+    "cost.gpu_hours",          # cumulative GPU-hours of the job over all attempts
 )
 """Every statsd metric the trainer emits, relative to the prefix: the full name is
 ``f"{prefix}.{name}"`` (prefix "dtrain" by default: ``dtrain.train.loss``). All are gauges."""
@@ -59,17 +62,20 @@ TRAINING_METRICS: tuple[str, ...] = (
 #   H100 SXM / H200 (SXM) / GH200: 1,979 TFLOPS sparse -> 989 dense (H100, H200 datasheets)
 #   H100 PCIe: 1,513 sparse -> 756;  H100 NVL: 1,671 sparse -> 835 (H100 datasheet)
 #   A100 (SXM and PCIe): 312 dense (A100 datasheet)
-#   L40S: 733 sparse -> 366 (L40S datasheet);  L4: 242 sparse -> 121 (L4 datasheet)
+#   H200 NVL: 1,671 sparse -> 835 (H200 datasheet);  B200: 4.5 PFLOPS sparse -> 2,250 (HGX B200)
+#   L40S: 362 dense, 733 sparse (L40S datasheet);  L4: 242 sparse -> 121 (L4 datasheet)
 #   A10 / A10G: 250 sparse -> 125 (A10 datasheet; AWS's A10G is quoted at the same tensor peak)
 # Boost clocks are assumed: a GPU held at lower clocks by its power limit shows a lower MFU.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756e12),
     ("H100 NVL", 835e12),
     ("H100", 989e12),
-    ("H200", 989e12),
+    ("H200 NVL", 835e12),
     ("GH200", 989e12),
+    ("H200", 989e12),
+    ("B200", 2250e12),
     ("A100", 312e12),
-    ("L40S", 366e12),
+    ("L40S", 362e12),
     ("L4", 121e12),
     ("A10", 125e12),
 )

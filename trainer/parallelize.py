@@ -87,7 +87,7 @@ def apply_ac(model: Llama, cfg: ParallelConfig) -> None:
     for i, layer in enumerate(model.layers):
         if mode == "full" or (mode == "selective" and every >= 1 and i % every == 0):
             layer.checkpoint_activations = True  # keep only the block's input
-        elif mode == "selective":  # op-level
+        elif mode == "selective" and every == 0:  # op-level
             layer.checkpoint_activations = True
             layer.ac_context_fn = op_level_ac_context
 

@@ -30,7 +30,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "train_llama"
-TASK_ID = "train"
+TASK_ID = "train_spot"  # the budget branch chooses spot at the local backend's default prices
+PUBLISH_DAG_ID = "publish_llama"  # scheduled on the asset a promotion updates
 STEPS = 20
 RUN_CONF = {
     "num_nodes": 2,  # two torchrun agents: a real rendezvous
@@ -297,6 +298,7 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
     airflow.cli("dags", "trigger", DAG_ID, "--run-id", run_id, "--logical-date", logical_date,
                 "--conf", json.dumps(RUN_CONF), "-o", "json")  # fmt: skip
     airflow.cli("dags", "unpause", DAG_ID, "--yes")
+    airflow.cli("dags", "unpause", PUBLISH_DAG_ID, "--yes")
 
     # 4. Wait for the run to end. Polled through the REST API, which costs the api-server a
     #    query; an `airflow` CLI call costs seconds of CPU that the training ranks need on a
@@ -329,10 +331,27 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
     assert summary["final_step"] == STEPS, f"{summary}\n{airflow.diagnostics()}"
     assert summary["preemptions"] == 0, summary
 
-    # checkpoint_uri is empty: checkpoints go to <local state dir>/../checkpoints/<group base>/
-    summaries = sorted((airflow.tmp_path / "dtrain" / "checkpoints").glob("*/summary.json"))
+    # checkpoint_uri is empty: checkpoints go to $AIRFLOW_HOME/dtrain/checkpoints/train_llama/<run id>/
+    summaries = sorted((airflow.home / "dtrain" / "checkpoints").rglob("summary.json"))
     assert len(summaries) == 1, f"summary.json files: {summaries}\n{airflow.diagnostics()}"
     assert json.loads(summaries[0].read_text()) == summary
     assert Path(summary["latest_checkpoint"]).parent == summaries[0].parent, summary
+
+    # 6. The evaluation promoted the checkpoint (the first is always the best so far), which
+    #    updated the asset; the scheduler then ran publish_llama on its own.
+    def published() -> dict | None:
+        response = airflow.get(f"/api/v2/dags/{PUBLISH_DAG_ID}/dagRuns")
+        if response is None or response.status_code != 200:
+            return None
+        runs = response.json().get("dag_runs", [])
+        failed = [r for r in runs if r.get("state") == "failed"]
+        assert not failed, f"{PUBLISH_DAG_ID} failed: {failed}\n{airflow.diagnostics()}"
+        done = [r for r in runs if r.get("state") == "success"]
+        return done[0] if done else None
+
+    publish_run = _wait_for(f"{PUBLISH_DAG_ID} to run on the promoted model", airflow, 180, published, interval=3.0)
+    assert publish_run["run_type"] == "asset_triggered", publish_run
+    card = airflow.home / "dtrain" / "models" / "train_llama" / "published" / "latest" / "MODEL_CARD.md"
+    assert card.is_file(), f"no model card at {card}\n{airflow.diagnostics()}"
 
     print(f"train_llama run {run_id} succeeded in {time.monotonic() - started:.0f}s: {summary}")

@@ -42,7 +42,7 @@ def uninterrupted(data_dir, tmp_path_factory):
         (["--set", "optim.lrr=1"], {}, "optim.lrr: unknown key"),
         (["--set", "optim.lr=-1"], {}, "optim.lr: must be > 0, got -1.0"),
         (["--checkpoint-uri", "ftp://host/x"], {}, "checkpoint.uri"),
-        (["--checkpoint-uri", "s3://bucket/run"], {}, "checkpoint.uri: s3:// is not supported by this trainer yet"),
+        (["--checkpoint-uri", "s3://x/run"], {}, "checkpoint.uri: s3 URI needs a valid bucket"),
         (["--set", "micro_batch_size=4"], {"WORLD_SIZE": "3"},
          "global_batch_size 8 is not divisible by world size 3 × micro_batch_size 4"),
         (["--set", "data.dataset=/no/such/dir"], {}, "data.dataset: '/no/such/dir' is not"),

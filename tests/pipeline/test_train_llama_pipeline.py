@@ -1,0 +1,166 @@
+"""The train_llama pipeline end to end through a real Airflow (dag.test(), sqlite), real torchrun
+processes, and a real UDP statsd listener."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+from airflow.exceptions import ParamValidationError
+from airflow.utils.state import DagRunState, TaskInstanceState
+
+from airflow_dtrain import metrics as orchestration
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.torchrun
+
+
+@pytest.fixture
+def dags(airflow_home):
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return bag.dags
+
+
+class StatsdListener:
+    """A real UDP socket on 127.0.0.1 collecting statsd lines."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65535)
+            except TimeoutError:
+                continue
+            self.lines.extend(data.decode().splitlines())
+
+    def names(self) -> set[str]:
+        return {line.split(":", 1)[0] for line in self.lines}
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def _states(run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(dags, tmp_path, monkeypatch):
+    listener = StatsdListener()
+    monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_HOST", "127.0.0.1")
+    monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_PORT", str(listener.port))
+    orchestration.reset()
+    ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
+    try:
+        # the defaults, but our own directories (the default ones are shared by the session)
+        run = dags["train_llama"].test(run_conf={"checkpoint_uri": str(ckpt), "registry_uri": str(registry)})
+    finally:
+        listener.close()
+        orchestration.reset()
+
+    states = _states(run)
+    assert run.state == DagRunState.SUCCESS, states
+    assert states["train_spot"] == TaskInstanceState.SUCCESS
+    assert states["train_on_demand"] == TaskInstanceState.SKIPPED
+    assert states["wait"] == states["stop"] == TaskInstanceState.SKIPPED
+    assert states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS
+
+    summary = json.loads((ckpt / "summary.json").read_text())
+    assert summary["final_step"] == 60
+    assert summary["preemptions"] == 1 and summary["steps_lost"] == 0
+    assert summary["dollars"] > 0, "the local price is charged to the ledger"
+
+    best = json.loads((registry / "best.json").read_text())
+    assert best["step"] == 60 and best["loss"] < 3.0
+    assert (ckpt / "report.png").stat().st_size > 10_000
+    assert (Path(best["checkpoint"]) / "BEST").is_file()
+
+    # the promoted checkpoint loads, as a user would load it
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlamaForCausalLM.from_pretrained(best["export"])
+    assert sum(p.numel() for p in model.parameters()) > 1_000_000
+
+    seen = listener.names()
+    for name in ("train.loss", "train.tokens_per_s", "train.mfu", "train.grad_norm", "checkpoint.seconds",
+                 "spot.price_per_hour", "budget.decision.spot", "group.launches", "group.preemptions",
+                 "group.recovery_seconds", "cost.dollars_spent", "eval.loss", "checkpoint.promotions"):  # fmt: skip
+        assert f"dtrain.{name}" in seen, f"dtrain.{name} never arrived; got {sorted(seen)}"
+
+
+def test_budget_too_small_ends_in_the_stop_branch_without_training(dags, tmp_path):
+    run = dags["train_llama"].test(
+        run_conf={"budget_usd": 0.0001, "checkpoint_uri": str(tmp_path / "ckpt"), "registry_uri": str(tmp_path / "r")}
+    )
+    states = _states(run)
+    assert states["stop"] == TaskInstanceState.SUCCESS
+    assert states["train_spot"] == states["train_on_demand"] == TaskInstanceState.SKIPPED
+    assert states["validate"] == states["evaluate"] == TaskInstanceState.SKIPPED
+    decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
+    assert decision["choice"] == "stop" and "over budget" in decision["reason"]
+    assert not (tmp_path / "ckpt").exists(), "nothing may train or be saved"
+
+
+def test_price_above_the_maximum_waits(dags, tmp_path):
+    run = dags["train_llama"].test(
+        run_conf={"local_spot_price": 2.0, "max_price": 1.0, "checkpoint_uri": str(tmp_path / "ckpt"),
+                  "registry_uri": str(tmp_path / "r")}  # fmt: skip
+    )
+    states = _states(run)
+    assert states["wait"] == TaskInstanceState.SUCCESS
+    assert states["train_spot"] == states["train_on_demand"] == states["stop"] == TaskInstanceState.SKIPPED
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        ({"flavor": "tiny"}, "flavor"),
+        ({"num_nodes": 0}, "num_nodes"),
+        ({"budget_usd": -1}, "budget_usd"),
+        ({"checkpoint_uri": "ftp://host/ckpt"}, "checkpoint_uri"),
+        ({"checkpoint_uri": "s3://"}, "checkpoint_uri"),
+    ],
+)
+def test_bad_trigger_form_input_fails_before_any_process_starts(dags, tmp_path, monkeypatch, conf, field):
+    state_dir = tmp_path / "groups"
+    monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(state_dir))
+    with pytest.raises(ParamValidationError, match=field):
+        dags["train_llama"].test(run_conf=conf)
+    assert not state_dir.exists(), "no group may be launched"
+
+
+def test_sweep_trains_every_config_behind_one_budget_check(dags, tmp_path):
+    run = dags["sweep_llama"].test(run_conf={"learning_rates": [1e-3, 3e-3], "steps": 8, "sweep_root": str(tmp_path)})
+    assert run.state == DagRunState.SUCCESS, _states(run)
+    result = run.get_task_instance("best").xcom_pull(task_ids="best")
+    assert [r["lr"] for r in result["runs"]] == [1e-3, 3e-3]
+    assert all(r["final_step"] == 8 for r in result["runs"])
+    assert result["best"]["final_loss"] == min(r["final_loss"] for r in result["runs"])
+
+
+def test_sweep_over_budget_as_a_whole_starts_nothing(dags, tmp_path):
+    # one config would fit, the sweep of four does not: 4 × 200 steps × 0.5 s × $0.5/h = $0.056 > $0.03
+    run = dags["sweep_llama"].test(
+        run_conf={"learning_rates": [1e-3, 2e-3, 3e-3, 4e-3], "steps": 200, "budget_usd": 0.03,
+                  "sweep_root": str(tmp_path)}  # fmt: skip
+    )
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states["over_budget"] == TaskInstanceState.SUCCESS
+    assert states["train"] == TaskInstanceState.SKIPPED
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,197 @@
+"""Is a committed checkpoint sound? ``validate_checkpoint`` and ``python -m trainer.validate URI``.
+
+Checks, in order (the names are those a failure reports):
+
+* ``manifest``      manifest.json exists, parses, has the commit fields, and its step is the directory's
+* ``presence``      every file the manifest lists exists
+* ``size``          ... has the size the manifest records
+* ``sha256``        ... and the checksum
+* ``dcp_metadata``  DCP's .metadata loads and every file it points into is in the manifest
+* ``step_forward``  the step is past the previous checkpoint's (or ``previous_step``)
+* ``finite``        a sample of floating-point tensors holds no NaN/Inf
+
+A failure raises CheckpointInvalid, whose message names the checkpoint, the check and
+the file (or tensor). Standard library only at module level: torch is imported for the
+last two checks only, so the Airflow operator module that imports this stays light.
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+import warnings
+
+from trainer.storage import MANIFEST, STEP_DIR, Storage, committed_checkpoints, split_checkpoint_uri
+
+_REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
+
+
+class CheckpointInvalid(ValueError):
+    """A checkpoint failed a check; ``checkpoint``, ``check`` and ``file`` say which, where."""
+
+    def __init__(self, checkpoint: str, check: str, file: str, detail: str):
+        self.checkpoint, self.check, self.file, self.detail = checkpoint, check, file, detail
+        super().__init__(f"checkpoint {checkpoint}: check {check!r} failed for {file}: {detail}")
+
+    def to_dict(self) -> dict:
+        return {"checkpoint": self.checkpoint, "check": self.check, "file": self.file, "detail": self.detail}
+
+
+def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, sample_tensors: int | None = 8,
+                        fallback_to_valid: bool = False) -> dict:
+    """Validate a step directory, or the latest committed checkpoint under a root.
+
+    :param path_or_root: a step directory (``.../step-00000050``) or a checkpoint root; local or ``s3://``.
+    :param previous_step: the step must be greater; default: the committed checkpoint before it, if any.
+    :param sample_tensors: floating-point tensors to load and check for NaN/Inf (evenly spread over
+        the model and optimizer state); None checks them all.
+    :param fallback_to_valid: on a failure, try the next older committed checkpoint, and return
+        the newest valid one; its report lists the ones skipped under ``fell_back_from``.
+    :return: ``{"checkpoint", "step", "valid": True, "checks": {...}, "fell_back_from": [...]}``.
+    """
+    storage, step_dir = split_checkpoint_uri(path_or_root)
+    committed = committed_checkpoints(storage)
+    if step_dir is None:
+        if not committed:
+            raise CheckpointInvalid(storage.root, "manifest", MANIFEST, "no committed checkpoint (step-*/manifest.json)")
+        candidates = [p for _, p in reversed(committed)]
+    else:
+        name = step_dir.rsplit("/", 1)[-1]
+        step = int(STEP_DIR.match(name).group(1))
+        candidates = [step_dir] + [p for s, p in reversed(committed) if s < step]
+    steps = {p: s for s, p in committed}
+    skipped: list[dict] = []
+    for path in candidates if fallback_to_valid else candidates[:1]:
+        prev = previous_step
+        if prev is None:
+            mine = steps.get(path, _dir_step(path))
+            prev = max((s for s in steps.values() if s < mine), default=None)
+        try:
+            report = _validate_one(storage, path, prev, sample_tensors)
+        except CheckpointInvalid as err:
+            if not fallback_to_valid:
+                raise
+            skipped.append(err.to_dict())
+            continue
+        report["fell_back_from"] = skipped
+        return report
+    detail = "; ".join(f"{s['checkpoint']}: {s['check']} ({s['file']})" for s in skipped)
+    raise CheckpointInvalid(path_or_root, "fallback", "every committed checkpoint", f"none is valid: {detail}")
+
+
+def _dir_step(path: str) -> int:
+    return int(STEP_DIR.match(path.rstrip("/").rsplit("/", 1)[-1]).group(1))
+
+
+def _validate_one(storage: Storage, path: str, previous_step: int | None, sample_tensors: int | None) -> dict:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    checks: dict = {}
+
+    # -- manifest
+    manifest_path = storage.path(name, MANIFEST)
+    if not storage.exists(manifest_path):
+        raise CheckpointInvalid(path, "manifest", MANIFEST, "missing: the save was never committed")
+    try:
+        manifest = storage.read_json(manifest_path)
+    except ValueError as err:
+        raise CheckpointInvalid(path, "manifest", MANIFEST, f"not valid JSON: {err}") from None
+    missing = [k for k in _REQUIRED if k not in manifest]
+    if missing:
+        raise CheckpointInvalid(path, "manifest", MANIFEST, f"lacks {', '.join(missing)}")
+    if manifest["step"] != _dir_step(path):
+        raise CheckpointInvalid(path, "manifest", MANIFEST, f"says step {manifest['step']}, the directory is {name}")
+    checks["manifest"] = "ok"
+
+    # -- files: presence, size, checksum
+    total = 0
+    for file, entry in sorted(manifest["files"].items()):
+        size = storage.size(storage.path(name, file))
+        if size is None:
+            raise CheckpointInvalid(path, "presence", file, "listed in the manifest but missing")
+        if size != entry["size"]:
+            raise CheckpointInvalid(path, "size", file, f"{size} bytes, the manifest says {entry['size']}")
+        digest = hashlib.sha256()
+        with storage.open(storage.path(name, file), "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+        if digest.hexdigest() != entry["sha256"]:
+            raise CheckpointInvalid(path, "sha256", file,
+                                    f"sha256 {digest.hexdigest()[:16]}..., the manifest says {entry['sha256'][:16]}...")
+        total += size
+    checks["files"] = {"count": len(manifest["files"]), "bytes": total}
+
+    # -- DCP metadata
+    from trainer.checkpoint import storage_reader  # torch from here on
+
+    try:
+        metadata = storage_reader(storage, path).read_metadata()
+    except Exception as err:  # a truncated or foreign .metadata: any unpickling error
+        raise CheckpointInvalid(path, "dcp_metadata", ".metadata", f"does not load: {type(err).__name__}: {err}") from None
+    referenced = {info.relative_path for info in (metadata.storage_data or {}).values()}
+    unlisted = sorted(referenced - set(manifest["files"]))
+    if unlisted:
+        raise CheckpointInvalid(path, "dcp_metadata", unlisted[0], "holds tensors but is not in the manifest")
+    checks["dcp_metadata"] = {"entries": len(metadata.state_dict_metadata)}
+
+    # -- progress
+    if previous_step is not None:
+        if manifest["step"] <= previous_step:
+            raise CheckpointInvalid(path, "step_forward", MANIFEST,
+                                    f"step {manifest['step']} did not move past the previous checkpoint's {previous_step}")
+        checks["step_forward"] = {"previous_step": previous_step}
+    else:
+        checks["step_forward"] = "first checkpoint"
+
+    # -- finite tensors
+    checks["finite"] = {"sampled": _check_finite(storage, path, metadata, sample_tensors)}
+    return {"checkpoint": path, "step": manifest["step"], "valid": True, "checks": checks,
+            "tokens_seen": manifest.get("tokens_seen"), "world_size": manifest.get("world_size")}
+
+
+def _check_finite(storage: Storage, path: str, metadata, sample_tensors: int | None) -> list[str]:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from trainer.checkpoint import storage_reader
+
+    keys = sorted(k for k, m in metadata.state_dict_metadata.items()
+                  if isinstance(m, TensorStorageMetadata) and m.properties.dtype.is_floating_point)
+    if sample_tensors is not None and sample_tensors < len(keys):
+        # evenly spread, so both the model and the optimizer moments are looked at
+        keys = [keys[i * len(keys) // sample_tensors] for i in range(sample_tensors)] if sample_tensors else []
+    if not keys:
+        return []
+    # Flat keys are the FQNs DCP stored ("model.norm.weight", "optim.state.norm.weight.exp_avg"):
+    # a flat dict of full-size tensors loads them whatever the world size that saved them.
+    state = {k: torch.empty(metadata.state_dict_metadata[k].size, dtype=metadata.state_dict_metadata[k].properties.dtype)
+             for k in keys}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=storage_reader(storage, path), no_dist=True)
+    for key in keys:
+        bad = (~torch.isfinite(state[key])).sum().item()
+        if bad:
+            raise CheckpointInvalid(path, "finite", f"tensor {key}", f"{bad} of {state[key].numel()} values are NaN/Inf")
+    return keys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.validate", description=__doc__.split("\n\n")[0])
+    p.add_argument("uri", help="a checkpoint root (its latest committed checkpoint) or a step directory")
+    p.add_argument("--previous-step", type=int)
+    p.add_argument("--sample-tensors", type=int, default=8, help="-1: all")
+    p.add_argument("--fallback", action="store_true", help="report the newest valid checkpoint instead of failing")
+    args = p.parse_args(argv)
+    try:
+        report = validate_checkpoint(args.uri, previous_step=args.previous_step, fallback_to_valid=args.fallback,
+                                     sample_tensors=None if args.sample_tensors < 0 else args.sample_tensors)
+    except (CheckpointInvalid, FileNotFoundError) as err:
+        print(f"invalid: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
