@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import DAG, Param, task
-from airflow.sdk.definitions.trigger_rule import TriggerRule
+from airflow.sdk import DAG, Param, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
 

@@ -30,8 +30,7 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import DAG, Asset, Param, task
-from airflow.sdk.definitions.trigger_rule import TriggerRule
+from airflow.sdk import DAG, Asset, Param, TriggerRule, task
 
 from airflow_dtrain import (
     BudgetBranchOperator,
@@ -45,7 +44,9 @@ FLAVORS = ["debug", "llama3_1b", "llama3_3b", "llama3_8b"]
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
 REGISTRY = os.path.join(_HOME, "dtrain", "models", "train_llama")
-BEST_MODEL = Asset(name="train_llama_best_model", uri="dtrain://train_llama/best-model")
+# Name only: a URI with a scheme makes Airflow load every provider's URI handlers (boto3 among
+# them) while parsing this file.
+BEST_MODEL = Asset(name="train_llama_best_model")
 
 # One checkpoint directory per run, unless the trigger form names one (e.g. to continue a run).
 CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ run_id | replace(':', '-') | replace('+', '-') }}"
