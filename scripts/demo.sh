@@ -15,22 +15,33 @@ echo "==> Airflow home: $AIRFLOW_HOME (sqlite)"
 "$AIRFLOW" db migrate > "$DEMO_HOME/db-migrate.log" 2>&1
 start=$(date +%s)
 echo "==> airflow dags test train_llama (2 nodes x 1 process, debug flavour, a simulated preemption)"
+set +e
 "$AIRFLOW" dags test train_llama 2>&1 | tee "$DEMO_HOME/train_llama.log"
 status=${PIPESTATUS[0]}
+set -e
 elapsed=$(( $(date +%s) - start ))
-summary=$(ls -t "$AIRFLOW_HOME"/dtrain/checkpoints/*/summary.json 2>/dev/null | head -n 1 || true)
+summary=$(ls -t "$AIRFLOW_HOME"/dtrain/checkpoints/train_llama/*/summary.json 2>/dev/null | head -n 1 || true)
 if [ "$status" -ne 0 ] || [ -z "$summary" ]; then
   echo "==> train_llama FAILED after ${elapsed}s; full log: $DEMO_HOME/train_llama.log" >&2
   exit 1
 fi
 echo
+echo "==> What happened (from the task logs):"
+grep -E 'Decision: |simulating preemption|"reason": "preemption"|"event": "preempted"|relaunching from|"event": "resume"|Held-out loss|Promoted|Not promoted' \
+  "$DEMO_HOME/train_llama.log" | sed -E 's/^[0-9TZ:.-]+ \[[a-z ]+\] //; s/ \[airflow[^]]*\].*$//' | cut -c1-200 | sed 's/^/    /' || true
+echo
 echo "==> train_llama succeeded in ${elapsed}s"
 echo "    run summary:  $summary"
-"$PY" - "$summary" <<'PYEOF'
-import json, sys
+"$PY" - "$summary" "$AIRFLOW_HOME/dtrain/models/train_llama/best.json" <<'PYEOF'
+import json, os, sys
 s = json.load(open(sys.argv[1]))
 print("    checkpoint:   %s" % s["latest_checkpoint"])
-print("    final step %s, final loss %.4f, tokens seen %s, preemptions %s, steps lost %s"
-      % (s["final_step"], s["final_loss"], s["tokens_seen"], s["preemptions"], s["steps_lost"]))
+print("    final step %s, final loss %.4f, tokens seen %s, preemptions %s, steps lost %s, cost $%.4f"
+      % (s["final_step"], s["final_loss"], s["tokens_seen"], s["preemptions"], s["steps_lost"], s.get("dollars", 0)))
+print("    loss curves:  %s" % os.path.join(os.path.dirname(sys.argv[1]), "report.png"))
+if os.path.exists(sys.argv[2]):
+    best = json.load(open(sys.argv[2]))
+    print("    best model:   held-out loss %.4f (perplexity %.2f) at step %s" % (best["loss"], best["perplexity"], best["step"]))
+    print("    exported to:  %s (Hugging Face safetensors)" % best["export"])
 PYEOF
 echo "    task log:     $DEMO_HOME/train_llama.log"

@@ -97,7 +97,8 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     assert sum(p.numel() for p in model.parameters()) > 1_000_000
 
     seen = listener.names()
-    for name in ("train.loss", "train.tokens_per_s", "train.mfu", "train.grad_norm", "checkpoint.seconds",
+    # (train.mfu and the gpu.* gauges need a GPU with a known peak: absent on this CPU run)
+    for name in ("train.loss", "train.tokens_per_s", "train.grad_norm", "checkpoint.seconds", "cost.dollars",
                  "spot.price_per_hour", "budget.decision.spot", "group.launches", "group.preemptions",
                  "group.recovery_seconds", "cost.dollars_spent", "eval.loss", "checkpoint.promotions"):  # fmt: skip
         assert f"dtrain.{name}" in seen, f"dtrain.{name} never arrived; got {sorted(seen)}"
