@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "BudgetBranchOperator": "airflow_dtrain.operators.budget_branch",
+    "CheckpointValidationOperator": "airflow_dtrain.operators.checkpoint_validation",
     "EvaluateCheckpointOperator": "airflow_dtrain.operators.evaluate_checkpoint",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
     "JobSpec": "airflow_dtrain.spec",
@@ -25,6 +26,7 @@ __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
     from airflow_dtrain.operators.budget_branch import BudgetBranchOperator
+    from airflow_dtrain.operators.checkpoint_validation import CheckpointValidationOperator
     from airflow_dtrain.operators.evaluate_checkpoint import EvaluateCheckpointOperator
     from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
     from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor

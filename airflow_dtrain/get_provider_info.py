@@ -28,6 +28,7 @@ def get_provider_info() -> dict:
                 "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_dtrain.operators.budget_branch",
+                    "airflow_dtrain.operators.checkpoint_validation",
                     "airflow_dtrain.operators.evaluate_checkpoint",
                     "airflow_dtrain.operators.fsdp_train",
                 ],

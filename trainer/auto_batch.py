@@ -71,16 +71,40 @@ def probe(model: torch.nn.Module, micro_batch: int, micro_steps: int, seq_len: i
             del logits
         return True
     except torch.OutOfMemoryError:
+        _reset_fsdp(model)
         return False
     finally:
         del reserve
         _set_grad_sync(model, True)
         model.zero_grad(set_to_none=True)
-        for m in model.modules():  # an OOM mid-forward leaves blocks gathered
-            if isinstance(m, FSDPModule):
-                m.reshard()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _reset_fsdp(model: torch.nn.Module) -> None:
+    """Bring FSDP2 back to idle after an exception inside forward or backward.
+
+    An OOM mid-backward leaves the blocks in their pre-backward state, so the next backward
+    would not reduce-scatter their gradients. FSDP2 resets that state in the callback it
+    queues at the end of every backward, which the exception skipped: run it here (it is
+    private API, so only where it exists), then reshard whatever is still gathered.
+    """
+    root = model._get_fsdp_state() if isinstance(model, FSDPModule) else None
+    if root is not None and hasattr(root, "_root_post_backward_final_callback"):
+        root._root_post_backward_final_callback()
+    for m in model.modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        m.reshard()
+        # Blocks whose backward finished while gradient sync was off hold their gradients
+        # unsharded, where zero_grad() does not reach: the next step would add them in.
+        state = m._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+        for group in filter(None, groups):
+            for fsdp_param in group.fsdp_params:
+                fsdp_param.unsharded_accumulated_grad = None
+                if hasattr(fsdp_param, "_unsharded_param"):
+                    fsdp_param._unsharded_param.grad = None
 
 
 def fit_micro_batch_size(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, world_size: int,

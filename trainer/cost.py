@@ -51,8 +51,8 @@ class CostLedger:
         mine["gpu_hours"] += node_hours * self.gpus_per_node
         mine["dollars"] += node_hours * self.price
         for c in CAPACITY_TYPES:
-            out[c] = {k: round(v, 6) for k, v in out[c].items()}
-        out["total_dollars"] = round(sum(out[c]["dollars"] for c in CAPACITY_TYPES), 6)
+            out[c] = {k: round(v, 9) for k, v in out[c].items()}
+        out["total_dollars"] = round(sum(out[c]["dollars"] for c in CAPACITY_TYPES), 9)
         return out
 
     # -- step time ---------------------------------------------------------------------

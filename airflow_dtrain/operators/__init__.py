@@ -7,6 +7,7 @@ from typing import Any
 
 _LAZY = {
     "BudgetBranchOperator": "airflow_dtrain.operators.budget_branch",
+    "CheckpointValidationOperator": "airflow_dtrain.operators.checkpoint_validation",
     "EvaluateCheckpointOperator": "airflow_dtrain.operators.evaluate_checkpoint",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
 }

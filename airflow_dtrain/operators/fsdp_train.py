@@ -413,6 +413,7 @@ def read_progress(checkpoint_uri: str) -> dict[str, Any]:
 
     path = checkpoint_uri.rstrip("/") + "/progress.json"
     fs, fs_path = fsspec.core.url_to_fs(path)
+    fs.invalidate_cache(fs_path)  # the instance is shared and s3fs caches listings: see the file as it is now
     if not fs.exists(fs_path):
         return {}
     with fs.open(fs_path, "r") as fh:

@@ -72,6 +72,7 @@ def _fs(uri: str):
 def latest_manifest(checkpoint_uri: str) -> tuple[str, dict[str, Any]] | None:
     """(directory, manifest) of the latest committed checkpoint under ``checkpoint_uri``, or None."""
     fs, root = _fs(checkpoint_uri.rstrip("/"))
+    fs.invalidate_cache(root)  # a shared s3fs instance would list the step directories it saw last time
     if not fs.exists(root):
         return None
     steps = []

@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from trainer.metrics import TRAINING_METRICS
 from conftest import (FAST, REPO, load_checkpoint_tensors, read_json, run_and_signal, run_trainer, run_with_signals,
                       sigterm, trainer_env, worker_pids)
 
@@ -105,9 +106,13 @@ def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(dat
         while True:
             gauges.append(statsd.recv(1024).decode())
     statsd.close()
-    losses = [float(g.split(":")[1].split("|")[0]) for g in gauges if g.startswith("dtrain.loss:")]
+    losses = [float(g.split(":")[1].split("|")[0]) for g in gauges if g.startswith("dtrain.train.loss:")]
     assert losses == [e["loss"] for e in run.of("train")]
-    assert any(g.startswith("dtrain.checkpoint_seconds:") for g in gauges)
+    assert any(g.startswith("dtrain.checkpoint.seconds:") for g in gauges)
+    # One naming scheme: every gauge is <prefix>.<a name of TRAINING_METRICS>, which the dashboards use.
+    names = {g.split(":")[0] for g in gauges}
+    assert {f"dtrain.train.{n}" for n in ("loss", "grad_norm", "lr", "tokens_per_s", "peak_mem_mb", "step")} <= names
+    assert names <= {f"dtrain.{n}" for n in TRAINING_METRICS}, names - {f"dtrain.{n}" for n in TRAINING_METRICS}
 
     # The same directory cannot be resumed by another model: refused before building it.
     other = run_trainer([*FAST, "--steps", "8", "--checkpoint-uri", str(ckpt), "--flavor", "llama3_1b"], data_dir)

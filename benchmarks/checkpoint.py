@@ -1,0 +1,151 @@
+"""Checkpoint throughput against the disk's own bandwidth, and the stall of an async save.
+
+    python benchmarks/checkpoint.py [--mb 200] [--dir DIR] [--rounds 3]
+
+One process (a 1-rank gloo group), the trainer's real Checkpointer (get_state_dict, DCP
+FileSystemWriter with fsync, sha256 of every file, manifest), on a model of stacked
+Linear layers holding --mb MiB of fp32 weights plus AdamW's two moments (3 × mb on disk).
+Measured side by side in each round, on the same directory's filesystem:
+
+* disk write:  the same number of bytes written to one file in 8 MiB blocks, then fsync
+* disk read:   that file read back (page cache not dropped: see RESULTS.md)
+* sync save:   Checkpointer.save(blocking=True): write + fsync + sha256 + manifest
+* DCP write:   the same save without our hashing and manifest (dcp.save alone)
+* load:        Checkpointer.load of that checkpoint
+* async stall: Checkpointer.save(blocking=False): how long the training loop is held up
+
+Targets: sync save >= 70% of disk write bandwidth; async stall <= 10% of the sync save.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+from trainer.checkpoint import Checkpointer  # noqa: E402
+from trainer.config import CheckpointConfig  # noqa: E402
+
+
+class _Stateful:
+    def __init__(self):
+        self.position = 0
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def build(mb: int):
+    width = 1024
+    layers = max(1, mb * 2**20 // (width * width * 4))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, width)).sum().backward()
+    optimizer.step()  # materialise both moments
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    return model, optimizer, scheduler, _Stateful()
+
+
+def disk_write(path: str, nbytes: int) -> float:
+    block = os.urandom(8 << 20)
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        written = 0
+        while written < nbytes:
+            f.write(block)
+            written += len(block)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - start
+
+
+def disk_read(path: str) -> float:
+    start = time.perf_counter()
+    with open(path, "rb") as f:
+        while f.read(8 << 20):
+            pass
+    return time.perf_counter() - start
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mb", type=int, default=200, help="MiB of fp32 weights (the checkpoint is ~3x)")
+    p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
+    dist.init_process_group("gloo")
+    base = tempfile.mkdtemp(dir=args.dir, prefix="dtrain-ckpt-bench-")
+    model, optimizer, scheduler, data = build(args.mb)
+    fields = {"tokens_seen": 0, "wall_time_s": 0.0, "step_time_s": None, "cost": None}
+
+    def checkpointer(name: str, async_save: bool) -> Checkpointer:
+        cfg = CheckpointConfig(uri=os.path.join(base, name), keep=1, async_save=async_save)
+        return Checkpointer(cfg, flavor="bench", config={}, config_hash="0", rank=0, world_size=1)
+
+    rows = []
+    for r in range(args.rounds):
+        sync = checkpointer(f"sync{r}", False)
+        t = time.perf_counter()
+        path = sync.save(1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True)
+        sync_s = time.perf_counter() - t
+        nbytes = dir_bytes(path)
+
+        raw_dir = os.path.join(base, f"raw{r}")
+        t = time.perf_counter()
+        dcp.save(sync._state(model, optimizer, scheduler, data, 1), checkpoint_id=raw_dir)
+        dcp_s = time.perf_counter() - t
+
+        blob = os.path.join(base, f"disk{r}.bin")
+        write_s = disk_write(blob, nbytes)
+        read_s = disk_read(blob)
+
+        t = time.perf_counter()
+        sync.load(path, model, optimizer, scheduler, data)
+        load_s = time.perf_counter() - t
+
+        asy = checkpointer(f"async{r}", True)
+        t = time.perf_counter()
+        asy.save(1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench")
+        stall_s = time.perf_counter() - t
+        asy.wait()
+        async_total_s = time.perf_counter() - t
+        asy.close()
+        sync.close()
+        for d in (raw_dir, blob, sync.root, asy.root):
+            shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
+        rows.append(dict(bytes=nbytes, sync=sync_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
+                         stall=stall_s, async_total=async_total_s))
+        print(f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"), flush=True)
+
+    med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+    gb = med["bytes"] / 1e9
+    print(f"\ncheckpoint size: {med['bytes'] / 2**20:.0f} MiB ({args.rounds} rounds, medians), dir {base}")
+    print(f"disk write (fsync): {gb / med['write']:.2f} GB/s   disk read: {gb / med['read']:.2f} GB/s")
+    print(f"sync save (DCP + fsync + sha256 + manifest): {gb / med['sync']:.2f} GB/s = "
+          f"{med['write'] / med['sync']:.0%} of disk write  [target >= 70%]")
+    print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
+    print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
+    print(f"async stall: {med['stall']:.3f} s = {med['stall'] / med['sync']:.1%} of the sync save "
+          f"({med['sync']:.3f} s)  [target <= 10%]; async save to commit: {med['async_total']:.3f} s")
+    shutil.rmtree(base, ignore_errors=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

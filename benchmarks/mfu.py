@@ -1,0 +1,112 @@
+"""Tokens/s and MFU of the trainer's model on one GPU (the llama3_1b flavour by default).
+
+    python benchmarks/mfu.py                       # 1B, seq 2048, micro-batch 4, compile on, no AC
+    python benchmarks/mfu.py --ac selective --micro-batch 8 --no-compile
+    torchrun --nproc-per-node 1 benchmarks/mfu.py  # the same, under torchrun
+    python benchmarks/mfu.py --flavor debug --allow-cpu --steps 2 --warmup 1 --seq-len 64   # smoke test on CPU
+
+What runs is the trainer's own step: the model built by trainer.train.build_model (FSDP2
+over this rank, bf16 parameters with fp32 gradient reduction and master weights),
+trainer.parallelize's AdamW (fused on CUDA) and trainer.train.train_step, on random tokens
+(no data loading), after --warmup steps (compilation, allocator). MFU is
+tokens/s × trainer.metrics.flops_per_token ÷ the GPU's dense bf16 peak from
+trainer.metrics.PEAK_BF16_FLOPS (989 TFLOP/s for an H100 SXM). Without a GPU it exits 2
+with a message, unless --allow-cpu (a check that the script runs; no MFU).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from trainer.config import TrainConfig  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--flavor", default="llama3_1b")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--accum", type=int, default=1, help="micro-steps per optimizer step")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--ac", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--selective-ac-every", type=int, default=0)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--allow-cpu", action="store_true")
+    args = p.parse_args()
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        print("benchmarks/mfu.py measures a GPU: torch.cuda.is_available() is False on this machine "
+              f"(torch {torch.__version__}). Not measured. (--allow-cpu runs it anyway, without MFU.)",
+              file=sys.stderr)
+        return 2
+
+    from trainer.metrics import flops_per_token, peak_flops
+    from trainer.train import build_model, setup_distributed, train_step
+    from trainer.parallelize import build_optimizer, build_scheduler
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg = TrainConfig.from_dict({
+        "model": {"flavor": args.flavor}, "data": {"seq_len": args.seq_len},
+        "steps": args.warmup + args.steps, "micro_batch_size": args.micro_batch,
+        "global_batch_size": args.micro_batch * args.accum * world,
+        "optim": {"warmup_steps": 0, "lr": 1e-5},
+        "parallel": {"activation_checkpointing": args.ac, "selective_ac_every": args.selective_ac_every,
+                     "compile": args.compile},
+    })
+    d = setup_distributed(cfg.parallel)
+    model = build_model(cfg, d)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)
+    vocab = model.args.vocab_size
+    g = torch.Generator(device=d.device).manual_seed(d.rank)
+    rows = torch.randint(0, vocab, (args.accum, args.micro_batch, args.seq_len + 1), device=d.device, generator=g)
+    micro_batches = [(r[:, :-1], r[:, 1:]) for r in rows]  # each (micro_batch, seq_len)
+
+    def sync():
+        if d.device.type == "cuda":
+            torch.cuda.synchronize(d.device)
+
+    for step in range(1, args.warmup + 1):
+        train_step(model, optimizer, scheduler, micro_batches, cfg, step, d.rank)
+    sync()
+    if d.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(d.device)
+    start = time.perf_counter()
+    for step in range(args.warmup + 1, args.warmup + args.steps + 1):
+        loss, _ = train_step(model, optimizer, scheduler, micro_batches, cfg, step, d.rank)
+    sync()
+    elapsed = time.perf_counter() - start
+
+    tokens_per_s = args.steps * cfg.global_batch_size * args.seq_len / elapsed
+    fpt = flops_per_token(model.args, model.num_params(exclude_embedding=True), args.seq_len)
+    peak = peak_flops(d.device)
+    if d.rank == 0:
+        name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
+        print(f"device {name} x {world}, torch {torch.__version__}, cuda {torch.version.cuda}")
+        print(f"flavour {args.flavor} ({model.num_params() / 1e9:.3f} B params), seq_len {args.seq_len}, "
+              f"micro-batch {args.micro_batch} x accum {args.accum} x {world} ranks, "
+              f"{'bf16 FSDP2 (fp32 reduce)' if d.device.type == 'cuda' else 'fp32 FSDP2'}, "
+              f"compile {args.compile}, AC {args.ac}"
+              + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")
+              + f", AdamW fused {d.device.type == 'cuda'}")
+        print(f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; last loss {loss:.3f}")
+        print(f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU); "
+              f"{fpt / 1e9:.2f} GFLOP/token (6N + attention)")
+        if peak:
+            mfu = tokens_per_s * fpt / (peak[1] * world)
+            print(f"MFU: {100 * mfu:.1f}% of {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU ({peak[0]})")
+        else:
+            print("MFU: n/a (no known bf16 peak for this device)")
+        if d.device.type == "cuda":
+            print(f"peak memory: {torch.cuda.max_memory_allocated(d.device) / 2**30:.1f} GiB")
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

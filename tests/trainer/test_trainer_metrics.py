@@ -1,0 +1,128 @@
+"""trainer.metrics: the names dashboards rely on, MFU, and GPU telemetry that is absent without a GPU."""
+
+import json
+import socket
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from trainer import metrics as m
+from trainer.config import MetricsConfig
+from trainer.metrics import TRAINING_METRICS, GpuTelemetry, Metrics, flops_per_token
+from trainer.model import ModelArgs
+
+
+def test_importing_metrics_does_not_import_torch():
+    # TRAINING_METRICS is read by the Airflow side (dashboards, their tests), which has no torch.
+    code = "import sys, trainer.metrics as m; print(len(m.TRAINING_METRICS), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(len(TRAINING_METRICS)), "False"]
+
+
+def test_training_metrics_are_one_dotted_scheme():
+    assert {"train.loss", "train.grad_norm", "train.lr", "train.tokens_per_s", "train.mfu", "train.peak_mem_mb",
+            "train.step", "gpu.utilization_pct", "gpu.memory_used_mb", "gpu.power_w", "gpu.temperature_c",
+            "checkpoint.seconds"} <= set(TRAINING_METRICS)
+    assert len(set(TRAINING_METRICS)) == len(TRAINING_METRICS)
+    assert all(n.count(".") == 1 and n.split(".")[0] in ("train", "gpu", "checkpoint", "cost") for n in TRAINING_METRICS)
+
+
+def _listen():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a real UDP listener standing in for statsd
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(2)
+    return sock
+
+
+def _received(sock) -> dict[str, float]:
+    sock.setblocking(False)
+    out = {}
+    while True:
+        try:
+            name, rest = sock.recv(1024).decode().split(":")
+        except BlockingIOError:
+            return out
+        out[name] = float(rest.split("|")[0])
+
+
+def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(capsys):
+    assert GpuTelemetry(torch.device("cpu")).read() == {}
+    assert GpuTelemetry(torch.device("cuda", 0)).read() == {}  # asked for a GPU that is not there: still quiet
+    sock = _listen()
+    metrics = Metrics(MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1], statsd_prefix="job7"),
+                      is_rank0=True, world_size=1, device=torch.device("cpu"), flops_per_token=1e6)
+    metrics.count_tokens(1000)
+    metrics.log_step(step=1, loss=2.5, grad_norm=0.5, lr=1e-3, force=True)
+    metrics.close()
+    [line] = capsys.readouterr().out.splitlines()
+    event = json.loads(line)
+    assert set(event) == {"event", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"}
+    assert event["mfu"] is None  # no known peak on CPU
+    gauges = _received(sock)
+    assert set(gauges) == {f"job7.train.{n}" for n in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "peak_mem_mb")}
+    assert gauges["job7.train.loss"] == 2.5
+
+
+class FakeNvml(types.SimpleNamespace):
+    """Stands in for pynvml (no GPU or driver here): fixed readings in NVML's units."""
+
+    NVML_TEMPERATURE_GPU = 0
+    NVMLError = RuntimeError
+
+    def __init__(self):
+        super().__init__(
+            nvmlInit=lambda: None,
+            nvmlDeviceGetHandleByUUID=lambda uuid: ("handle", uuid),
+            nvmlDeviceGetHandleByIndex=lambda i: ("handle", i),
+            nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=87),
+            nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=40 * 2**30),
+            nvmlDeviceGetPowerUsage=lambda h: 612_345,  # mW
+            nvmlDeviceGetTemperature=lambda h, sensor: 71,
+        )
+
+
+def test_on_a_gpu_mfu_and_nvml_readings_are_reported_in_the_documented_units(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(uuid="abc"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 3 * 2**30)
+    sock = _listen()
+    metrics = Metrics(MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1]),
+                      is_rank0=True, world_size=8, device=torch.device("cuda", 0), flops_per_token=8e9)
+    metrics._window_start -= 1.0  # a one-second window
+    metrics.count_tokens(400_000)
+    metrics.log_step(step=10, loss=2.0, grad_norm=1.0, lr=3e-4, force=True)
+    out, err = capsys.readouterr()
+    event = json.loads(out)
+    assert "989 TFLOP/s dense bf16" in err  # which peak MFU is against
+    tokens_per_s = event["tokens_per_s"]
+    assert tokens_per_s == pytest.approx(400_000, rel=0.01)
+    assert event["mfu"] == pytest.approx(tokens_per_s * 8e9 / (989e12 * 8), abs=1e-4)
+    assert event["peak_mem_mb"] == 3072.0
+    assert {k: event[k] for k in event if k.startswith("gpu_")} == {
+        "gpu_utilization_pct": 87, "gpu_memory_used_mb": 40960.0, "gpu_power_w": 612.3, "gpu_temperature_c": 71}
+    gauges = _received(sock)
+    assert gauges["dtrain.gpu.power_w"] == 612.3 and gauges["dtrain.train.mfu"] == event["mfu"]
+    assert set(gauges) == {f"dtrain.{n}" for n in TRAINING_METRICS if n.startswith(("train.", "gpu."))}
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H200", 989e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12),
+                                        ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GeForce RTX 3090", None)])
+def test_peak_flops_picks_the_most_specific_device_name(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+    found = m.peak_flops(torch.device("cuda", 0))
+    assert (found[1] if found else None) == peak
+
+
+def test_flops_per_token_counts_a_tied_output_projection_but_not_the_embedding_lookup():
+    args = ModelArgs.from_flavor("llama3_1b", 2048)  # tied
+    untied = ModelArgs(**{**args.__dict__, "tie_word_embeddings": False})
+    n_no_embedding = 1_000_000
+    tied_fpt, untied_fpt = (flops_per_token(a, n_no_embedding, 2048) for a in (args, untied))
+    attention = 12 * 16 * 2048 * 2048
+    assert untied_fpt == 6 * n_no_embedding + attention  # untied: lm_head is already in n_no_embedding
+    assert tied_fpt - untied_fpt == 6 * 128256 * 2048

@@ -1,0 +1,127 @@
+"""``python -m trainer.export --checkpoint-uri URI --out DIR [--dtype bfloat16]``
+
+Write a committed checkpoint as a Hugging Face model directory (config.json +
+safetensors) that ``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads. URI is
+a checkpoint root (its latest committed checkpoint) or a step directory, local or s3://.
+Our parameter names are HF's without its "model." prefix and rotary embeddings use its
+rotate-half layout (see trainer/model.py), so the weights map one to one.
+"""
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from trainer.checkpoint import storage_reader
+from trainer.config import FLAVORS, TrainConfig
+from trainer.storage import resolve_checkpoint
+
+SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
+
+
+def hf_config(cfg: TrainConfig, dtype: torch.dtype) -> dict:
+    f = FLAVORS[cfg.model.flavor]
+    rope = {"rope_type": "default", "rope_theta": f["rope_theta"]}
+    if f["rope_scaling"]:
+        rope = {"rope_type": "llama3", "rope_theta": f["rope_theta"], **f["rope_scaling"]}
+    # The trained context, or the scaled context of a published llama3 shape.
+    max_pos = cfg.data.seq_len
+    if f["rope_scaling"]:
+        max_pos = max(max_pos, int(f["rope_scaling"]["original_max_position_embeddings"] * f["rope_scaling"]["factor"]))
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": f["vocab_size"],
+        "hidden_size": f["dim"],
+        "intermediate_size": f["ffn_dim"],
+        "num_hidden_layers": f["n_layers"],
+        "num_attention_heads": f["n_heads"],
+        "num_key_value_heads": f["n_kv_heads"],
+        "head_dim": f["dim"] // f["n_heads"],
+        "hidden_act": "silu",
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": f["norm_eps"],
+        # transformers >= 5 reads rope_parameters; older releases rope_theta / rope_scaling
+        "rope_parameters": rope,
+        "rope_theta": f["rope_theta"],
+        "rope_scaling": ({"rope_type": "llama3", **f["rope_scaling"]} if f["rope_scaling"] else None),
+        "tie_word_embeddings": f["tie_word_embeddings"],
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+
+
+def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
+    """(full model tensors by our names, manifest, step directory) of a committed checkpoint, any world size."""
+    storage, step_dir, manifest = resolve_checkpoint(uri)
+    metadata = storage_reader(storage, step_dir).read_metadata()
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
+             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=storage_reader(storage, step_dir), no_dist=True)
+    return {k.removeprefix("model."): v for k, v in state.items()}, manifest, step_dir
+
+
+def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
+    """Write out/config.json and out/model*.safetensors; returns {"step", "checkpoint", "out", "files"}."""
+    from safetensors.torch import save_file
+
+    weights, manifest, step_dir = load_weights(uri)
+    cfg = TrainConfig.from_dict(manifest["config"])
+    dtype = dtype or next(iter(weights.values())).dtype
+    # HF: "model." + our name for the decoder, lm_head.weight at the top (absent when tied).
+    tensors = {(k if k == "lm_head.weight" else f"model.{k}"): v.to(dtype).contiguous() for k, v in weights.items()}
+    os.makedirs(out, exist_ok=True)
+    shards, current, size = [], {}, 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].numel() * tensors[name].element_size()
+        if current and size + nbytes > SHARD_BYTES:
+            shards.append(current)
+            current, size = {}, 0
+        current[name], size = tensors[name], size + nbytes
+    shards.append(current)
+    files = []
+    if len(shards) == 1:
+        files.append("model.safetensors")
+        save_file(shards[0], os.path.join(out, files[0]), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(out, fname), metadata={"format": "pt"})
+            weight_map.update({name: fname for name in shard})
+            files.append(fname)
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(hf_config(cfg, dtype), f, indent=2)
+    return {"step": manifest["step"], "checkpoint": step_dir, "out": os.path.abspath(out), "files": files}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint-uri", required=True, help="a checkpoint root (latest committed) or a step directory")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: as trained")
+    args = p.parse_args(argv)
+    try:
+        result = export(args.checkpoint_uri, args.out, getattr(torch, args.dtype) if args.dtype else None)
+    except FileNotFoundError as err:
+        print(f"export: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
