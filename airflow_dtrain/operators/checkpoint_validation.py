@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_dtrain import metrics
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -55,12 +57,18 @@ class CheckpointValidationOperator(BaseOperator):
         previous = None if self.previous_step in (None, "", "None") else int(self.previous_step)
         sample = None if self.sample_tensors in (None, "", "None") else int(self.sample_tensors)
         self.log.info("Validating the checkpoint at %s", self.checkpoint_uri)
-        report = validate_checkpoint(
-            self.checkpoint_uri,
-            previous_step=previous,
-            sample_tensors=sample,
-            fallback_to_valid=self.fallback_to_valid,
-        )
+        try:
+            report = validate_checkpoint(
+                self.checkpoint_uri,
+                previous_step=previous,
+                sample_tensors=sample,
+                fallback_to_valid=self.fallback_to_valid,
+            )
+        except Exception:
+            metrics.incr("checkpoint.validation_failures")
+            raise
+        if report["fell_back_from"]:
+            metrics.incr("checkpoint.validation_failures", len(report["fell_back_from"]))
         for skipped in report["fell_back_from"]:
             self.log.warning(
                 "Skipped %s: check %s failed for %s: %s",
