@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseBranchOperator
 
+from airflow_dtrain.templating import is_template
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -15,12 +17,6 @@ _NUMBERS = (
     "interruption_rate_per_hour", "max_interruption_rate_per_hour", "restart_overhead_s", "lost_work_s",
     "deadline_s", "waited_s", "max_wait_s", "wait_interval_s", "wait_target_price", "max_spot_price",
 )  # fmt: skip
-
-
-def _is_template(value: Any) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    return type(value).__module__.startswith("airflow.")
 
 
 class BudgetBranchOperator(BaseBranchOperator):
@@ -119,7 +115,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         out: dict[str, float | None] = {}
         for name in _NUMBERS:
             value = getattr(self, name)
-            if skip_templates and _is_template(value):
+            if skip_templates and is_template(value):
                 continue
             if value is None or value == "" or value == "None":
                 out[name] = None

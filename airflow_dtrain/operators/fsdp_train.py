@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
+from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, PodGroupLauncher, get_launcher, poll_group
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
-from airflow_dtrain import metrics
+from airflow_dtrain.templating import is_template
 from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event, observe_recovery
 
 if TYPE_CHECKING:
@@ -35,17 +36,6 @@ _GROUP_ARGUMENTS = (
 
 class TrainingFailed(RuntimeError):
     """The pod group failed (not preempted) or ran out of relaunches."""
-
-
-def _is_template(value: Any) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, dict):
-        return any(_is_template(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_is_template(v) for v in value)
-    # XComArg, MappedArgument and other lazy values resolve at run time
-    return type(value).__module__.startswith("airflow.")
 
 
 class TrainingDashboardLink(BaseOperatorLink):
@@ -183,10 +173,10 @@ class FSDPTrainOperator(BaseOperator):
         if skip_templates:
             defaults = {"num_nodes": 1, "procs_per_node": 1, "backend": "local", "max_preemptions": 3}
             arguments = {
-                k: (defaults.get(k) if _is_template(v) else v) for k, v in arguments.items()
+                k: (defaults.get(k) if is_template(v) else v) for k, v in arguments.items()
             }
             if arguments["backend"] != "local" and (
-                _is_template(self.kubernetes) or _is_template(self.checkpoint_uri)
+                is_template(self.kubernetes) or is_template(self.checkpoint_uri)
             ):
                 # what the backend requires of these is checked once they are rendered
                 arguments["backend"] = "local"

@@ -9,17 +9,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
 from airflow_dtrain.triggers.spot_price import SpotPriceTrigger
+from airflow_dtrain.templating import is_template
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-
-def _is_template(value: Any) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, (list, tuple)):
-        return any(_is_template(v) for v in value)
-    return type(value).__module__.startswith("airflow.")
 
 
 def _number(name: str, value: Any, *, low: float = 0.0, high: float | None = None) -> float | None:
@@ -108,7 +101,7 @@ class SpotPriceSensor(BaseSensorOperator):
         prefix = f"{type(self).__name__}(task_id={self.task_id!r}): "
 
         def skip(value: Any) -> bool:
-            return skip_templates and _is_template(value)
+            return skip_templates and is_template(value)
 
         try:
             if not skip(self.fixed_price_per_hour) and not skip(self.fixed_on_demand_price):
