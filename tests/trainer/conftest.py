@@ -7,8 +7,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,8 +67,11 @@ def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float):
     watchdog that kills the whole group after `timeout` seconds. stderr goes to a file:
     a full pipe would block the run while we read its stdout."""
     stderr = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(trainer_cmd(args, nproc), cwd=REPO, env=trainer_env(data_dir), text=True,
+    # torchrun starts each worker in a session of its own: a tag in the environment finds them all
+    env = {**trainer_env(data_dir), "DTRAIN_TEST_RUN": uuid.uuid4().hex}
+    proc = subprocess.Popen(trainer_cmd(args, nproc), cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    proc.dtrain_tag = env["DTRAIN_TEST_RUN"]
     watchdog = threading.Timer(timeout, _killpg, (proc,))
     watchdog.start()
     return proc, stderr, watchdog
@@ -77,6 +82,13 @@ def _killpg(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    tag = getattr(proc, "dtrain_tag", None)
+    for leftover in psutil.process_iter():
+        try:
+            if tag and leftover.environ().get("DTRAIN_TEST_RUN") == tag:
+                leftover.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
 
 
 def _finish(proc, stderr, watchdog, stdout: str) -> "Run":
