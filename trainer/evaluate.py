@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -19,16 +20,17 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
-from trainer.checkpoint import MANIFEST, committed_checkpoints, local_dir, step_dir_name
+from trainer.checkpoint import MANIFEST, committed_checkpoints, local_dir, step_dir_name, storage_reader
+from trainer.storage import Storage
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import default_data_dir, ensure_builtin, eval_batches
 from trainer.model import Llama, ModelArgs
 
 
 def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
-    """An unsharded model with the weights of a committed checkpoint (any world size)."""
-    with open(os.path.join(step_dir, MANIFEST)) as f:
-        manifest = json.load(f)
+    """An unsharded model with the weights of a committed checkpoint (any world size), local or s3://."""
+    storage = Storage(step_dir)
+    manifest = storage.read_json(storage.path(MANIFEST))
     cfg = TrainConfig.from_dict(manifest["config"])
     with torch.device("meta"):
         model = Llama(ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
@@ -38,7 +40,7 @@ def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
     # DCP reads the sharded save into these full tensors; no process group needed.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=step_dir, no_dist=True)
+        dcp.load(state, storage_reader=storage_reader(storage, step_dir), no_dist=True)
     model.load_state_dict(state["model"])
     return model.eval(), manifest
 
@@ -90,25 +92,39 @@ def main(argv: list[str] | None = None) -> int:
     latest = next(r for r in results if r["step"] == step)
     train_curve = _train_curve(root)
     if args.report:
-        _plot(args.report, train_curve, [(r["step"], r["loss"]) for r in results], latest)
+        _put(args.report, lambda local: _plot(local, train_curve, [(r["step"], r["loss"]) for r in results], latest))
     if args.out:
         payload = {**latest, "eval_curve": [[r["step"], r["loss"]] for r in results], "train_curve": train_curve,
                    "report": args.report}  # fmt: skip
-        tmp = f"{args.out}.tmp"
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(tmp, "w") as f:
-            json.dump(payload, f, indent=1)
-        os.replace(tmp, args.out)
+
+        def dump(local: str) -> None:
+            with open(local, "w") as f:
+                json.dump(payload, f, indent=1)
+
+        _put(args.out, dump)
     return 0
 
 
 def _train_curve(root: str) -> list[list[float]]:
     """[[step, loss], ...] of the training run, from progress.json's history (empty if none)."""
     try:
-        with open(os.path.join(root, "progress.json")) as f:
-            return [list(point) for point in json.load(f).get("history", [])]
-    except (OSError, ValueError):
+        storage = Storage(root)
+        return [list(point) for point in storage.read_json(storage.path("progress.json")).get("history", [])]
+    except (OSError, ValueError, KeyError):
         return []
+
+
+def _put(path: str, write) -> None:
+    """Write a result file through a local temporary file: to a path, or to s3:// with fsspec."""
+    import fsspec
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, os.path.basename(path))
+        write(local)
+        fs, target = fsspec.core.url_to_fs(path)
+        fs.makedirs(fs._parent(target), exist_ok=True)
+        fs.put_file(local, target + ".tmp")
+        fs.mv(target + ".tmp", target)  # readers never see half a file (a rename locally)
 
 
 def _plot(path: str, train: list, evals: list, latest: dict) -> None:
@@ -127,7 +143,6 @@ def _plot(path: str, train: list, evals: list, latest: dict) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
 

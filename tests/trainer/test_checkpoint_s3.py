@@ -107,3 +107,22 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     assert len(weights) > 30
     for k in weights:
         assert torch.equal(ours[k], theirs[k]), k
+
+    # Held-out evaluation reads the checkpoint from S3 and writes its results and report there.
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, trainer_env
+
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", uri, "--batches", "2",
+         "--out", f"{uri}/evals/latest.json", "--report", f"{uri}/report.png"],
+        cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    fs.invalidate_cache()  # this s3fs instance listed the prefix before the files existed
+    with fs.open(f"{BUCKET}/runs/r1/evals/latest.json") as f:
+        result = json.load(f)
+    assert result["step"] == 6 and result["loss"] > 0 and result["path"] == f"{uri}/step-00000006"
+    assert fs.size(f"{BUCKET}/runs/r1/report.png") > 10_000
