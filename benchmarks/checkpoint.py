@@ -1,18 +1,25 @@
 """Checkpoint throughput against the disk's own bandwidth, and the stall of an async save.
 
-    python benchmarks/checkpoint.py [--mb 200] [--dir DIR] [--rounds 3]
+    python benchmarks/checkpoint.py [--mb 200] [--batch 64] [--dir DIR] [--rounds 3]
 
 One process (a 1-rank gloo group), the trainer's real Checkpointer (get_state_dict, DCP
-FileSystemWriter with fsync, sha256 of every file, manifest), on a model of stacked
+FileSystemWriter with fsync, xxh3_128 of every file, manifest), on a model of stacked
 Linear layers holding --mb MiB of fp32 weights plus AdamW's two moments (3 × mb on disk).
 Measured side by side in each round, on the same directory's filesystem:
 
 * disk write:  the same number of bytes written to one file in 8 MiB blocks, then fsync
 * disk read:   that file read back (page cache not dropped: see RESULTS.md)
-* sync save:   Checkpointer.save(blocking=True): write + fsync + sha256 + manifest
+* sync save:   Checkpointer.save(blocking=True): write + fsync + xxh3 + manifest
 * DCP write:   the same save without our hashing and manifest (dcp.save alone)
 * load:        Checkpointer.load of that checkpoint
-* async stall: Checkpointer.save(blocking=False): how long the training loop is held up
+* host copy:   DCP's DefaultStager copying the state to host memory synchronously
+               (what the async save used to block for)
+* async stall: as the trainer does it: Checkpointer.save(blocking=False) right after an
+               optimizer step, then one training step (forward/backward of --batch rows)
+               while the copy runs in the stager's thread, then wait_for_staging() right
+               before optimizer.step(). The stall is the time training actually waited:
+               the save() call plus that wait. Also reported: how much longer that step
+               took than a step without a save (the copy competes with compute for the cores).
 
 Targets: sync save >= 70% of disk write bandwidth; async stall <= 10% of the sync save.
 """
@@ -30,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
 
 from trainer.checkpoint import Checkpointer  # noqa: E402
 from trainer.config import CheckpointConfig  # noqa: E402
@@ -87,11 +95,20 @@ def main() -> None:
     p.add_argument("--mb", type=int, default=200, help="MiB of fp32 weights (the checkpoint is ~3x)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=int, default=64, help="rows per training step of the async-stall measurement")
     args = p.parse_args()
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
     dist.init_process_group("gloo")
     base = tempfile.mkdtemp(dir=args.dir, prefix="dtrain-ckpt-bench-")
     model, optimizer, scheduler, data = build(args.mb)
+    x = torch.randn(args.batch, 1024)
+
+    def step(before_optimizer_step=None) -> None:
+        model(x).sum().backward()
+        if before_optimizer_step is not None:
+            before_optimizer_step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     fields = {"tokens_seen": 0, "wall_time_s": 0.0, "step_time_s": None, "cost": None}
 
     def checkpointer(name: str, async_save: bool) -> Checkpointer:
@@ -119,10 +136,25 @@ def main() -> None:
         sync.load(path, model, optimizer, scheduler, data)
         load_s = time.perf_counter() - t
 
+        stager = DefaultStager(StagingOptions(False, False, False, False))
+        t = time.perf_counter()
+        stager.stage(sync._state(model, optimizer, scheduler, data, 1))
+        copy_s = time.perf_counter() - t
+        stager.close()
+
+        plain = []
+        for _ in range(2):
+            t = time.perf_counter()
+            step()
+            plain.append(time.perf_counter() - t)
         asy = checkpointer(f"async{r}", True)
         t = time.perf_counter()
         asy.save(1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench")
-        stall_s = time.perf_counter() - t
+        call_s = time.perf_counter() - t
+        waited = []
+        step(lambda: waited.append(asy.wait_for_staging()))
+        step_s = time.perf_counter() - t
+        stall_s = call_s + waited[0]
         asy.wait()
         async_total_s = time.perf_counter() - t
         asy.close()
@@ -130,19 +162,24 @@ def main() -> None:
         for d in (raw_dir, blob, sync.root, asy.root):
             shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
         rows.append(dict(bytes=nbytes, sync=sync_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
-                         stall=stall_s, async_total=async_total_s))
+                         copy=copy_s, stall=stall_s, save_call=call_s, step_plain=min(plain),
+                         step_slowdown=step_s - min(plain), async_total=async_total_s))
         print(f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"), flush=True)
 
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
     gb = med["bytes"] / 1e9
     print(f"\ncheckpoint size: {med['bytes'] / 2**20:.0f} MiB ({args.rounds} rounds, medians), dir {base}")
     print(f"disk write (fsync): {gb / med['write']:.2f} GB/s   disk read: {gb / med['read']:.2f} GB/s")
-    print(f"sync save (DCP + fsync + sha256 + manifest): {gb / med['sync']:.2f} GB/s = "
+    print(f"sync save (DCP + fsync + xxh3 + manifest): {gb / med['sync']:.2f} GB/s = "
           f"{med['write'] / med['sync']:.0%} of disk write  [target >= 70%]")
     print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
     print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
+    print(f"host copy (synchronous staging): {med['copy']:.3f} s = {med['copy'] / med['sync']:.1%} of the sync save")
     print(f"async stall: {med['stall']:.3f} s = {med['stall'] / med['sync']:.1%} of the sync save "
-          f"({med['sync']:.3f} s)  [target <= 10%]; async save to commit: {med['async_total']:.3f} s")
+          f"({med['sync']:.3f} s)  [target <= 10%]; of which save() call {med['save_call']:.3f} s")
+    print(f"  training step without a save {med['step_plain']:.3f} s; the step with the save took "
+          f"{med['step_slowdown']:+.3f} s longer ({med['step_slowdown'] / med['sync']:.1%} of the sync save); "
+          f"async save to commit: {med['async_total']:.3f} s")
     shutil.rmtree(base, ignore_errors=True)
     dist.destroy_process_group()
 

@@ -10,13 +10,19 @@ shard files, hashes them and (for s3://) uploads them; only once all ranks have 
 so does rank 0 write manifest.json, last. A crash or kill -9 at any point before that
 leaves the previous checkpoint as the latest.
 
-Async saves (checkpoint.async_save): the training loop blocks only while the state is
-copied to host memory (pinned, reused across saves, on GPU); the write, the hashing,
-the upload and the commit run in a background thread on a process group of their own
-(gloo), so they never interleave with the training collectives. One save is in flight
-at a time: the next save, the final save and a preemption first wait for it.
+Async saves (checkpoint.async_save): save() only snapshots the small non-tensor state
+and hands the tensors to DCP's DefaultStager, which copies them to host memory (pinned,
+reused across saves, on GPU) in a thread of its own. The copy overlaps the next step's
+forward/backward, which read the parameters and optimizer state but do not change them;
+the training loop calls wait_for_staging() just before the next optimizer.step(), the
+first thing that mutates them (as torchtitan does), and only blocks there if the copy is
+not done yet. The write, the hashing, the upload and the commit then run in background
+threads on a process group of their own (gloo), so they never interleave with the
+training collectives. One save is in flight at a time: the next save, the final save
+and a preemption first wait for it.
 """
 
+import copy
 import hashlib
 import os
 import random
@@ -32,10 +38,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.config import CheckpointConfig, ConfigError
-from trainer.storage import (MANIFEST, STEP_DIR, Storage, committed_checkpoints, is_best, step_dir_name,
-                             write_json_atomic)
+from trainer.storage import (CHECKSUM_ALGORITHM, MANIFEST, STEP_DIR, Storage, checksum_file, committed_checkpoints,
+                             is_best, step_dir_name, write_json_atomic)
 
 __all__ = ["MANIFEST", "Checkpointer", "committed_checkpoints", "local_dir", "step_dir_name", "write_json_atomic"]
 
@@ -50,12 +57,20 @@ def local_dir(uri: str) -> str | None:
     return Storage(uri).root if uri else None
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def checksum_files(directory: str, names: list[str]) -> dict[str, dict]:
+    """{name: {"size", CHECKSUM_ALGORITHM: hex}} of files just written (so read back from the page cache).
+
+    One thread per file: xxhash releases the GIL, so a rank that wrote several files
+    (or .metadata next to its shard) hashes them side by side.
+    """
+    def one(name: str) -> tuple[str, dict]:
+        path = os.path.join(directory, name)
+        return name, {"size": os.path.getsize(path), CHECKSUM_ALGORITHM: checksum_file(path)}
+
+    if len(names) <= 1:
+        return dict(map(one, names))
+    with ThreadPoolExecutor(max_workers=min(len(names), os.cpu_count() or 1), thread_name_prefix="checksum") as pool:
+        return dict(pool.map(one, names))
 
 
 def _rng_state() -> dict:
@@ -96,6 +111,7 @@ class Checkpointer:
         self._stager = None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: tuple[Future, dict] | None = None
+        self._staging: tuple[Future, dict] | None = None  # the async save's copy to host memory, in flight
         self._completed: list[dict] = []
 
     @property
@@ -111,8 +127,9 @@ class Checkpointer:
         return {
             "model": model_sd,
             "optim": optim_sd,
-            "scheduler": scheduler.state_dict(),
-            "data": data.state_dict(),
+            # copies now: an async save stages the state while training goes on
+            "scheduler": copy.deepcopy(scheduler.state_dict()),
+            "data": copy.deepcopy(data.state_dict()),
             "step": step,
             # per-rank keys: DCP keeps one copy of keys that every rank saves alike
             f"rng_rank{self.rank}": _rng_state(),
@@ -124,8 +141,10 @@ class Checkpointer:
              blocking: bool = False) -> str:
         """Save `step` and commit it; returns the step directory.
 
-        Blocking (or async_save off): returns once committed. Otherwise returns after the
-        device-to-host copy; completed() reports the commit later. Idempotent per step.
+        Blocking (or async_save off): returns once committed. Otherwise returns once the
+        copy to host memory has started; the caller must call wait_for_staging() before it
+        next changes the parameters or the optimizer state (optimizer.step()), and
+        completed() reports the commit later. Idempotent per step.
         """
         start = time.perf_counter()
         self.wait()  # one save in flight at a time
@@ -148,16 +167,39 @@ class Checkpointer:
         if blocking or not self.cfg.async_save:
             dcp.save(state, storage_writer=dcp.FileSystemWriter(write_dir), process_group=self.pg)
             info["blocked_s"] = time.perf_counter() - start
-            self._completed.append(self._commit(None, info))
+            self._completed.append({**self._commit(None, info), "blocked_s": info["blocked_s"]})
             return path
-        # Only the copy to host memory happens here; the write runs in DCP's thread.
-        upload = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(write_dir), process_group=self.pg,
-                                async_stager=self._get_stager())
+        # The copy to host memory runs in the stager's thread, the write in DCP's.
+        response = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(write_dir), process_group=self.pg,
+                                  async_stager=self._get_stager())
+        if isinstance(response, AsyncSaveResponse):
+            upload = response.upload_completion
+            self._staging = (response.staging_completion, info)
+        else:  # a stager that staged synchronously
+            upload = response
         info["blocked_s"] = time.perf_counter() - start
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
         self._pending = (self._executor.submit(self._commit, upload, info), info)
         return path
+
+    def wait_for_staging(self) -> float:
+        """Block until the async save's copy of the state is taken; returns the seconds waited.
+
+        Called by the training loop right before optimizer.step(): from there on the
+        parameters and the optimizer state change. The wait counts into the save's blocked_s.
+        """
+        if self._staging is None:
+            return 0.0
+        future, info = self._staging
+        self._staging = None
+        start = time.perf_counter()
+        try:
+            future.result()
+        finally:
+            waited = time.perf_counter() - start
+            info["blocked_s"] += waited
+        return waited
 
     def _get_stager(self):
         if self._stager is None:
@@ -166,8 +208,10 @@ class Checkpointer:
             cuda = self.device.type == "cuda"
             # On GPU: pinned host buffers, allocated once and reused by every save, so the
             # stall is one device-to-host copy at full PCIe speed. (Not measured here: CPU only.)
+            # Async staging: the copy runs in the stager's thread (on a side stream on GPU)
+            # while the next step's forward/backward run; wait_for_staging() joins it.
             self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+                                                        use_async_staging=True, use_non_blocking_copy=cuda))
         return self._stager
 
     def _staging_dir(self, step: int) -> str:
@@ -185,8 +229,7 @@ class Checkpointer:
         mine = sorted(n for n in os.listdir(write_dir) if n.startswith(f"__{self.rank}_"))
         if self.rank == 0:
             mine.append(".metadata")
-        files = {n: {"size": os.path.getsize(os.path.join(write_dir, n)), "sha256": sha256_file(os.path.join(write_dir, n))}
-                 for n in mine}
+        files = checksum_files(write_dir, mine)
         if self.storage.remote:
             for n in mine:
                 self.storage.put_file(os.path.join(write_dir, n), f"{path}/{n}")
@@ -215,7 +258,7 @@ class Checkpointer:
                 os.rmdir(write_dir)
             except OSError:
                 pass  # another local rank's files are still there
-        return {"step": step, "path": path, "reason": info["reason"], "blocked_s": info["blocked_s"],
+        return {"step": step, "path": path, "reason": info["reason"],
                 "seconds": time.perf_counter() - info["start"]}
 
     def _apply_retention(self) -> None:
@@ -237,18 +280,20 @@ class Checkpointer:
         silently stopped being written is worse than a stopped run).
         """
         if self._pending is not None and self._pending[0].done():
-            future, _ = self._pending
-            self._pending = None
-            self._completed.append(future.result())
+            self._finish_pending()
         out, self._completed = self._completed, []
         return out
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed."""
         if self._pending is not None:
-            future, _ = self._pending
-            self._pending = None
-            self._completed.append(future.result())
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        future, info = self._pending
+        self._pending = None
+        self.wait_for_staging()  # done by now if the commit is; counts what training waited
+        self._completed.append({**future.result(), "blocked_s": info["blocked_s"]})
 
     def close(self) -> None:
         """Finish the save in flight and release the staging buffers."""

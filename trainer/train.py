@@ -121,8 +121,13 @@ def build_model(cfg: TrainConfig, d: Dist) -> Llama:
     return model
 
 
-def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, step: int, rank: int):
-    """Forward/backward over this rank's micro-batches, then one optimizer step. Returns (loss, grad_norm)."""
+def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, step: int, rank: int,
+               before_optimizer_step=None):
+    """Forward/backward over this rank's micro-batches, then one optimizer step. Returns (loss, grad_norm).
+
+    before_optimizer_step: called right before the parameters and the optimizer state change
+    (an async checkpoint's copy of them, which overlapped forward/backward, is joined there).
+    """
     loss_sum = torch.zeros((), device=micro_batches[0][0].device)
     for i, (inputs, targets) in enumerate(micro_batches):  # each (micro_batch, seq_len)
         set_grad_sync(model, i == len(micro_batches) - 1)
@@ -138,6 +143,8 @@ def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, ste
     loss = loss.item()
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         raise FloatingPointError(f"step {step}, rank {rank}: non-finite loss {loss} or grad norm {grad_norm}")
+    if before_optimizer_step is not None:
+        before_optimizer_step()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -181,7 +188,7 @@ class Job:
                 lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
                 started = time.perf_counter()
                 loss, grad_norm = train_step(self.model, self.optimizer, self.scheduler, self.data.next_batch(),
-                                             cfg, step, self.d.rank)
+                                             cfg, step, self.d.rank, before_optimizer_step=self.ckpt.wait_for_staging)
                 self.cost.time_step(time.perf_counter() - started)
                 self.metrics.count_tokens(self.tokens(1))
                 self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == cfg.steps)

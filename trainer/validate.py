@@ -5,7 +5,7 @@ Checks, in order (the names are those a failure reports):
 * ``manifest``      manifest.json exists, parses, has the commit fields, and its step is the directory's
 * ``presence``      every file the manifest lists exists
 * ``size``          ... has the size the manifest records
-* ``sha256``        ... and the checksum
+* ``checksum``      ... and the checksum it records (xxh3_128; sha256 in older manifests)
 * ``dcp_metadata``  DCP's .metadata loads and every file it points into is in the manifest
 * ``step_forward``  the step is past the previous checkpoint's (or ``previous_step``)
 * ``finite``        a sample of floating-point tensors holds no NaN/Inf
@@ -16,12 +16,12 @@ last two checks only, so the Airflow operator module that imports this stays lig
 """
 
 import argparse
-import hashlib
 import json
 import sys
 import warnings
 
-from trainer.storage import MANIFEST, STEP_DIR, Storage, committed_checkpoints, split_checkpoint_uri
+from trainer.storage import (CHECKSUM_ALGORITHMS, MANIFEST, STEP_DIR, Storage, checksum_stream, committed_checkpoints,
+                             manifest_checksum, split_checkpoint_uri)
 
 _REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
 
@@ -110,13 +110,16 @@ def _validate_one(storage: Storage, path: str, previous_step: int | None, sample
             raise CheckpointInvalid(path, "presence", file, "listed in the manifest but missing")
         if size != entry["size"]:
             raise CheckpointInvalid(path, "size", file, f"{size} bytes, the manifest says {entry['size']}")
-        digest = hashlib.sha256()
+        recorded = manifest_checksum(entry)
+        if recorded is None:
+            raise CheckpointInvalid(path, "manifest", file,
+                                    f"its entry records no checksum (one of {', '.join(CHECKSUM_ALGORITHMS)})")
+        algorithm, expected = recorded
         with storage.open(storage.path(name, file), "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-        if digest.hexdigest() != entry["sha256"]:
-            raise CheckpointInvalid(path, "sha256", file,
-                                    f"sha256 {digest.hexdigest()[:16]}..., the manifest says {entry['sha256'][:16]}...")
+            actual = checksum_stream(f, algorithm)
+        if actual != expected:
+            raise CheckpointInvalid(path, "checksum", file,
+                                    f"{algorithm} {actual[:16]}..., the manifest says {str(expected)[:16]}...")
         total += size
     checks["files"] = {"count": len(manifest["files"]), "bytes": total}
 

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 class CheckpointValidationOperator(BaseOperator):
     """
     Validate a committed checkpoint of the trainer: its manifest, every file's presence,
-    size and sha256, that DCP's metadata loads, that the step moved forward, and that a
-    sample of tensors holds no NaN/Inf (see ``trainer.validate``).
+    size and checksum (xxh3_128, or sha256 in older manifests), that DCP's metadata loads,
+    that the step moved forward, and that a sample of tensors holds no NaN/Inf (see
+    ``trainer.validate``).
 
     Returns the report (XCom): ``{"checkpoint", "step", "valid", "checks", "fell_back_from", ...}``.
     A failure raises ``trainer.validate.CheckpointInvalid`` naming the checkpoint, the check and

@@ -140,13 +140,13 @@ def test_a_sound_checkpoint_validates_and_a_flipped_byte_in_one_shard_is_named(c
     _flip_byte(ckpt_copy / "step-00000008" / "__1_0.distcp")
     with pytest.raises(CheckpointInvalid) as err:
         validate_checkpoint(str(ckpt_copy))
-    assert (err.value.check, err.value.file) == ("sha256", "__1_0.distcp")
+    assert (err.value.check, err.value.file) == ("checksum", "__1_0.distcp")
     assert "step-00000008" in str(err.value) and "__1_0.distcp" in str(err.value)
 
     # The fallback returns the newest valid one and says what it skipped.
     report = validate_checkpoint(str(ckpt_copy), fallback_to_valid=True)
     assert report["step"] == 6
-    assert [(s["check"], s["file"]) for s in report["fell_back_from"]] == [("sha256", "__1_0.distcp")]
+    assert [(s["check"], s["file"]) for s in report["fell_back_from"]] == [("checksum", "__1_0.distcp")]
 
     # A step that did not move forward, and a missing file, are named too.
     with pytest.raises(CheckpointInvalid, match="step_forward"):
@@ -155,6 +155,27 @@ def test_a_sound_checkpoint_validates_and_a_flipped_byte_in_one_shard_is_named(c
     with pytest.raises(CheckpointInvalid) as err:
         validate_checkpoint(str(ckpt_copy / "step-00000004"))
     assert (err.value.check, err.value.file) == ("presence", "__0_0.distcp")
+
+
+def test_manifests_record_xxh3_and_older_sha256_manifests_still_validate(ckpt_copy):
+    import xxhash
+
+    from trainer.validate import CheckpointInvalid, validate_checkpoint
+
+    step = ckpt_copy / "step-00000008"
+    manifest = read_json(step / "manifest.json")
+    for name, entry in manifest["files"].items():
+        data = (step / name).read_bytes()
+        assert entry == {"size": len(data), "xxh3_128": xxhash.xxh3_128(data).hexdigest()}
+    # A manifest written before xxh3 (sha256 per file) is verified with sha256.
+    manifest["files"] = {name: {"size": e["size"], "sha256": hashlib.sha256((step / name).read_bytes()).hexdigest()}
+                         for name, e in manifest["files"].items()}
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    assert validate_checkpoint(str(step))["valid"]
+    _flip_byte(step / "__0_0.distcp")
+    with pytest.raises(CheckpointInvalid) as err:
+        validate_checkpoint(str(step))
+    assert (err.value.check, err.value.file) == ("checksum", "__0_0.distcp") and "sha256" in str(err.value)
 
 
 def test_a_nan_in_a_saved_tensor_fails_validation_naming_the_tensor(ckpt_copy, tmp_path):
@@ -191,7 +212,7 @@ def test_checkpoint_validation_operator_reports_falls_back_and_raises_naming_the
     json.dumps(report)  # an XCom: plain JSON
 
     _flip_byte(ckpt_copy / "step-00000008" / ".metadata", offset=10)
-    with pytest.raises(CheckpointInvalid, match=r"'sha256' failed for \.metadata"):
+    with pytest.raises(CheckpointInvalid, match=r"'checksum' failed for \.metadata"):
         op.execute({"ti": RecordingTI(task_id="validate")})
     fallback = CheckpointValidationOperator(task_id="validate", checkpoint_uri=str(ckpt_copy), fallback_to_valid=True)
     report = fallback.execute({"ti": RecordingTI(task_id="validate")})

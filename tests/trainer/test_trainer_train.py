@@ -5,7 +5,7 @@ committed checkpoints, and that stopping and resuming changes nothing about the 
 """
 
 import contextlib
-import hashlib
+import xxhash
 import json
 import math
 import os
@@ -90,7 +90,7 @@ def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(dat
     assert ".metadata" in manifest["files"]
     for name, entry in manifest["files"].items():
         data = (ckpt / "step-00000006" / name).read_bytes()
-        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        assert entry == {"size": len(data), "xxh3_128": xxhash.xxh3_128(data).hexdigest()}
 
     progress = read_json(ckpt / "progress.json")
     assert {k: progress[k] for k in ("status", "step", "steps", "tokens_seen", "resumed_from_step", "steps_lost",
