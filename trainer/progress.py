@@ -14,6 +14,9 @@ write is a request. Fields::
     latest_checkpoint  path (or s3:// URL) of the newest committed checkpoint, or null
     attempt            1 for the first start, +1 for each restart
     wall_time_s        training wall time summed over attempts
+    history            [[step, loss], ...]: the loss curve for the evaluation report, at most
+                       HISTORY_POINTS points (thinned evenly as it grows), without the steps a
+                       resume trains again
     updated_at         unix time
 """
 
@@ -22,6 +25,7 @@ import time
 from trainer.storage import Storage
 
 FILENAME = "progress.json"
+HISTORY_POINTS = 1000
 
 
 class Progress:
@@ -35,6 +39,7 @@ class Progress:
         self.steps = steps
         self.attempt, self.steps_lost, self.prior_wall_s = 1, 0, 0.0
         self.resumed_from_step: int | None = None
+        self.history: list[list[float]] = []
         self.start_time = time.monotonic()
         self.state = {"status": "running", "step": 0, "loss": None, "tokens_seen": 0, "latest_checkpoint": None}
 
@@ -51,14 +56,21 @@ class Progress:
             self.prior_wall_s = float(previous.get("wall_time_s", 0.0))
             if previous.get("step") == start_step:
                 self.state["loss"] = previous.get("loss")
+            self.history = [p for p in previous.get("history", []) if p[0] <= start_step]
         self.state.update(step=start_step, tokens_seen=tokens_seen, latest_checkpoint=latest_checkpoint)
         self.update()
 
     def update(self, *, flush: bool = True, **fields) -> None:
         """Record fields; write the file now unless flush=False and the root is remote."""
         self.state.update(fields)
+        if "step" in fields and fields.get("loss") is not None:
+            self.history.append([fields["step"], round(float(fields["loss"]), 6)])
+            if len(self.history) > HISTORY_POINTS:
+                self.history = self.history[::2]  # halve the resolution, keep the whole run
         if self.storage is None or (not flush and self.storage.remote):
             return
+        # Only a status change is worth an fsync; the per-step rewrite is only for the live view.
+        durable = set(fields) - {"step", "loss", "tokens_seen"} != set()
         self.storage.write_json(self.path, {
             **self.state,
             "steps": self.steps,
@@ -66,8 +78,9 @@ class Progress:
             "steps_lost": self.steps_lost,
             "attempt": self.attempt,
             "wall_time_s": round(self.wall_time_s, 3),
+            "history": self.history,
             "updated_at": time.time(),
-        })
+        }, durable=durable)
 
     @property
     def wall_time_s(self) -> float:

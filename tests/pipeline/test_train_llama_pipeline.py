@@ -89,6 +89,11 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     best = json.loads((registry / "best.json").read_text())
     assert best["step"] == 60 and best["loss"] < 3.0
     assert (ckpt / "report.png").stat().st_size > 10_000
+    evaluation = json.loads((ckpt / "evals" / "latest.json").read_text())
+    train_steps = [point[0] for point in evaluation["train_curve"]]
+    # the whole run's loss curve, across the preemption, each step once
+    assert train_steps == list(range(1, 61)), train_steps
+    assert [point[0] for point in evaluation["eval_curve"]][-1] == 60
     assert (Path(best["checkpoint"]) / "BEST").is_file()
 
     # the promoted checkpoint loads, as a user would load it
