@@ -72,13 +72,13 @@ def main() -> int:
             torch.cuda.synchronize(d.device)
 
     for step in range(1, args.warmup + 1):
-        train_step(model, optimizer, scheduler, micro_batches, cfg, step, d.rank)
+        train_step(model, optimizer, scheduler, micro_batches, cfg)
     sync()
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(d.device)
     start = time.perf_counter()
     for step in range(args.warmup + 1, args.warmup + args.steps + 1):
-        loss, _ = train_step(model, optimizer, scheduler, micro_batches, cfg, step, d.rank)
+        loss, _ = train_step(model, optimizer, scheduler, micro_batches, cfg)
     sync()
     elapsed = time.perf_counter() - start
 
@@ -94,7 +94,7 @@ def main() -> int:
               f"compile {args.compile}, AC {args.ac}"
               + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")
               + f", AdamW fused {d.device.type == 'cuda'}")
-        print(f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; last loss {loss:.3f}")
+        print(f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; last loss {loss.item():.3f}")
         print(f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU); "
               f"{fpt / 1e9:.2f} GFLOP/token (6N + attention)")
         if peak:

@@ -161,8 +161,9 @@ def set_grad_sync(model: FSDPModule, enabled: bool) -> None:
     model.set_requires_gradient_sync(enabled)
 
 
-def clip_grads(model: torch.nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm (over all shards) and return the norm before clipping."""
+def clip_grads(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (over all shards); returns the norm before clipping, a
+    0-d tensor on the device (reading it waits for the device)."""
     # The grads are DTensors sharded over ranks; clip_grad_norm_ reduces the norm across
     # them, and full_tensor() makes the (replicated) result a plain local number.
     norm = torch.nn.utils.clip_grad_norm_(
@@ -170,4 +171,4 @@ def clip_grads(model: torch.nn.Module, max_norm: float) -> float:
     )
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    return norm.item()
+    return norm

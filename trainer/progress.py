@@ -14,12 +14,13 @@ write is a request. Fields::
     latest_checkpoint  path (or s3:// URL) of the newest committed checkpoint, or null
     attempt            1 for the first start, +1 for each restart
     wall_time_s        training wall time summed over attempts
-    history            [[step, loss], ...]: the loss curve for the evaluation report, at most
-                       HISTORY_POINTS points (thinned evenly as it grows), without the steps a
-                       resume trains again
+    history            [[step, loss], ...]: the loss curve for the evaluation report: the first
+                       step, every k-th step and the latest one, at most HISTORY_POINTS points
+                       (k doubles as the run grows), without the steps a resume trains again
     updated_at         unix time
 """
 
+import json
 import time
 
 from trainer.storage import Storage
@@ -40,6 +41,8 @@ class Progress:
         self.attempt, self.steps_lost, self.prior_wall_s = 1, 0, 0.0
         self.resumed_from_step: int | None = None
         self.history: list[list[float]] = []
+        self._history_json: list[str] = []  # each point serialized once: the per-step write stays cheap
+        self._stride = 1  # the curve keeps every _stride-th step (see _record)
         self.start_time = time.monotonic()
         self.state = {"status": "running", "step": 0, "loss": None, "tokens_seen": 0, "latest_checkpoint": None}
 
@@ -57,6 +60,9 @@ class Progress:
             if previous.get("step") == start_step:
                 self.state["loss"] = previous.get("loss")
             self.history = [p for p in previous.get("history", []) if p[0] <= start_step]
+            self._history_json = [json.dumps(p) for p in self.history]
+            interior = [b[0] - a[0] for a, b in zip(self.history[1:-1], self.history[2:-1])]
+            self._stride = min(interior, default=1)  # go on at the previous attempt's sampling
         self.state.update(step=start_step, tokens_seen=tokens_seen, latest_checkpoint=latest_checkpoint)
         self.update()
 
@@ -64,23 +70,38 @@ class Progress:
         """Record fields; write the file now unless flush=False and the root is remote."""
         self.state.update(fields)
         if "step" in fields and fields.get("loss") is not None:
-            self.history.append([fields["step"], round(float(fields["loss"]), 6)])
-            if len(self.history) > HISTORY_POINTS:
-                self.history = self.history[::2]  # halve the resolution, keep the whole run
+            self._record(int(fields["step"]), float(fields["loss"]))
         if self.storage is None or (not flush and self.storage.remote):
             return
         # Only a status change is worth an fsync; the per-step rewrite is only for the live view.
         durable = set(fields) - {"step", "loss", "tokens_seen"} != set()
-        self.storage.write_json(self.path, {
+        head = json.dumps({
             **self.state,
             "steps": self.steps,
             "resumed_from_step": self.resumed_from_step,
             "steps_lost": self.steps_lost,
             "attempt": self.attempt,
             "wall_time_s": round(self.wall_time_s, 3),
-            "history": self.history,
             "updated_at": time.time(),
-        }, durable=durable)
+        })
+        history = ", ".join(self._history_json)
+        self.storage.write_text(self.path, f'{head[:-1]}, "history": [{history}]}}', durable=durable)
+
+    def _record(self, step: int, loss: float) -> None:
+        """Add a point to the curve: the first step, every `stride`-th step and the latest step;
+        past HISTORY_POINTS the stride doubles, so the whole run stays evenly sampled."""
+        if len(self.history) > 1 and self.history[-1][0] % self._stride:
+            self.history.pop()  # the previous latest point, off the grid
+            self._history_json.pop()
+        point = [step, round(loss, 6)]
+        self.history.append(point)
+        self._history_json.append(json.dumps(point))
+        if len(self.history) > HISTORY_POINTS:
+            self._stride *= 2
+            last = len(self.history) - 1
+            keep = [i for i, p in enumerate(self.history) if i in (0, last) or p[0] % self._stride == 0]
+            self.history = [self.history[i] for i in keep]
+            self._history_json = [self._history_json[i] for i in keep]
 
     @property
     def wall_time_s(self) -> float:

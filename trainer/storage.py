@@ -84,9 +84,14 @@ def write_json_atomic(path: str, obj: dict, durable: bool = True) -> None:
     ``durable`` also fsyncs first (manifests: the commit point must survive a crash). A status
     file rewritten every step skips it: an fsync per step is milliseconds of training stalled.
     """
+    write_text_atomic(path, json.dumps(obj, indent=2), durable=durable)
+
+
+def write_text_atomic(path: str, text: str, durable: bool = True) -> None:
+    """write_json_atomic's mechanics for text already serialized."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+        f.write(text)
         if durable:
             f.flush()
             os.fsync(f.fileno())
@@ -157,10 +162,14 @@ class Storage:
 
     def write_json(self, path: str, obj: dict, durable: bool = True) -> None:
         """Atomic for readers: a local rename, or a single S3 PUT (an object appears whole or not at all)."""
+        self.write_text(path, json.dumps(obj, indent=2), durable=durable)
+
+    def write_text(self, path: str, text: str, durable: bool = True) -> None:
+        """write_json for text already serialized."""
         if not self.remote:
-            write_json_atomic(path, obj, durable=durable)
+            write_text_atomic(path, text, durable=durable)
             return
-        self.fs.pipe_file(path, json.dumps(obj, indent=2).encode())
+        self.fs.pipe_file(path, text.encode())
 
     def put_file(self, local_path: str, path: str) -> None:
         """Upload a local file (remote roots only)."""

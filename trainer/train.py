@@ -81,8 +81,7 @@ class StopRequests:
     only some ranks (one node's) still stops all: agree() takes the max over ranks.
     """
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self):
         self.stop = self.checkpoint_now = False
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop)
@@ -103,7 +102,8 @@ class StopRequests:
             signal.signal(sig, signal.SIG_IGN)
 
     def agree(self) -> tuple[bool, bool]:
-        flags = torch.tensor([self.stop, self.checkpoint_now], dtype=torch.int32, device=self.device)
+        # A CPU tensor: gloo carries it even beside NCCL, so this never waits for the GPU.
+        flags = torch.tensor([self.stop, self.checkpoint_now], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         self.checkpoint_now = False
         return bool(flags[0]), bool(flags[1])
@@ -121,16 +121,21 @@ def build_model(cfg: TrainConfig, d: Dist) -> Llama:
     return model
 
 
-def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, step: int, rank: int,
-               before_optimizer_step=None):
-    """Forward/backward over this rank's micro-batches, then one optimizer step. Returns (loss, grad_norm).
+def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, before_optimizer_step=None):
+    """Forward/backward over this rank's micro-batches, then one optimizer step.
+
+    Returns (loss, grad_norm) as 0-d tensors on the device, not read yet: the global batch's
+    mean loss (all-reduced) and the global gradient norm before clipping. Reading them
+    (.item()) waits for the device, so the training loop reads a step's values only after
+    it has queued the next one (see Job.settle).
 
     before_optimizer_step: called right before the parameters and the optimizer state change
     (an async checkpoint's copy of them, which overlapped forward/backward, is joined there).
     """
     loss_sum = torch.zeros((), device=micro_batches[0][0].device)
     for i, (inputs, targets) in enumerate(micro_batches):  # each (micro_batch, seq_len)
-        set_grad_sync(model, i == len(micro_batches) - 1)
+        if len(micro_batches) > 1:  # (sync is on after every step: the last micro-step turns it on)
+            set_grad_sync(model, i == len(micro_batches) - 1)
         logits = model(inputs)  # (micro_batch, seq_len, vocab)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         # Every micro-batch holds the same number of tokens, so dividing by the count here
@@ -140,9 +145,6 @@ def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, ste
     grad_norm = clip_grads(model, cfg.optim.grad_clip)
     loss = loss_sum / len(micro_batches)
     dist.all_reduce(loss, op=dist.ReduceOp.AVG)  # the logged loss is the global batch's
-    loss = loss.item()
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise FloatingPointError(f"step {step}, rank {rank}: non-finite loss {loss} or grad norm {grad_norm}")
     if before_optimizer_step is not None:
         before_optimizer_step()
     optimizer.step()
@@ -177,34 +179,18 @@ class Job:
     metrics: Metrics
     progress: Progress
     cost: CostLedger
+    resumed_from: int | None = None  # the step this attempt resumed from (None: from scratch)
+    _unsettled: tuple | None = None  # (step, lr, loss, grad_norm) of the last step, not read yet
+    _last_step_end: float = 0.0
 
     def run(self) -> int:
-        cfg, stops = self.cfg, self.stops
-        step, resumed_from = self.resume()
+        cfg = self.cfg
+        step = self.start()
         try:
-            self.metrics.start_window()
             while step < cfg.steps:
                 step += 1
-                lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
-                started = time.perf_counter()
-                loss, grad_norm = train_step(self.model, self.optimizer, self.scheduler, self.data.next_batch(),
-                                             cfg, step, self.d.rank, before_optimizer_step=self.ckpt.wait_for_staging)
-                self.cost.time_step(time.perf_counter() - started)
-                self.metrics.count_tokens(self.tokens(1))
-                self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == cfg.steps)
-                logged = step % cfg.metrics.log_every == 0
-                self.progress.update(step=step, loss=loss, tokens_seen=self.tokens(step), flush=logged)
-                self.report_checkpoints()  # an async save commits in the background
-                if logged:
-                    self.gauge_cost()
-                maybe_simulate_preemption(cfg, step, resumed_from, self.d, stops)
-                stop, checkpoint_now = stops.agree()
-                if stop:
+                if self.step(step):
                     return self.preempted(step)
-                if checkpoint_now:
-                    self.save(step, "checkpoint-now")
-                elif cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
-                    self.save(step, "interval")
             self.save(step, "final", blocking=True)
             self.progress.update(status="completed")
             self.metrics.emit("done", step=step, loss=self.progress.state["loss"], tokens_seen=self.tokens(step))
@@ -216,9 +202,59 @@ class Job:
             self.ckpt.close()
             self.metrics.close()
 
+    def start(self) -> int:
+        """Resume (if there is a checkpoint) and start the clocks; returns the step trained so far."""
+        step, self.resumed_from = self.resume()
+        self.metrics.start_window()
+        self._last_step_end = time.perf_counter()
+        return step
+
+    def step(self, step: int) -> bool:
+        """Train step `step` and do its bookkeeping; True when the group agreed to stop after it.
+
+        No device sync per step: the step's loss and grad norm are read (settle) once the
+        next step is queued, or right away when they are logged, saved or stopped on.
+        """
+        cfg = self.cfg
+        lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
+        loss, grad_norm = train_step(self.model, self.optimizer, self.scheduler, self.data.next_batch(), cfg,
+                                     before_optimizer_step=self.ckpt.wait_for_staging)
+        self.settle()  # the previous step's: the device finished it while this one was queued
+        self._unsettled = (step, lr, loss, grad_norm)
+        now = time.perf_counter()
+        self.cost.time_step(now - self._last_step_end)
+        self._last_step_end = now
+        self.metrics.count_tokens(self.tokens(1))
+        if step % cfg.metrics.log_every == 0 or step == cfg.steps:
+            self.settle()
+        self.report_checkpoints()  # an async save commits in the background
+        maybe_simulate_preemption(cfg, step, self.resumed_from, self.d, self.stops)
+        stop, checkpoint_now = self.stops.agree()
+        if stop:
+            self.settle()
+            return True
+        if checkpoint_now or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps):
+            self.settle()  # a non-finite step is never saved
+            self.save(step, "checkpoint-now" if checkpoint_now else "interval")
+        return False
+
+    def settle(self) -> None:
+        """Read the last step's loss and grad norm: fail on a non-finite one, log and record it."""
+        if self._unsettled is None:
+            return
+        (step, lr, loss, grad_norm), self._unsettled = self._unsettled, None
+        loss, grad_norm = loss.item(), grad_norm.item()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise FloatingPointError(f"step {step}, rank {self.d.rank}: non-finite loss {loss} or grad norm {grad_norm}")
+        logged = step % self.cfg.metrics.log_every == 0 or step == self.cfg.steps
+        self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == self.cfg.steps)
+        self.progress.update(step=step, loss=loss, tokens_seen=self.tokens(step), flush=logged)
+        if logged:
+            self.gauge_cost()
+
     @classmethod
     def build(cls, cfg: TrainConfig, d: Dist) -> "Job":
-        stops = StopRequests(d.device)  # first: a SIGTERM while loading must not kill us unsaved
+        stops = StopRequests()  # first: a SIGTERM while loading must not kill us unsaved
         random.seed(cfg.seed + d.rank)
         np.random.seed(cfg.seed + d.rank)
         torch.manual_seed(cfg.seed + d.rank)
