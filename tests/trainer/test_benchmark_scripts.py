@@ -1,0 +1,33 @@
+"""The trainer benchmarks still run against the trainer's current API (their figures are
+measured by hand, see benchmarks/RESULTS.md; here only that they run and report)."""
+
+import re
+import subprocess
+import sys
+
+from tests.trainer.conftest import REPO, trainer_env
+
+
+def run(script: str, *args: str, data_dir: str) -> str:
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], env=trainer_env(data_dir),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_trainer_overhead_prints_both_rates_and_their_ratio(data_dir):
+    out = run("trainer_overhead.py", "--steps", "2", "--rounds", "2", "--seq-len", "32", data_dir=data_dir)
+    rates = dict(re.findall(r"^(bare PyTorch loop|trainer):\s+([\d.]+) steps/s", out, re.M))
+    ratio = float(re.search(r"^trainer/bare:\s+([\d.]+)", out, re.M).group(1))
+    assert set(rates) == {"bare PyTorch loop", "trainer"} and all(float(v) > 0 for v in rates.values()), out
+    assert abs(ratio - float(rates["trainer"]) / float(rates["bare PyTorch loop"])) < 0.002, out
+
+
+def test_mfu_refuses_a_cpu_unless_asked_and_then_reports_tokens_per_second(data_dir):
+    refused = subprocess.run([sys.executable, str(REPO / "benchmarks" / "mfu.py")], env=trainer_env(data_dir),
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "torch.cuda.is_available() is False" in refused.stderr
+    out = run("mfu.py", "--flavor", "debug", "--allow-cpu", "--steps", "2", "--warmup", "1", "--seq-len", "32",
+              "--no-compile", data_dir=data_dir)
+    assert float(re.search(r"^tokens/s: ([\d,]+)", out, re.M).group(1).replace(",", "")) > 0, out
+    assert "MFU: n/a" in out  # no bf16 peak is known for a CPU
