@@ -214,23 +214,32 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     doc_md="Runs when `train_llama` promotes a checkpoint (asset `train_llama_best_model`): "
-    "copies the exported safetensors to `published/latest` and writes a model card.",
+    "copies the exported safetensors to `<registry>/published/latest` and writes a model card.",
     tags=["llm", "airflow-dtrain"],
 ) as publish_dag:
 
     @task
     def publish(triggering_asset_events=None) -> dict:
         import json
-        import shutil
+
+        import fsspec
 
         event = triggering_asset_events[BEST_MODEL][-1]
         info = dict(event.extra)
         if not info.get("export"):
             raise ValueError(f"the promotion of {info.get('checkpoint')} carries no export")
-        target = os.path.join(REGISTRY, "published", "latest")
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(info["export"], target)
-        with open(os.path.join(target, "MODEL_CARD.md"), "w") as card:
+        # The registry the promoting run used (a path or s3://), where its export lies.
+        target = f"{str(info.get('registry') or REGISTRY).rstrip('/')}/published/latest"
+        fs, target_path = fsspec.core.url_to_fs(target)
+        source_fs, source = fsspec.core.url_to_fs(info["export"])
+        if fs.exists(target_path):
+            fs.rm(target_path, recursive=True)
+        fs.makedirs(target_path, exist_ok=True)
+        for path in source_fs.ls(source, detail=False):  # config.json and the safetensors
+            with source_fs.open(path, "rb") as src, fs.open(f"{target_path}/{path.rsplit('/', 1)[-1]}", "wb") as dst:
+                while chunk := src.read(8 << 20):
+                    dst.write(chunk)
+        with fs.open(f"{target_path}/MODEL_CARD.md", "w") as card:
             card.write(
                 f"# train_llama\n\nHeld-out loss {info['loss']:.4f} (perplexity {info['perplexity']:.2f}) "
                 f"at step {info['step']}.\n\nCheckpoint: `{info['checkpoint']}`\n"

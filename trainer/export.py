@@ -2,7 +2,9 @@
 
 Write a committed checkpoint as a Hugging Face model directory (config.json +
 safetensors) that ``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads. URI is
-a checkpoint root (its latest committed checkpoint) or a step directory, local or s3://.
+a checkpoint root (its latest committed checkpoint) or a step directory, and DIR a
+directory, each local or s3:// (an s3:// export is written to a local temporary
+directory, then uploaded, config.json last: a reader that finds it finds the weights).
 Our parameter names are HF's without its "model." prefix and rotary embeddings use its
 rotate-half layout (see trainer/model.py), so the weights map one to one.
 """
@@ -11,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import warnings
 
 import torch
@@ -19,7 +22,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainer.checkpoint import storage_reader
 from trainer.config import FLAVORS, TrainConfig
-from trainer.storage import resolve_checkpoint
+from trainer.storage import Storage, resolve_checkpoint
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
 
@@ -73,11 +76,25 @@ def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
 
 def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
     """Write out/config.json and out/model*.safetensors; returns {"step", "checkpoint", "out", "files"}."""
-    from safetensors.torch import save_file
-
     weights, manifest, step_dir = load_weights(uri)
     cfg = TrainConfig.from_dict(manifest["config"])
     dtype = dtype or next(iter(weights.values())).dtype
+    destination = Storage(out)
+    if not destination.remote:
+        files = write_hf_directory(destination.root, weights, cfg, dtype)
+    else:
+        with tempfile.TemporaryDirectory(prefix="dtrain-export-") as staging:
+            files = write_hf_directory(staging, weights, cfg, dtype)
+            for name in [*files, "config.json"]:  # config.json last
+                destination.put_file(os.path.join(staging, name), destination.path(name))
+    return {"step": manifest["step"], "checkpoint": step_dir, "out": destination.root, "files": files}
+
+
+def write_hf_directory(out: str, weights: dict[str, torch.Tensor], cfg: TrainConfig, dtype: torch.dtype) -> list[str]:
+    """config.json and safetensors shards (plus their index when there are several) in a local
+    directory; returns the weight files' names (the index included), config.json not."""
+    from safetensors.torch import save_file
+
     # HF: "model." + our name for the decoder, lm_head.weight at the top (absent when tied).
     tensors = {(k if k == "lm_head.weight" else f"model.{k}"): v.to(dtype).contiguous() for k, v in weights.items()}
     os.makedirs(out, exist_ok=True)
@@ -103,15 +120,16 @@ def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        files.append("model.safetensors.index.json")
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(hf_config(cfg, dtype), f, indent=2)
-    return {"step": manifest["step"], "checkpoint": step_dir, "out": os.path.abspath(out), "files": files}
+    return files
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint-uri", required=True, help="a checkpoint root (latest committed) or a step directory")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory, local or s3://")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: as trained")
     args = p.parse_args(argv)
     try:

@@ -263,7 +263,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         if self.asset is not None:
             context["outlet_events"][AssetAlias(self.alias_name(self.asset))].add(
                 self.asset,
-                extra={k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export")},
+                extra={**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export")},
+                       "registry": registry},
             )
         return summary
 

@@ -126,3 +126,17 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
         result = json.load(f)
     assert result["step"] == 6 and result["loss"] > 0 and result["path"] == f"{uri}/step-00000006"
     assert fs.size(f"{BUCKET}/runs/r1/report.png") > 10_000
+
+    # The export for a registry on S3: uploaded, config.json last, and it loads as Hugging Face's model.
+    transformers = pytest.importorskip("transformers")
+    registry = f"s3://{BUCKET}/registry/r1/step-00000006"
+    out = subprocess.run([sys.executable, "-m", "trainer.export", "--checkpoint-uri", uri, "--out", registry],
+                         cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    exported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (exported["out"], exported["step"], exported["files"]) == (registry, 6, ["model.safetensors"])
+    fs.invalidate_cache()
+    fs.get(f"{BUCKET}/registry/r1/step-00000006", str(tmp_path / "hf"), recursive=True)
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    assert torch.equal(model.model.embed_tokens.weight, ours["model.embed_tokens.weight"])
