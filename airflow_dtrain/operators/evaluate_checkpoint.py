@@ -9,10 +9,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator, conf
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import GroupState, PodGroupLauncher, get_launcher, poll_group
+from airflow_dtrain.launchers.base import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs, poll_group,
+                                          relaunches)
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
 
 if TYPE_CHECKING:
@@ -150,23 +151,16 @@ class EvaluateCheckpointOperator(BaseOperator):
         return dataclasses.replace(spec, entrypoint=tuple(str(a) for a in entrypoint))
 
     def _launcher(self, spec: JobSpec) -> PodGroupLauncher:
-        if spec.backend == "kubernetes":
-            namespace = self.kubernetes.get("namespace") if isinstance(self.kubernetes, dict) else None
-            return get_launcher("kubernetes", kubernetes_conn_id=self.kubernetes_conn_id, namespace=namespace)
-        from pathlib import Path
-
-        from airflow_dtrain.launchers.local import default_state_dir
-
-        configured = self.local_state_dir or conf.get("dtrain", "local_state_dir", fallback="")
-        return get_launcher("local", state_dir=str(Path(configured) if configured else default_state_dir()))
+        return get_launcher(spec.backend, **launcher_kwargs(
+            spec.backend, kubernetes=self.kubernetes, kubernetes_conn_id=self.kubernetes_conn_id,
+            local_state_dir_setting=self.local_state_dir))
 
     def _run_job(self, context: Context, purpose: str, spec: JobSpec) -> None:
         """Run one job to its end (reattaching to a running one of an earlier try), raise if it failed."""
         ti = context["ti"]
         base = group_base_name(ti.dag_id, ti.run_id, f"{ti.task_id}-{purpose}", getattr(ti, "map_index", -1))
         launcher = self._launcher(spec)
-        names = sorted((n for n in launcher.find(base) if relaunch_index(base, n) is not None),
-                       key=lambda n: relaunch_index(base, n))  # fmt: skip
+        names = relaunches(launcher, base)
         if names and launcher.status(names[-1]).state in (GroupState.PENDING, GroupState.RUNNING):
             name = names[-1]
             self.log.info("Reattaching to %s job %s", purpose, name)

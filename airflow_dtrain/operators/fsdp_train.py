@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import GroupState, PodGroupLauncher, get_launcher, poll_group
+from airflow_dtrain.launchers.base import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs,
+                                          local_state_dir, poll_group, relaunches)
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
 from airflow_dtrain.templating import is_template
 from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event, observe_recovery
@@ -193,29 +194,18 @@ class FSDPTrainOperator(BaseOperator):
     def _default_checkpoint_uri(self, backend: str | None) -> str:
         if backend != "local":
             raise SpecError(f"checkpoint_uri: required for backend {backend!r}")
-        return str(self._state_dir().parent / "checkpoints" / self._base)
-
-    def _state_dir(self):
-        from pathlib import Path
-
-        from airflow_dtrain.launchers.local import default_state_dir
-
-        configured = self.local_state_dir or conf.get("dtrain", "local_state_dir", fallback="")
-        return Path(configured) if configured else default_state_dir()
+        return str(local_state_dir(self.local_state_dir).parent / "checkpoints" / self._base)
 
     # -- launcher -----------------------------------------------------------------------------
     def _launcher_kwargs(self, backend: str) -> dict[str, Any]:
-        if backend == "kubernetes":
-            namespace = self.kubernetes.get("namespace") if isinstance(self.kubernetes, dict) else None
-            return {"kubernetes_conn_id": self.kubernetes_conn_id, "namespace": namespace}
-        return {"state_dir": str(self._state_dir())} if backend == "local" else {}
+        return launcher_kwargs(backend, kubernetes=self.kubernetes, kubernetes_conn_id=self.kubernetes_conn_id,
+                               local_state_dir_setting=self.local_state_dir)
 
     def _get_launcher(self, backend: str) -> PodGroupLauncher:
         return get_launcher(backend, **self._launcher_kwargs(backend))
 
     def _groups(self, launcher: PodGroupLauncher) -> list[str]:
-        names = launcher.find(self._base)
-        return sorted((n for n in names if relaunch_index(self._base, n) is not None), key=lambda n: relaunch_index(self._base, n))
+        return relaunches(launcher, self._base)
 
     def _preemptions(self, launcher: PodGroupLauncher, names: list[str]) -> int:
         return sum(launcher.status(n).state == GroupState.PREEMPTED for n in names)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
+from airflow_dtrain.launchers.base import launcher_kwargs
 from airflow_dtrain.spot.events import KINDS
 from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
 from airflow_dtrain.spot.members import InstanceSource, StaticInstances
@@ -44,7 +45,9 @@ class SpotInterruptionSensor(BaseSensorOperator):
     :param sqs_queue_url: the SQS queue EventBridge sends interruption events to. (templated)
     :param kinds: which notices count: ``spot-interruption``, ``rebalance-recommendation``,
         ``scheduled-maintenance``, ``disruption``.
-    :param backend: the group's launcher backend (``local``). (templated)
+    :param backend: the group's launcher backend, ``local`` or ``kubernetes``. (templated)
+    :param namespace: the group's namespace (``kubernetes``; default: the connection's). (templated)
+    :param kubernetes_conn_id: the Kubernetes connection (``kubernetes``).
     :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
     :param wait_time_seconds: SQS long-poll seconds per look (0-20).
     :param aws_conn_id: the Airflow AWS connection.
@@ -52,7 +55,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
     :param deferrable: watch from the triggerer, freeing the worker slot.
     """
 
-    template_fields: Sequence[str] = ("group", "instance_ids", "node_names", "sqs_queue_url", "backend")
+    template_fields: Sequence[str] = ("group", "instance_ids", "node_names", "sqs_queue_url", "backend", "namespace")
     ui_color = "#ffe0cc"
 
     def __init__(
@@ -65,6 +68,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
         sqs_queue_url: str | None = None,
         kinds: Sequence[str] = DEFAULT_KINDS,
         backend: str = "local",
+        namespace: str | None = None,
+        kubernetes_conn_id: str = "kubernetes_default",
         local_state_dir: str | None = None,
         wait_time_seconds: int = 5,
         aws_conn_id: str | None = "aws_default",
@@ -81,6 +86,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
         self.sqs_queue_url = sqs_queue_url
         self.kinds = tuple(kinds)
         self.backend = backend
+        self.namespace = namespace
+        self.kubernetes_conn_id = kubernetes_conn_id
         self.local_state_dir = local_state_dir
         self.wait_time_seconds = wait_time_seconds
         self.aws_conn_id = aws_conn_id
@@ -111,12 +118,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
         return StaticInstances(instance_ids=ids, node_names=names)
 
     def _launcher_kwargs(self) -> dict[str, Any]:
-        if self.backend != "local":
-            return {}
-        from airflow_dtrain.launchers.local import default_state_dir
-
-        configured = self.local_state_dir or conf.get("dtrain", "local_state_dir", fallback="")
-        return {"state_dir": str(configured or default_state_dir())}
+        return launcher_kwargs(self.backend, kubernetes={"namespace": self.namespace or None},
+                               kubernetes_conn_id=self.kubernetes_conn_id, local_state_dir_setting=self.local_state_dir)
 
     def _watch_kwargs(self) -> dict[str, Any]:
         if not isinstance(self.group, str) or not self.group or self.group == "None":
