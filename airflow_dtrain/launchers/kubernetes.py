@@ -481,19 +481,33 @@ class KubernetesLauncher(PodGroupLauncher):
 
     # -- checkpoint_now / stop -------------------------------------------------------------------
     def checkpoint_now(self, name: str) -> int:
-        """SIGUSR1 to the training processes of every running pod (``pods/exec``)."""
+        """SIGUSR1 to the training processes of every running pod (``pods/exec``); returns how many
+        were signalled. A pod where the exec fails is logged (with the command's stderr) and skipped."""
         from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import STDERR_CHANNEL, STDOUT_CHANNEL
 
         asked = 0
         for pod in self._pods(f"{LABEL_GROUP}={name}"):
             if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
                 continue
-            output = stream(
-                self._core.connect_get_namespaced_pod_exec, pod["metadata"]["name"], self.namespace,
+            pod_name = pod["metadata"]["name"]
+            client = stream(
+                self._core.connect_get_namespaced_pod_exec, pod_name, self.namespace,
                 container=CONTAINER, command=["python", "-c", _SIGNAL_WORKERS],
-                stdout=True, stderr=True, stdin=False, tty=False,
+                stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
             )  # fmt: skip
-            asked += int(str(output).strip().splitlines()[-1] or 0) if str(output).strip() else 0
+            try:
+                client.run_forever(timeout=30)
+                stdout, stderr = client.read_channel(STDOUT_CHANNEL), client.read_channel(STDERR_CHANNEL)
+                code = client.returncode
+            finally:
+                client.close()
+            lines = stdout.strip().splitlines()
+            if code != 0 or not lines or not lines[-1].isdigit():
+                self.log.warning("checkpoint-now in pod %s/%s failed (exit code %s): %s", self.namespace, pod_name,
+                                 code, (stderr or stdout).strip()[-500:] or "no output")  # fmt: skip
+                continue
+            asked += int(lines[-1])
         return asked
 
     def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:

@@ -11,11 +11,18 @@ It also plays a small Job controller: an Indexed Job gets one Pod per completion
 tests then drive the pods (``run``, ``log``, ``exit``, ``disrupt``, ``unschedulable``)
 and the fake applies the Job's ``podFailurePolicy`` rules, completion, suspension and
 replacement pods the way the real controller does for the fields the launcher uses.
+
+``pods/exec`` speaks the real protocol (a WebSocket upgrade, then ``v4.channel.k8s.io``
+frames: stdout on channel 1, stderr on 2, the exit status on 3). Nothing is executed: the
+test's ``exec_handler(namespace, pod, container, command) -> (stdout, stderr, exit_code)``
+answers, and every exec is recorded in ``execs``.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
 import re
 import secrets
@@ -25,6 +32,7 @@ import uuid
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from struct import pack
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -81,6 +89,13 @@ def matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
+def _ws_frame(opcode: int, payload: bytes) -> bytes:
+    """One unmasked, final WebSocket frame (RFC 6455), as a server sends it."""
+    n = len(payload)
+    size = bytes([n]) if n < 126 else bytes([126]) + pack(">H", n) if n < 1 << 16 else bytes([127]) + pack(">Q", n)
+    return bytes([0x80 | opcode]) + size + payload
+
+
 class ApiError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -95,6 +110,8 @@ class FakeKubernetesApiServer:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.pod_logs: dict[tuple[str, str], list[tuple[float, str]]] = {}
         self.requests: list[tuple[str, str]] = []
+        self.execs: list[tuple[str, str, str, list[str]]] = []  # (namespace, pod, container, command)
+        self.exec_handler = None  # (namespace, pod, container, command) -> (stdout, stderr, exit_code)
         self._accounted: dict[str, set[str]] = {}  # failed pods the Job controller has counted, per Job uid
         self._version = 0
         self._server: ThreadingHTTPServer | None = None
@@ -111,6 +128,9 @@ class FakeKubernetesApiServer:
 
             def _handle(self) -> None:
                 url = urlparse(self.path)
+                if self.headers.get("Upgrade", "").lower() == "websocket":
+                    fake._exec(self, url)
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 try:
@@ -144,6 +164,47 @@ class FakeKubernetesApiServer:
         self.reset()
         return self
 
+    _EXEC = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/exec$")
+
+    def _exec(self, handler: BaseHTTPRequestHandler, url) -> None:
+        """pods/exec over a WebSocket, answered by exec_handler (see the module docstring)."""
+        match = self._EXEC.match(url.path)
+        query = parse_qs(url.query)
+        with self.lock:
+            self.requests.append(("EXEC", url.path))
+            pod = self.objects.get(("pods", match["ns"], match["name"])) if match else None
+            running = pod is not None and pod["status"].get("phase") == "Running"
+        if not running:
+            message = json.dumps({"kind": "Status", "status": "Failure", "code": 400 if pod else 404,
+                                  "message": f"pod {url.path} is not running"}).encode()  # fmt: skip
+            handler.send_response(400 if pod else 404)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(message)))
+            handler.end_headers()
+            handler.wfile.write(message)
+            return
+        container, command = query.get("container", [""])[0], query.get("command", [])
+        self.execs.append((match["ns"], match["name"], container, command))
+        answer = self.exec_handler or (lambda *_: ("", "this fake executes nothing: set exec_handler", 126))
+        stdout, stderr, code = answer(match["ns"], match["name"], container, command)
+        key = handler.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+        handler.send_response(101, "Switching Protocols")
+        handler.send_header("Upgrade", "websocket")
+        handler.send_header("Connection", "Upgrade")
+        handler.send_header("Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode())
+        handler.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+        handler.end_headers()
+        status = {"metadata": {}, "status": "Success"} if code == 0 else {
+            "metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+            "message": f"command terminated with non-zero exit code: {code}",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}  # fmt: skip
+        for channel, text in ((1, stdout), (2, stderr), (3, json.dumps(status))):
+            if text:
+                handler.wfile.write(_ws_frame(0x2, bytes([channel]) + text.encode()))
+        handler.wfile.write(_ws_frame(0x8, pack(">H", 1000)))  # close: normal
+        handler.wfile.flush()
+        handler.close_connection = True
+
     def stop(self) -> None:
         if self._server:
             self._server.shutdown()
@@ -168,6 +229,8 @@ class FakeKubernetesApiServer:
             self.objects.clear()
             self.pod_logs.clear()
             self.requests.clear()
+            self.execs.clear()
+            self.exec_handler = None
             self._accounted.clear()
             self._create("namespaces", "", {"metadata": {"name": "default"}})
 
