@@ -22,6 +22,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_dtrain.kubernetes_objects import LABEL_GROUP
 from airflow_dtrain.spot.events import InterruptionNotice, instance_id_of_provider_id, notice_from_node
 
 
@@ -100,7 +101,7 @@ class KubernetesGroupNodes(InstanceSource):
         self,
         *,
         namespace: str = "default",
-        label_selector: str = "dtrain.airflow.apache.org/group={group}",
+        label_selector: str = f"{LABEL_GROUP}={{group}}",
         kubernetes_conn_id: str = "kubernetes_default",
     ):
         self.namespace = namespace

@@ -8,7 +8,8 @@ deletes with the propagation policies of the real garbage collector (Jobs defaul
 orphaning, as ``batch/v1`` does).
 
 It also plays a small Job controller: an Indexed Job gets one Pod per completion index;
-tests then drive the pods (``run``, ``log``, ``exit``, ``disrupt``, ``unschedulable``)
+tests then drive the pods (``run``, ``log``, ``exit``, ``disrupt``, ``unschedulable``) and
+the nodes they run on (``add_node``, ``taint``)
 and the fake applies the Job's ``podFailurePolicy`` rules, completion, suspension and
 replacement pods the way the real controller does for the fields the launcher uses.
 
@@ -39,13 +40,15 @@ from urllib.parse import parse_qs, urlparse
 _ROUTES = [
     (re.compile(r"^/api/v1/namespaces$"), "namespaces", False),
     (re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$"), "namespaces", False),
+    (re.compile(r"^/api/v1/nodes$"), "nodes", False),
+    (re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$"), "nodes", False),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>pods|services|configmaps)$"), None, True),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>pods|services|configmaps)/(?P<name>[^/]+)(?P<sub>/log|/status)?$"), None, True),
     (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>jobs)$"), None, True),
     (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>jobs)/(?P<name>[^/]+)(?P<sub>/status)?$"), None, True),
 ]  # fmt: skip
 _KIND = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "configmaps": ("v1", "ConfigMap"),
-         "jobs": ("batch/v1", "Job"), "namespaces": ("v1", "Namespace")}  # fmt: skip
+         "jobs": ("batch/v1", "Job"), "namespaces": ("v1", "Namespace"), "nodes": ("v1", "Node")}  # fmt: skip
 
 
 def _now() -> str:
@@ -87,6 +90,12 @@ def matches(labels: dict[str, str], selector: str) -> bool:
         elif term not in labels:
             return False
     return True
+
+
+def _image(pod: dict[str, Any]) -> dict[str, str]:
+    """A container status's image fields, as the kubelet reports them (required by the typed client)."""
+    image = pod["spec"]["containers"][0]["image"]
+    return {"image": image, "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"}
 
 
 def _ws_frame(opcode: int, payload: bytes) -> bytes:
@@ -537,16 +546,33 @@ class FakeKubernetesApiServer:
 
         self._update_pod(job, index, namespace, change)
 
-    def run(self, job: str, indexes: list[int] | None = None, namespace: str = "default") -> None:
-        """Pods scheduled and their trainer container started."""
+    def add_node(self, name: str, instance_id: str, zone: str = "us-east-1a") -> None:
+        """An EC2-backed Node (``spec.providerID`` ``aws:///<zone>/<instance id>``)."""
+        with self.lock:
+            self._create("nodes", "", {"metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
+                                       "spec": {"providerID": f"aws:///{zone}/{instance_id}"}})  # fmt: skip
+
+    def taint(self, node: str, key: str, effect: str = "NoSchedule") -> None:
+        """A taint on a node, as aws-node-termination-handler or Karpenter put one."""
+        with self.lock:
+            obj = self.objects[("nodes", "", node)]
+            obj["spec"].setdefault("taints", []).append({"key": key, "effect": effect, "timeAdded": _now()})
+            self._version += 1
+            obj["metadata"]["resourceVersion"] = str(self._version)
+
+    def run(self, job: str, indexes: list[int] | None = None, namespace: str = "default",
+            nodes: dict[int, str] | None = None) -> None:
+        """Pods scheduled (onto ``nodes[index]`` when given) and their trainer container started."""
         spec = self.get("jobs", job, namespace)
         for index in indexes if indexes is not None else range(spec["spec"]["completions"]):
 
             def change(pod, index=index):
+                if nodes and index in nodes:
+                    pod["spec"]["nodeName"] = nodes[index]
                 pod["status"].update(
                     phase="Running", startTime=_now(), podIP=f"10.0.0.{index + 10}",
                     conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-                    containerStatuses=[{"name": "trainer", "ready": True, "restartCount": 0,
+                    containerStatuses=[{"name": "trainer", "ready": True, "restartCount": 0, **_image(pod),
                                         "state": {"running": {"startedAt": _now()}}}],
                 )  # fmt: skip
 
@@ -570,7 +596,7 @@ class FakeKubernetesApiServer:
                 conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption,
                                    "message": "the node is being reclaimed", "lastTransitionTime": _now()})  # fmt: skip
             pod["status"].update(phase=phase, conditions=conditions, containerStatuses=[{
-                "name": "trainer", "ready": False, "restartCount": 0,
+                "name": "trainer", "ready": False, "restartCount": 0, **_image(pod),
                 "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                          "startedAt": _now(), "finishedAt": _now()}},
             }])  # fmt: skip
