@@ -8,6 +8,9 @@ the price and the budget allow.
 **Flow**: `spot_price` (SpotPriceSensor) → `budget` (BudgetBranchOperator) →
 `train_spot` | `train_on_demand` | `wait` | `stop` → `validate` (CheckpointValidationOperator)
 → `evaluate` (EvaluateCheckpointOperator: held-out loss, loss-curve report, promotion).
+Beside `train_spot`, `spot_watch` (SpotInterruptionSensor) asks the group to checkpoint now on a
+spot interruption warning for one of its nodes (on Kubernetes: their termination-handler taints,
+and the SQS queue `interruption_queue_url` if given); on the local backend it is skipped.
 A promotion updates the asset `train_llama_best_model`, on which `publish_llama` is scheduled.
 
 With its defaults it runs on this machine: the `local` backend (one torchrun agent per node,
@@ -37,6 +40,7 @@ from airflow_dtrain import (
     CheckpointValidationOperator,
     EvaluateCheckpointOperator,
     FSDPTrainOperator,
+    SpotInterruptionSensor,
     SpotPriceSensor,
 )
 
@@ -106,6 +110,11 @@ with DAG(
             [], type="array", items={"type": "string"}, description="Zones to consider (empty: all)."
         ),
         "kubernetes": Param({}, type="object", description="Pods of the kubernetes backend (image, namespace...)."),
+        "interruption_queue_url": Param(
+            "", type="string",
+            description="SQS queue that EventBridge sends EC2 spot interruption warnings to (kubernetes backend; "
+            "empty: node taints only).",
+        ),
         "registry_uri": Param(
             "", type="string", description="Where the best model is recorded and exported (empty: " + REGISTRY + ")."
         ),
@@ -126,7 +135,7 @@ with DAG(
 
     budget = BudgetBranchOperator(
         task_id="budget",
-        spot_task_id="train_spot",
+        spot_task_id=["train_spot", "spot_watch"],
         on_demand_task_id="train_on_demand",
         wait_task_id="wait",
         stop_task_id="stop",
@@ -171,6 +180,16 @@ with DAG(
     train_spot = train("spot", "spot_price")
     train_on_demand = train("on_demand", "on_demand_price")
 
+    spot_watch = SpotInterruptionSensor(
+        task_id="spot_watch",
+        train_task_id="train_spot",
+        backend="{{ params.backend }}",
+        namespace="{{ params.kubernetes.get('namespace') or '' }}",
+        sqs_queue_url="{{ params.interruption_queue_url or None }}",
+        deferrable=True,
+        poke_interval=5,
+    )
+
     @task(task_id="wait")
     def wait(ti=None) -> dict:
         """No acceptable spot price now: end this run; the next scheduled run looks again."""
@@ -203,7 +222,7 @@ with DAG(
         batches=10,
     )
 
-    spot_price >> budget >> [train_spot, train_on_demand, wait(), stop()]
+    spot_price >> budget >> [train_spot, spot_watch, train_on_demand, wait(), stop()]
     [train_spot, train_on_demand] >> validate >> evaluate
 
 

@@ -30,7 +30,8 @@ class BudgetBranchOperator(BaseBranchOperator):
     ``stop``. It never chooses work whose estimate exceeds the remaining budget. The
     decision and its reason are logged and pushed to XCom (key ``decision``).
 
-    :param spot_task_id: task (or task group) to run when training on spot.
+    :param spot_task_id: task (or task group) to run when training on spot, or a list of them (e.g. the
+        training task and a ``SpotInterruptionSensor`` beside it).
     :param on_demand_task_id: task to run when training on on-demand.
     :param wait_task_id: task to run when waiting for a better price (None: skip everything).
     :param stop_task_id: task to run when stopping (None: skip everything).
@@ -61,7 +62,7 @@ class BudgetBranchOperator(BaseBranchOperator):
     def __init__(
         self,
         *,
-        spot_task_id: str,
+        spot_task_id: str | list[str],
         on_demand_task_id: str,
         wait_task_id: str | None = None,
         stop_task_id: str | None = None,

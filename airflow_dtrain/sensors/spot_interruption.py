@@ -7,11 +7,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_dtrain.launchers.base import launcher_kwargs
 from airflow_dtrain.spot.events import KINDS
 from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
 from airflow_dtrain.spot.members import InstanceSource, StaticInstances
+from airflow_dtrain.templating import is_template
 from airflow_dtrain.triggers.spot_interruption import SpotInterruptionTrigger
 
 if TYPE_CHECKING:
@@ -35,10 +37,14 @@ class SpotInterruptionSensor(BaseSensorOperator):
 
     Which instances belong to the group comes from ``instance_source`` (see
     ``airflow_dtrain.spot.members``); ``instance_ids`` / ``node_names`` are shorthand for a
-    ``StaticInstances`` source.
+    ``StaticInstances`` source. With none of them, a ``kubernetes`` group is watched through
+    ``KubernetesGroupNodes`` (the nodes its pods run on, in ``namespace``), and a ``local`` group
+    has no instances to watch: the task is skipped (so one DAG serves both backends).
 
     :param group: the group's name, e.g. ``"{{ ti.xcom_pull(task_ids='train', key='group') }}"``; a
         prefix of relaunched groups' names also works (the newest one is watched). (templated)
+    :param train_task_id: instead of ``group``: watch the groups of this FSDPTrainOperator task of
+        the same DAG run (its newest relaunch), e.g. one running beside the sensor.
     :param instance_ids: EC2 instance ids of the group. (templated)
     :param node_names: Kubernetes node names of the group. (templated)
     :param instance_source: where the group's instances come from (instead of the two above).
@@ -61,7 +67,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
     def __init__(
         self,
         *,
-        group: str,
+        group: str | None = None,
+        train_task_id: str | None = None,
         instance_ids: list[str] | None = None,
         node_names: list[str] | None = None,
         instance_source: InstanceSource | None = None,
@@ -80,6 +87,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
         kwargs.setdefault("poke_interval", 5)  # a spot warning gives two minutes
         super().__init__(**kwargs)
         self.group = group
+        self.train_task_id = train_task_id
         self.instance_ids = instance_ids
         self.node_names = node_names
         self.instance_source = instance_source
@@ -101,16 +109,39 @@ class SpotInterruptionSensor(BaseSensorOperator):
             raise ValueError(f"{prefix}instance_source: give it or instance_ids/node_names, not both")
         if instance_source is not None and not isinstance(instance_source, InstanceSource):
             raise ValueError(f"{prefix}instance_source: expected an InstanceSource, got {instance_source!r}")
-        if instance_source is None and not instance_ids and not node_names:
-            raise ValueError(f"{prefix}instance_ids / node_names / instance_source: give one, got none")
+        if (group is None) == (train_task_id is None):
+            raise ValueError(f"{prefix}group / train_task_id: give one, got {group!r} / {train_task_id!r}")
         if not isinstance(wait_time_seconds, int) or not 0 <= wait_time_seconds <= 20:
             raise ValueError(f"{prefix}wait_time_seconds: must be an integer 0-20, got {wait_time_seconds!r}")
-        if not sqs_queue_url and (instance_source is None or type(instance_source).node_notices is InstanceSource.node_notices):
-            raise ValueError(f"{prefix}sqs_queue_url: required unless instance_source can see node taints")
+        if not is_template(backend) and not is_template(sqs_queue_url):
+            self._check_sources()
+
+    def _check_sources(self) -> None:
+        """Something to watch, and a way to hear of notices (once backend and queue are known)."""
+        prefix = f"{type(self).__name__}(task_id={self.task_id!r}): "
+        if self.backend not in ("local", "kubernetes"):
+            raise ValueError(f"{prefix}backend: expected 'local' or 'kubernetes', got {self.backend!r}")
+        if self.backend == "local" and not self._given_instances():
+            raise ValueError(f"{prefix}instance_ids / node_names / instance_source: give one for the local backend, "
+                             "got none")  # fmt: skip
+        source = self.instance_source
+        taints = self.backend == "kubernetes" if source is None and not self._given_instances() else (
+            source is not None and type(source).node_notices is not InstanceSource.node_notices)
+        if not _queue(self.sqs_queue_url) and not taints:
+            raise ValueError(f"{prefix}sqs_queue_url: required unless the instances come from node taints "
+                             "(instance_source=KubernetesGroupNodes, or backend='kubernetes' without instance_ids)")
+
+    def _given_instances(self) -> bool:
+        return self.instance_source is not None or bool(self.instance_ids) or bool(self.node_names)
 
     def _source(self) -> InstanceSource:
         if self.instance_source is not None:
             return self.instance_source
+        if self.backend == "kubernetes" and not self._given_instances():
+            from airflow_dtrain.spot.members import KubernetesGroupNodes
+
+            namespace = self._launcher_kwargs()["namespace"] or self._connection_namespace()
+            return KubernetesGroupNodes(namespace=namespace, kubernetes_conn_id=self.kubernetes_conn_id)
         ids, names = self.instance_ids or [], self.node_names or []
         for field, value in (("instance_ids", ids), ("node_names", names)):
             if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
@@ -121,15 +152,28 @@ class SpotInterruptionSensor(BaseSensorOperator):
         return launcher_kwargs(self.backend, kubernetes={"namespace": self.namespace or None},
                                kubernetes_conn_id=self.kubernetes_conn_id, local_state_dir_setting=self.local_state_dir)
 
-    def _watch_kwargs(self) -> dict[str, Any]:
+    def _connection_namespace(self) -> str:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        return KubernetesHook(conn_id=self.kubernetes_conn_id).get_namespace() or "default"
+
+    def _group(self, context: Context) -> str:
+        if self.train_task_id is not None:
+            from airflow_dtrain.spec import group_base_name
+
+            ti = context["ti"]
+            return group_base_name(ti.dag_id, ti.run_id, self.train_task_id, getattr(ti, "map_index", -1))
         if not isinstance(self.group, str) or not self.group or self.group == "None":
             raise ValueError(f"{type(self).__name__}(task_id={self.task_id!r}): group: expected a group name, got {self.group!r}")
+        return self.group
+
+    def _watch_kwargs(self, context: Context) -> dict[str, Any]:
         return {
-            "group": self.group,
+            "group": self._group(context),
             "source": self._source(),
             "backend": self.backend,
             "launcher_kwargs": self._launcher_kwargs(),
-            "sqs_queue_url": self.sqs_queue_url or None,
+            "sqs_queue_url": _queue(self.sqs_queue_url),
             "aws_conn_id": self.aws_conn_id,
             "region_name": self.region_name,
             "kinds": list(self.kinds),
@@ -137,7 +181,10 @@ class SpotInterruptionSensor(BaseSensorOperator):
         }
 
     def execute(self, context: Context) -> Any:
-        watch_kwargs = self._watch_kwargs()
+        if self.backend == "local" and not self._given_instances():
+            raise AirflowSkipException("local backend: the group runs on this machine, no instances to watch")
+        self._check_sources()  # the rendered backend and queue
+        watch_kwargs = self._watch_kwargs(context)
         if self.deferrable:
             result = self.poke(context)
             if result:
@@ -153,7 +200,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
     def poke(self, context: Context) -> PokeReturnValue:
         from airflow_dtrain.spot.interruptions import watch_once
 
-        record = watch_once(**self._watch_kwargs())
+        record = watch_once(**self._watch_kwargs(context))
         if record is None:
             return PokeReturnValue(is_done=False)
         self._report(record)
@@ -176,3 +223,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
                 notice["kind"], notice.get("instance_id") or notice.get("node_name"), notice["source"],
                 notice.get("time"), record["group"], record["checkpoint_requested"],
             )  # fmt: skip
+
+
+def _queue(url: Any) -> str | None:
+    """The queue URL, None for none (a template that rendered ``None`` or nothing included)."""
+    return url if isinstance(url, str) and url.strip() not in ("", "None") else None

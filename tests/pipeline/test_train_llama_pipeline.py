@@ -79,6 +79,7 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     assert states["train_spot"] == TaskInstanceState.SUCCESS
     assert states["train_on_demand"] == TaskInstanceState.SKIPPED
     assert states["wait"] == states["stop"] == TaskInstanceState.SKIPPED
+    assert states["spot_watch"] == TaskInstanceState.SKIPPED  # local backend: no instances to watch
     assert states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS
 
     summary = json.loads((ckpt / "summary.json").read_text())
@@ -115,7 +116,7 @@ def test_budget_too_small_ends_in_the_stop_branch_without_training(dags, tmp_pat
     )
     states = _states(run)
     assert states["stop"] == TaskInstanceState.SUCCESS
-    assert states["train_spot"] == states["train_on_demand"] == TaskInstanceState.SKIPPED
+    assert states["train_spot"] == states["train_on_demand"] == states["spot_watch"] == TaskInstanceState.SKIPPED
     assert states["validate"] == states["evaluate"] == TaskInstanceState.SKIPPED
     decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
     assert decision["choice"] == "stop" and "over budget" in decision["reason"]

@@ -191,7 +191,10 @@ def test_a_group_that_ended_ends_the_watch(group, sqs_queue, tmp_path):
     [
         ({"instance_ids": None}, "instance_ids / node_names / instance_source: give one"),
         ({"kinds": ["earthquake"]}, "kinds: expected some of"),
-        ({"sqs_queue_url": None}, "sqs_queue_url: required unless instance_source can see node taints"),
+        ({"sqs_queue_url": None}, "sqs_queue_url: required unless the instances come from node taints"),
+        ({"group": None}, "group / train_task_id: give one, got None / None"),
+        ({"train_task_id": "train"}, "group / train_task_id: give one, got 'g' / 'train'"),
+        ({"backend": "slurm"}, "backend: expected 'local' or 'kubernetes', got 'slurm'"),
         ({"wait_time_seconds": 60}, "wait_time_seconds: must be an integer 0-20, got 60"),
     ],
 )
