@@ -44,7 +44,12 @@ class SpotInterruptionSensor(BaseSensorOperator):
     :param group: the group's name, e.g. ``"{{ ti.xcom_pull(task_ids='train', key='group') }}"``; a
         prefix of relaunched groups' names also works (the newest one is watched). (templated)
     :param train_task_id: instead of ``group``: watch the groups of this FSDPTrainOperator task of
-        the same DAG run (its newest relaunch), e.g. one running beside the sensor.
+        the same DAG run, e.g. one running beside the sensor. The watch then follows the task's
+        relaunches: every notice is acted on and the sensor succeeds once training is over, with
+        all of them (see ``follow_relaunches_s``).
+    :param follow_relaunches_s: keep watching this long after the newest group ended (or, at the
+        start, before any exists) for a relaunch. Default: 600 with ``train_task_id``, else 0
+        (the first notice, or the group's end, ends the watch).
     :param instance_ids: EC2 instance ids of the group. (templated)
     :param node_names: Kubernetes node names of the group. (templated)
     :param instance_source: where the group's instances come from (instead of the two above).
@@ -69,6 +74,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
         *,
         group: str | None = None,
         train_task_id: str | None = None,
+        follow_relaunches_s: float | None = None,
         instance_ids: list[str] | None = None,
         node_names: list[str] | None = None,
         instance_source: InstanceSource | None = None,
@@ -88,6 +94,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.group = group
         self.train_task_id = train_task_id
+        self.follow_relaunches_s = (600.0 if train_task_id else 0.0) if follow_relaunches_s is None else follow_relaunches_s
+        self._watch = None  # kept across pokes (poke mode): what was handled, when groups ended
         self.instance_ids = instance_ids
         self.node_names = node_names
         self.instance_source = instance_source
@@ -178,6 +186,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
             "region_name": self.region_name,
             "kinds": list(self.kinds),
             "wait_time_seconds": self.wait_time_seconds,
+            "follow_relaunches_s": self.follow_relaunches_s,
         }
 
     def execute(self, context: Context) -> Any:
@@ -198,9 +207,11 @@ class SpotInterruptionSensor(BaseSensorOperator):
         return super().execute(context)
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from airflow_dtrain.spot.interruptions import watch_once
+        from airflow_dtrain.spot.interruptions import InterruptionWatch
 
-        record = watch_once(**self._watch_kwargs(context))
+        if self._watch is None:
+            self._watch = InterruptionWatch(**self._watch_kwargs(context))
+        record = self._watch.look()
         if record is None:
             return PokeReturnValue(is_done=False)
         self._report(record)

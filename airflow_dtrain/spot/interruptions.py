@@ -1,4 +1,4 @@
-"""One look for interruption notices of a group, and the response: checkpoint now.
+"""Looking for interruption notices of a group, and the response: checkpoint now.
 
 Shared by ``SpotInterruptionSensor.poke`` and ``SpotInterruptionTrigger.run`` (plain
 arguments only, so the trigger can carry them to the triggerer).
@@ -16,6 +16,7 @@ SQS handling, chosen so that several groups (and other consumers) can share one 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
@@ -89,69 +90,112 @@ def delete_messages(*, queue_url: str, receipts: list[str], aws_conn_id: str | N
 
 
 def current_group(launcher: Any, group: str) -> tuple[str, Any]:
-    """(name, status) of ``group``, or of the newest group whose name starts with it (a relaunch)."""
-    from airflow_dtrain.launchers.base import GroupState
+    """(name, status) of ``group``, or of the newest relaunch of it (``<group>-r<n>``, highest n)."""
+    from airflow_dtrain.launchers.base import GroupState, relaunches
 
     status = launcher.status(group)
     if status.state == GroupState.NOT_FOUND:
-        names = launcher.find(group)
+        names = relaunches(launcher, group) or sorted(launcher.find(group))
         if names:
             return names[-1], launcher.status(names[-1])
     return group, status
 
 
-def watch_once(
-    *,
-    group: str,
-    source: InstanceSource,
-    backend: str,
-    launcher_kwargs: dict[str, Any],
-    sqs_queue_url: str | None,
-    aws_conn_id: str | None,
-    region_name: str | None,
-    kinds: Iterable[str] = DEFAULT_KINDS,
-    wait_time_seconds: int = 0,
-) -> dict[str, Any] | None:
-    """One look: on a notice for the group, ask it to checkpoint now and return the record.
+class InterruptionWatch:
+    """Looks for interruption notices of a group, and the response: checkpoint now.
 
-    Returns None while nothing happened; a record with ``interrupted: False`` when the
-    group ended without a notice (nothing left to protect).
+    Single-shot (``follow_relaunches_s`` 0): the first notice ends the watch (its record), and so
+    does the group's end. Following (``follow_relaunches_s`` > 0, for a watch that runs beside
+    the training task): every new notice is acted on once and the watch goes on, across the
+    task's relaunches; it ends when the newest group succeeded, failed or was stopped, or was
+    preempted and no relaunch appeared within ``follow_relaunches_s`` (nor any group at all
+    within that time of the start), with the record of every notice handled.
+
+    :param kwargs: see ``watch_once``.
     """
-    from airflow_dtrain.launchers.base import GroupState, get_launcher
 
-    kinds = tuple(kinds)
-    launcher = get_launcher(backend, **launcher_kwargs)
-    name, status = current_group(launcher, group)
-    if status.state.terminal:
-        return {"interrupted": False, "group": name, "group_state": status.state.value, "notices": []}
-    members = source.members(name)
-    notices: list[InterruptionNotice] = []
-    receipts: list[str] = []
-    if sqs_queue_url:
-        notices, receipts = receive_notices(
-            queue_url=sqs_queue_url, members=members, kinds=kinds, aws_conn_id=aws_conn_id,
-            region_name=region_name, wait_time_seconds=wait_time_seconds,
-        )  # fmt: skip
-    notices += [n for n in source.node_notices(name) if n.kind in kinds]
-    if not notices:
-        return None
-    for notice in notices:
-        log.warning(
-            "%s for %s (%s) of group %s, at %s",
-            notice.kind, notice.instance_id or notice.node_name, notice.source, name, notice.time,
-        )  # fmt: skip
-    asked = launcher.checkpoint_now(name) if status.state == GroupState.RUNNING else 0
-    log.warning("Asked %d process(es) of group %s to checkpoint now", asked, name)
-    delete_messages(queue_url=sqs_queue_url or "", receipts=receipts, aws_conn_id=aws_conn_id, region_name=region_name)
-    _count(notices)
-    return {
-        "interrupted": True,
-        "group": name,
-        "group_state": status.state.value,
-        "checkpoint_requested": asked,
-        "notices": [n.to_dict() for n in notices],
-        "handled_at": datetime.now(timezone.utc).isoformat(),
-    }
+    def __init__(
+        self,
+        *,
+        group: str,
+        source: InstanceSource,
+        backend: str,
+        launcher_kwargs: dict[str, Any],
+        sqs_queue_url: str | None,
+        aws_conn_id: str | None,
+        region_name: str | None,
+        kinds: Iterable[str] = DEFAULT_KINDS,
+        wait_time_seconds: int = 0,
+        follow_relaunches_s: float = 0.0,
+    ) -> None:
+        self.group, self.source, self.backend, self.launcher_kwargs = group, source, backend, launcher_kwargs
+        self.sqs_queue_url, self.aws_conn_id, self.region_name = sqs_queue_url, aws_conn_id, region_name
+        self.kinds, self.wait_time_seconds = tuple(kinds), wait_time_seconds
+        self.follow_relaunches_s = follow_relaunches_s
+        self.handled: list[dict[str, Any]] = []  # notices acted on, as records' "notices"
+        self.checkpoint_requested = 0
+        self._seen: set[tuple[str, str, str | None]] = set()  # (group, kind, instance or node): a taint stays
+        self._started = time.monotonic()
+        self._ended_since: dict[str, float] = {}
+
+    def look(self) -> dict[str, Any] | None:
+        """One look; the watch's record once it is over, else None."""
+        from airflow_dtrain.launchers.base import GroupState, get_launcher
+
+        launcher = get_launcher(self.backend, **self.launcher_kwargs)
+        name, status = current_group(launcher, self.group)
+        if status.state.terminal or status.state == GroupState.NOT_FOUND:
+            if not self.follow_relaunches_s:
+                if status.state.terminal:
+                    return self._record(name, status, [])
+            else:  # only a preempted group is relaunched; before the first launch, wait as long
+                waiting_since = {GroupState.PREEMPTED: self._ended_since.setdefault(name, time.monotonic()),
+                                 GroupState.NOT_FOUND: self._started}.get(status.state)  # fmt: skip
+                if waiting_since is None or time.monotonic() - waiting_since >= self.follow_relaunches_s:
+                    return self._record(name, status, self.handled)
+            return None
+        members = self.source.members(name)
+        notices: list[InterruptionNotice] = []
+        receipts: list[str] = []
+        if self.sqs_queue_url:
+            notices, receipts = receive_notices(
+                queue_url=self.sqs_queue_url, members=members, kinds=self.kinds, aws_conn_id=self.aws_conn_id,
+                region_name=self.region_name, wait_time_seconds=self.wait_time_seconds,
+            )  # fmt: skip
+        notices += [n for n in self.source.node_notices(name) if n.kind in self.kinds]
+        fresh = [n for n in notices if (name, n.kind, n.instance_id or n.node_name) not in self._seen]
+        if not fresh:
+            return None
+        for notice in fresh:
+            self._seen.add((name, notice.kind, notice.instance_id or notice.node_name))
+            log.warning(
+                "%s for %s (%s) of group %s, at %s",
+                notice.kind, notice.instance_id or notice.node_name, notice.source, name, notice.time,
+            )  # fmt: skip
+        asked = launcher.checkpoint_now(name) if status.state == GroupState.RUNNING else 0
+        log.warning("Asked %d process(es) of group %s to checkpoint now", asked, name)
+        delete_messages(queue_url=self.sqs_queue_url or "", receipts=receipts, aws_conn_id=self.aws_conn_id,
+                        region_name=self.region_name)  # fmt: skip
+        _count(fresh)
+        self.checkpoint_requested += asked
+        handled_at = datetime.now(timezone.utc).isoformat()
+        self.handled += [{**n.to_dict(), "group": name, "handled_at": handled_at} for n in fresh]
+        if self.follow_relaunches_s:
+            return None
+        return {**self._record(name, status, [n.to_dict() for n in fresh]), "handled_at": handled_at}
+
+    def _record(self, name: str, status: Any, notices: list[dict[str, Any]]) -> dict[str, Any]:
+        record = {"interrupted": bool(notices), "group": name, "group_state": status.state.value, "notices": notices}
+        if notices:
+            record["checkpoint_requested"] = self.checkpoint_requested
+        return record
+
+
+def watch_once(**kwargs: Any) -> dict[str, Any] | None:
+    """One single-shot look (see InterruptionWatch): on a notice for the group, ask it to
+    checkpoint now and return the record; a record with ``interrupted: False`` when the group
+    ended without a notice (nothing left to protect); None while nothing happened."""
+    return InterruptionWatch(**kwargs).look()
 
 
 def _count(notices: list[InterruptionNotice]) -> None:

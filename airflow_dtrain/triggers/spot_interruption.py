@@ -11,12 +11,13 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 class SpotInterruptionTrigger(BaseTrigger):
     """
-    Watch the SQS queue (and the group's node taints) until a notice for the group arrives.
+    Watch the SQS queue (and the group's node taints) until a notice for the group arrives, or
+    (``follow_relaunches_s`` in ``watch_kwargs``) for as long as the group and its relaunches train.
 
     The checkpoint-now request is sent from here, not from the resumed task: a spot warning
     gives two minutes, and a resumed task may take longer than that to be scheduled.
 
-    :param watch_kwargs: keyword arguments of ``airflow_dtrain.spot.interruptions.watch_once``,
+    :param watch_kwargs: keyword arguments of ``airflow_dtrain.spot.interruptions.InterruptionWatch``,
         with the instance source as ``source: [classpath, kwargs]`` (plain values).
     :param poll_interval: seconds between looks (on top of the SQS long poll).
     """
@@ -33,15 +34,16 @@ class SpotInterruptionTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_dtrain.spot.interruptions import watch_once
+        from airflow_dtrain.spot.interruptions import InterruptionWatch
         from airflow_dtrain.spot.members import deserialize_source
 
         kwargs = dict(self.watch_kwargs)
         group = kwargs["group"]
         try:
             kwargs["source"] = deserialize_source(*kwargs["source"])
+            watch = InterruptionWatch(**kwargs)
             while True:
-                record = await asyncio.to_thread(watch_once, **kwargs)
+                record = await asyncio.to_thread(watch.look)
                 if record is not None:
                     yield TriggerEvent({"status": "success", **record})
                     return

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -59,14 +60,7 @@ def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(clust
     assert sensor().poke({}).is_done is False
 
 
-def test_beside_the_train_task_a_node_taint_asks_the_kubernetes_group_to_checkpoint_now(cluster, tmp_path):
-    """The bundled DAG's set-up: the sensor names the train task, not a group, and has no queue
-    and no instance list; it watches the nodes of that task's newest group through their taints."""
-    from airflow_dtrain.spec import group_base_name
-    from tests.conftest import RecordingTI
-
-    ti = RecordingTI(dag_id="train_llama", run_id="manual__2026-11-22T05:00:00+00:00", task_id="spot_watch")
-    group = group_base_name(ti.dag_id, ti.run_id, "train_spot", -1) + "-r1"  # relaunched once already
+def _launch(group: str, tmp_path) -> None:
     spec = JobSpec.from_arguments(
         flavor="debug", steps=10, global_batch_size=2, micro_batch_size=1, num_nodes=2, procs_per_node=1,
         backend="kubernetes", checkpoint_uri=str(tmp_path / "ckpt"),
@@ -74,21 +68,65 @@ def test_beside_the_train_task_a_node_taint_asks_the_kubernetes_group_to_checkpo
                     "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}]},
     )  # fmt: skip
     KubernetesLauncher(namespace=NAMESPACE).launch(group, spec.to_dict())
-    for i in (1, 2):
+
+
+def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until_training_ends(cluster, tmp_path):
+    """The bundled DAG's set-up: the sensor names the train task, not a group, and has no queue
+    and no instance list; it watches the nodes of that task's groups through their taints."""
+    from airflow_dtrain.spec import group_base_name
+    from tests.conftest import RecordingTI
+
+    ti = RecordingTI(dag_id="train_llama", run_id="manual__2026-11-22T05:00:00+00:00", task_id="spot_watch")
+    base = group_base_name(ti.dag_id, ti.run_id, "train_spot", -1)
+    for i in (1, 2, 3):
         cluster.add_node(f"ip-10-0-0-{i}", f"i-00000000000000{i:03d}")
-    cluster.run(group, namespace=NAMESPACE, nodes={0: "ip-10-0-0-1", 1: "ip-10-0-0-2"})
     cluster.exec_handler = lambda ns, pod, container, command: ("1\n", "", 0)  # one trainer per pod signalled
 
     sensor = SpotInterruptionSensor(task_id="spot_watch", train_task_id="train_spot", backend="kubernetes",
                                     namespace=NAMESPACE, sqs_queue_url="{{ params.interruption_queue_url or None }}")
     sensor.sqs_queue_url = "None"  # as the template renders without a queue
-    assert sensor.poke({"ti": ti}).is_done is False and cluster.execs == []
+    assert sensor.follow_relaunches_s == 600
+
+    def poke():
+        return sensor.poke({"ti": ti})
+
+    assert poke().is_done is False  # the train task has not launched yet
+    _launch(f"{base}-r0", tmp_path)
+    cluster.run(f"{base}-r0", namespace=NAMESPACE, nodes={0: "ip-10-0-0-1", 1: "ip-10-0-0-2"})
+    assert poke().is_done is False and cluster.execs == []
 
     cluster.taint("ip-10-0-0-2", "aws-node-termination-handler/spot-itn")
-    record = sensor.poke({"ti": ti}).xcom_value
-    assert (record["interrupted"], record["group"], record["checkpoint_requested"]) == (True, group, 2)
-    [notice] = record["notices"]
-    assert (notice["kind"], notice["instance_id"], notice["node_name"], notice["source"]) == (
-        "spot-interruption", "i-00000000000000002", "ip-10-0-0-2", "node-taint")
-    assert sorted(pod for _, pod, _, _ in cluster.execs) == sorted(
-        cluster.pod(group, i, namespace=NAMESPACE)["metadata"]["name"] for i in (0, 1))  # every pod of the group
+    assert poke().is_done is False  # acted on, and the watch goes on
+    pods_r0 = sorted(cluster.pod(f"{base}-r0", i, namespace=NAMESPACE)["metadata"]["name"] for i in (0, 1))
+    assert sorted(pod for _, pod, _, _ in cluster.execs) == pods_r0  # every pod of the group, once
+    assert poke().is_done is False and len(cluster.execs) == 2  # the taint stays; it is not acted on twice
+
+    # The node goes: the group ends preempted; the train task relaunches it on another node.
+    cluster.exit(f"{base}-r0", 1, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
+    assert poke().is_done is False  # a relaunch is expected
+    _launch(f"{base}-r1", tmp_path)
+    cluster.run(f"{base}-r1", namespace=NAMESPACE, nodes={0: "ip-10-0-0-1", 1: "ip-10-0-0-3"})
+    assert poke().is_done is False
+    cluster.taint("ip-10-0-0-3", "aws-node-termination-handler/rebalance-recommendation")
+    assert poke().is_done is False and len(cluster.execs) == 4
+
+    for index in (0, 1):
+        cluster.exit(f"{base}-r1", index, 0, namespace=NAMESPACE)
+    record = poke().xcom_value  # training is over: so is the watch
+    assert (record["interrupted"], record["group"], record["group_state"], record["checkpoint_requested"]) == (
+        True, f"{base}-r1", "succeeded", 4)
+    assert [(n["group"], n["kind"], n["node_name"], n["source"]) for n in record["notices"]] == [
+        (f"{base}-r0", "spot-interruption", "ip-10-0-0-2", "node-taint"),
+        (f"{base}-r1", "rebalance-recommendation", "ip-10-0-0-3", "node-taint")]
+
+
+def test_following_a_preempted_group_that_is_not_relaunched_ends_after_the_grace(cluster, tmp_path):
+    _launch("alone-r0", tmp_path)
+    cluster.run("alone-r0", namespace=NAMESPACE)
+    cluster.exit("alone-r0", 0, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
+    sensor = SpotInterruptionSensor(task_id="w", group="alone", backend="kubernetes", namespace=NAMESPACE,
+                                    follow_relaunches_s=1.0)
+    assert sensor.poke({}).is_done is False
+    time.sleep(1.1)
+    record = sensor.poke({}).xcom_value
+    assert record == {"interrupted": False, "group": "alone-r0", "group_state": "preempted", "notices": []}
