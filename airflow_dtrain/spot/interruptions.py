@@ -148,11 +148,8 @@ class InterruptionWatch:
             if not self.follow_relaunches_s:
                 if status.state.terminal:
                     return self._record(name, status, [])
-            else:  # only a preempted group is relaunched; before the first launch, wait as long
-                waiting_since = {GroupState.PREEMPTED: self._ended_since.setdefault(name, time.monotonic()),
-                                 GroupState.NOT_FOUND: self._started}.get(status.state)  # fmt: skip
-                if waiting_since is None or time.monotonic() - waiting_since >= self.follow_relaunches_s:
-                    return self._record(name, status, self.handled)
+            elif not self._relaunch_expected(name, status.state):
+                return self._record(name, status, self.handled)
             return None
         members = self.source.members(name)
         notices: list[InterruptionNotice] = []
@@ -183,6 +180,18 @@ class InterruptionWatch:
         if self.follow_relaunches_s:
             return None
         return {**self._record(name, status, [n.to_dict() for n in fresh]), "handled_at": handled_at}
+
+    def _relaunch_expected(self, name: str, state: Any) -> bool:
+        """Following: may a (first or next) group still come? Only a preempted group is relaunched."""
+        from airflow_dtrain.launchers.base import GroupState
+
+        if state == GroupState.NOT_FOUND:
+            since = self._started
+        elif state == GroupState.PREEMPTED:
+            since = self._ended_since.setdefault(name, time.monotonic())
+        else:
+            return False
+        return time.monotonic() - since < self.follow_relaunches_s
 
     def _record(self, name: str, status: Any, notices: list[dict[str, Any]]) -> dict[str, Any]:
         record = {"interrupted": bool(notices), "group": name, "group_state": status.state.value, "notices": notices}

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
+from airflow_dtrain.spec import JobSpec
 from tests.kubernetes.fake_apiserver import FakeKubernetesApiServer
 
 
@@ -29,6 +31,19 @@ def fake(_fake_server: FakeKubernetesApiServer, tmp_path: Path, monkeypatch) -> 
         json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}),
     )
     return _fake_server
+
+
+def launch_debug_group(name: str, tmp_path: Path, *, nodes: int = 2, namespace: str | None = None) -> KubernetesLauncher:
+    """A debug-flavour group of ``nodes`` × 1 launched on the fake cluster (checkpoints on a PVC at tmp_path)."""
+    spec = JobSpec.from_arguments(
+        flavor="debug", steps=10, global_batch_size=nodes, micro_batch_size=1, num_nodes=nodes, procs_per_node=1,
+        backend="kubernetes", checkpoint_uri=str(tmp_path / name),
+        kubernetes={"image": "ghcr.io/acme/dtrain:test", "volumes": [{"claim": "ckpt", "mount_path": str(tmp_path)}],
+                    **({"namespace": namespace} if namespace else {})},
+    )  # fmt: skip
+    launcher = KubernetesLauncher(namespace=namespace)
+    launcher.launch(name, spec.to_dict())
+    return launcher
 
 
 class Background:

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
-from airflow_dtrain.spec import JobSpec
+from tests.kubernetes.conftest import launch_debug_group
 
 GROUP = "ckpt-now-r0"
 # A stand-in process: counts the SIGUSR1s it gets in the file named by its last argument.
@@ -55,13 +54,7 @@ def _signals(markers: dict[str, Path], want: dict[str, int]) -> dict[str, int]:
 
 
 def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake, tmp_path, pod_processes):
-    spec = JobSpec.from_arguments(
-        flavor="debug", steps=10, global_batch_size=2, micro_batch_size=1, num_nodes=2, procs_per_node=1,
-        backend="kubernetes", checkpoint_uri=str(tmp_path / "ckpt"),
-        kubernetes={"image": "ghcr.io/acme/dtrain:test", "volumes": [{"claim": "ckpt", "mount_path": str(tmp_path)}]},
-    )  # fmt: skip
-    launcher = KubernetesLauncher()
-    launcher.launch(GROUP, spec.to_dict())
+    launcher = launch_debug_group(GROUP, tmp_path)
 
     def container(namespace, pod, name, command):  # the image's python, on this machine
         assert name == "trainer" and command[0] == "python"

@@ -9,9 +9,8 @@ import time
 import pytest
 
 from airflow_dtrain.launchers.base import GroupState
-from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
 from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
-from airflow_dtrain.spec import JobSpec
+from tests.kubernetes.conftest import launch_debug_group
 from tests.kubernetes.fake_apiserver import FakeKubernetesApiServer
 
 GROUP, NAMESPACE = "spot-k8s-r0", "training"
@@ -33,14 +32,7 @@ def cluster(tmp_path, monkeypatch):
 
 def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(cluster, sqs_queue, tmp_path):
     _, url = sqs_queue
-    spec = JobSpec.from_arguments(
-        flavor="debug", steps=10, global_batch_size=2, micro_batch_size=1, num_nodes=2, procs_per_node=1,
-        backend="kubernetes", checkpoint_uri=str(tmp_path / "ckpt"),
-        kubernetes={"image": "ghcr.io/acme/dtrain:test", "namespace": NAMESPACE,
-                    "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}]},
-    )  # fmt: skip
-    launcher = KubernetesLauncher(namespace=NAMESPACE)
-    launcher.launch(GROUP, spec.to_dict())
+    launcher = launch_debug_group(GROUP, tmp_path, namespace=NAMESPACE)
     cluster.run(GROUP, namespace=NAMESPACE)
     assert launcher.status(GROUP).state == GroupState.RUNNING and cluster.jobs("default") == []
 
@@ -58,16 +50,6 @@ def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(clust
         "interrupted": False, "group": GROUP, "group_state": "preempted", "notices": []}
     # A sensor looking in the connection's namespace never sees the group, and would watch on until its timeout.
     assert sensor().poke({}).is_done is False
-
-
-def _launch(group: str, tmp_path) -> None:
-    spec = JobSpec.from_arguments(
-        flavor="debug", steps=10, global_batch_size=2, micro_batch_size=1, num_nodes=2, procs_per_node=1,
-        backend="kubernetes", checkpoint_uri=str(tmp_path / "ckpt"),
-        kubernetes={"image": "ghcr.io/acme/dtrain:test", "namespace": NAMESPACE,
-                    "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}]},
-    )  # fmt: skip
-    KubernetesLauncher(namespace=NAMESPACE).launch(group, spec.to_dict())
 
 
 def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until_training_ends(cluster, tmp_path):
@@ -91,7 +73,7 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
         return sensor.poke({"ti": ti})
 
     assert poke().is_done is False  # the train task has not launched yet
-    _launch(f"{base}-r0", tmp_path)
+    launch_debug_group(f"{base}-r0", tmp_path, namespace=NAMESPACE)
     cluster.run(f"{base}-r0", namespace=NAMESPACE, nodes={0: "ip-10-0-0-1", 1: "ip-10-0-0-2"})
     assert poke().is_done is False and cluster.execs == []
 
@@ -104,7 +86,7 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
     # The node goes: the group ends preempted; the train task relaunches it on another node.
     cluster.exit(f"{base}-r0", 1, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
     assert poke().is_done is False  # a relaunch is expected
-    _launch(f"{base}-r1", tmp_path)
+    launch_debug_group(f"{base}-r1", tmp_path, namespace=NAMESPACE)
     cluster.run(f"{base}-r1", namespace=NAMESPACE, nodes={0: "ip-10-0-0-1", 1: "ip-10-0-0-3"})
     assert poke().is_done is False
     cluster.taint("ip-10-0-0-3", "aws-node-termination-handler/rebalance-recommendation")
@@ -121,7 +103,7 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
 
 
 def test_following_a_preempted_group_that_is_not_relaunched_ends_after_the_grace(cluster, tmp_path):
-    _launch("alone-r0", tmp_path)
+    launch_debug_group("alone-r0", tmp_path, namespace=NAMESPACE)
     cluster.run("alone-r0", namespace=NAMESPACE)
     cluster.exit("alone-r0", 0, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
     sensor = SpotInterruptionSensor(task_id="w", group="alone", backend="kubernetes", namespace=NAMESPACE,
