@@ -55,7 +55,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
     :param instance_source: where the group's instances come from (instead of the two above).
     :param sqs_queue_url: the SQS queue EventBridge sends interruption events to. (templated)
     :param kinds: which notices count: ``spot-interruption``, ``rebalance-recommendation``,
-        ``scheduled-maintenance``, ``disruption``.
+        ``scheduled-maintenance``, ``disruption``. Default: all but ``scheduled-maintenance``
+        (``disruption`` is how Karpenter marks a node it is about to drain, spot reclaims included).
     :param backend: the group's launcher backend, ``local`` or ``kubernetes``. (templated)
     :param namespace: the group's namespace (``kubernetes``; default: the connection's). (templated)
     :param kubernetes_conn_id: the Kubernetes connection (``kubernetes``).
@@ -63,7 +64,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
     :param wait_time_seconds: SQS long-poll seconds per look (0-20).
     :param aws_conn_id: the Airflow AWS connection.
     :param region_name: the queue's region (default: the connection's).
-    :param deferrable: watch from the triggerer, freeing the worker slot.
+    :param deferrable: watch from the triggerer, freeing the worker slot. Following relaunches
+        needs a watch that remembers what it acted on: deferrable or ``mode="poke"``, not ``"reschedule"``.
     """
 
     template_fields: Sequence[str] = ("group", "instance_ids", "node_names", "sqs_queue_url", "backend", "namespace")
@@ -119,6 +121,12 @@ class SpotInterruptionSensor(BaseSensorOperator):
             raise ValueError(f"{prefix}instance_source: expected an InstanceSource, got {instance_source!r}")
         if (group is None) == (train_task_id is None):
             raise ValueError(f"{prefix}group / train_task_id: give one, got {group!r} / {train_task_id!r}")
+        if self.mode == "reschedule" and not deferrable and self.follow_relaunches_s > 0:
+            # Each reschedule starts a fresh watch: a taint that stays (two minutes, for a spot
+            # warning) would ask for a checkpoint at every poke, and relaunch grace would restart.
+            raise ValueError(f"{prefix}mode: 'reschedule' forgets between pokes which notices were acted on, so it "
+                             f"cannot follow relaunches (follow_relaunches_s={self.follow_relaunches_s}); use "
+                             "deferrable=True (no worker slot held) or mode='poke'")
         if not isinstance(wait_time_seconds, int) or not 0 <= wait_time_seconds <= 20:
             raise ValueError(f"{prefix}wait_time_seconds: must be an integer 0-20, got {wait_time_seconds!r}")
         if not is_template(backend) and not is_template(sqs_queue_url):

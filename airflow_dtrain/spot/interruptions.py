@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_dtrain.spot.events import (
+    DISRUPTION,
     REBALANCE_RECOMMENDATION,
     SPOT_INTERRUPTION,
     InterruptionNotice,
@@ -32,7 +33,10 @@ from airflow_dtrain.spot.members import InstanceSource
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KINDS = (SPOT_INTERRUPTION, REBALANCE_RECOMMENDATION)
+DEFAULT_KINDS = (SPOT_INTERRUPTION, REBALANCE_RECOMMENDATION, DISRUPTION)
+"""Every notice that a node is, or may soon be, going away. ``disruption`` matters most on
+Karpenter clusters: when Karpenter handles a spot warning itself, the only sign on the node is
+its ``karpenter.sh/disrupted`` taint. Scheduled maintenance is days ahead: left out."""
 
 
 def receive_notices(

@@ -112,3 +112,31 @@ def test_following_a_preempted_group_that_is_not_relaunched_ends_after_the_grace
     time.sleep(1.1)
     record = sensor.poke({}).xcom_value
     assert record == {"interrupted": False, "group": "alone-r0", "group_state": "preempted", "notices": []}
+
+
+def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(cluster, tmp_path):
+    """On a Karpenter cluster that handles spot warnings itself, the node's only sign is
+    Karpenter's taint; the default kinds act on it. Scheduled maintenance (days away) is not."""
+    cluster.add_node("ip-10-0-0-7", "i-00000000000000007")
+    cluster.add_node("ip-10-0-0-8", "i-00000000000000008")
+    cluster.exec_handler = lambda ns, pod, container, command: ("1\n", "", 0)
+    launch_debug_group("karp-r0", tmp_path, namespace=NAMESPACE)
+    cluster.run("karp-r0", namespace=NAMESPACE, nodes={0: "ip-10-0-0-7", 1: "ip-10-0-0-8"})
+    sensor = SpotInterruptionSensor(task_id="w", group="karp", backend="kubernetes", namespace=NAMESPACE)
+
+    cluster.taint("ip-10-0-0-7", "aws-node-termination-handler/scheduled-maintenance")
+    assert sensor.poke({}).is_done is False and cluster.execs == []
+    cluster.taint("ip-10-0-0-8", "karpenter.sh/disrupted")
+    record = sensor.poke({}).xcom_value
+    assert (record["interrupted"], record["checkpoint_requested"]) == (True, 2)
+    assert [(n["kind"], n["node_name"]) for n in record["notices"]] == [("disruption", "ip-10-0-0-8")]
+    assert len(cluster.execs) == 2
+
+
+def test_following_relaunches_in_reschedule_mode_is_refused_naming_the_mode():
+    with pytest.raises(ValueError, match=r"task_id='w'\): mode: 'reschedule'.*follow_relaunches_s=600"):
+        SpotInterruptionSensor(task_id="w", train_task_id="train_spot", backend="kubernetes", mode="reschedule")
+    # Deferrable, or a single-shot watch of one group, keeps nothing between pokes that matters.
+    SpotInterruptionSensor(task_id="w", train_task_id="train_spot", backend="kubernetes", mode="reschedule",
+                           deferrable=True)
+    SpotInterruptionSensor(task_id="w", group="g", backend="kubernetes", mode="reschedule")
