@@ -23,6 +23,7 @@ ORCHESTRATION_METRICS: dict[str, tuple[str, str]] = {
     "spot.on_demand_price_per_hour": ("gauge", "on-demand $/node-hour of that instance type"),
     "spot.interruption_warning": ("counter", "spot interruption warnings for a group's instances"),
     "spot.rebalance_recommendation": ("counter", "rebalance recommendations for a group's instances"),
+    "spot.node_disruption": ("counter", "other notices that a group's node is going away (Karpenter, ASG, maintenance)"),
     "budget.decision.spot": ("counter", "BudgetBranchOperator chose to train on spot"),
     "budget.decision.on_demand": ("counter", "BudgetBranchOperator chose on-demand"),
     "budget.decision.wait": ("counter", "BudgetBranchOperator chose to wait for a better price"),

@@ -216,4 +216,4 @@ def _count(notices: list[InterruptionNotice]) -> None:
 
     names = {"spot-interruption": "spot.interruption_warning", "rebalance-recommendation": "spot.rebalance_recommendation"}
     for notice in notices:
-        metrics.incr(names.get(notice.kind, "spot.interruption_warning"))
+        metrics.incr(names.get(notice.kind, "spot.node_disruption"))

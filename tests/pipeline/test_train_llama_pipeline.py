@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from airflow.exceptions import ParamValidationError
 from airflow.utils.state import DagRunState, TaskInstanceState
 
 from airflow_dtrain import metrics as orchestration
-from tests.conftest import REPO
+from tests.conftest import REPO, StatsdListener
 
 pytestmark = pytest.mark.torchrun
 
@@ -25,36 +23,6 @@ def dags(airflow_home):
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     return bag.dags
-
-
-class StatsdListener:
-    """A real UDP socket on 127.0.0.1 collecting statsd lines."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.lines: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65535)
-            except TimeoutError:
-                continue
-            self.lines.extend(data.decode().splitlines())
-
-    def names(self) -> set[str]:
-        return {line.split(":", 1)[0] for line in self.lines}
-
-    def close(self):
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
 
 
 def _states(run) -> dict[str, str]:

@@ -114,7 +114,7 @@ def test_following_a_preempted_group_that_is_not_relaunched_ends_after_the_grace
     assert record == {"interrupted": False, "group": "alone-r0", "group_state": "preempted", "notices": []}
 
 
-def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(cluster, tmp_path):
+def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(cluster, tmp_path, statsd_listener):
     """On a Karpenter cluster that handles spot warnings itself, the node's only sign is
     Karpenter's taint; the default kinds act on it. Scheduled maintenance (days away) is not."""
     cluster.add_node("ip-10-0-0-7", "i-00000000000000007")
@@ -131,6 +131,8 @@ def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(cl
     assert (record["interrupted"], record["checkpoint_requested"]) == (True, 2)
     assert [(n["kind"], n["node_name"]) for n in record["notices"]] == [("disruption", "ip-10-0-0-8")]
     assert len(cluster.execs) == 2
+    statsd_listener.wait_for("dtrain.spot.node_disruption:1|c")  # its own counter, not a spot warning
+    assert "dtrain.spot.interruption_warning" not in statsd_listener.names()
 
 
 def test_following_relaunches_in_reschedule_mode_is_refused_naming_the_mode():
