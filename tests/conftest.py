@@ -95,6 +95,12 @@ class StatsdListener:
     def close(self):
         self._stop.set()
         self._thread.join()
+        self.sock.setblocking(False)  # what arrived while the thread was stopping
+        while True:
+            try:
+                self.lines.extend(self.sock.recv(65535).decode().splitlines())
+            except BlockingIOError:
+                break
         self.sock.close()
 
 

@@ -212,7 +212,7 @@ def test_killing_the_deferred_task_deletes_the_group(fake, tmp_path):
 
 
 def test_a_group_pending_past_the_timeout_fails_saying_there_is_no_capacity(fake, tmp_path):
-    op = _operator(tmp_path, deferrable=False, kubernetes={"pending_timeout_s": 2, "capacity_type": "spot"})
+    op = _operator(tmp_path, deferrable=False, kubernetes={"pending_timeout_s": 5, "capacity_type": "spot"})
     ti = RecordingTI()
     task = Background(op.execute, {"ti": ti})
     name = _wait(lambda: ti.xcoms.get("group"), "the group")
@@ -223,7 +223,7 @@ def test_a_group_pending_past_the_timeout_fails_saying_there_is_no_capacity(fake
 
     assert isinstance(error, TrainingFailed)
     message = str(error)
-    assert "no capacity" in message and "pending_timeout_s=2" in message
+    assert "no capacity" in message and "pending_timeout_s=5" in message
     assert "node 1: Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu." in message
     assert fake.names("pods") == [], "the stuck group does not linger, half-scheduled, holding a GPU node"
     assert fake.jobs() == [name], "the Job stays, with its verdict, for kubectl describe"

@@ -21,7 +21,7 @@ from trainer.metrics import TRAINING_METRICS
 from conftest import (FAST, REPO, load_checkpoint_tensors, read_json, run_and_signal, run_trainer, run_with_signals,
                       sigterm, trainer_env, worker_pids)
 
-STEPS = 8  # of the 2-rank runs compared with each other
+STEPS = 30  # of the 2-rank runs compared with each other (enough that a signal sent at step 2-3 lands well before the end, on a loaded machine too)
 
 
 @pytest.fixture(scope="module")
