@@ -140,9 +140,10 @@ class SpotInterruptionSensor(BaseSensorOperator):
         if self.backend == "local" and not self._given_instances():
             raise ValueError(f"{prefix}instance_ids / node_names / instance_source: give one for the local backend, "
                              "got none")  # fmt: skip
-        source = self.instance_source
-        taints = self.backend == "kubernetes" if source is None and not self._given_instances() else (
-            source is not None and type(source).node_notices is not InstanceSource.node_notices)
+        if self.instance_source is not None:  # a source of its own: does it read node taints?
+            taints = type(self.instance_source).node_notices is not InstanceSource.node_notices
+        else:  # instance ids/node names: no; nothing given: a Kubernetes group's nodes, yes
+            taints = self.backend == "kubernetes" and not self._given_instances()
         if not _queue(self.sqs_queue_url) and not taints:
             raise ValueError(f"{prefix}sqs_queue_url: required unless the instances come from node taints "
                              "(instance_source=KubernetesGroupNodes, or backend='kubernetes' without instance_ids)")

@@ -15,6 +15,7 @@ SQS handling, chosen so that several groups (and other consumers) can share one 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterable
@@ -115,7 +116,13 @@ class InterruptionWatch:
     preempted and no relaunch appeared within ``follow_relaunches_s`` (nor any group at all
     within that time of the start), with the record of every notice handled.
 
-    :param kwargs: see ``watch_once``.
+    :param group: the group's name, or the base name of its relaunches (``<group>-r<n>``).
+    :param source: which instances and nodes are the group's, and their taints.
+    :param backend: the group's launcher backend; ``launcher_kwargs``: that launcher's arguments.
+    :param sqs_queue_url: the EventBridge-fed queue (None: node taints only), read with
+        ``aws_conn_id`` / ``region_name``, long-polling ``wait_time_seconds``.
+    :param kinds: which notices are acted on.
+    :param follow_relaunches_s: 0 for a single-shot watch, else how long to wait for a relaunch.
     """
 
     def __init__(
@@ -142,11 +149,18 @@ class InterruptionWatch:
         self._started = time.monotonic()
         self._ended_since: dict[str, float] = {}
 
+    @functools.cached_property
+    def launcher(self) -> Any:
+        """Built on the first look (not at construction: nothing is called before then), then kept."""
+        from airflow_dtrain.launchers.base import get_launcher
+
+        return get_launcher(self.backend, **self.launcher_kwargs)
+
     def look(self) -> dict[str, Any] | None:
         """One look; the watch's record once it is over, else None."""
-        from airflow_dtrain.launchers.base import GroupState, get_launcher
+        from airflow_dtrain.launchers.base import GroupState
 
-        launcher = get_launcher(self.backend, **self.launcher_kwargs)
+        launcher = self.launcher
         name, status = current_group(launcher, self.group)
         if status.state.terminal or status.state == GroupState.NOT_FOUND:
             if not self.follow_relaunches_s:
@@ -167,8 +181,8 @@ class InterruptionWatch:
         fresh = [n for n in notices if (name, n.kind, n.instance_id or n.node_name) not in self._seen]
         if not fresh:
             return None
+        self._seen.update((name, n.kind, n.instance_id or n.node_name) for n in fresh)
         for notice in fresh:
-            self._seen.add((name, notice.kind, notice.instance_id or notice.node_name))
             log.warning(
                 "%s for %s (%s) of group %s, at %s",
                 notice.kind, notice.instance_id or notice.node_name, notice.source, name, notice.time,
@@ -202,13 +216,6 @@ class InterruptionWatch:
         if notices:
             record["checkpoint_requested"] = self.checkpoint_requested
         return record
-
-
-def watch_once(**kwargs: Any) -> dict[str, Any] | None:
-    """One single-shot look (see InterruptionWatch): on a notice for the group, ask it to
-    checkpoint now and return the record; a record with ``interrupted: False`` when the group
-    ended without a notice (nothing left to protect); None while nothing happened."""
-    return InterruptionWatch(**kwargs).look()
 
 
 def _count(notices: list[InterruptionNotice]) -> None:
