@@ -21,6 +21,9 @@ class Capacity(str, enum.Enum):
     ANY = "any"
     """Whatever the cluster gives (no node selection); billed at the price given for the job."""
 
+    def __str__(self) -> str:
+        return self.value
+
     @classmethod
     def _missing_(cls, value: object) -> Capacity | None:
         # Spellings of earlier versions and of the cloud's own labels, read from old manifests,
