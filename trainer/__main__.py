@@ -1,30 +1,29 @@
-"""``python -m trainer [--config FILE] [--flavor F] [--steps N] [--checkpoint-uri U]
-[--checkpoint-every K] [--set dotted.key=value ...]``
+"""``python -m trainer [--config FILE] [--steps N] [--checkpoint-uri U] [--optim-lr X] ... [--set dotted.key=value ...]``
 
-Flags override the config file; --set overrides anything (applied last, in order).
-A bad configuration prints the ConfigError to stderr and exits 2 before training.
+Every field of the training config is a flag, named after its dotted path
+(``checkpoint.every`` is ``--checkpoint-every``; the operator's short names such as
+``--flavor`` and ``--lr`` work too): the flags are generated from the field definitions
+in ``trainer/config.py``. Flags override the config file; ``--set`` overrides anything
+(applied last, in order). A bad configuration prints the ConfigError to stderr and exits
+2 before training.
 """
 
 import argparse
 import sys
 
 from trainer.config import ConfigError, TrainConfig
+from trainer.fields import add_arguments
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
-    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[1])
     p.add_argument("--config", help="a .json or .toml TrainConfig file")
-    p.add_argument("--flavor", help="model.flavor")
-    p.add_argument("--steps", help="steps")
-    p.add_argument("--checkpoint-uri", help="checkpoint.uri")
-    p.add_argument("--checkpoint-every", help="checkpoint.every")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any dotted field, repeatable")
+    fields = add_arguments(p, TrainConfig)
     args = p.parse_args(argv)
 
     cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
-    flags = {"model.flavor": args.flavor, "steps": args.steps,
-             "checkpoint.uri": args.checkpoint_uri, "checkpoint.every": args.checkpoint_every}
-    overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides = {dotted: getattr(args, dest) for dest, dotted in fields.items() if getattr(args, dest) is not None}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:

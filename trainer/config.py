@@ -1,8 +1,10 @@
 """Training job configuration: what the trainer runs, validated before anything starts.
 
-This module is imported by the Airflow provider at DAG-parse time to validate job
-specs, so it must stay standard-library only: no torch, no numpy, not even lazily
-at module level.
+Every field is declared once with ``trainer.fields.setting`` (default, help, bounds,
+choices, operator argument, trigger-form section); validation, the trainer's command line,
+the DAG's trigger form and the README's reference table are all derived from these
+declarations. This module is imported by the Airflow provider at DAG-parse time, so it
+stays standard-library only: no torch, no numpy, not even lazily at module level.
 
 Exit codes of ``python -m trainer`` (and of ``python -m trainer.launch`` per node):
 
@@ -17,130 +19,31 @@ Exit codes of ``python -m trainer`` (and of ``python -m trainer.launch`` per nod
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.capacity import Capacity
+from trainer.fields import ConfigError, check, coerce, field_types, setting
+from trainer.flavors import FLAVORS
+
+__all__ = [
+    "ACTIVATION_CHECKPOINTING", "FLAVORS", "PREEMPTED_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
+    "DataConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig",
+]  # fmt: skip
+
 PREEMPTED_EXIT_CODE = 75
 """Exit status meaning "preempted, resumable" (EX_TEMPFAIL): a checkpoint of the current step was saved."""
 
-# Model shapes. "debug" is a few million parameters so that every test can run on
-# CPU under torchrun in seconds; the llama3 flavours are the published shapes
-# (Llama 3.2 1B/3B, Llama 3.1 8B) so that an exported checkpoint loads in transformers.
-FLAVORS: dict[str, dict] = {
-    "debug": {
-        "dim": 256,
-        "n_layers": 4,
-        "n_heads": 4,
-        "n_kv_heads": 2,
-        "ffn_dim": 768,
-        "vocab_size": 256,  # byte-level tokens: the built-in corpus needs no tokenizer
-        "norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "tie_word_embeddings": False,
-    },
-    "llama3_1b": {
-        "dim": 2048,
-        "n_layers": 16,
-        "n_heads": 32,
-        "n_kv_heads": 8,
-        "ffn_dim": 8192,
-        "vocab_size": 128256,
-        "norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "tie_word_embeddings": True,
-    },
-    "llama3_3b": {
-        "dim": 3072,
-        "n_layers": 28,
-        "n_heads": 24,
-        "n_kv_heads": 8,
-        "ffn_dim": 8192,
-        "vocab_size": 128256,
-        "norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "tie_word_embeddings": True,
-    },
-    "llama3_8b": {
-        "dim": 4096,
-        "n_layers": 32,
-        "n_heads": 32,
-        "n_kv_heads": 8,
-        "ffn_dim": 14336,
-        "vocab_size": 128256,
-        "norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "tie_word_embeddings": False,
-    },
-}
+# Trigger-form sections (airflow_dtrain.params): where a field is shown.
+MODEL_AND_DATA = "Model & data"
+CHECKPOINTS = "Checkpoints"
 
 # An S3 bucket name: 3-63 lowercase letters, digits, dots and hyphens.
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-
-
-class ConfigError(ValueError):
-    """An invalid job configuration. The message always names the dotted field and the bad value."""
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _name(section: str, name: str) -> str:
-    return f"{section}.{name}" if section else name
-
-
-def _check_types(obj: Any, section: str) -> None:
-    """Reject values of the wrong type; ints are accepted (and stored) as floats for float fields.
-
-    bool is a subclass of int in Python, but ``steps = true`` is a mistake, not 1 step.
-    """
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        where = _name(section, f.name)
-        if f.type is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        elif f.type is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{where}: expected a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ConfigError(f"{where}: must be finite, got {value!r}")
-            object.__setattr__(obj, f.name, float(value))  # frozen: bypass to normalise 1 -> 1.0
-        elif f.type is str:
-            if not isinstance(value, str):
-                raise ConfigError(f"{where}: expected a string, got {value!r}")
-        elif f.type is bool:
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        elif dataclasses.is_dataclass(f.type):
-            if not isinstance(value, f.type):
-                raise ConfigError(f"{where}: expected a {f.type.__name__}, got {value!r}")
-
-
-def _require(ok: bool, section: str, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ConfigError(f"{_name(section, name)}: {rule}, got {value!r}")
+URI_PATTERN = r"^$|^/|^file://.+|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
+"""What the trigger form accepts as a checkpoint URI (the trainer also takes relative paths)."""
 
 
 def _check_uri(uri: str) -> None:
@@ -171,15 +74,13 @@ class ModelConfig:
 
     _section = "model"
 
-    flavor: str = "debug"
-    """A key of FLAVORS: "debug" for tests on CPU, or a real llama3 shape."""
+    flavor: str = setting(
+        "debug", choices=tuple(FLAVORS), rule="flavour", arg="flavor", section=MODEL_AND_DATA, title="Model flavour",
+        help='Model shape: "debug" (a few million parameters, for CPU tests) or a published Llama 3 shape.',
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        _check_types(self, self._section)
-        if self.flavor not in FLAVORS:
-            raise ConfigError(
-                f"model.flavor: unknown flavour {self.flavor!r} (choose from {', '.join(FLAVORS)})"
-            )
+        check(self, self._section)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,17 +89,16 @@ class DataConfig:
 
     _section = "data"
 
-    dataset: str = "builtin"
-    """"builtin" (a generated byte-level corpus, no download) or a directory written by
-    ``python -m trainer.prepare_data``."""
-
-    seq_len: int = 128
-    """Tokens per training sequence."""
+    dataset: str = setting(
+        "builtin", arg="dataset", pattern=r".+", rule='must be "builtin" or a directory',
+        help='"builtin" (a generated byte-level corpus, no download) or a directory written by '
+        "python -m trainer.prepare_data.",
+    )  # fmt: skip
+    seq_len: int = setting(128, ge=8, arg="seq_len", section=MODEL_AND_DATA, title="Sequence length",
+                           help="Tokens per training sequence.")
 
     def __post_init__(self) -> None:
-        _check_types(self, self._section)
-        _require(self.dataset != "", self._section, "dataset", self.dataset, 'must be "builtin" or a directory')
-        _require(self.seq_len >= 8, self._section, "seq_len", self.seq_len, "must be >= 8")
+        check(self, self._section)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,41 +107,20 @@ class OptimConfig:
 
     _section = "optim"
 
-    lr: float = 3e-3
-    """Peak learning rate, reached at the end of warmup."""
-
-    weight_decay: float = 0.1
-    """Decoupled (AdamW) weight decay."""
-
-    beta1: float = 0.9
-    """Adam first-moment decay."""
-
-    beta2: float = 0.95
-    """Adam second-moment decay."""
-
-    eps: float = 1e-8
-    """Adam denominator epsilon."""
-
-    grad_clip: float = 1.0
-    """Max global gradient norm; 0 disables clipping (the norm is still computed and logged)."""
-
-    warmup_steps: int = 10
-    """Steps of linear warmup from ~0 to lr. It may exceed `steps` (then lr never peaks)."""
-
-    min_lr_ratio: float = 0.1
-    """The cosine decay ends at lr * min_lr_ratio on the last step."""
+    lr: float = setting(3e-3, gt=0, arg="lr", section=MODEL_AND_DATA, title="Learning rate",
+                        help="Peak learning rate, reached at the end of warmup.")
+    weight_decay: float = setting(0.1, ge=0, arg="weight_decay", help="Decoupled (AdamW) weight decay.")
+    beta1: float = setting(0.9, ge=0, lt=1, help="Adam first-moment decay.")
+    beta2: float = setting(0.95, ge=0, lt=1, help="Adam second-moment decay.")
+    eps: float = setting(1e-8, gt=0, help="Adam denominator epsilon.")
+    grad_clip: float = setting(1.0, ge=0, rule="must be >= 0 (0 = no clipping)", arg="grad_clip",
+                               help="Max global gradient norm; 0 disables clipping (the norm is still logged).")
+    warmup_steps: int = setting(10, ge=0, arg="warmup_steps",
+                                help="Steps of linear warmup from ~0 to lr; may exceed steps (then lr never peaks).")
+    min_lr_ratio: float = setting(0.1, ge=0, le=1, help="The cosine decay ends at lr × min_lr_ratio on the last step.")
 
     def __post_init__(self) -> None:
-        s = self._section
-        _check_types(self, s)
-        _require(self.lr > 0, s, "lr", self.lr, "must be > 0")
-        _require(self.weight_decay >= 0, s, "weight_decay", self.weight_decay, "must be >= 0")
-        _require(0 <= self.beta1 < 1, s, "beta1", self.beta1, "must be in [0, 1)")
-        _require(0 <= self.beta2 < 1, s, "beta2", self.beta2, "must be in [0, 1)")
-        _require(self.eps > 0, s, "eps", self.eps, "must be > 0")
-        _require(self.grad_clip >= 0, s, "grad_clip", self.grad_clip, "must be >= 0 (0 = no clipping)")
-        _require(self.warmup_steps >= 0, s, "warmup_steps", self.warmup_steps, "must be >= 0")
-        _require(0 <= self.min_lr_ratio <= 1, s, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        check(self, self._section)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,58 +129,45 @@ class CheckpointConfig:
 
     _section = "checkpoint"
 
-    uri: str = ""
-    """Local path, file://path or s3://bucket/prefix; "" disables checkpoints (and resume)."""
-
-    every: int = 0
-    """Save every N steps; 0 = only at the end, on preemption and on SIGUSR1."""
-
-    keep: int = 3
-    """Retention: keep the last K committed checkpoints."""
-
-    grace_period_s: float = 110.0
-    """Seconds the platform allows between SIGTERM and SIGKILL; a preemption save that
-    takes longer is reported as a warning (the next attempt would lose those steps)."""
-
-    async_save: bool = True
-    """Interval and SIGUSR1 saves block training only for the copy to host memory; the
-    write, checksums, upload and commit run in the background. The final and the
-    preemption saves are always synchronous (nothing is left to overlap them with)."""
+    uri: str = setting(
+        "", arg="checkpoint_uri", title="Checkpoint URI",
+        help='Local path, file://path or s3://bucket/prefix; "" disables checkpoints (and resume).',
+    )  # fmt: skip
+    every: int = setting(0, ge=0, rule="must be >= 0 (0 = only final/preemption)", arg="checkpoint_every",
+                         section=CHECKPOINTS, title="Checkpoint every N steps",
+                         help="Save every N steps; 0 = only at the end, on preemption and on SIGUSR1.")
+    keep: int = setting(3, ge=1, arg="checkpoint_keep", help="Retention: keep the last K committed checkpoints.")
+    grace_period_s: float = setting(
+        110.0, gt=0,
+        help="Seconds the platform allows between SIGTERM and SIGKILL; a preemption save that takes longer "
+        "is reported as a warning (the next attempt would lose those steps).",
+    )  # fmt: skip
+    async_save: bool = setting(
+        True,
+        help="Interval and SIGUSR1 saves block training only for the copy to host memory; the write, checksums, "
+        "upload and commit run in the background. Final and preemption saves are always synchronous.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        s = self._section
-        _check_types(self, s)
+        check(self, self._section)
         _check_uri(self.uri)
-        _require(self.every >= 0, s, "every", self.every, "must be >= 0 (0 = only final/preemption)")
-        _require(self.keep >= 1, s, "keep", self.keep, "must be >= 1")
-        _require(self.grace_period_s > 0, s, "grace_period_s", self.grace_period_s, "must be > 0")
-
-
-CAPACITY_TYPES = ("spot", "on_demand", "local")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CostConfig:
-    """What the job's nodes cost: the ledger every checkpoint manifest carries."""
+    """What the job's nodes cost: the ledger every checkpoint manifest carries.
+
+    Set by the provider from the group (``JobSpec``): its capacity, its price and its GPUs.
+    """
 
     _section = "cost"
 
-    price_per_node_hour: float = 0.0
-    """Dollars per node-hour of the capacity this attempt runs on (0: not billed)."""
-
-    capacity_type: str = "local"
-    """One of "spot", "on_demand", "local": the ledger bucket this attempt's node-hours go to."""
-
-    gpus_per_node: int = 0
-    """GPUs per node, for gpu_hours (0 on CPU)."""
+    price_per_node_hour: float = setting(0.0, ge=0, help="Dollars per node-hour of this attempt's capacity (0: not billed).")
+    capacity_type: Capacity = setting(Capacity.ANY, help="The ledger bucket this attempt's node-hours go to.")
+    gpus_per_node: int = setting(0, ge=0, help="GPUs per node, for gpu_hours (0 on CPU).")
 
     def __post_init__(self) -> None:
-        s = self._section
-        _check_types(self, s)
-        _require(self.price_per_node_hour >= 0, s, "price_per_node_hour", self.price_per_node_hour, "must be >= 0")
-        _require(self.capacity_type in CAPACITY_TYPES, s, "capacity_type", self.capacity_type,
-                 f"must be one of {', '.join(CAPACITY_TYPES)}")
-        _require(self.gpus_per_node >= 0, s, "gpus_per_node", self.gpus_per_node, "must be >= 0")
+        check(self, self._section)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,27 +176,14 @@ class MetricsConfig:
 
     _section = "metrics"
 
-    log_every: int = 10
-    """Emit a "train" JSON line every N steps (and at the last step)."""
-
-    statsd_host: str = ""
-    """statsd host to send gauges to over UDP; "" = statsd off."""
-
-    statsd_port: int = 8125
-    """statsd UDP port."""
-
-    statsd_prefix: str = "dtrain"
-    """Prefix of every statsd metric name."""
+    log_every: int = setting(10, ge=1, arg="log_every", help='Emit a "train" JSON line every N steps (and at the last).')
+    statsd_host: str = setting("", help='statsd host to send gauges to over UDP; "" = statsd off.')
+    statsd_port: int = setting(8125, ge=1, le=65535, help="statsd UDP port.")
+    statsd_prefix: str = setting("dtrain", pattern=r"[A-Za-z0-9_.\-]*", rule="may only hold letters, digits, '_', '.', '-'",
+                                 help="Prefix of every statsd metric name.")
 
     def __post_init__(self) -> None:
-        s = self._section
-        _check_types(self, s)
-        _require(self.log_every >= 1, s, "log_every", self.log_every, "must be >= 1")
-        _require(1 <= self.statsd_port <= 65535, s, "statsd_port", self.statsd_port, "must be in 1..65535")
-        _require(
-            re.fullmatch(r"[A-Za-z0-9_.\-]*", self.statsd_prefix) is not None,
-            s, "statsd_prefix", self.statsd_prefix, "may only hold letters, digits, '_', '.', '-'",
-        )
+        check(self, self._section)
 
 
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
@@ -342,46 +195,33 @@ class ParallelConfig:
 
     _section = "parallel"
 
-    replicate_degree: int = 1
-    """1 = FSDP: every parameter sharded over all ranks. R > 1 = HSDP: R replica groups of
-    world_size / R ranks each; parameters are sharded inside a group and replicated across
-    groups, so the per-layer all-gathers stay inside a group and only the gradient
-    all-reduce crosses groups. Set R to the number of nodes, or 0 for exactly that
-    (world_size / LOCAL_WORLD_SIZE, read from torchrun's environment)."""
-
-    activation_checkpointing: str = "none"
-    """"none", "selective" or "full" (recompute every block's activations in backward:
-    least memory, about one extra forward of compute)."""
-
-    selective_ac_every: int = 0
-    """With activation_checkpointing = "selective": 0 = op-level (each block keeps the
-    outputs of its attention and of every other matmul, and recomputes the rest);
-    N >= 1 = checkpoint every N-th whole block (2 = every other block)."""
-
-    compile: bool = False
-    """torch.compile each transformer block (one compiled graph reused by every layer).
-    Costs compile time at start-up; on GPUs it fuses the norms, rotary and SwiGLU pointwise ops."""
-
-    cpu_offload: bool = False
-    """Keep the sharded parameters, gradients and optimizer state in host memory
-    (FSDP2 CPUOffloadPolicy); the optimizer step runs on the CPU. For models that do not
-    fit otherwise; much slower. No effect when training on CPU."""
-
-    auto_micro_batch_size: bool = False
-    """Before training, find the largest micro_batch_size that fits in GPU memory (a
-    divisor of global_batch_size / world size, probed with a forward and backward pass)
-    and use it instead of micro_batch_size; gradient accumulation absorbs the rest.
-    Skipped, with a message, on CPU."""
+    replicate_degree: int = setting(
+        1, ge=0, rule="must be >= 0 (1 = FSDP, R > 1 = HSDP with R replica groups, 0 = one group per node)",
+        help="1 = FSDP (every parameter sharded over all ranks). R > 1 = HSDP: R replica groups, parameters "
+        "sharded inside a group and replicated across, so only the gradient all-reduce crosses groups. "
+        "0 = one group per node (world_size / LOCAL_WORLD_SIZE).",
+    )  # fmt: skip
+    activation_checkpointing: str = setting(
+        "none", choices=ACTIVATION_CHECKPOINTING,
+        help='"none", "selective" or "full" (recompute every block in backward: least memory, ~one extra forward).',
+    )  # fmt: skip
+    selective_ac_every: int = setting(
+        0, ge=0, rule="must be >= 0 (0 = op-level, N = every N-th block)",
+        help='With "selective": 0 = op-level (keep attention and every other matmul output, recompute the rest); '
+        "N >= 1 = checkpoint every N-th whole block.",
+    )  # fmt: skip
+    compile: bool = setting(False, help="torch.compile each transformer block (one graph reused by every layer).")
+    cpu_offload: bool = setting(
+        False, help="Keep sharded parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy)."
+    )
+    auto_micro_batch_size: bool = setting(
+        False,
+        help="Before training, find the largest micro_batch_size that fits in GPU memory (a divisor of "
+        "global_batch_size / world size) and use it; gradient accumulation absorbs the rest. Skipped on CPU.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        s = self._section
-        _check_types(self, s)
-        _require(self.replicate_degree >= 0, s, "replicate_degree", self.replicate_degree,
-                 "must be >= 0 (1 = FSDP, R > 1 = HSDP with R replica groups, 0 = one group per node)")
-        _require(self.activation_checkpointing in ACTIVATION_CHECKPOINTING, s, "activation_checkpointing",
-                 self.activation_checkpointing, f"must be one of {', '.join(ACTIVATION_CHECKPOINTING)}")
-        _require(self.selective_ac_every >= 0, s, "selective_ac_every", self.selective_ac_every,
-                 "must be >= 0 (0 = op-level, N = every N-th block)")
+        check(self, self._section)
 
 
 # --------------------------------------------------------------------------- the job
@@ -394,59 +234,45 @@ class TrainConfig:
     _section = ""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    """Model shape."""
-
     data: DataConfig = field(default_factory=DataConfig)
-    """Token source and sequence length."""
-
     optim: OptimConfig = field(default_factory=OptimConfig)
-    """Optimizer and learning-rate schedule."""
-
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Checkpoint location, interval and retention."""
-
     cost: CostConfig = field(default_factory=CostConfig)
-    """Price and capacity type of the nodes, for the cost ledger in checkpoint manifests."""
-
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    """Logging and statsd."""
-
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    """FSDP/HSDP layout, activation checkpointing, compile, offload, auto micro-batch size."""
 
-    steps: int = 50
-    """Optimizer steps to train for in total (a resumed run continues up to this)."""
-
-    global_batch_size: int = 8
-    """Sequences per optimizer step across all ranks."""
-
-    micro_batch_size: int = 2
-    """Sequences per rank per forward/backward; the rest is gradient accumulation."""
-
-    seed: int = 0
-    """Seeds weights and data order; the same seed and config give the same run."""
-
-    simulate_preemption_at_step: int = 0
-    """0 = off. k > 0: after step k, rank 0 sends SIGTERM to its torchrun agent (or to
-    itself when not under torchrun), exercising the real preemption path once; a run
-    resumed from a checkpoint at step >= k does not do it again."""
+    steps: int = setting(50, ge=1, arg="steps", section=MODEL_AND_DATA, title="Steps",
+                         help="Optimizer steps to train for in total (a resumed run continues up to this).")
+    global_batch_size: int = setting(8, ge=1, arg="global_batch_size", section=MODEL_AND_DATA,
+                                     help="Sequences per optimizer step across all ranks.")
+    micro_batch_size: int = setting(2, ge=1, arg="micro_batch_size", section=MODEL_AND_DATA,
+                                    help="Sequences per rank per forward/backward; the rest is gradient accumulation.")
+    seed: int = setting(0, ge=0, lt=2**32, rule="must be in [0, 2**32)", arg="seed",
+                        help="Seeds weights and data order; the same seed and config give the same run.")
+    simulate_preemption_at_step: int = setting(
+        0, ge=0, arg="simulate_preemption_at_step", section=CHECKPOINTS, title="Simulate a preemption at step",
+        help="0 = off. k > 0: after step k the group gets a SIGTERM once, as from a spot reclaim "
+        "(every rank saves, the group is relaunched); a run resumed at a step >= k does not do it again.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        _check_types(self, "")
-        _require(self.steps >= 1, "", "steps", self.steps, "must be >= 1")
-        _require(self.global_batch_size >= 1, "", "global_batch_size", self.global_batch_size, "must be >= 1")
-        _require(self.micro_batch_size >= 1, "", "micro_batch_size", self.micro_batch_size, "must be >= 1")
-        _require(0 <= self.seed < 2**32, "", "seed", self.seed, "must be in [0, 2**32)")
-        _require(
-            0 <= self.simulate_preemption_at_step < self.steps,
-            "", "simulate_preemption_at_step", self.simulate_preemption_at_step,
-            f"must be in [0, steps={self.steps}) (0 = off)",
-        )
+        try:
+            check(self, "")
+        except ConfigError as err:
+            if str(err).startswith("simulate_preemption_at_step"):
+                raise ConfigError(self._preemption_rule()) from None
+            raise
+        if not self.simulate_preemption_at_step < self.steps:
+            raise ConfigError(self._preemption_rule())
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"global_batch_size: {self.global_batch_size} is not divisible by "
                 f"micro_batch_size {self.micro_batch_size}"
             )
+
+    def _preemption_rule(self) -> str:
+        return (f"simulate_preemption_at_step: must be in [0, steps={self.steps}) (0 = off), "
+                f"got {self.simulate_preemption_at_step!r}")
 
     # ------------------------------------------------------------------ world size
 
@@ -474,7 +300,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         """Nested plain dict of JSON-able values; from_dict(to_dict()) == self."""
-        return dataclasses.asdict(self)
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -516,19 +342,19 @@ class TrainConfig:
             *parents, leaf = key.split(".")
             node, klass = d, type(self)
             for part in parents:
-                sub = _field_types(klass).get(part)
+                sub = field_types(klass).get(part)
                 if sub is None or not dataclasses.is_dataclass(sub):
                     raise ConfigError(f"{key}: unknown key {part!r} in {_section_label(klass)}")
                 node, klass = node[part], sub
-            ftype = _field_types(klass).get(leaf)
+            ftype = field_types(klass).get(leaf)
             if ftype is None:
                 raise ConfigError(
                     f"{key}: unknown key {leaf!r} in {_section_label(klass)} "
-                    f"(known: {', '.join(_field_types(klass))})"
+                    f"(known: {', '.join(field_types(klass))})"
                 )
             if dataclasses.is_dataclass(ftype):
                 raise ConfigError(f"{key}: is a section; override its fields, e.g. '{key}.<field>'")
-            node[leaf] = _coerce(key, ftype, value)
+            node[leaf] = coerce(key, ftype, value)
         return type(self).from_dict(d)
 
     def config_hash(self) -> str:
@@ -540,10 +366,6 @@ class TrainConfig:
 # --------------------------------------------------------------------------- from_dict internals
 
 
-def _field_types(klass: type) -> dict[str, type]:
-    return {f.name: f.type for f in dataclasses.fields(klass)}
-
-
 def _section_label(klass: type) -> str:
     return f"section {klass._section!r}" if klass._section else "the top level"
 
@@ -551,31 +373,13 @@ def _section_label(klass: type) -> str:
 def _build(klass: type, d: Any, section: str) -> Any:
     if not isinstance(d, dict):
         raise ConfigError(f"{section or 'config'}: expected a table/dict, got {d!r}")
-    types = _field_types(klass)
+    types = field_types(klass)
     kwargs = {}
     for key, value in d.items():
-        where = _name(section, str(key))
+        where = f"{section}.{key}" if section else str(key)
         if key not in types:
             raise ConfigError(f"{where}: unknown key (known in {_section_label(klass)}: {', '.join(types)})")
         if dataclasses.is_dataclass(types[key]):
             value = _build(types[key], value, where)
         kwargs[key] = value
     return klass(**kwargs)
-
-
-def _coerce(key: str, ftype: type, value: object) -> object:
-    if not isinstance(value, str) or ftype is str:
-        return value
-    try:
-        if ftype is int:
-            return int(value)
-        if ftype is float:
-            return float(value)
-        if ftype is bool:
-            if value.strip().lower() not in ("true", "false"):
-                raise ValueError
-            return value.strip().lower() == "true"
-    except ValueError:
-        kind = {int: "an integer", float: "a number", bool: "true or false"}[ftype]
-        raise ConfigError(f"{key}: expected {kind}, got {value!r}") from None
-    return value

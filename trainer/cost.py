@@ -10,7 +10,10 @@ library only.
 import os
 import time
 
-CAPACITY_TYPES = ("spot", "on_demand", "local")
+from trainer.capacity import CAPACITIES, Capacity
+
+CAPACITY_TYPES = CAPACITIES
+"""The ledger's buckets: one per ``Capacity``."""
 
 
 def nodes_in_group(world_size: int) -> int:
@@ -36,9 +39,13 @@ class CostLedger:
         """Start from the ledger (and step time) of the checkpoint this attempt resumed from."""
         self._prior_step_time = step_time_s
         prior = empty_cost()
-        for c in CAPACITY_TYPES:
-            entry = (manifest_cost or {}).get(c) or {}
-            prior[c] = {k: float(entry.get(k, 0.0) or 0.0) for k in ("node_hours", "gpu_hours", "dollars")}
+        for key, entry in (manifest_cost or {}).items():
+            try:  # buckets of older manifests are spelled as they were ("local", "on-demand")
+                bucket = Capacity(key).value
+            except ValueError:
+                continue
+            for k in ("node_hours", "gpu_hours", "dollars"):
+                prior[bucket][k] += float((entry or {}).get(k, 0.0) or 0.0)
         prior["total_dollars"] = sum(prior[c]["dollars"] for c in CAPACITY_TYPES)
         self.prior = prior
 
@@ -46,7 +53,7 @@ class CostLedger:
         """The cumulative ledger as of now, in the manifest's shape."""
         node_hours = self.nodes * (time.monotonic() - self.start) / 3600
         out = {c: dict(v) for c, v in self.prior.items() if c in CAPACITY_TYPES}
-        mine = out[self.capacity]
+        mine = out[Capacity(self.capacity).value]
         mine["node_hours"] += node_hours
         mine["gpu_hours"] += node_hours * self.gpus_per_node
         mine["dollars"] += node_hours * self.price

@@ -21,7 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainer.checkpoint import storage_reader
-from trainer.config import FLAVORS, TrainConfig
+from trainer.config import TrainConfig
+from trainer.flavors import FLAVORS
 from trainer.storage import Storage, resolve_checkpoint
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split

@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint, noop_context_fn
 
-from trainer.config import FLAVORS
+from trainer.flavors import FLAVORS
 
 
 @dataclass(frozen=True)
