@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.checkpoint import Checkpointer
 from trainer.auto_batch import fit_micro_batch_size
-from trainer.cost import CostLedger, nodes_in_group
+from trainer.cost import CAPACITY_TYPES, CostLedger, nodes_in_group
 from trainer.config import PREEMPTED_EXIT_CODE, ConfigError, ParallelConfig, TrainConfig
 from trainer.data import TrainBatches, resolve_dataset
 from trainer.metrics import Metrics, flops_per_token
@@ -332,7 +332,7 @@ class Job:
         """The spend so far (statsd): <prefix>.cost.dollars and <prefix>.cost.gpu_hours."""
         ledger = self.cost.snapshot()
         self.metrics.gauge("cost.dollars", ledger["total_dollars"])
-        self.metrics.gauge("cost.gpu_hours", round(sum(ledger[c]["gpu_hours"] for c in ("spot", "on_demand", "local")), 6))
+        self.metrics.gauge("cost.gpu_hours", round(sum(ledger[c]["gpu_hours"] for c in CAPACITY_TYPES), 6))
 
     def preempted(self, step: int) -> int:
         self.stops.ignore_further_signals()
