@@ -37,16 +37,6 @@ CONFIG_FILE = "train_config.json"
 # Leave torchrun's agent time after the workers' save to exit on its own, before SIGKILL.
 _GRACE_MARGIN_S = 15
 
-# Karpenter and EKS managed node groups label capacity differently: either may hold the pod.
-_CAPACITY_LABELS = {
-    "spot": (("karpenter.sh/capacity-type", "spot"), ("eks.amazonaws.com/capacityType", "SPOT")),
-    "on-demand": (
-        ("karpenter.sh/capacity-type", "on-demand"),
-        ("eks.amazonaws.com/capacityType", "ON_DEMAND"),
-    ),
-}
-
-
 def task_name(group: str) -> str:
     """``<base>-r3`` -> ``<base>``: what every relaunch of one task instance shares."""
     stem, sep, suffix = group.rpartition("-r")
@@ -194,21 +184,22 @@ def _scheduling(name: str, spec: JobSpec) -> dict[str, Any]:
     if k8s.node_selector:
         pod["nodeSelector"] = dict(k8s.node_selector)
     tolerations: list[dict[str, Any]] = []
-    if k8s.capacity_type in _CAPACITY_LABELS:
+    capacity_labels = spec.capacity.node_labels
+    if capacity_labels:
         # Node selector terms are ORed: a Karpenter node or an EKS managed node group node.
         pod["affinity"] = {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [
                         {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
-                        for key, value in _CAPACITY_LABELS[k8s.capacity_type]
+                        for key, value in capacity_labels
                     ]
                 }
             }
         }
         tolerations += [
             {"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"}
-            for key, value in _CAPACITY_LABELS[k8s.capacity_type]
+            for key, value in capacity_labels
         ]
     if spec.resources.gpus_per_node:
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})

@@ -166,13 +166,9 @@ with DAG(
             checkpoint_every="{{ params.checkpoint_every }}",
             simulate_preemption_at_step="{{ params.simulate_preemption_at_step }}",
             max_preemptions="{{ params.max_preemptions }}",
-            kubernetes="{{ dict(params.kubernetes, capacity_type='" + capacity + "') if params.backend == 'kubernetes' else None }}",
-            config={
-                "cost": {
-                    "capacity_type": "{{ 'local' if " + LOCAL + " else '" + capacity + "' }}",
-                    "price_per_node_hour": "{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
-                }
-            },
+            capacity=capacity,
+            price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
+            kubernetes="{{ params.kubernetes if params.backend == 'kubernetes' else None }}",
             log_every=10,
             poll_interval=1.0,
         )

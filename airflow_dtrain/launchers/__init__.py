@@ -9,6 +9,10 @@ from airflow_dtrain.launchers.base import (
     LogChunk,
     PodGroupLauncher,
     get_launcher,
+    launcher_kwargs,
+    local_state_dir,
+    relaunches,
 )
 
-__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "get_launcher"]
+__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "get_launcher", "launcher_kwargs",
+           "local_state_dir", "relaunches"]

@@ -5,16 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs, poll_group,
-                                          relaunches)
-from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
+from airflow_dtrain.launchers import get_launcher, launcher_kwargs
+from airflow_dtrain.session import GroupFailed, GroupSession
+from airflow_dtrain.spec import JobSpec, SpecError, group_base_name
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -24,7 +23,7 @@ BEST_MARKER = "BEST"
 """Marks a checkpoint directory as the best so far: retention never deletes it."""
 
 
-class EvaluationFailed(RuntimeError):
+class EvaluationFailed(GroupFailed):
     """The evaluation or export job failed."""
 
 
@@ -150,44 +149,16 @@ class EvaluateCheckpointOperator(BaseOperator):
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
         return dataclasses.replace(spec, entrypoint=tuple(str(a) for a in entrypoint))
 
-    def _launcher(self, spec: JobSpec) -> PodGroupLauncher:
-        return get_launcher(spec.backend, **launcher_kwargs(
-            spec.backend, kubernetes=self.kubernetes, kubernetes_conn_id=self.kubernetes_conn_id,
-            local_state_dir_setting=self.local_state_dir))
-
     def _run_job(self, context: Context, purpose: str, spec: JobSpec) -> None:
         """Run one job to its end (reattaching to a running one of an earlier try), raise if it failed."""
         ti = context["ti"]
         base = group_base_name(ti.dag_id, ti.run_id, f"{ti.task_id}-{purpose}", getattr(ti, "map_index", -1))
-        launcher = self._launcher(spec)
-        names = relaunches(launcher, base)
-        if names and launcher.status(names[-1]).state in (GroupState.PENDING, GroupState.RUNNING):
-            name = names[-1]
-            self.log.info("Reattaching to %s job %s", purpose, name)
-        else:
-            name = group_name(base, relaunch_index(base, names[-1]) + 1 if names else 0)
-            self.log.info("Launching %s job %s: python -m %s", purpose, name, " ".join(spec.entrypoint))
-            launcher.launch(name, spec.to_dict())
-        self._job = (launcher, name)
-        cursor, tail = None, deque(maxlen=40)
-        deadline = time.monotonic() + self.job_timeout_s
-        while True:
-            status, chunk = poll_group(launcher, name, cursor)
-            for line in chunk.lines:
-                self.log.info("%s", line)
-            tail.extend(chunk.lines)
-            cursor = chunk.cursor
-            if status.state == GroupState.SUCCEEDED:
-                return
-            if status.state.terminal or status.state == GroupState.NOT_FOUND:
-                raise EvaluationFailed(
-                    f"{purpose} job {name} {status.state.value}: {status.message}\nLast lines of its log:\n"
-                    + "\n".join(tail)
-                )
-            if time.monotonic() > deadline:
-                launcher.stop(name)
-                raise EvaluationFailed(f"{purpose} job {name} did not end within {self.job_timeout_s:.0f}s")
-            time.sleep(self.poll_interval)
+        launcher = get_launcher(spec.backend, **launcher_kwargs(
+            spec.backend, kubernetes=self.kubernetes, kubernetes_conn_id=self.kubernetes_conn_id,
+            local_state_dir_setting=self.local_state_dir))  # fmt: skip
+        self._session = GroupSession(launcher, base, spec, log=self.log, error=EvaluationFailed, purpose=purpose)
+        # A finished job of an earlier try may have evaluated another step: run it again.
+        self._session.run(poll_interval=self.poll_interval, reuse_succeeded=False, timeout_s=self.job_timeout_s)
 
     # -- execution -----------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -263,10 +234,9 @@ class EvaluateCheckpointOperator(BaseOperator):
         return summary
 
     def on_kill(self) -> None:
-        job = getattr(self, "_job", None)
-        if job:
-            launcher, name = job
-            launcher.stop(name)
+        session = getattr(self, "_session", None)
+        if session is not None:
+            session.stop()
 
 
 def _true(value: Any) -> bool:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs,
-                                          local_state_dir, poll_group, relaunches)
-from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
+from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
+from airflow_dtrain.session import GroupFailed, GroupSession
+from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobSpec, SpecError, group_base_name
 from airflow_dtrain.templating import is_template
-from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event, observe_recovery
+from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
@@ -24,18 +22,15 @@ if TYPE_CHECKING:
 DASHBOARD_UID = "dtrain-training"
 """uid of docker/grafana/dtrain-dashboard.json."""
 
-# Operator arguments that go into the trainer's config (see airflow_dtrain.spec.TRAIN_FIELDS).
-_TRAIN_ARGUMENTS = (
-    "flavor", "dataset", "seq_len", "steps", "global_batch_size", "micro_batch_size", "seed", "lr",
-    "warmup_steps", "weight_decay", "grad_clip", "checkpoint_uri", "checkpoint_every", "checkpoint_keep",
-    "log_every", "simulate_preemption_at_step",
-)  # fmt: skip
+# Operator arguments that go into the trainer's config (declared in trainer/config.py).
+_TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
 _GROUP_ARGUMENTS = (
-    "num_nodes", "procs_per_node", "backend", "node_resources", "max_preemptions", "config", "kubernetes",
+    "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "node_resources",
+    "max_preemptions", "config", "kubernetes",
 )  # fmt: skip
 
 
-class TrainingFailed(RuntimeError):
+class TrainingFailed(GroupFailed):
     """The pod group failed (not preempted) or ran out of relaunches."""
 
 
@@ -78,6 +73,9 @@ class FSDPTrainOperator(BaseOperator):
     :param log_every: steps between metric lines. (templated)
     :param simulate_preemption_at_step: for demos: SIGTERM the group once, at this step (0: never). (templated)
     :param config: further trainer config, nested or dotted keys; the flat arguments win. (templated)
+    :param capacity: what the group runs on and is billed as: ``spot``, ``on_demand`` or ``any``
+        (on Kubernetes, the nodes its pods select). (templated)
+    :param price_per_node_hour: dollars per node-hour of that capacity, for the cost ledger. (templated)
     :param num_nodes: nodes in the group. (templated)
     :param procs_per_node: training processes per node. (templated)
     :param backend: ``local`` (processes on this machine) or ``kubernetes`` (an Indexed Job and a
@@ -123,6 +121,8 @@ class FSDPTrainOperator(BaseOperator):
         num_nodes: int = 1,
         procs_per_node: int = 1,
         backend: str = "local",
+        capacity: str | None = None,
+        price_per_node_hour: float | None = None,
         node_resources: dict[str, Any] | None = None,
         max_preemptions: int = 3,
         kubernetes: dict[str, Any] | None = None,
@@ -154,6 +154,8 @@ class FSDPTrainOperator(BaseOperator):
         self.num_nodes = num_nodes
         self.procs_per_node = procs_per_node
         self.backend = backend
+        self.capacity = capacity
+        self.price_per_node_hour = price_per_node_hour
         self.node_resources = node_resources
         self.max_preemptions = max_preemptions
         self.kubernetes = kubernetes
@@ -162,8 +164,7 @@ class FSDPTrainOperator(BaseOperator):
         self.stop_grace_period_s = stop_grace_period_s
         self.local_state_dir = local_state_dir
         self.deferrable = deferrable
-        self._group: str | None = None
-        self._recovering_since: float | None = None
+        self._session: GroupSession | None = None
         # Fail in the DAG file, not at run time, for everything that is not templated.
         self.job_spec(skip_templates=True)
 
@@ -196,135 +197,59 @@ class FSDPTrainOperator(BaseOperator):
             raise SpecError(f"checkpoint_uri: required for backend {backend!r}")
         return str(local_state_dir(self.local_state_dir).parent / "checkpoints" / self._base)
 
-    # -- launcher -----------------------------------------------------------------------------
+    # -- the session ---------------------------------------------------------------------------
     def _launcher_kwargs(self, backend: str) -> dict[str, Any]:
         return launcher_kwargs(backend, kubernetes=self.kubernetes, kubernetes_conn_id=self.kubernetes_conn_id,
                                local_state_dir_setting=self.local_state_dir)
 
-    def _get_launcher(self, backend: str) -> PodGroupLauncher:
-        return get_launcher(backend, **self._launcher_kwargs(backend))
-
-    def _groups(self, launcher: PodGroupLauncher) -> list[str]:
-        return relaunches(launcher, self._base)
-
-    def _preemptions(self, launcher: PodGroupLauncher, names: list[str]) -> int:
-        return sum(launcher.status(n).state == GroupState.PREEMPTED for n in names)
-
-    def _launch(self, launcher: PodGroupLauncher, spec: JobSpec, relaunch: int) -> str:
-        name = group_name(self._base, relaunch)
-        self.log.info(
-            "Launching group %s: %d node(s) x %d process(es) on %s, %s flavour, %d steps, checkpoints in %s",
-            name, spec.num_nodes, spec.procs_per_node, spec.backend, spec.train.model.flavor,
-            spec.train.steps, spec.train.checkpoint.uri,
-        )  # fmt: skip
-        launcher.launch(name, spec.to_dict())
-        metrics.incr("group.launches")
-        return name
-
-    def _attach_or_launch(self, launcher: PodGroupLauncher, spec: JobSpec) -> str:
-        names = self._groups(launcher)
-        if not names:
-            return self._launch(launcher, spec, 0)
-        last = names[-1]
-        status = launcher.status(last)
-        if status.state in (GroupState.PENDING, GroupState.RUNNING, GroupState.SUCCEEDED):
-            self.log.info("Reattaching to group %s (%s), launched by an earlier try", last, status.state.value)
-            return last
-        self.log.info(
-            "Group %s of an earlier try ended %s (%s); relaunching from the latest checkpoint",
-            last, status.state.value, status.message,
-        )  # fmt: skip
-        return self._launch(launcher, spec, relaunch_index(self._base, last) + 1)
-
-    # -- execution ----------------------------------------------------------------------------
-    def execute(self, context: Context) -> dict[str, Any]:
+    def _open_session(self, context: Context) -> GroupSession:
         ti = context["ti"]
         self._base = group_base_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
         spec = self.job_spec()
-        launcher = self._get_launcher(spec.backend)
-        self._group = self._attach_or_launch(launcher, spec)
-        ti.xcom_push(key="group", value=self._group)
-        if self.deferrable:
-            self._defer(spec, self._group, None)
-        return self._watch(context, spec, launcher)
+        launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
+        self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed)
+        return self._session
 
-    def _defer(self, spec: JobSpec, name: str, cursor: Any) -> None:
+    # -- execution ----------------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        session = self._open_session(context)
+        name = session.attach_or_launch()
+        context["ti"].xcom_push(key="group", value=name)
+        while True:
+            if self.deferrable:
+                self._defer(session, name)
+            relaunched = session.on_end(session.watch(name, poll_interval=self.poll_interval))
+            if relaunched is None:
+                return self._summary(session, name)
+            name = relaunched
+            context["ti"].xcom_push(key="group", value=name)
+
+    def _defer(self, session: GroupSession, name: str) -> None:
         self.defer(
             trigger=FSDPTrainTrigger(
                 name=name,
-                backend=spec.backend,
-                launcher_kwargs=self._launcher_kwargs(spec.backend),
+                backend=session.spec.backend,
+                launcher_kwargs=self._launcher_kwargs(session.spec.backend),
                 poll_interval=self.poll_interval,
-                log_cursor=cursor,
-                recovering_since=self._recovering_since,
+                recovering_since=session.recovering_since,
             ),
             method_name="execute_complete",
-            kwargs={"spec": spec.to_dict(), "base": self._base},
         )
 
-    def _watch(self, context: Context, spec: JobSpec, launcher: PodGroupLauncher) -> dict[str, Any]:
-        """Watch from the worker (not deferrable): stream logs, relaunch on preemption."""
-        cursor: Any = None
-        tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        while True:
-            status, chunk = poll_group(launcher, self._group, cursor)
-            for line in chunk.lines:
-                self.log.info("%s", line)
-            tail.extend(chunk.lines)
-            cursor = chunk.cursor
-            self._recovering_since = observe_recovery(chunk.lines, self._recovering_since)
-            if status.state.terminal or status.state == GroupState.NOT_FOUND:
-                outcome = self._on_group_end(spec, launcher, group_event(status, list(tail), cursor))
-                if isinstance(outcome, dict):
-                    return outcome
-                self._group, cursor = outcome, None
-                tail.clear()
-                continue
-            time.sleep(self.poll_interval)
-
-    def execute_complete(self, context: Context, event: dict[str, Any], spec: dict, base: str) -> dict[str, Any]:
-        self._base = base
-        job = JobSpec.from_dict(spec)
-        launcher = self._get_launcher(job.backend)
-        self._group = event.get("name")
-        outcome = self._on_group_end(job, launcher, event)
-        if isinstance(outcome, dict):
-            return outcome
-        self._group = outcome
-        context["ti"].xcom_push(key="group", value=outcome)
-        self._defer(job, outcome, None)
+    def execute_complete(self, context: Context, event: dict[str, Any], **_: Any) -> dict[str, Any]:
+        session = self._open_session(context)
+        session.current = event.get("name")
+        relaunched = session.on_end(event)
+        if relaunched is None:
+            return self._summary(session, event["name"])
+        context["ti"].xcom_push(key="group", value=relaunched)
+        self._defer(session, relaunched)
         raise AssertionError("unreachable: defer() raises")
 
-    def _on_group_end(self, spec: JobSpec, launcher: PodGroupLauncher, event: dict[str, Any]) -> dict | str:
-        """Success -> the summary; preempted -> the name of the relaunched group; else raise."""
-        name = event["name"]
-        if event["status"] == "success":
-            return self._summary(spec, launcher, name)
-        if event["status"] == "preempted":
-            metrics.incr("group.preemptions")
-            self._recovering_since = time.time()
-            names = self._groups(launcher)
-            preemptions = self._preemptions(launcher, names)
-            if preemptions > spec.max_preemptions:
-                raise TrainingFailed(
-                    f"group {name} was preempted {preemptions} times, more than max_preemptions="
-                    f"{spec.max_preemptions}: {event['message']}"
-                )
-            self.log.warning(
-                "Group %s preempted (%s): relaunching from the latest checkpoint (preemption %d of at most %d)",
-                name, event["message"], preemptions, spec.max_preemptions,
-            )  # fmt: skip
-            return self._launch(launcher, spec, relaunch_index(self._base, name) + 1)
-        metrics.incr("group.failures")
-        tail = "\n".join(event.get("log_tail") or [])
-        raise TrainingFailed(
-            f"training group {name} {event.get('state')}: {event.get('message')}\n"
-            f"Last lines of its log:\n{tail}"
-        )
-
-    def _summary(self, spec: JobSpec, launcher: PodGroupLauncher, name: str) -> dict[str, Any]:
+    def _summary(self, session: GroupSession, name: str) -> dict[str, Any]:
+        spec = session.spec
         progress = read_progress(spec.train.checkpoint.uri)
-        names = self._groups(launcher)
+        names = session.groups()
         if progress.get("status") != "completed" or progress.get("step") != spec.train.steps:
             raise TrainingFailed(
                 f"group {name} exited 0 but its progress says status={progress.get('status')!r} "
@@ -337,7 +262,7 @@ class FSDPTrainOperator(BaseOperator):
             "final_loss": progress.get("loss"),
             "latest_checkpoint": progress.get("latest_checkpoint"),
             "wall_time_s": progress.get("wall_time_s"),
-            "preemptions": self._preemptions(launcher, names),
+            "preemptions": session.preemptions(names),
             "relaunches": len(names) - 1,
             "steps_lost": progress.get("steps_lost", 0),
             **self._cost(spec),
@@ -360,12 +285,8 @@ class FSDPTrainOperator(BaseOperator):
         return {"dollars": ledger.total_dollars, "gpu_hours": ledger.gpu_hours}
 
     def on_kill(self) -> None:
-        if not self._group:
-            return
-        backend = self.backend if isinstance(self.backend, str) else "local"
-        self.log.info("Stopping group %s", self._group)
-        status = self._get_launcher(backend).stop(self._group, self.stop_grace_period_s)
-        self.log.info("Group %s is %s", self._group, status.state.value)
+        if self._session is not None:
+            self._session.stop(grace_period_s=self.stop_grace_period_s)
 
 
 def _with_statsd_defaults(config: dict[str, Any] | None) -> dict[str, Any] | None:

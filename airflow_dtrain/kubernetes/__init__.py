@@ -1,0 +1,1 @@
+"""The ``kubernetes`` backend: its spec, the objects it renders and the launcher that creates them."""

@@ -1,0 +1,219 @@
+"""A task's pod groups, from first launch to the end: the one place that owns their life.
+
+``GroupSession`` is to a pod group what cncf.kubernetes' ``PodManager`` is to a pod: it
+attaches to a group an earlier try left running or launches one, watches it (state first,
+then the log lines since the last look), relaunches it from its latest checkpoint when it
+ends preempted, fails with its last log lines when it ends otherwise, and stops it.
+``FSDPTrainOperator`` (its synchronous and deferrable paths alike) and
+``EvaluateCheckpointOperator`` use it; ``FSDPTrainTrigger`` only drives a ``GroupWatch``
+from the triggerer.
+
+Groups of one task are named ``<base>-r<n>`` (``spec.group_name``): the same task instance
+always finds its own groups again, which is what makes a restarted task reattach instead
+of launching a second writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_dtrain import metrics
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
+from airflow_dtrain.spec import group_name, relaunch_index
+
+if TYPE_CHECKING:
+    from airflow_dtrain.spec import JobSpec
+
+LOG_TAIL_LINES = 40
+
+EVENT_STATUS = {GroupState.SUCCEEDED: "success", GroupState.PREEMPTED: "preempted"}
+"""How a group's end state reads in a trigger event (anything else is "error")."""
+
+
+class GroupFailed(RuntimeError):
+    """A pod group failed (not preempted), ran out of relaunches, or did not end in time."""
+
+
+def group_event(status: GroupStatus, tail: list[str], cursor: Any) -> dict[str, Any]:
+    """The payload both the trigger and the synchronous path hand to ``GroupSession.on_end``."""
+    return {
+        "status": EVENT_STATUS.get(status.state, "error"),
+        "name": status.name,
+        "state": status.state.value,
+        "message": status.message,
+        "node_exit_codes": {str(k): v for k, v in status.node_exit_codes.items()},
+        "log_tail": tail,
+        "log_cursor": cursor,
+    }
+
+
+@dataclass
+class GroupWatch:
+    """Looks at one group, one poll at a time: its state, its new log lines, and when a
+    relaunched group trains again (``group.recovery_seconds``). Plain values, so the trigger
+    can carry where it left off."""
+
+    launcher: PodGroupLauncher
+    name: str
+    cursor: Any = None
+    recovering_since: float | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+
+    def poll(self) -> tuple[GroupStatus, list[str]]:
+        """One look: the state, then the lines since the last look (complete once the state is terminal)."""
+        status, chunk = poll_group(self.launcher, self.name, self.cursor)
+        self.cursor = chunk.cursor
+        self.tail.extend(chunk.lines)
+        if self.recovering_since is not None and any(
+            '"event": "resume"' in line or '"event": "train"' in line for line in chunk.lines
+        ):
+            metrics.timing("group.recovery_seconds", time.time() - self.recovering_since)
+            self.recovering_since = None
+        return status, chunk.lines
+
+    @staticmethod
+    def ended(status: GroupStatus) -> bool:
+        return status.state.terminal or status.state == GroupState.NOT_FOUND
+
+    def event(self, status: GroupStatus) -> dict[str, Any]:
+        return group_event(status, list(self.tail), self.cursor)
+
+
+class GroupSession:
+    """The pod groups of one task instance: attach or launch, watch, relaunch, stop.
+
+    :param launcher: the backend's launcher.
+    :param base: the task's group base name (``spec.group_base_name``).
+    :param spec: what every group of this task runs.
+    :param log: where the groups' output and the session's decisions go (the task log).
+    :param error: the exception raised when a group fails (a ``GroupFailed`` subclass).
+    :param purpose: a word for the log, e.g. "training" or "eval".
+    """
+
+    def __init__(
+        self,
+        launcher: PodGroupLauncher,
+        base: str,
+        spec: JobSpec,
+        *,
+        log: logging.Logger | Any,
+        error: type[GroupFailed] = GroupFailed,
+        purpose: str = "training",
+    ) -> None:
+        self.launcher = launcher
+        self.base = base
+        self.spec = spec
+        self.log = log
+        self.error = error
+        self.purpose = purpose
+        self.recovering_since: float | None = None
+        self.current: str | None = None
+
+    # -- the groups of this task -------------------------------------------------------------
+    def groups(self) -> list[str]:
+        """This task's groups, oldest first."""
+        names = [n for n in self.launcher.find(self.base) if relaunch_index(self.base, n) is not None]
+        return sorted(names, key=lambda n: relaunch_index(self.base, n))
+
+    def preemptions(self, names: list[str] | None = None) -> int:
+        return sum(self.launcher.status(n).state == GroupState.PREEMPTED for n in names or self.groups())
+
+    def launch(self, relaunch: int) -> str:
+        name = group_name(self.base, relaunch)
+        spec = self.spec
+        self.log.info(
+            "Launching %s group %s: %d node(s) x %d process(es) on %s (%s capacity), %s",
+            self.purpose, name, spec.num_nodes, spec.procs_per_node, spec.backend, spec.capacity.value,
+            " ".join(spec.entrypoint) or (
+                f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, checkpoints in {spec.train.checkpoint.uri}"
+            ),
+        )  # fmt: skip
+        self.launcher.launch(name, self.spec.to_dict())
+        metrics.incr("group.launches")
+        self.current = name
+        return name
+
+    def attach_or_launch(self, *, reuse_succeeded: bool = True) -> str:
+        """The group to watch: the newest one if it is still pending or running (or, with
+        ``reuse_succeeded``, already succeeded), else a new launch numbered after it."""
+        names = self.groups()
+        if not names:
+            return self.launch(0)
+        last = names[-1]
+        status = self.launcher.status(last)
+        keep = {GroupState.PENDING, GroupState.RUNNING} | ({GroupState.SUCCEEDED} if reuse_succeeded else set())
+        if status.state in keep:
+            self.log.info("Reattaching to %s group %s (%s), launched by an earlier try", self.purpose, last,
+                          status.state.value)  # fmt: skip
+            self.current = last
+            return last
+        self.log.info("%s group %s of an earlier try ended %s (%s); launching the next",
+                      self.purpose.capitalize(), last, status.state.value, status.message)  # fmt: skip
+        return self.launch(relaunch_index(self.base, last) + 1)
+
+    # -- watching --------------------------------------------------------------------------------
+    def watch(self, name: str, *, poll_interval: float, timeout_s: float | None = None) -> dict[str, Any]:
+        """Follow ``name`` from this process until it ends, its output into the log; its end event."""
+        watch = GroupWatch(self.launcher, name, recovering_since=self.recovering_since)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            status, lines = watch.poll()
+            for line in lines:
+                self.log.info("%s", line)
+            if watch.ended(status):
+                self.recovering_since = watch.recovering_since
+                return watch.event(status)
+            if deadline is not None and time.monotonic() > deadline:
+                self.launcher.stop(name)
+                raise self.error(f"{self.purpose} group {name} did not end within {timeout_s:.0f}s")
+            time.sleep(poll_interval)
+
+    def on_end(self, event: dict[str, Any]) -> str | None:
+        """What a group's end means: None when it succeeded, the name of its relaunch when it was
+        preempted (within ``max_preemptions``); raises ``error`` otherwise."""
+        name = event["name"]
+        if event["status"] == "success":
+            self.current = name
+            return None
+        if event["status"] == "preempted":
+            metrics.incr("group.preemptions")
+            self.recovering_since = time.time()
+            preemptions = self.preemptions()
+            if preemptions > self.spec.max_preemptions:
+                raise self.error(
+                    f"group {name} was preempted {preemptions} times, more than max_preemptions="
+                    f"{self.spec.max_preemptions}: {event['message']}"
+                )
+            self.log.warning(
+                "Group %s preempted (%s): relaunching from the latest checkpoint (preemption %d of at most %d)",
+                name, event["message"], preemptions, self.spec.max_preemptions,
+            )  # fmt: skip
+            return self.launch(relaunch_index(self.base, name) + 1)
+        metrics.incr("group.failures")
+        tail = "\n".join(event.get("log_tail") or [])
+        raise self.error(
+            f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\nLast lines of its log:\n{tail}"
+        )
+
+    def run(self, *, poll_interval: float, reuse_succeeded: bool = True, timeout_s: float | None = None) -> str:
+        """Attach or launch, then watch and relaunch until a group succeeds; its name."""
+        name = self.attach_or_launch(reuse_succeeded=reuse_succeeded)
+        while True:
+            relaunched = self.on_end(self.watch(name, poll_interval=poll_interval, timeout_s=timeout_s))
+            if relaunched is None:
+                return name
+            name = relaunched
+
+    def stop(self, name: str | None = None, grace_period_s: float = 30.0) -> GroupStatus | None:
+        """Ask ``name`` (default: the current group) to checkpoint and exit; kill what is left."""
+        name = name or self.current
+        if not name:
+            return None
+        self.log.info("Stopping %s group %s", self.purpose, name)
+        status = self.launcher.stop(name, grace_period_s)
+        self.log.info("Group %s is %s", name, status.state.value)
+        return status
