@@ -32,6 +32,8 @@ BACKENDS = ("local", "kubernetes")
 """Backends this version can launch."""
 GROUP = "Group"
 """Trigger-form section of the group's shape."""
+KUBERNETES = "Kubernetes"
+"""Trigger-form section of what only the kubernetes backend uses."""
 
 TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(TrainConfig) if meta(f).arg}
 """Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor", ...}``."""
@@ -116,7 +118,11 @@ class JobSpec:
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(3, ge=0, arg="max_preemptions", section=GROUP, title="Max preemptions",
                                    help="How many times a preempted group is relaunched from its checkpoint.")
-    kubernetes: KubernetesSpec = field(default_factory=KubernetesSpec)
+    kubernetes: KubernetesSpec = setting(
+        factory=KubernetesSpec, arg="kubernetes", section=KUBERNETES, title="Kubernetes pods", cli=False,
+        help="Pods of the kubernetes backend: image, namespace, volumes, secret_env, kueue_queue, ... "
+        "(airflow_dtrain.kubernetes.spec.KubernetesSpec).",
+    )  # fmt: skip
     entrypoint: tuple[str, ...] = setting(
         (), cli=False,
         help="What each process runs instead of -m trainer --config <the train config>: a trainer module and "

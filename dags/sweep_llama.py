@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import DAG, Param, TriggerRule, task
+from airflow.sdk import DAG, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
+from airflow_dtrain.params import trigger_params
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "sweep_llama")
@@ -27,21 +28,12 @@ with DAG(
     render_template_as_native_obj=True,
     doc_md=__doc__,
     tags=["llm", "training", "sweep", "airflow-dtrain"],
-    params={
-        "flavor": Param("debug", type="string", enum=["debug", "llama3_1b", "llama3_3b", "llama3_8b"]),
-        "learning_rates": Param([1e-3, 3e-3], type="array", items={"type": "number", "exclusiveMinimum": 0},
-                                minItems=1, description="One training per learning rate."),  # fmt: skip
-        "steps": Param(20, type="integer", minimum=1),
-        "num_nodes": Param(1, type="integer", minimum=1),
-        "procs_per_node": Param(1, type="integer", minimum=1),
-        "global_batch_size": Param(4, type="integer", minimum=1),
-        "micro_batch_size": Param(2, type="integer", minimum=1),
-        "seq_len": Param(64, type="integer", minimum=8),
-        "budget_usd": Param(5.0, type="number", minimum=0, description="Budget of the whole sweep."),
-        "price_per_hour": Param(0.5, type="number", minimum=0, description="$/node-hour (local backend)."),
-        "step_time_estimate_s": Param(0.5, type="number", exclusiveMinimum=0),
-        "sweep_root": Param("", type="string", description="Where the sweep's checkpoints go (empty: under $AIRFLOW_HOME)."),
-    },
+    params=trigger_params(
+        ["flavor", "learning_rates", "steps", "global_batch_size", "micro_batch_size", "seq_len",
+         "num_nodes", "procs_per_node", "sweep_root", "budget_usd", "price_per_hour", "step_time_estimate_s"],
+        defaults={"steps": 20, "global_batch_size": 4, "seq_len": 64},
+        descriptions={"budget_usd": "Dollar budget of the whole sweep (every member's steps)."},
+    ),
 ) as dag:
 
     @task

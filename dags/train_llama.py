@@ -33,7 +33,8 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+from airflow.sdk import DAG, Asset, TriggerRule, task
+from trainer.config import URI_PATTERN
 
 from airflow_dtrain import (
     BudgetBranchOperator,
@@ -43,8 +44,8 @@ from airflow_dtrain import (
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
+from airflow_dtrain.params import trigger_params
 
-FLAVORS = ["debug", "llama3_1b", "llama3_3b", "llama3_8b"]
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
 REGISTRY = os.path.join(_HOME, "dtrain", "models", "train_llama")
@@ -66,59 +67,28 @@ with DAG(
     render_template_as_native_obj=True,
     doc_md=__doc__,
     tags=["llm", "training", "fsdp", "spot", "airflow-dtrain"],
-    params={
-        "backend": Param("local", type="string", enum=["local", "kubernetes"], description="Where the pod group runs."),
-        "flavor": Param("debug", type="string", enum=FLAVORS, description="Model flavour."),
-        "num_nodes": Param(2, type="integer", minimum=1, description="Nodes (torchrun agents) in the group."),
-        "procs_per_node": Param(1, type="integer", minimum=1, description="Training processes per node."),
-        "steps": Param(60, type="integer", minimum=1, description="Optimizer steps."),
-        "global_batch_size": Param(8, type="integer", minimum=1, description="Sequences per step, all ranks."),
-        "micro_batch_size": Param(2, type="integer", minimum=1, description="Sequences per rank per pass."),
-        "seq_len": Param(128, type="integer", minimum=8, description="Tokens per sequence."),
-        "lr": Param(3e-3, type="number", exclusiveMinimum=0, description="Peak learning rate."),
-        "checkpoint_uri": Param(
-            "",
-            type="string",
-            pattern=r"^$|^/|^file://|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$",
-            description="Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
+    # The form is generated from the fields' own declarations (types, bounds, titles, help,
+    # sections): only this DAG's defaults are given here.
+    params=trigger_params(
+        [
+            "flavor", "steps", "global_batch_size", "micro_batch_size", "seq_len", "lr",
+            "backend", "num_nodes", "procs_per_node", "max_preemptions",
+            "checkpoint_uri", "checkpoint_every", "simulate_preemption_at_step", "registry_uri",
+            "budget_usd", "max_price", "max_wait_s", "step_time_estimate_s", "local_spot_price",
+            "local_on_demand_price", "instance_types", "availability_zones",
+            "kubernetes", "interruption_queue_url",
+        ],
+        defaults={
+            "num_nodes": 2, "steps": 60, "checkpoint_uri": None, "checkpoint_every": 20,
+            "simulate_preemption_at_step": 30,
+        },
+        descriptions={
+            "checkpoint_uri": "Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
             "Empty: a new directory per run under $AIRFLOW_HOME/dtrain/checkpoints/train_llama.",
-        ),
-        "checkpoint_every": Param(20, type="integer", minimum=0, description="Save every N steps (0: end only)."),
-        "simulate_preemption_at_step": Param(
-            30, type="integer", minimum=0, description="SIGTERM the group once at this step (0: never)."
-        ),
-        "max_preemptions": Param(3, type="integer", minimum=0, description="Relaunches after preemption."),
-        "budget_usd": Param(5.0, type="number", minimum=0, description="Dollar budget of the whole job."),
-        "max_price": Param(
-            1.0, type="number", minimum=0, description="Highest acceptable spot $/node-hour; above it: wait."
-        ),
-        "max_wait_s": Param(3600, type="integer", minimum=0, description="How long the job may wait for spot."),
-        "local_spot_price": Param(
-            0.5, type="number", minimum=0, description="local backend: the $/node-hour charged as 'spot'."
-        ),
-        "local_on_demand_price": Param(
-            1.5, type="number", minimum=0, description="local backend: the $/node-hour charged as 'on-demand'."
-        ),
-        "step_time_estimate_s": Param(
-            0.5, type="number", exclusiveMinimum=0, description="Seconds per step before one is measured."
-        ),
-        "instance_types": Param(
-            ["p4d.24xlarge", "p5.48xlarge"], type="array", items={"type": "string"},
-            description="EC2 instance types to consider (kubernetes backend).",
-        ),
-        "availability_zones": Param(
-            [], type="array", items={"type": "string"}, description="Zones to consider (empty: all)."
-        ),
-        "kubernetes": Param({}, type="object", description="Pods of the kubernetes backend (image, namespace...)."),
-        "interruption_queue_url": Param(
-            "", type="string",
-            description="SQS queue that EventBridge sends EC2 spot interruption warnings to (kubernetes backend; "
-            "empty: node taints only).",
-        ),
-        "registry_uri": Param(
-            "", type="string", description="Where the best model is recorded and exported (empty: " + REGISTRY + ")."
-        ),
-    },
+            "registry_uri": "Where the best model is recorded and exported (a path or s3://). Empty: " + REGISTRY + ".",
+        },
+        schemas={"checkpoint_uri": {"pattern": URI_PATTERN}},
+    ),
 ) as dag:
     spot_price = SpotPriceSensor(
         task_id="spot_price",

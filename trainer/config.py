@@ -130,7 +130,7 @@ class CheckpointConfig:
     _section = "checkpoint"
 
     uri: str = setting(
-        "", arg="checkpoint_uri", title="Checkpoint URI",
+        "", arg="checkpoint_uri", section=CHECKPOINTS, title="Checkpoint URI",
         help='Local path, file://path or s3://bucket/prefix; "" disables checkpoints (and resume).',
     )  # fmt: skip
     every: int = setting(0, ge=0, rule="must be >= 0 (0 = only final/preemption)", arg="checkpoint_every",

@@ -212,8 +212,12 @@ def json_schema(f: dataclasses.Field, tp: Any) -> dict[str, Any]:
                           tuple: "array", list: "array", dict: "object"}.get(origin, "object")  # fmt: skip
         if schema["type"] == "array":
             args = typing.get_args(inner)
-            if args and args[0] is str:
-                schema["items"] = {"type": "string"}
+            item = {str: "string", float: "number", int: "integer"}.get(args[0]) if args else None
+            if item:
+                schema["items"] = {"type": item}
+                if item in ("number", "integer") and (m.gt is not None or m.ge is not None):
+                    schema["items"].update({"exclusiveMinimum": m.gt} if m.gt is not None else {"minimum": m.ge})
+                schema["minItems"] = 1 if item != "string" else 0
     if m.choices is not None:
         schema["enum"] = list(m.choices)
     for key, name in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum")):
