@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_HOME ?= $(CURDIR)/.demo
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo clean
+.PHONY: venv chromium test test-fast demo clean
 
 venv: $(VENV)/.installed
 
@@ -20,7 +20,22 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e ".[trainer,test]"
 	touch $@
 
-test: venv
+# The browser test (tests/ui) drives Debian's chromium through Playwright (whose own browser
+# download is not used). Installed here when missing, if apt-get is there and we are root;
+# otherwise, or if the install fails, that test skips and says what to install.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing chromium (apt-get) for the browser test"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq chromium >/dev/null 2>&1 \
+		|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
+		|| echo "could not install chromium: the browser test (tests/ui) will be skipped"; \
+	else \
+		echo "no chromium, and no apt-get as root to install it: the browser test (tests/ui) will be skipped"; \
+	fi
+
+test: venv chromium
 	$(PY) -m pytest tests -q --timeout=900 $(PYTEST_ARGS)
 
 # Everything except the tests that start a real Airflow scheduler.

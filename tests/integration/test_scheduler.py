@@ -13,22 +13,17 @@ Slow (one to two minutes on 2 CPU cores); deselect with ``-m "not scheduler"``.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
-import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.airflow_server import Airflow
+from tests.airflow_server import json_output as _json_output
+from tests.airflow_server import wait_for as _wait_for
+
 DAG_ID = "train_llama"
 TASK_ID = "train_spot"  # the budget branch chooses spot at the local backend's default prices
 PUBLISH_DAG_ID = "publish_llama"  # scheduled on the asset a promotion updates
@@ -44,198 +39,8 @@ RUN_CONF = {
 STARTUP_TIMEOUT_S = 180
 DAG_PARSE_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 420
-CLI_TIMEOUT_S = 120
 
 pytestmark = pytest.mark.scheduler
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _json_output(stdout: str) -> Any:
-    """The JSON document an ``airflow ... -o json`` command printed (log lines may come first)."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(("[", "{")):
-            return json.loads(line)
-    raise AssertionError(f"no JSON in the output:\n{stdout[-4000:]}")
-
-
-def _tail(path: Path, lines: int = 80) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as err:
-        return f"<cannot read {path}: {err}>"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-class Airflow:
-    """A running ``airflow standalone`` in its own Airflow home, and ways to talk to it."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.home = tmp_path / "airflow"
-        self.home.mkdir()
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp_path / "standalone.log"
-        self.proc: subprocess.Popen | None = None
-        self.env = self._environment()
-        self.http = httpx.Client(base_url=self.url, timeout=30)
-
-    def _environment(self) -> dict[str, str]:
-        # Nothing of the test session's own Airflow set-up (tests/conftest.py) leaks in.
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DTRAIN_"))}
-        venv_bin = str(Path(sys.executable).parent)
-        env.update(
-            {
-                # standalone starts its components as `airflow ...`: the venv's, from PATH
-                "PATH": os.pathsep.join([venv_bin, env.get("PATH", "")]),
-                "PYTHONUNBUFFERED": "1",
-                "NO_COLOR": "1",
-                "AIRFLOW_HOME": str(self.home),
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
-                "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                # LocalExecutor (standalone's choice) runs on sqlite; keep it and the parser small
-                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-                "AIRFLOW__CORE__PARALLELISM": "2",
-                "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
-                # the train task defers: the real triggerer watches the pod group
-                "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
-                # the DAG shows up (and is re-parsed) within seconds
-                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
-                # api-server on a free port; workers reach its execution API there
-                "AIRFLOW__API__HOST": "127.0.0.1",
-                "AIRFLOW__API__PORT": str(self.port),
-                "AIRFLOW__API__WORKERS": "1",
-                "AIRFLOW__API__BASE_URL": self.url,
-                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-                # the scheduler's and triggerer's log servers, off their fixed default ports
-                # (8793, 8794) so a developer's own Airflow does not get in the way
-                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
-                # one secret for every component that signs or checks task tokens
-                "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
-                # no login: the REST API answers this test without a token
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-                "DTRAIN_LOCAL_STATE_DIR": str(self.tmp_path / "dtrain" / "groups"),
-                "DTRAIN_DATA_DIR": str(self.tmp_path / "data"),
-            }
-        )
-        return env
-
-    # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> None:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "airflow", "standalone"],
-                cwd=self.tmp_path,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def stop(self) -> None:
-        self.http.close()
-        if self.proc is not None:
-            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            # standalone's components are in its process group, whether or not it exited first
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        # Whatever else carries this Airflow home: LocalExecutor workers, the pod group's
-        # detached supervisor and its torchrun agents and ranks.
-        for _ in range(3):
-            leftovers = self.leftover_processes()
-            if not leftovers:
-                break
-            for proc in leftovers:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(leftovers, timeout=10)
-
-    def leftover_processes(self) -> list[psutil.Process]:
-        found = []
-        me = os.getpid()
-        for proc in psutil.process_iter(["pid"]):
-            if proc.pid == me:
-                continue
-            try:
-                if proc.environ().get("AIRFLOW_HOME") == str(self.home):
-                    found.append(proc)
-            except (psutil.Error, OSError):
-                continue
-        return found
-
-    # -- talking to it --------------------------------------------------------------------------
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [sys.executable, "-m", "airflow", *args],
-            cwd=self.tmp_path,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=CLI_TIMEOUT_S,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(
-                f"`airflow {' '.join(args)}` exited {result.returncode}\n"
-                f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}\n{self.diagnostics()}"
-            )
-        return result
-
-    def get(self, path: str) -> httpx.Response | None:
-        try:
-            return self.http.get(path)
-        except httpx.HTTPError:
-            return None
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(
-                f"airflow standalone exited with {self.proc.returncode}\n{self.diagnostics()}"
-            )
-
-    def diagnostics(self) -> str:
-        parts = [f"--- last lines of {self.log_path} ---", _tail(self.log_path, 150)]
-        logs = self.home / "logs"
-        task_logs = sorted(logs.glob(f"dag_id={DAG_ID}/**/*.log")) if logs.is_dir() else []
-        for path in task_logs:
-            parts += [f"--- task log {path.relative_to(self.home)} ---", _tail(path, 120)]
-        for path in sorted((self.tmp_path / "dtrain" / "groups").glob("*/group.log")):
-            parts += [f"--- pod group log {path} ---", _tail(path, 60)]
-        for path in sorted((self.tmp_path / "dtrain" / "groups").glob("*/supervisor.log")):
-            parts += [f"--- pod group supervisor log {path} ---", _tail(path, 30)]
-        return "\n".join(parts)
-
-
-def _wait_for(what: str, airflow: Airflow, timeout: float, probe, interval: float = 2.0) -> Any:
-    """Call ``probe`` until it returns something truthy; fail with the diagnostics after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        airflow.check_alive()
-        if result := probe():
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{airflow.diagnostics()}")
 
 
 @pytest.fixture
