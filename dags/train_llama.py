@@ -34,6 +34,7 @@ import os
 
 import pendulum
 from airflow.sdk import DAG, Asset, TriggerRule, task
+from trainer.capacity import Capacity
 from trainer.config import URI_PATTERN
 
 from airflow_dtrain import (
@@ -120,9 +121,9 @@ with DAG(
         trigger_rule=TriggerRule.NONE_FAILED,
     )
 
-    def train(capacity: str, price: str) -> FSDPTrainOperator:
+    def train(capacity: Capacity, price: str) -> FSDPTrainOperator:
         return FSDPTrainOperator(
-            task_id=f"train_{capacity}",
+            task_id=f"train_{capacity.branch_suffix}",
             backend="{{ params.backend }}",
             flavor="{{ params.flavor }}",
             num_nodes="{{ params.num_nodes }}",
@@ -136,15 +137,15 @@ with DAG(
             checkpoint_every="{{ params.checkpoint_every }}",
             simulate_preemption_at_step="{{ params.simulate_preemption_at_step }}",
             max_preemptions="{{ params.max_preemptions }}",
-            capacity=capacity,
+            capacity=capacity.value,
             price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
             kubernetes="{{ params.kubernetes if params.backend == 'kubernetes' else None }}",
             log_every=10,
             poll_interval=1.0,
         )
 
-    train_spot = train("spot", "spot_price")
-    train_on_demand = train("on_demand", "on_demand_price")
+    train_spot = train(Capacity.SPOT, "spot_price")
+    train_on_demand = train(Capacity.ON_DEMAND, "on_demand_price")
 
     spot_watch = SpotInterruptionSensor(
         task_id="spot_watch",

@@ -45,12 +45,21 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainer.capacity import Capacity
+
 
 class Choice(str, enum.Enum):
-    SPOT = "spot"
-    ON_DEMAND = "on_demand"
+    """The decision: train on a capacity (spelled as ``Capacity``), wait, or stop."""
+
+    SPOT = Capacity.SPOT.value
+    ON_DEMAND = Capacity.ON_DEMAND.value
     WAIT = "wait"
     STOP = "stop"
+
+    @property
+    def capacity(self) -> Capacity | None:
+        """The capacity to train on, or None for wait / stop."""
+        return Capacity(self.value) if self in (Choice.SPOT, Choice.ON_DEMAND) else None
 
 
 @dataclass(frozen=True, kw_only=True)
