@@ -1,7 +1,7 @@
 """Orchestration metrics: what the operators, sensors and triggers report to statsd.
 
 One naming scheme for the whole project, ``<prefix>.<area>.<name>`` (prefix ``dtrain``
-unless configured). The trainer reports the training side (``trainer/metric_names.py``);
+unless configured). The trainer reports the training side (``trainer/metrics.py: TRAINING_METRICS``);
 this module reports the orchestration side. Both lists are what the Grafana dashboard
 in ``docker/grafana/`` is built on, and a test checks the dashboard uses no other name.
 
