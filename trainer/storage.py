@@ -175,6 +175,21 @@ class Storage:
         """Upload a local file (remote roots only)."""
         self.fs.put_file(local_path, path)
 
+    def remove_file(self, path: str) -> None:
+        """Delete a file; nothing when it does not exist."""
+        if not self.remote:
+            if os.path.exists(path):
+                os.remove(path)
+        elif self.fs.exists(path):
+            self.fs.rm_file(path)
+
+    def remove_tree(self, path: str) -> None:
+        """Delete a directory and everything under it; nothing when it does not exist."""
+        if not self.remote:
+            shutil.rmtree(path, ignore_errors=True)
+        elif self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
     def remove_checkpoint(self, path: str) -> None:
         """Delete a step directory, its manifest first: a half-deleted checkpoint never looks committed."""
         manifest = f"{path}/{MANIFEST}" if self.remote else os.path.join(path, MANIFEST)
