@@ -1,5 +1,7 @@
 """airflow-dtrain's trainer: FSDP2 Llama pre-training launched by torchrun.
 
-Only ``trainer.config`` is imported by the Airflow provider (at DAG-parse time); it is
-standard-library only. Everything else imports torch and runs on the training nodes.
+The Airflow provider imports ``trainer.config`` and ``trainer.checkpoint_dir`` (with
+``trainer.storage`` and ``trainer.cost``) at DAG-parse time; they are standard-library only.
+Everything else imports torch and runs on the training nodes (``trainer.validate`` only
+once a tensor is looked at).
 """

@@ -1,13 +1,13 @@
 """Resumable checkpoints: a DCP sharded save per step directory, committed by a manifest.
 
-Layout: see trainer/storage.py. A step directory without manifest.json is an
-interrupted save and is ignored (and cleaned up). The DCP save holds the model and
-optimizer (sharded), the LR scheduler, the data position, the step, and each rank's
-python/numpy/torch RNG states.
+Layout, listing and retention: trainer/checkpoint_dir.py. A step directory without a
+manifest is an interrupted save and is ignored (and cleaned up). The DCP save holds the
+model and optimizer (sharded), the LR scheduler, the data position, the step, and each
+rank's python/numpy/torch RNG states.
 
 The commit rule, for every backend and for async saves alike: every rank writes its
 shard files, hashes them and (for s3://) uploads them; only once all ranks have done
-so does rank 0 write manifest.json, last. A crash or kill -9 at any point before that
+so does rank 0 write the manifest, last. A crash or kill -9 at any point before that
 leaves the previous checkpoint as the latest.
 
 Async saves (checkpoint.async_save): save() only snapshots the small non-tensor state
@@ -41,20 +41,15 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.config import CheckpointConfig, ConfigError
-from trainer.storage import (CHECKSUM_ALGORITHM, MANIFEST, STEP_DIR, Storage, checksum_file, committed_checkpoints,
-                             is_best, step_dir_name, write_json_atomic)
+from trainer.checkpoint_dir import CheckpointDir, step_dir_name
+from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 
-__all__ = ["MANIFEST", "Checkpointer", "committed_checkpoints", "local_dir", "step_dir_name", "write_json_atomic"]
+__all__ = ["Checkpointer", "storage_reader", "write_json_atomic"]
 
 # Test hook, named as such: "STEP:SECONDS" makes rank 0 sleep after the files of that
 # step are written (and uploaded) but before its manifest, so that a test can kill -9
 # a group in the middle of a save deterministically.
 _TEST_COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
-
-
-def local_dir(uri: str) -> str | None:
-    """The root of a checkpoint URI (a local path or an s3:// URL); None when checkpoints are off."""
-    return Storage(uri).root if uri else None
 
 
 def checksum_files(directory: str, names: list[str]) -> dict[str, dict]:
@@ -101,6 +96,7 @@ class Checkpointer:
         self.rank, self.world_size = rank, world_size
         self.device = device or torch.device("cpu")
         self.storage = Storage(cfg.uri) if cfg.uri else None
+        self.dir = CheckpointDir(self.storage) if self.storage else None
         self.root = self.storage.root if self.storage else None
         self.pg = None
         if self.storage is not None and dist.is_initialized():
@@ -119,8 +115,7 @@ class Checkpointer:
         return self.storage is not None
 
     def latest(self) -> tuple[int, str] | None:
-        found = committed_checkpoints(self.storage) if self.enabled else []
-        return found[-1] if found else None
+        return self.dir.latest() if self.enabled else None
 
     def _state(self, model, optimizer, scheduler, data, step: int) -> dict:
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -148,8 +143,8 @@ class Checkpointer:
         """
         start = time.perf_counter()
         self.wait()  # one save in flight at a time
-        path = self.storage.path(step_dir_name(step))
-        if self.storage.exists(self.storage.path(step_dir_name(step), MANIFEST)):
+        path = self.dir.step_path(step)
+        if self.dir.is_committed(step):
             # e.g. a preemption right after an interval save of the same step
             self._completed.append({"step": step, "path": path, "reason": reason,
                                     "seconds": time.perf_counter() - start, "blocked_s": time.perf_counter() - start})
@@ -159,7 +154,7 @@ class Checkpointer:
             if os.path.exists(write_dir):
                 shutil.rmtree(write_dir)  # an interrupted save of this step (maybe another world size)
             if self.storage.remote and self.storage.exists(path):
-                self.storage.remove_checkpoint(path)
+                self.dir.remove(path)
         dist.barrier(group=self.pg)
         state = self._state(model, optimizer, scheduler, data, step)
         info = {"step": step, "path": path, "reason": reason, "start": start, "write_dir": write_dir,
@@ -248,8 +243,8 @@ class Checkpointer:
                 # not required by readers of the manifest; lets evaluate/export rebuild the model
                 "config": self.config,
             }
-            self.storage.write_json(self.storage.path(step_dir_name(step), MANIFEST), manifest)  # the commit point
-            self._apply_retention()
+            self.storage.write_json(self.dir.manifest_path(step), manifest)  # the commit point
+            self.dir.prune(self.cfg.keep)
         dist.barrier(group=self.pg)  # nobody reports the checkpoint before it is committed
         if self.storage.remote:
             for n in mine:
@@ -260,18 +255,6 @@ class Checkpointer:
                 pass  # another local rank's files are still there
         return {"step": step, "path": path, "reason": info["reason"],
                 "seconds": time.perf_counter() - info["start"]}
-
-    def _apply_retention(self) -> None:
-        """Keep the last `keep` committed checkpoints and every one marked best; drop dead interrupted saves."""
-        found = committed_checkpoints(self.storage)
-        for _, old in found[: -self.cfg.keep]:
-            if not is_best(self.storage, old):
-                self.storage.remove_checkpoint(old)
-        latest = found[-1][0]
-        for name in self.storage.listdir(self.storage.root):
-            m = STEP_DIR.match(name)
-            if m and int(m.group(1)) < latest and not self.storage.exists(self.storage.path(name, MANIFEST)):
-                self.storage.remove_checkpoint(self.storage.path(name))
 
     def completed(self) -> list[dict]:
         """Saves committed since the last call: [{"step", "path", "reason", "seconds", "blocked_s"}].
@@ -312,7 +295,7 @@ class Checkpointer:
     def check_compatible(self, path: str) -> dict:
         """Refuse, before any model is built, a checkpoint this run cannot continue; returns its manifest."""
         name = path.rstrip("/").rsplit("/", 1)[-1]
-        manifest = self.storage.read_json(self.storage.path(name, MANIFEST))
+        manifest = self.dir.manifest(path)
         if manifest["flavor"] != self.flavor:
             raise ConfigError(
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "

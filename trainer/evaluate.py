@@ -20,17 +20,19 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
-from trainer.checkpoint import MANIFEST, committed_checkpoints, local_dir, step_dir_name, storage_reader
-from trainer.storage import Storage
-from trainer.config import ConfigError, TrainConfig
+from trainer.checkpoint import storage_reader
+from trainer.checkpoint_dir import CheckpointDir, step_dir_name
+from trainer.config import TrainConfig
 from trainer.data import default_data_dir, ensure_builtin, eval_batches
 from trainer.model import Llama, ModelArgs
 
 
 def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
     """An unsharded model with the weights of a committed checkpoint (any world size), local or s3://."""
-    storage = Storage(step_dir)
-    manifest = storage.read_json(storage.path(MANIFEST))
+    root, step_dir = CheckpointDir.split(step_dir)
+    if step_dir is None:
+        raise ValueError("load_model: expected a step directory, got a checkpoint root")
+    manifest = root.manifest(step_dir)
     cfg = TrainConfig.from_dict(manifest["config"])
     with torch.device("meta"):
         model = Llama(ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
@@ -40,7 +42,7 @@ def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
     # DCP reads the sharded save into these full tensors; no process group needed.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=storage_reader(storage, step_dir), no_dist=True)
+        dcp.load(state, storage_reader=storage_reader(root.storage, step_dir), no_dist=True)
     model.load_state_dict(state["model"])
     return model.eval(), manifest
 
@@ -67,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", help="write a PNG of the train and eval loss curves to this file")
     args = p.parse_args(argv)
     try:
-        root = local_dir(args.checkpoint_uri)
-    except ConfigError as e:
+        root = CheckpointDir(args.checkpoint_uri)
+    except ValueError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    found = dict(committed_checkpoints(root or ""))
+    found = dict(root.committed())
     step = args.step if args.step is not None else max(found, default=None)
     if step not in found:
-        print(f"no committed checkpoint {step_dir_name(step) if step else ''} under {root}", file=sys.stderr)
+        print(f"no committed checkpoint {step_dir_name(step) if step else ''} under {root.root}", file=sys.stderr)
         return 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
@@ -105,11 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _train_curve(root: str) -> list[list[float]]:
+def _train_curve(root: CheckpointDir) -> list[list[float]]:
     """[[step, loss], ...] of the training run, from progress.json's history (empty if none)."""
     try:
-        storage = Storage(root)
-        return [list(point) for point in storage.read_json(storage.path("progress.json")).get("history", [])]
+        return [list(point) for point in root.progress().get("history", [])]
     except (OSError, ValueError, KeyError):
         return []
 

@@ -21,9 +21,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainer.checkpoint import storage_reader
+from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import TrainConfig
 from trainer.flavors import FLAVORS
-from trainer.storage import Storage, resolve_checkpoint
+from trainer.storage import Storage
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
 
@@ -65,13 +66,13 @@ def hf_config(cfg: TrainConfig, dtype: torch.dtype) -> dict:
 
 def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
     """(full model tensors by our names, manifest, step directory) of a committed checkpoint, any world size."""
-    storage, step_dir, manifest = resolve_checkpoint(uri)
-    metadata = storage_reader(storage, step_dir).read_metadata()
+    root, step_dir, manifest = CheckpointDir.resolve(uri)
+    metadata = storage_reader(root.storage, step_dir).read_metadata()
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
              if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=storage_reader(storage, step_dir), no_dist=True)
+        dcp.load(state, storage_reader=storage_reader(root.storage, step_dir), no_dist=True)
     return {k.removeprefix("model."): v for k, v in state.items()}, manifest, step_dir
 
 

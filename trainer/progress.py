@@ -23,9 +23,9 @@ write is a request. Fields::
 import json
 import time
 
+from trainer.checkpoint_dir import PROGRESS, CheckpointDir
 from trainer.storage import Storage
 
-FILENAME = "progress.json"
 HISTORY_POINTS = 1000
 
 
@@ -34,7 +34,7 @@ class Progress:
         """root: the checkpoint storage or URI (None: no progress file); enabled: rank 0 only."""
         storage = Storage(root) if isinstance(root, str) else root
         self.storage = storage if (storage is not None and enabled) else None
-        self.path = self.storage.path(FILENAME) if self.storage else None
+        self.path = self.storage.path(PROGRESS) if self.storage else None
         if self.storage:
             self.storage.makedirs()
         self.steps = steps
@@ -108,9 +108,9 @@ class Progress:
         return self.prior_wall_s + time.monotonic() - self.start_time
 
     def _read(self) -> dict | None:
-        if self.storage is None or not self.storage.exists(self.path):
+        if self.storage is None:
             return None
         try:
-            return self.storage.read_json(self.path)
+            return CheckpointDir(self.storage).progress() or None
         except (OSError, ValueError):
             return None  # unreadable: start the counters afresh rather than refuse to train

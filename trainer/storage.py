@@ -1,30 +1,17 @@
 """Where checkpoints live: a local directory (a path or ``file://``) or ``s3://bucket/prefix``.
 
+The plain file operations on such a root; what lives there (step directories, manifests,
+progress.json, ...) and which checkpoint is the latest is trainer/checkpoint_dir.py's.
 Standard library only at module level: the Airflow provider imports this (through
-trainer.validate) in its workers, and ``mark_best`` is called from evaluation tasks.
-Remote URIs go through fsspec (s3fs for ``s3://``); its endpoint and credentials come
-from the usual AWS settings (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ...), exactly as for the provider's ``read_progress``.
-
-Layout under the URI::
-
-    step-00000050/
-        .metadata, __0_0.distcp, __1_0.distcp, ...   torch.distributed.checkpoint files
-        BEST                                         optional: kept by retention (mark_best)
-        manifest.json                                written last: the commit point
-    progress.json                                    see trainer/progress.py
+trainer.checkpoint_dir) in its workers and at DAG-parse time. Remote URIs go through
+fsspec (s3fs for ``s3://``); its endpoint and credentials come from the usual AWS
+settings (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
 """
 
 import hashlib
 import json
 import os
-import re
 import shutil
-import time
-
-MANIFEST = "manifest.json"
-BEST = "BEST"
-STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
 # The checksum new manifests record per file, under its own name: {"size": ..., "xxh3_128": "<hex>"}.
@@ -72,10 +59,6 @@ def manifest_checksum(entry: dict) -> tuple[str, str] | None:
         if algorithm in entry:
             return algorithm, entry[algorithm]
     return None
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def write_json_atomic(path: str, obj: dict, durable: bool = True) -> None:
@@ -175,75 +158,17 @@ class Storage:
         """Upload a local file (remote roots only)."""
         self.fs.put_file(local_path, path)
 
-    def remove_checkpoint(self, path: str) -> None:
-        """Delete a step directory, its manifest first: a half-deleted checkpoint never looks committed."""
-        manifest = f"{path}/{MANIFEST}" if self.remote else os.path.join(path, MANIFEST)
+    def remove_file(self, path: str) -> None:
+        """Delete a file; nothing when it does not exist."""
         if not self.remote:
-            if os.path.exists(manifest):
-                os.remove(manifest)
+            if os.path.exists(path):
+                os.remove(path)
+        elif self.fs.exists(path):
+            self.fs.rm_file(path)
+
+    def remove_tree(self, path: str) -> None:
+        """Delete a directory and everything under it; nothing when it does not exist."""
+        if not self.remote:
             shutil.rmtree(path, ignore_errors=True)
-            return
-        if self.fs.exists(manifest):
-            self.fs.rm_file(manifest)
-        if self.fs.exists(path):
+        elif self.fs.exists(path):
             self.fs.rm(path, recursive=True)
-
-
-def committed_checkpoints(storage: "Storage | str") -> list[tuple[int, str]]:
-    """[(step, path)] of the step directories that have a manifest, oldest first."""
-    storage = storage if isinstance(storage, Storage) else Storage(storage)
-    found = []
-    for name in storage.listdir(storage.root):
-        m = STEP_DIR.match(name)
-        if m and storage.exists(storage.path(name, MANIFEST)):
-            found.append((int(m.group(1)), storage.path(name)))
-    return sorted(found)
-
-
-def split_checkpoint_uri(uri: str) -> tuple[Storage, str | None]:
-    """(storage of the root, step directory or None) for a root URI or a step directory URI."""
-    trimmed = uri.rstrip("/")
-    name = trimmed.rsplit("/", 1)[-1]
-    if STEP_DIR.match(name):
-        parent = trimmed[: -len(name) - 1] or "/"
-        storage = Storage(parent)
-        return storage, storage.path(name)
-    return Storage(trimmed), None
-
-
-def resolve_checkpoint(uri: str) -> tuple[Storage, str, dict]:
-    """(storage, step directory, manifest) of a step directory, or of the latest committed one under a root.
-
-    Raises FileNotFoundError naming the URI when there is no committed checkpoint.
-    """
-    storage, step_dir = split_checkpoint_uri(uri)
-    if step_dir is None:
-        found = committed_checkpoints(storage)
-        if not found:
-            raise FileNotFoundError(f"no committed checkpoint (step-*/{MANIFEST}) under {uri}")
-        step_dir = found[-1][1]
-    manifest_path = storage.path(step_dir.rsplit("/", 1)[-1], MANIFEST)
-    if not storage.exists(manifest_path):
-        raise FileNotFoundError(f"{step_dir} is not a committed checkpoint: it has no {MANIFEST}")
-    return storage, step_dir, storage.read_json(manifest_path)
-
-
-def mark_best(checkpoint_dir: str, note: dict | None = None) -> str:
-    """Mark a committed checkpoint as the best one so far: retention never deletes it.
-
-    Writes a ``BEST`` file (JSON: when, plus ``note``, e.g. the evaluation loss) into the
-    step directory; returns its path. Refuses a directory that is not committed.
-    """
-    storage, step_dir = split_checkpoint_uri(checkpoint_dir)
-    if step_dir is None:
-        raise ValueError(f"mark_best: expected a step directory (.../step-XXXXXXXX), got {checkpoint_dir!r}")
-    name = step_dir.rsplit("/", 1)[-1]
-    if not storage.exists(storage.path(name, MANIFEST)):
-        raise FileNotFoundError(f"mark_best: {checkpoint_dir} is not a committed checkpoint (no {MANIFEST})")
-    path = storage.path(name, BEST)
-    storage.write_json(path, {"marked_at": time.time(), **(note or {})})
-    return path
-
-
-def is_best(storage: Storage, step_dir: str) -> bool:
-    return storage.exists(storage.path(step_dir.rstrip("/").rsplit("/", 1)[-1], BEST))

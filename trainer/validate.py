@@ -20,8 +20,8 @@ import json
 import sys
 import warnings
 
-from trainer.storage import (CHECKSUM_ALGORITHMS, MANIFEST, STEP_DIR, Storage, checksum_stream, committed_checkpoints,
-                             manifest_checksum, split_checkpoint_uri)
+from trainer.checkpoint_dir import MANIFEST, STEP_DIR_GLOB, CheckpointDir, step_of
+from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
 
 _REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
 
@@ -49,25 +49,25 @@ def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, 
         the newest valid one; its report lists the ones skipped under ``fell_back_from``.
     :return: ``{"checkpoint", "step", "valid": True, "checks": {...}, "fell_back_from": [...]}``.
     """
-    storage, step_dir = split_checkpoint_uri(path_or_root)
-    committed = committed_checkpoints(storage)
+    root, step_dir = CheckpointDir.split(path_or_root)
+    committed = root.committed()
     if step_dir is None:
         if not committed:
-            raise CheckpointInvalid(storage.root, "manifest", MANIFEST, "no committed checkpoint (step-*/manifest.json)")
+            raise CheckpointInvalid(root.root, "manifest", MANIFEST,
+                                    f"no committed checkpoint ({STEP_DIR_GLOB}/{MANIFEST})")
         candidates = [p for _, p in reversed(committed)]
     else:
-        name = step_dir.rsplit("/", 1)[-1]
-        step = int(STEP_DIR.match(name).group(1))
+        step = step_of(step_dir)
         candidates = [step_dir] + [p for s, p in reversed(committed) if s < step]
     steps = {p: s for s, p in committed}
     skipped: list[dict] = []
     for path in candidates if fallback_to_valid else candidates[:1]:
         prev = previous_step
         if prev is None:
-            mine = steps.get(path, _dir_step(path))
+            mine = steps.get(path, step_of(path))
             prev = max((s for s in steps.values() if s < mine), default=None)
         try:
-            report = _validate_one(storage, path, prev, sample_tensors)
+            report = _validate_one(root, path, prev, sample_tensors)
         except CheckpointInvalid as err:
             if not fallback_to_valid:
                 raise
@@ -79,26 +79,22 @@ def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, 
     raise CheckpointInvalid(path_or_root, "fallback", "every committed checkpoint", f"none is valid: {detail}")
 
 
-def _dir_step(path: str) -> int:
-    return int(STEP_DIR.match(path.rstrip("/").rsplit("/", 1)[-1]).group(1))
-
-
-def _validate_one(storage: Storage, path: str, previous_step: int | None, sample_tensors: int | None) -> dict:
+def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sample_tensors: int | None) -> dict:
+    storage = root.storage
     name = path.rstrip("/").rsplit("/", 1)[-1]
     checks: dict = {}
 
     # -- manifest
-    manifest_path = storage.path(name, MANIFEST)
-    if not storage.exists(manifest_path):
-        raise CheckpointInvalid(path, "manifest", MANIFEST, "missing: the save was never committed")
     try:
-        manifest = storage.read_json(manifest_path)
+        manifest = root.manifest(path)
+    except FileNotFoundError:
+        raise CheckpointInvalid(path, "manifest", MANIFEST, "missing: the save was never committed") from None
     except ValueError as err:
         raise CheckpointInvalid(path, "manifest", MANIFEST, f"not valid JSON: {err}") from None
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         raise CheckpointInvalid(path, "manifest", MANIFEST, f"lacks {', '.join(missing)}")
-    if manifest["step"] != _dir_step(path):
+    if manifest["step"] != step_of(path):
         raise CheckpointInvalid(path, "manifest", MANIFEST, f"says step {manifest['step']}, the directory is {name}")
     checks["manifest"] = "ok"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,38 +13,13 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name
+from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir, step_dir_name
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-BEST_FILE = "best.json"
-BEST_MARKER = "BEST"
-"""Marks a checkpoint directory as the best so far: retention never deletes it."""
-
-
 class EvaluationFailed(GroupFailed):
     """The evaluation or export job failed."""
-
-
-def _fs(uri: str):
-    import fsspec
-
-    return fsspec.core.url_to_fs(uri)
-
-
-def read_json(uri: str) -> dict[str, Any] | None:
-    fs, path = _fs(uri)
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "r") as fh:
-        return json.load(fh)
-
-
-def write_json(uri: str, data: dict[str, Any]) -> None:
-    fs, path = _fs(uri)
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    with fs.open(path, "w") as fh:
-        json.dump(data, fh, indent=1)
 
 
 class EvaluateCheckpointOperator(BaseOperator):
@@ -163,8 +137,8 @@ class EvaluateCheckpointOperator(BaseOperator):
     # -- execution -----------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
         root = str(self.checkpoint_uri).rstrip("/")
-        registry = str(self.registry_uri).rstrip("/")
-        out, report = f"{root}/evals/latest.json", f"{root}/report.png"
+        checkpoints, registry = CheckpointDir(root), CheckpointDir(str(self.registry_uri))
+        out, report = checkpoints.path(EVAL_RESULTS), checkpoints.path(REPORT)
         entry = ["trainer.evaluate", "--checkpoint-uri", root, "--out", out, "--report", report,
                  "--batches", int(self.batches), "--batch-size", int(self.batch_size)]  # fmt: skip
         if self.step not in (None, "", "None"):
@@ -172,7 +146,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         if _true(self.eval_all):
             entry.append("--all")
         self._run_job(context, "eval", self._job_spec(*entry))
-        result = read_json(out)
+        result = checkpoints.read_json(EVAL_RESULTS)
         if result is None:
             raise EvaluationFailed(f"the evaluation job wrote no results to {out}")
         self.log.info(
@@ -183,7 +157,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         metrics.gauge("eval.perplexity", result["perplexity"])
         metrics.gauge("eval.tokens_per_s", result["tokens_per_s"])
 
-        best = read_json(f"{registry}/{BEST_FILE}")
+        best = registry.read_json(REGISTRY_BEST)
         summary = {
             "checkpoint": result["path"],
             "step": result["step"],
@@ -204,21 +178,20 @@ class EvaluateCheckpointOperator(BaseOperator):
             return summary
         return self._promote(context, summary, registry)
 
-    def _promote(self, context: Context, summary: dict[str, Any], registry: str) -> dict[str, Any]:
+    def _promote(self, context: Context, summary: dict[str, Any], registry: CheckpointDir) -> dict[str, Any]:
         checkpoint = summary["checkpoint"]
-        fs, path = _fs(checkpoint)
-        with fs.open(f"{path}/{BEST_MARKER}", "w") as fh:
-            fh.write(json.dumps({"loss": summary["loss"], "marked_at": time.time()}))
+        checkpoints, step_dir = CheckpointDir.split(checkpoint)
+        checkpoints.mark_best(step_dir or checkpoint, {"loss": summary["loss"]})  # retention keeps it
         export_dir = None
         if _true(self.export):
             run = context["ti"].run_id.replace(":", "-").replace("+", "-")
-            export_dir = f"{registry}/{run}/step-{summary['step']:08d}"
+            export_dir = registry.path(run, step_dir_name(summary["step"]))
             self._run_job(
                 context, "export", self._job_spec("trainer.export", "--checkpoint-uri", checkpoint, "--out", export_dir)
             )
         summary.update(promoted=True, export=export_dir)
-        write_json(
-            f"{registry}/{BEST_FILE}",
+        registry.write_json(
+            REGISTRY_BEST,
             {**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export", "report")},
              "run_id": context["ti"].run_id, "promoted_at": time.time()},
         )  # fmt: skip
@@ -229,7 +202,7 @@ class EvaluateCheckpointOperator(BaseOperator):
             context["outlet_events"][AssetAlias(self.alias_name(self.asset))].add(
                 self.asset,
                 extra={**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export")},
-                       "registry": registry},
+                       "registry": registry.root},
             )
         return summary
 

@@ -14,6 +14,7 @@ from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobSpec, SpecError, group_base_name
 from airflow_dtrain.templating import is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
+from trainer.checkpoint_dir import CheckpointDir
 
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
@@ -310,22 +311,9 @@ def _with_statsd_defaults(config: dict[str, Any] | None) -> dict[str, Any] | Non
 
 def read_progress(checkpoint_uri: str) -> dict[str, Any]:
     """The trainer's ``progress.json`` under ``checkpoint_uri`` ({} when there is none yet)."""
-    import fsspec
-
-    path = checkpoint_uri.rstrip("/") + "/progress.json"
-    fs, fs_path = fsspec.core.url_to_fs(path)
-    fs.invalidate_cache(fs_path)  # the instance is shared and s3fs caches listings: see the file as it is now
-    if not fs.exists(fs_path):
-        return {}
-    with fs.open(fs_path, "r") as fh:
-        return json.load(fh)
+    return CheckpointDir(checkpoint_uri).progress() if checkpoint_uri else {}
 
 
 def write_summary(checkpoint_uri: str, summary: dict[str, Any]) -> str:
     """Write the run summary as ``summary.json`` next to the checkpoints; returns its path."""
-    import fsspec
-
-    path = checkpoint_uri.rstrip("/") + "/summary.json"
-    with fsspec.open(path, "w") as fh:
-        json.dump(summary, fh, indent=1)
-    return path
+    return CheckpointDir(checkpoint_uri).write_summary(summary)

@@ -67,7 +67,7 @@ def reference(data_dir, tmp_path_factory):
 
 @pytest.mark.torchrun
 def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes_from_it(reference, data_dir, tmp_path):
-    from trainer.storage import committed_checkpoints, mark_best
+    from trainer.checkpoint_dir import CheckpointDir
 
     ckpt = tmp_path / "ckpt"
     args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2",
@@ -97,11 +97,11 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes
     step4 = ckpt / "step-00000004"
     assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {p.name for p in step4.iterdir()}  # written...
     assert not (step4 / "manifest.json").exists()  # ...never committed
-    assert committed_checkpoints(str(ckpt)) == [(2, str(ckpt / "step-00000002"))]
+    assert CheckpointDir(str(ckpt)).committed() == [(2, str(ckpt / "step-00000002"))]
     before = read_json(ckpt / "progress.json")
     assert before["status"] == "running" and before["step"] >= 4
 
-    mark_best(str(ckpt / "step-00000002"))  # e.g. by the evaluation task: retention must keep it
+    CheckpointDir(str(ckpt)).mark_best(2)  # e.g. by the evaluation task: retention must keep it
     resumed = run_trainer(args, data_dir, nproc=2)
     assert resumed.returncode == 0, resumed
     assert resumed.of("resume")[0]["from_step"] == 2

@@ -8,29 +8,7 @@ import socket
 import pytest
 import torch
 
-from conftest import FAST, load_checkpoint_tensors, run_trainer
-
-BUCKET = "dtrain-ckpt"
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    """A moto S3 server on a free loopback port; the standard AWS env variables point at it."""
-    pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL_S3": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    yield env
-    server.stop()
+from conftest import BUCKET, FAST, load_checkpoint_tensors, run_trainer
 
 
 def _gauges(sock) -> list[str]:

@@ -1,0 +1,299 @@
+"""The checkpoint directory: its layout, named once, and the one reader of it.
+
+Layout under a checkpoint URI (a local path, ``file://`` or ``s3://``)::
+
+    step-00000050/                                   one per save, committed or interrupted
+        .metadata, __0_0.distcp, __1_0.distcp, ...   torch.distributed.checkpoint files
+        BEST                                         optional: kept by retention (mark_best)
+        manifest.json                                written last: the commit point
+    progress.json                                    the live status (trainer/progress.py)
+    summary.json                                     the run summary (FSDPTrainOperator)
+    evals/latest.json                                held-out results (trainer/evaluate.py)
+    report.png                                       train and held-out loss curves
+
+A model registry (EvaluateCheckpointOperator's ``registry_uri``) is read with the same class::
+
+    best.json                                        the best model so far
+    <run>/step-00000050/                             its Hugging Face export
+
+"The latest checkpoint" means one thing everywhere (resume, retention, validation,
+evaluation, export, the cost ledger, the summary): the highest step directory that holds
+a manifest. A step directory without one is an interrupted save, never the latest.
+
+Writing a checkpoint (the DCP save, the commit protocol) stays in trainer/checkpoint.py
+and progress.json's writer in trainer/progress.py; they take the names from here.
+
+Standard library only at module level (fsspec is imported on the first remote access,
+through trainer.storage): the Airflow provider imports this at DAG-parse time.
+Remote listings are never cached (see ``Storage.fs``): other processes, the other ranks
+and the provider, change the directory between two looks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from trainer.capacity import Capacity
+from trainer.cost import CAPACITY_TYPES
+from trainer.storage import Storage
+
+MANIFEST = "manifest.json"
+"""In a step directory, written last: a step directory with one is committed."""
+BEST = "BEST"
+"""In a step directory: marked the best so far (by evaluation); retention never deletes it."""
+PROGRESS = "progress.json"
+SUMMARY = "summary.json"
+EVALS = "evals"
+EVAL_RESULTS = f"{EVALS}/latest.json"
+REPORT = "report.png"
+REGISTRY_BEST = "best.json"
+"""In a model registry, not a checkpoint directory: the best checkpoint so far."""
+
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+STEP_DIR_GLOB = "step-*"
+"""For messages: what a step directory looks like."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def step_of(path: str) -> int | None:
+    """The step a step directory (a name, a path or a URL) holds; None for anything else."""
+    match = STEP_DIR.match(path.rstrip("/").rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
+class Checkpoint(NamedTuple):
+    """One step directory: a tuple, so ``(step, path)`` unpacking works."""
+
+    step: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The spend recorded in one checkpoint manifest (all zeros before the first checkpoint)."""
+
+    step: int = 0
+    step_time_s: float | None = None
+    total_dollars: float = 0.0
+    by_capacity: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``{"spot" | "on_demand" | "local": {"node_hours", "gpu_hours", "dollars"}}``."""
+    path: str | None = None
+    """The checkpoint directory it was read from (None: no committed checkpoint yet)."""
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(c.get("gpu_hours", 0.0) for c in self.by_capacity.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "step_time_s": self.step_time_s,
+            "total_dollars": self.total_dollars,
+            "gpu_hours": self.gpu_hours,
+            "by_capacity": self.by_capacity,
+            "path": self.path,
+        }
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], path: str, where: str) -> Ledger:
+        """The ledger a manifest carries; ``ValueError`` naming ``where`` and the field when malformed."""
+        cost = manifest.get("cost") or {}
+        if not isinstance(cost, dict):
+            raise ValueError(f"{where}: cost: expected an object, got {cost!r}")
+        by_capacity = {c: {"node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0} for c in CAPACITY_TYPES}
+        for key, entry in cost.items():
+            try:  # buckets of older manifests are spelled as they were ("local", "on-demand")
+                bucket = Capacity(key).value
+            except ValueError:
+                continue
+            try:
+                for k in ("node_hours", "gpu_hours", "dollars"):
+                    by_capacity[bucket][k] += float((entry or {}).get(k, 0.0) or 0.0)
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError(f"{where}: cost.{key}: expected numbers, got {entry!r}") from None
+        total = cost.get("total_dollars")
+        try:
+            total = float(total) if total is not None else sum(c["dollars"] for c in by_capacity.values())
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: cost.total_dollars: expected a number, got {total!r}") from None
+        step_time = manifest.get("step_time_s")
+        try:
+            step_time = float(step_time) if step_time is not None else None
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: step_time_s: expected a number, got {step_time!r}") from None
+        if step_time is not None and step_time <= 0:
+            step_time = None  # not measured (e.g. a checkpoint before the first timed step)
+        return cls(step=int(manifest.get("step", 0)), step_time_s=step_time, total_dollars=total,
+                   by_capacity=by_capacity, path=path)
+
+
+class CheckpointDir:
+    """A checkpoint root: its step directories and the small files beside them.
+
+    Paths it returns are plain absolute paths locally and full ``s3://`` URLs remotely; a
+    step directory argument may be a step (int), a name (``step-00000050``) or such a path.
+
+    :param uri: a local path, ``file://`` or ``s3://`` URL, or a ``Storage`` of one.
+    """
+
+    def __init__(self, uri: str | Storage):
+        self.storage = uri if isinstance(uri, Storage) else Storage(uri)
+
+    def __repr__(self) -> str:
+        return f"CheckpointDir({self.root!r})"
+
+    @property
+    def root(self) -> str:
+        return self.storage.root
+
+    @classmethod
+    def split(cls, uri: str) -> tuple[CheckpointDir, str | None]:
+        """(the root, the step directory or None) of a root URI or a step directory URI."""
+        trimmed = uri.rstrip("/")
+        name = trimmed.rsplit("/", 1)[-1]
+        if STEP_DIR.match(name):
+            root = cls(trimmed[: -len(name) - 1] or "/")
+            return root, root.path(name)
+        return cls(trimmed), None
+
+    @classmethod
+    def resolve(cls, uri: str) -> tuple[CheckpointDir, str, dict[str, Any]]:
+        """(root, step directory, manifest) of a step directory URI, or of the latest committed one under a root.
+
+        Raises FileNotFoundError naming the URI when there is no committed checkpoint.
+        """
+        root, step_dir = cls.split(uri)
+        if step_dir is None:
+            latest = root.latest()
+            if latest is None:
+                raise FileNotFoundError(f"no committed checkpoint ({STEP_DIR_GLOB}/{MANIFEST}) under {uri}")
+            step_dir = latest.path
+        return root, step_dir, root.manifest(step_dir)
+
+    # -- paths ----------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        """A path under the root, e.g. ``path(PROGRESS)``."""
+        return self.storage.path(*parts)
+
+    def step_path(self, step: int | str) -> str:
+        """The step directory of a step (or of a step directory's name or path)."""
+        return self.path(self._name(step))
+
+    def manifest_path(self, step: int | str) -> str:
+        return self.path(self._name(step), MANIFEST)
+
+    @staticmethod
+    def _name(step: int | str) -> str:
+        if isinstance(step, int):
+            return step_dir_name(step)
+        name = step.rstrip("/").rsplit("/", 1)[-1]
+        if not STEP_DIR.match(name):
+            raise ValueError(f"expected a step directory ({STEP_DIR_GLOB}), got {step!r}")
+        return name
+
+    # -- step directories -----------------------------------------------------------------
+    def step_dirs(self) -> list[Checkpoint]:
+        """Every step directory, committed or not, oldest first ([] when the root does not exist)."""
+        found = (Checkpoint(step_of(name), self.path(name)) for name in self.storage.listdir(self.root)
+                 if STEP_DIR.match(name))
+        return sorted(found)
+
+    def is_committed(self, step: int | str) -> bool:
+        return self.storage.exists(self.manifest_path(step))
+
+    def committed(self) -> list[Checkpoint]:
+        """The committed checkpoints (step directories with a manifest), oldest first."""
+        return [c for c in self.step_dirs() if self.is_committed(c.path)]
+
+    def latest(self) -> Checkpoint | None:
+        """The highest committed checkpoint, or None; an interrupted save above it is skipped."""
+        # From the top down: one existence check in the usual case, not one per checkpoint.
+        for candidate in reversed(self.step_dirs()):
+            if self.is_committed(candidate.path):
+                return candidate
+        return None
+
+    def manifest(self, step: int | str) -> dict[str, Any]:
+        """A committed checkpoint's manifest: FileNotFoundError when it has none, ValueError when it does not parse."""
+        path = self.manifest_path(step)
+        if not self.storage.exists(path):
+            raise FileNotFoundError(f"{self.step_path(step)} is not a committed checkpoint: it has no {MANIFEST}")
+        return self.storage.read_json(path)
+
+    def is_best(self, step: int | str) -> bool:
+        return self.storage.exists(self.path(self._name(step), BEST))
+
+    def mark_best(self, step: int | str, note: dict[str, Any] | None = None) -> str:
+        """Mark a committed checkpoint as the best so far: retention never deletes it.
+
+        Writes ``BEST`` (JSON: when, plus ``note``, e.g. the evaluation loss) into the step
+        directory; returns its path. Refuses a directory that is not committed.
+        """
+        if not self.is_committed(step):
+            raise FileNotFoundError(f"mark_best: {self.step_path(step)} is not a committed checkpoint (no {MANIFEST})")
+        path = self.path(self._name(step), BEST)
+        self.storage.write_json(path, {"marked_at": time.time(), **(note or {})})
+        return path
+
+    def remove(self, step: int | str) -> None:
+        """Delete a step directory, its manifest first: a half-deleted checkpoint never looks committed."""
+        self.storage.remove_file(self.manifest_path(step))
+        self.storage.remove_tree(self.step_path(step))
+
+    def prune(self, keep: int) -> list[str]:
+        """Retention: keep the last ``keep`` committed checkpoints and every one marked best, and drop
+        interrupted saves older than the latest committed one; returns the paths removed.
+
+        An interrupted save newer than the latest may be a save still in flight: it stays.
+        """
+        steps = self.step_dirs()
+        committed = [c for c in steps if self.is_committed(c.path)]
+        if not committed:
+            return []
+        removed = [c.path for c in committed[:-keep] if not self.is_best(c.path)] if keep > 0 else []
+        committed_steps = {c.step for c in committed}
+        removed += [c.path for c in steps if c.step < committed[-1].step and c.step not in committed_steps]
+        for path in removed:
+            self.remove(path)
+        return removed
+
+    # -- files beside the step directories --------------------------------------------------
+    def read_json(self, name: str, default: Any = None) -> Any:
+        """A JSON file under the root (``name`` may hold ``/``), or ``default`` when it does not exist."""
+        path = self.path(*name.split("/"))
+        if not self.storage.exists(path):
+            return default
+        return self.storage.read_json(path)
+
+    def write_json(self, name: str, obj: Any, durable: bool = True) -> str:
+        """Write a JSON file under the root, whole or not at all for readers; returns its path."""
+        path = self.path(*name.split("/"))
+        if not self.storage.remote:
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # e.g. a registry not created yet
+        self.storage.write_json(path, obj, durable=durable)
+        return path
+
+    def progress(self) -> dict[str, Any]:
+        """The trainer's live status (see trainer/progress.py); {} before the trainer first wrote it."""
+        return self.read_json(PROGRESS, default={})
+
+    def write_summary(self, summary: dict[str, Any]) -> str:
+        """The run summary as ``summary.json`` beside the checkpoints; returns its path."""
+        return self.write_json(SUMMARY, summary)
+
+    def ledger(self) -> Ledger:
+        """The cost ledger of the latest committed checkpoint (an empty ledger when there is none).
+
+        Raises ``ValueError`` naming the manifest and the field when its cost entry is malformed.
+        """
+        latest = self.latest()
+        if latest is None:
+            return Ledger()
+        return Ledger.from_manifest(self.manifest(latest.path), latest.path, self.manifest_path(latest.path))
