@@ -26,6 +26,7 @@ import copy
 import hashlib
 import os
 import random
+from typing import Any
 import shutil
 import sys
 import tempfile
@@ -68,14 +69,61 @@ def checksum_files(directory: str, names: list[str]) -> dict[str, dict]:
         return dict(pool.map(one, names))
 
 
-def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+def _rng_state() -> dict[str, torch.Tensor]:
+    """This rank's Python, numpy and torch RNG states, as tensors only.
+
+    DCP's async stager deep-copies the state it is handed; some torch releases (2.11) cannot
+    deep-copy numpy's state tuple (a ``type`` and an ``ndarray`` inside), and every release
+    would pickle it into a per-rank blob. So each state is packed into int64/float64 tensors
+    (Mersenne Twister words fit in int64), and unpacked on load.
+    """
+    version, words, gauss = random.getstate()  # words: 624 state words + the position
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": torch.tensor([version, *words], dtype=torch.int64),
+        "python_gauss": torch.tensor([gauss is not None, gauss or 0.0], dtype=torch.float64),
+        "numpy": torch.tensor([pos, has_gauss, *keys.tolist()], dtype=torch.int64),
+        "numpy_gauss": torch.tensor([cached], dtype=torch.float64),
+        "torch": torch.get_rng_state(),
+    }
 
 
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    python = state["python"].tolist()
+    has_gauss, gauss = state["python_gauss"].tolist()
+    random.setstate((python[0], tuple(python[1:]), gauss if has_gauss else None))
+    pos, has_np_gauss, *keys = state["numpy"].tolist()
+    np.random.set_state(("MT19937", np.array(keys, dtype=np.uint32), pos, has_np_gauss,
+                         float(state["numpy_gauss"].item())))
     torch.set_rng_state(state["torch"])
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# torch 2.11's DefaultStager clears its copier table at the end of every stage (to break a
+# reference cycle), so a stager used for a second save fails inside DCP with
+# "KeyError: <class 'type'>". There, every save gets a new stager; from 2.12 on one stager is
+# kept for the whole run (and, on GPU, its pinned buffers with it).
+_STAGER_SINGLE_USE = _torch_version() < (2, 12)
+
+
+def _plain(state: Any) -> Any:
+    """``state`` with every mapping a plain dict and every sequence a list (tensors untouched).
+
+    Only tensors and plain Python values go to DCP: the async stager of some torch releases
+    (2.11) cannot deep-copy anything else (an ``OrderedDict``, numpy objects) and fails with
+    ``KeyError: <class 'type'>``; the load side fills the same plain structure in place.
+    """
+    if isinstance(state, torch.Tensor):
+        return state
+    if isinstance(state, dict):
+        return {k: _plain(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_plain(v) for v in state]
+    return state
 
 
 def storage_reader(storage: Storage, step_dir: str):
@@ -120,8 +168,8 @@ class Checkpointer:
     def _state(self, model, optimizer, scheduler, data, step: int) -> dict:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         return {
-            "model": model_sd,
-            "optim": optim_sd,
+            "model": _plain(model_sd),
+            "optim": _plain(optim_sd),
             # copies now: an async save stages the state while training goes on
             "scheduler": copy.deepcopy(scheduler.state_dict()),
             "data": copy.deepcopy(data.state_dict()),
@@ -197,6 +245,9 @@ class Checkpointer:
         return waited
 
     def _get_stager(self):
+        if self._stager is not None and _STAGER_SINGLE_USE:
+            self._stager.close()  # the previous save's staging is done: save() waited for it
+            self._stager = None
         if self._stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
