@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.capacity import Capacity
 from trainer.config import ConfigError, TrainConfig
 
 BACKENDS = ("local", "kubernetes")
@@ -134,7 +135,6 @@ _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Plain env values are visible to anyone who can read the Job: these names belong in secret_env.
 _SECRET_LOOKING = re.compile(r"SECRET|PASSWORD|TOKEN|PRIVATE_KEY|ACCESS_KEY|API_KEY|CREDENTIAL", re.I)
-CAPACITY_TYPES = ("any", "spot", "on-demand")
 
 
 def _k8s_name(name: str, value: Any, *, optional: bool = True) -> str | None:
@@ -180,7 +180,8 @@ class KubernetesSpec:
     service_account: str = "dtrain-trainer"
     """Service account of the trainer pods (e.g. bound to an IAM role for S3 through IRSA)."""
     capacity_type: str = "any"
-    """``spot``, ``on-demand`` or ``any``: which nodes the pods may run on (Karpenter and EKS labels)."""
+    """``spot``, ``on_demand`` or ``any`` (``on-demand`` is read too): the group's capacity, see
+    ``JobSpec.capacity``."""
     node_selector: dict[str, str] = field(default_factory=dict)
     """Extra node labels the pods require, e.g. ``{"node.kubernetes.io/instance-type": "p5.48xlarge"}``."""
     tolerations: tuple[dict[str, Any], ...] = ()
@@ -241,11 +242,10 @@ class KubernetesSpec:
             raise SpecError(
                 f"kubernetes.image_pull_policy: choose Always, IfNotPresent or Never, got {pull_policy!r}"
             )
-        capacity = v.get("capacity_type", "any")
-        if capacity not in CAPACITY_TYPES:
-            raise SpecError(
-                f"kubernetes.capacity_type: choose from {', '.join(CAPACITY_TYPES)}, got {capacity!r}"
-            )
+        try:
+            capacity = Capacity.parse(v.get("capacity_type", "any"), field="kubernetes.capacity_type").value
+        except ValueError as err:
+            raise SpecError(str(err)) from None
         env = _str_map("kubernetes.env", v.get("env"))
         for key in env:
             if not _ENV_NAME.match(key):
@@ -383,8 +383,28 @@ class JobSpec:
     entrypoint: tuple[str, ...] = ()
     """What each process runs instead of ``-m trainer --config <the train config>``: a trainer
     module and its arguments, e.g. ``("trainer.evaluate", "--checkpoint-uri", uri)``."""
+    capacity: Capacity = Capacity.ANY
+    """Capacity the group runs on: ``spot``, ``on_demand`` or ``any``; on Kubernetes it selects the
+    nodes (Karpenter and EKS labels). Taken from ``kubernetes.capacity_type`` when only that is given."""
 
     def __post_init__(self) -> None:
+        try:
+            capacity = Capacity.parse(self.capacity)
+        except ValueError as err:
+            raise SpecError(str(err)) from None
+        from_kubernetes = Capacity(self.kubernetes.capacity_type)
+        if capacity == Capacity.ANY:
+            capacity = from_kubernetes
+        elif from_kubernetes not in (Capacity.ANY, capacity):
+            raise SpecError(f"kubernetes.capacity_type: {from_kubernetes} contradicts capacity {capacity}")
+        object.__setattr__(self, "capacity", capacity)
+        gpus = self.resources.gpus_per_node
+        if gpus and self.train.cost.gpus_per_node != gpus:  # the ledger's gpu_hours count them
+            if self.train.cost.gpus_per_node:
+                raise SpecError(
+                    f"cost.gpus_per_node: {self.train.cost.gpus_per_node}, but resources.gpus_per_node is {gpus}"
+                )
+            object.__setattr__(self, "train", self.train.with_overrides({"cost.gpus_per_node": gpus}))
         if self.entrypoint:
             module = self.entrypoint[0]
             if not re.fullmatch(r"trainer(\.[a-z_]+)*", str(module)) or not all(
@@ -431,6 +451,7 @@ class JobSpec:
             "max_preemptions": self.max_preemptions,
             "kubernetes": self.kubernetes.to_dict(),
             "entrypoint": list(self.entrypoint),
+            "capacity": self.capacity.value,
         }
 
     @classmethod
@@ -443,7 +464,7 @@ class JobSpec:
         resources = Resources.from_value(data.pop("resources", None))
         kubernetes = KubernetesSpec.from_value(data.pop("kubernetes", None))
         entrypoint = tuple(data.pop("entrypoint", None) or ())
-        unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions"})
+        unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions", "capacity"})
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
         return cls(train=train, resources=resources, kubernetes=kubernetes, entrypoint=entrypoint, **data)
