@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs, poll_group,
-                                          relaunches)
+from airflow_dtrain.launchers import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs, poll_group,
+                                     relaunches)
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         else:
             name = group_name(base, relaunch_index(base, names[-1]) + 1 if names else 0)
             self.log.info("Launching %s job %s: python -m %s", purpose, name, " ".join(spec.entrypoint))
-            launcher.launch(name, spec.to_dict())
+            launcher.launch(name, spec)
         self._job = (launcher, name)
         cursor, tail = None, deque(maxlen=40)
         deadline = time.monotonic() + self.job_timeout_s

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs,
-                                          local_state_dir, poll_group, relaunches)
+from airflow_dtrain.launchers import (GroupState, PodGroupLauncher, get_launcher, launcher_kwargs, local_state_dir,
+                                     poll_group, relaunches)
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, group_name, relaunch_index
 from airflow_dtrain.templating import is_template
 from airflow_dtrain.triggers.fsdp_train import LOG_TAIL_LINES, FSDPTrainTrigger, group_event, observe_recovery
@@ -217,7 +217,7 @@ class FSDPTrainOperator(BaseOperator):
             name, spec.num_nodes, spec.procs_per_node, spec.backend, spec.train.model.flavor,
             spec.train.steps, spec.train.checkpoint.uri,
         )  # fmt: skip
-        launcher.launch(name, spec.to_dict())
+        launcher.launch(name, spec)
         metrics.incr("group.launches")
         return name
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_dtrain.launchers.base import GroupState, GroupStatus, get_launcher, poll_group
+from airflow_dtrain.launchers import GroupState, GroupStatus, get_launcher, poll_group
 
 LOG_TAIL_LINES = 40
 
