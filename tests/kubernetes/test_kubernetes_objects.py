@@ -7,7 +7,7 @@ import json
 import kubernetes_validate
 import pytest
 
-from airflow_dtrain.kubernetes_objects import LABEL_GROUP, render_group
+from airflow_dtrain.kubernetes.objects import LABEL_GROUP, render_group
 from airflow_dtrain.spec import JobSpec, SpecError
 
 # Oldest and newest schemas this project supports: podFailurePolicy and podReplacementPolicy
