@@ -141,7 +141,8 @@ def test_secrets_only_by_reference_and_never_in_the_config():
 
 
 @pytest.mark.parametrize(
-    ("capacity", "karpenter", "eks"), [("spot", "spot", "SPOT"), ("on-demand", "on-demand", "ON_DEMAND")]
+    ("capacity", "karpenter", "eks"),
+    [("spot", "spot", "SPOT"), ("on_demand", "on-demand", "ON_DEMAND"), ("on-demand", "on-demand", "ON_DEMAND")],
 )
 def test_capacity_type_selects_karpenter_or_eks_nodes_and_tolerates_their_taints(capacity, karpenter, eks):
     pod = _by_kind(render_group("g-r0", _spec(2, 8, capacity_type=capacity), namespace="ml"))["Job"]
