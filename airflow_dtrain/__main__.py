@@ -87,7 +87,7 @@ def render(argv: list[str]) -> int:
     parser.add_argument("--namespace", help="kubernetes.namespace (default: default)")
     args = parser.parse_args(argv)
 
-    from airflow_dtrain.kubernetes_objects import render_group
+    from airflow_dtrain.kubernetes.objects import render_group
 
     try:
         spec = build_spec(args)

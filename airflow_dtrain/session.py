@@ -132,7 +132,7 @@ class GroupSession:
                 f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, checkpoints in {spec.train.checkpoint.uri}"
             ),
         )  # fmt: skip
-        self.launcher.launch(name, self.spec.to_dict())
+        self.launcher.launch(name, self.spec)
         metrics.incr("group.launches")
         self.current = name
         return name

@@ -1,1 +1,6 @@
-"""The ``kubernetes`` backend: its spec, the objects it renders and the launcher that creates them."""
+"""The ``kubernetes`` backend: a pod group as a ConfigMap, a headless Service and an Indexed Job.
+
+``objects`` renders them from a ``JobSpec`` (pure, no client), ``launcher`` creates and
+watches them through the cncf.kubernetes provider's hook, ``status`` turns what it sees
+into a group's state. Importing this package imports no kubernetes client.
+"""

@@ -1,4 +1,8 @@
-"""Pod-group backends: ``local`` (processes on this machine); Kubernetes comes later."""
+"""Pod-group backends: ``local`` (processes on this machine) and ``kubernetes`` (an Indexed Job).
+
+``base`` is the interface, ``factory`` picks a backend (importing it only then), ``torchrun``
+builds the command every node runs. Nothing here imports a backend at import time.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,19 @@ from airflow_dtrain.launchers.base import (
     GroupStatus,
     LogChunk,
     PodGroupLauncher,
-    get_launcher,
-    launcher_kwargs,
-    local_state_dir,
-    relaunches,
+    poll_group,
 )
+from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs, local_state_dir, relaunches
 
-__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "get_launcher", "launcher_kwargs",
-           "local_state_dir", "relaunches"]
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "GroupState",
+    "GroupStatus",
+    "LogChunk",
+    "PodGroupLauncher",
+    "get_launcher",
+    "launcher_kwargs",
+    "local_state_dir",
+    "poll_group",
+    "relaunches",
+]

@@ -11,12 +11,14 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import PREEMPTED_EXIT_CODE
 
-__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher"]
+if TYPE_CHECKING:
+    from airflow_dtrain.spec import JobSpec
+
+__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "poll_group"]
 
 
 class GroupState(str, enum.Enum):
@@ -75,8 +77,8 @@ class PodGroupLauncher(abc.ABC):
     backend: str
 
     @abc.abstractmethod
-    def launch(self, name: str, spec: dict[str, Any]) -> GroupStatus:
-        """Start group ``name`` for a ``JobSpec.to_dict()``; raises if it already exists."""
+    def launch(self, name: str, spec: JobSpec) -> GroupStatus:
+        """Start group ``name`` running ``spec``; raises ValueError if it already exists."""
 
     @abc.abstractmethod
     def find(self, prefix: str) -> list[str]:
@@ -110,53 +112,3 @@ def poll_group(launcher: PodGroupLauncher, name: str, cursor: Any) -> tuple[Grou
     """
     status = launcher.status(name)
     return status, launcher.logs(name, cursor)
-
-
-def get_launcher(backend: str, **kwargs: Any) -> PodGroupLauncher:
-    """The launcher for ``backend``, built lazily so parsing a DAG imports nothing heavy."""
-    if backend == "local":
-        from airflow_dtrain.launchers.local import LocalLauncher
-
-        return LocalLauncher(**kwargs)
-    if backend == "kubernetes":
-        from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
-
-        return KubernetesLauncher(**kwargs)
-    raise ValueError(f"backend: unknown backend {backend!r}")
-
-
-def local_state_dir(configured: str | None = None) -> Path:
-    """The local backend's state directory: ``configured``, else ``[dtrain] local_state_dir``,
-    else ``$AIRFLOW_HOME/dtrain/groups`` (see launchers.local.default_state_dir)."""
-    from airflow.sdk import conf
-
-    from airflow_dtrain.launchers.local import default_state_dir
-
-    configured = configured or conf.get("dtrain", "local_state_dir", fallback="")
-    return Path(configured) if configured else default_state_dir()
-
-
-def launcher_kwargs(
-    backend: str,
-    *,
-    kubernetes: dict[str, Any] | None = None,
-    kubernetes_conn_id: str = "kubernetes_default",
-    local_state_dir_setting: str | None = None,
-) -> dict[str, Any]:
-    """get_launcher()'s arguments for ``backend`` from a task's settings: the namespace of its
-    ``kubernetes`` dict and its connection, or the local state directory. JSON-serialisable,
-    so that a trigger can carry them."""
-    if backend == "kubernetes":
-        namespace = kubernetes.get("namespace") if isinstance(kubernetes, dict) else None
-        return {"kubernetes_conn_id": kubernetes_conn_id, "namespace": namespace}
-    if backend == "local":
-        return {"state_dir": str(local_state_dir(local_state_dir_setting))}
-    return {}
-
-
-def relaunches(launcher: PodGroupLauncher, base: str) -> list[str]:
-    """The groups of one task, named ``<base>-r<n>`` (see spec.group_name), oldest first."""
-    from airflow_dtrain.spec import relaunch_index
-
-    names = [n for n in launcher.find(base) if relaunch_index(base, n) is not None]
-    return sorted(names, key=lambda n: relaunch_index(base, n))

@@ -24,21 +24,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from airflow_dtrain.launchers._local_supervisor import kill_tree, write_json_atomic
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher
+from airflow_dtrain.launchers.factory import default_state_dir
+from airflow_dtrain.launchers.torchrun import node_command
+
+if TYPE_CHECKING:
+    from airflow_dtrain.spec import JobSpec
 
 _MAX_LOG_CHUNK = 1 << 20
-
-
-def default_state_dir() -> Path:
-    if os.environ.get("DTRAIN_LOCAL_STATE_DIR"):
-        return Path(os.environ["DTRAIN_LOCAL_STATE_DIR"])
-    airflow_home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-    return Path(airflow_home) / "dtrain" / "groups"
 
 
 def _free_port() -> int:
@@ -80,7 +78,7 @@ class LocalLauncher(PodGroupLauncher):
             raise ValueError(f"name: not a group name: {name!r}")
         return self.state_dir / name
 
-    def launch(self, name: str, spec: dict[str, Any]) -> GroupStatus:
+    def launch(self, name: str, spec: JobSpec) -> GroupStatus:
         if self.python == sys.executable and importlib.util.find_spec("torch") is None:
             raise RuntimeError(
                 "the local backend runs the trainer on this machine and needs the trainer extra: "
@@ -94,28 +92,22 @@ class LocalLauncher(PodGroupLauncher):
             raise ValueError(f"group {name!r} already exists in {self.state_dir}") from None
 
         config_path = group_dir / "train_config.json"
-        config_path.write_text(json.dumps(spec["train"], indent=1))
-        num_nodes, procs = spec["num_nodes"], spec["procs_per_node"]
-        gpus = (spec.get("resources") or {}).get("gpus_per_node") or 0
+        config_path.write_text(json.dumps(spec.train.to_dict(), indent=1))
+        num_nodes, procs = spec.num_nodes, spec.procs_per_node
+        gpus = spec.resources.gpus_per_node
         port = _free_port()
-        commands = []
-        for node in range(num_nodes):
-            commands.append(
-                [
-                    self.python, "-u", "-m", "trainer.launch",
-                    "--nnodes", str(num_nodes),
-                    "--nproc-per-node", str(procs),
-                    "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{port}",
-                    "--rdzv-id", name,
-                    # node 0 hosts the rendezvous store, as pod 0 does on Kubernetes
-                    "--rdzv-conf", f"is_host={1 if node == 0 else 0}",
-                    "--max-restarts", "0",
-                    "--tee", "3",
-                    "--log-dir", str(group_dir / "torchelastic" / f"node{node}"),
-                    "-m", *(spec.get("entrypoint") or ["trainer", "--config", str(config_path)]),
-                ]
-            )  # fmt: skip
+        commands = [
+            node_command(
+                name, spec,
+                rdzv_endpoint=f"127.0.0.1:{port}",
+                config_path=str(config_path),
+                python=self.python,
+                # node 0 hosts the rendezvous store, as pod 0 does on Kubernetes
+                is_host=node == 0,
+                log_dir=str(group_dir / "torchelastic" / f"node{node}"),
+            ).argv
+            for node in range(num_nodes)
+        ]  # fmt: skip
         threads = max(1, (os.cpu_count() or 1) // (num_nodes * procs))
         env = {
             "DTRAIN_GROUP_NAME": name,
@@ -126,7 +118,7 @@ class LocalLauncher(PodGroupLauncher):
         group = {
             "name": name,
             "backend": self.backend,
-            "spec": spec,
+            "spec": spec.to_dict(),  # for people reading the directory; the supervisor needs the rest
             "node_commands": commands,
             "env": env,
             "rdzv_port": port,

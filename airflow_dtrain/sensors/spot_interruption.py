@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_dtrain.launchers.base import launcher_kwargs
+from airflow_dtrain.launchers.factory import launcher_kwargs
 from airflow_dtrain.spot.events import KINDS
 from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
 from airflow_dtrain.spot.members import InstanceSource, StaticInstances

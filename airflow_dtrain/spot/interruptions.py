@@ -96,7 +96,7 @@ def delete_messages(*, queue_url: str, receipts: list[str], aws_conn_id: str | N
 
 def current_group(launcher: Any, group: str) -> tuple[str, Any]:
     """(name, status) of ``group``, or of the newest relaunch of it (``<group>-r<n>``, highest n)."""
-    from airflow_dtrain.launchers.base import GroupState, relaunches
+    from airflow_dtrain.launchers import GroupState, relaunches
 
     status = launcher.status(group)
     if status.state == GroupState.NOT_FOUND:
@@ -152,7 +152,7 @@ class InterruptionWatch:
     @functools.cached_property
     def launcher(self) -> Any:
         """Built on the first look (not at construction: nothing is called before then), then kept."""
-        from airflow_dtrain.launchers.base import get_launcher
+        from airflow_dtrain.launchers.factory import get_launcher
 
         return get_launcher(self.backend, **self.launcher_kwargs)
 

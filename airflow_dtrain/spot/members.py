@@ -22,7 +22,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_dtrain.kubernetes_objects import LABEL_GROUP
+from airflow_dtrain.kubernetes.objects import LABEL_GROUP
 from airflow_dtrain.spot.events import InterruptionNotice, instance_id_of_provider_id, notice_from_node
 
 

@@ -16,9 +16,9 @@ from tests.integration.helpers import SMALL, node_pids, progress, wait_for, wait
 pytestmark = pytest.mark.torchrun
 
 
-def _spec(tmp_path, **overrides) -> dict:
+def _spec(tmp_path, **overrides) -> JobSpec:
     arguments = {**SMALL, "num_nodes": 2, "procs_per_node": 1, "checkpoint_uri": str(tmp_path / "ckpt"), **overrides}
-    return JobSpec.from_arguments(**arguments).to_dict()
+    return JobSpec.from_arguments(**arguments)
 
 
 def test_two_node_group_trains_and_every_node_reaches_the_log(tmp_path):

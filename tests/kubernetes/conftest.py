@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
+from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 from airflow_dtrain.spec import JobSpec
 from tests.kubernetes.fake_apiserver import FakeKubernetesApiServer
 
@@ -42,7 +42,7 @@ def launch_debug_group(name: str, tmp_path: Path, *, nodes: int = 2, namespace: 
                     **({"namespace": namespace} if namespace else {})},
     )  # fmt: skip
     launcher = KubernetesLauncher(namespace=namespace)
-    launcher.launch(name, spec.to_dict())
+    launcher.launch(name, spec)
     return launcher
 
 

@@ -17,6 +17,10 @@ replacement pods the way the real controller does for the fields the launcher us
 frames: stdout on channel 1, stderr on 2, the exit status on 3). Nothing is executed: the
 test's ``exec_handler(namespace, pod, container, command) -> (stdout, stderr, exit_code)``
 answers, and every exec is recorded in ``execs``.
+
+A busy or failing API server is played with ``fail_next(method, path, code)``: the next
+matching requests are answered with that status (and ``Retry-After``, if given) before the
+fake looks at them.
 """
 
 from __future__ import annotations
@@ -106,9 +110,9 @@ def _ws_frame(opcode: int, payload: bytes) -> bytes:
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.headers = code, reason, message, headers or {}
 
 
 class FakeKubernetesApiServer:
@@ -121,6 +125,7 @@ class FakeKubernetesApiServer:
         self.requests: list[tuple[str, str]] = []
         self.execs: list[tuple[str, str, str, list[str]]] = []  # (namespace, pod, container, command)
         self.exec_handler = None  # (namespace, pod, container, command) -> (stdout, stderr, exit_code)
+        self.faults: list[dict[str, Any]] = []  # see fail_next
         self._accounted: dict[str, set[str]] = {}  # failed pods the Job controller has counted, per Job uid
         self._version = 0
         self._server: ThreadingHTTPServer | None = None
@@ -142,6 +147,7 @@ class FakeKubernetesApiServer:
                     return
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                headers: dict[str, str] = {}
                 try:
                     code, payload = fake.handle(
                         self.command,
@@ -151,6 +157,7 @@ class FakeKubernetesApiServer:
                         self.headers.get("Content-Type", ""),
                     )
                 except ApiError as err:
+                    headers = err.headers
                     code, payload = err.code, {
                         "kind": "Status", "apiVersion": "v1", "status": "Failure",
                         "message": err.message, "reason": err.reason, "code": err.code,
@@ -162,6 +169,8 @@ class FakeKubernetesApiServer:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
+                for key, value in headers.items():
+                    self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -240,13 +249,31 @@ class FakeKubernetesApiServer:
             self.requests.clear()
             self.execs.clear()
             self.exec_handler = None
+            self.faults.clear()
             self._accounted.clear()
             self._create("namespaces", "", {"metadata": {"name": "default"}})
 
     # -- the API -------------------------------------------------------------------------------
+    _REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+
+    def fail_next(self, method: str, path: str, code: int, *, times: int = 1, retry_after: int | None = None) -> None:
+        """Answer the next ``times`` ``method`` requests whose path ends with ``path`` with ``code``."""
+        with self.lock:
+            self.faults.append({"method": method, "path": path, "code": code, "left": times,
+                                "retry_after": retry_after})  # fmt: skip
+
+    def _inject_fault(self, method: str, path: str) -> None:
+        for fault in self.faults:
+            if fault["left"] and fault["method"] == method and path.endswith(fault["path"]):
+                fault["left"] -= 1
+                code = fault["code"]
+                headers = {"Retry-After": str(fault["retry_after"])} if fault["retry_after"] is not None else {}
+                raise ApiError(code, self._REASONS.get(code, "Failure"), f"injected {code} for {method} {path}", headers)
+
     def handle(self, method: str, path: str, query: dict, body: bytes, content_type: str) -> tuple[int, Any]:
         with self.lock:
             self.requests.append((method, path))
+            self._inject_fault(method, path)
             for pattern, fixed_kind, namespaced in _ROUTES:
                 match = pattern.match(path)
                 if match:

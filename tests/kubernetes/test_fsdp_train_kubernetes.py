@@ -18,7 +18,7 @@ from airflow.exceptions import TaskDeferred
 
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.launchers.base import GroupState
-from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
+from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI, run_trigger
 from tests.kubernetes.conftest import Background

@@ -7,7 +7,7 @@ import json
 import kubernetes_validate
 import pytest
 
-from airflow_dtrain.kubernetes_objects import LABEL_GROUP, render_group
+from airflow_dtrain.kubernetes.objects import LABEL_GROUP, render_group
 from airflow_dtrain.spec import JobSpec, SpecError
 
 # Oldest and newest schemas this project supports: podFailurePolicy and podReplacementPolicy
@@ -141,7 +141,8 @@ def test_secrets_only_by_reference_and_never_in_the_config():
 
 
 @pytest.mark.parametrize(
-    ("capacity", "karpenter", "eks"), [("spot", "spot", "SPOT"), ("on-demand", "on-demand", "ON_DEMAND")]
+    ("capacity", "karpenter", "eks"),
+    [("spot", "spot", "SPOT"), ("on_demand", "on-demand", "ON_DEMAND"), ("on-demand", "on-demand", "ON_DEMAND")],
 )
 def test_capacity_type_selects_karpenter_or_eks_nodes_and_tolerates_their_taints(capacity, karpenter, eks):
     pod = _by_kind(render_group("g-r0", _spec(2, 8, capacity_type=capacity), namespace="ml"))["Job"]

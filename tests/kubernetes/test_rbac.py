@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
+from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 from airflow_dtrain.spec import JobSpec
 from tests.conftest import REPO
 
@@ -38,14 +38,14 @@ def test_the_role_grants_exactly_what_a_group_lifecycle_uses(fake):
     launcher = KubernetesLauncher()
     spec = JobSpec.from_arguments(backend="kubernetes", num_nodes=2, checkpoint_uri="s3://bucket/run",
                                   kubernetes={"image": "img:1"})  # fmt: skip
-    launcher.launch("life-r0", spec.to_dict())
+    launcher.launch("life-r0", spec)
     fake.run("life-r0")
     fake.log("life-r0", 0, "[rank0]: step 1")
     launcher.logs("life-r0")
     launcher.find("life")
     fake.exit("life-r0", 1, 1)
     assert "exited 1" in launcher.status("life-r0").message  # reads the failed pod's log, settles the verdict
-    launcher.launch("life-r1", spec.to_dict())
+    launcher.launch("life-r1", spec)
     fake.run("life-r1", [0])
     fake.exit("life-r1", 1, 137, disruption="EvictionByEvictionAPI")
     launcher.status("life-r1")  # suspends the Job

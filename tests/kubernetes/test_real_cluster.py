@@ -55,7 +55,7 @@ def namespace(monkeypatch):
 
 
 def test_debug_flavour_trains_on_cpu_pods_and_the_logs_come_back(namespace):
-    from airflow_dtrain.launchers.kubernetes import KubernetesLauncher
+    from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 
     spec = JobSpec.from_arguments(
         flavor="debug", steps=10, seq_len=64, global_batch_size=4, micro_batch_size=2, log_every=2,
@@ -66,7 +66,7 @@ def test_debug_flavour_trains_on_cpu_pods_and_the_logs_come_back(namespace):
     )  # fmt: skip
     launcher = KubernetesLauncher(namespace=namespace)
     name = "real-cluster-r0"
-    launcher.launch(name, spec.to_dict())
+    launcher.launch(name, spec)
     lines, cursor, deadline = [], None, time.monotonic() + 600
     while True:
         status = launcher.status(name)

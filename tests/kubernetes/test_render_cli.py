@@ -93,7 +93,7 @@ def test_nothing_imports_the_kubernetes_client_at_dag_parse_time():
         "                  global_batch_size=8, kubernetes={'image': 'img:1', 'capacity_type': 'spot'})\n"
         "FSDPTrainOperator(task_id='u', backend='kubernetes', checkpoint_uri='{{ var.value.ckpt }}',\n"
         "                  kubernetes={'image': '{{ var.value.image }}'})\n"
-        "import airflow_dtrain.triggers.fsdp_train, airflow_dtrain.kubernetes_objects\n"
+        "import airflow_dtrain.triggers.fsdp_train, airflow_dtrain.kubernetes.objects\n"
         "print(sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith(('kubernetes.', 'kubernetes_asyncio'))))\n"
     )
     out = subprocess.run(

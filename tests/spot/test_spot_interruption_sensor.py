@@ -36,7 +36,7 @@ def group(tmp_path_factory):
     root = tmp_path_factory.mktemp("spot-group")
     spec = JobSpec.from_arguments(
         **SMALL, steps=100_000, checkpoint_every=0, num_nodes=1, procs_per_node=1, checkpoint_uri=str(root / "ckpt")
-    ).to_dict()
+    )
     launcher = LocalLauncher(root / "groups")
     launcher.launch(GROUP, spec)
     wait_for_step(root / "ckpt", 2)

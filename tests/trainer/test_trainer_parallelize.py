@@ -38,7 +38,7 @@ def test_no_warmup_and_warmup_longer_than_the_run():
     "spec, message",
     [
         ({"replicate_degree": -1}, "parallel.replicate_degree: must be >= 0"),
-        ({"activation_checkpointing": "some"}, "parallel.activation_checkpointing: must be one of none, selective, full"),
+        ({"activation_checkpointing": "some"}, "parallel.activation_checkpointing: unknown value 'some' (choose from none, selective, full)"),
         ({"selective_ac_every": -2}, "parallel.selective_ac_every: must be >= 0"),
         ({"compile": "yes"}, "parallel.compile: expected true or false, got 'yes'"),
         ({"cpu_offload": 1}, "parallel.cpu_offload: expected true or false, got 1"),

@@ -18,6 +18,8 @@ import json
 import math
 from typing import Any
 
+from airflow_dtrain.launchers import torchrun
+from airflow_dtrain.launchers.torchrun import NodeCommand
 from airflow_dtrain.spec import JobSpec
 from trainer.config import PREEMPTED_EXIT_CODE
 
@@ -102,35 +104,29 @@ def render_service(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any
     }
 
 
-def trainer_args(name: str, spec: JobSpec) -> list[str]:
-    """torchrun's arguments (a list: no shell ever sees them)."""
-    k8s = spec.kubernetes
-    args = [
-        "--nnodes", str(spec.num_nodes),
-        "--nproc-per-node", str(spec.procs_per_node),
-        # c10d assigns node ranks at the rendezvous (torchrun ignores --node-rank with it, loudly);
-        # the completion index reaches the pod as DTRAIN_NODE_RANK, for its logs and tools
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", rendezvous_endpoint(name, k8s.rdzv_port),
-        "--rdzv-id", name,
-        # a lost node ends the group; the operator relaunches it from the checkpoint
-        "--max-restarts", "0",
-        "-m", *(spec.entrypoint or ("trainer", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}")),
-    ]  # fmt: skip
-    if k8s.statsd_host and not spec.entrypoint:  # the --set flags are the trainer's
+def node_command(name: str, spec: JobSpec) -> NodeCommand:
+    """The torchrun agent of every pod: rendezvous with pod 0 through the headless Service.
+
+    No ``is_host``: c10d makes the pod whose address the endpoint resolves to the store host.
+    """
+    trainer_args: list[str] = []
+    if spec.kubernetes.statsd_host:
         # $(VAR) is expanded by the kubelet from the container's env, not by a shell
-        args += [
-            "--set",
-            "metrics.statsd_host=$(DTRAIN_STATSD_HOST)",
-            "--set",
-            "metrics.statsd_port=$(DTRAIN_STATSD_PORT)",
-        ]
-    return args
+        trainer_args = ["--set", "metrics.statsd_host=$(DTRAIN_STATSD_HOST)",
+                        "--set", "metrics.statsd_port=$(DTRAIN_STATSD_PORT)"]  # fmt: skip
+    return torchrun.node_command(
+        name, spec,
+        rdzv_endpoint=rendezvous_endpoint(name, spec.kubernetes.rdzv_port),
+        config_path=f"{CONFIG_DIR}/{CONFIG_FILE}",
+        trainer_args=trainer_args,
+    )  # fmt: skip
 
 
 def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
     k8s = spec.kubernetes
     env: list[dict[str, Any]] = [
+        # c10d assigns node ranks at the rendezvous; the completion index is the pod's node
+        # index for its logs and tools
         {
             "name": "DTRAIN_NODE_RANK",
             "valueFrom": {
@@ -260,6 +256,7 @@ def pod_failure_policy() -> dict[str, Any]:
 
 def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
     k8s = spec.kubernetes
+    command = node_command(name, spec)
     labels = group_labels(name)
     volume_mounts = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -284,8 +281,8 @@ def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
         "name": CONTAINER,
         "image": k8s.image,
         "imagePullPolicy": k8s.image_pull_policy,
-        "command": ["python", "-m", "trainer.launch"],
-        "args": trainer_args(name, spec),
+        "command": list(command.executable),
+        "args": list(command.args),
         "env": _env(name, spec),
         "ports": [{"name": "rdzv", "containerPort": k8s.rdzv_port, "protocol": "TCP"}],
         "volumeMounts": volume_mounts,

@@ -1,0 +1,348 @@
+"""The ``kubernetes`` backend: a pod group as an Indexed Job and a headless Service.
+
+Every API call goes through the cncf.kubernetes provider's ``KubernetesHook`` (its
+connection, its client configuration) and its retry policy (``generic_api_retry``:
+429 and 5xx answers and dropped connections are retried with backoff, honouring
+Retry-After). The hook is built on first use: constructing this class calls nothing
+(importing it imports the kubernetes client: ``factory.get_launcher`` does so only when
+a Kubernetes launcher is asked for).
+
+The Job controller does most of the work (see ``objects.pod_failure_policy``); what it
+cannot express -- a disrupted pod ends the whole group as preempted, a group pending too
+long fails with "no capacity" -- is decided by ``status`` and written on the Job
+(annotation ``airflow-dtrain/outcome``), so any later look -- a restarted worker, the
+triggerer -- sees the same outcome. Ending a group's pods suspends its Job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from datetime import datetime, timezone
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
+from kubernetes.client.exceptions import ApiException
+
+from airflow_dtrain.kubernetes import status as group_status
+from airflow_dtrain.kubernetes.objects import (
+    ANNOTATION_OUTCOME,
+    CONTAINER,
+    LABEL_GROUP,
+    LABEL_MANAGED_BY,
+    LABEL_TASK,
+    MANAGED_BY,
+    config_map_name,
+    render_group,
+    task_name,
+)
+from airflow_dtrain.kubernetes.status import pod_index
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher
+
+if TYPE_CHECKING:
+    from airflow_dtrain.spec import JobSpec
+
+_MERGE_PATCH = "application/merge-patch+json"
+# Log lines are fetched from slightly before the last one seen: the kubelet's clock is not ours.
+_LOG_OVERLAP_S = 30
+# SIGUSR1 to the training processes (not their torchrun agent, for which it is fatal), stdlib only.
+_SIGNAL_WORKERS = """
+import os, signal
+asked = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+        if b"-m" in argv and b"trainer" in argv and b"trainer.launch" not in argv:
+            os.kill(int(pid), signal.SIGUSR1)
+            asked += 1
+    except OSError:
+        pass
+print(asked)
+"""
+
+
+class Conflict(Exception):
+    """The API server answered 409: the object exists. Not an ApiException, so never retried."""
+
+
+def _log_time_ns(stamp: str) -> int:
+    """RFC3339Nano (``2026-01-02T03:04:05.123456789Z``) to integer nanoseconds: exact, comparable."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    seconds = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp()
+    return int(seconds) * 1_000_000_000 + int((fraction + "000000000")[:9] or 0)
+
+
+class KubernetesLauncher(PodGroupLauncher):
+    """Runs pod groups as Indexed Jobs through the cncf.kubernetes provider's ``KubernetesHook``.
+
+    :param kubernetes_conn_id: the Kubernetes connection (``kubernetes_default``: in-cluster or ~/.kube/config).
+    :param namespace: the groups' namespace; default: the connection's, else ``default``.
+    :param poll_interval: seconds between looks while waiting on the cluster (stop, relaunch).
+    """
+
+    backend = "kubernetes"
+    log = logging.getLogger(__name__)
+
+    def __init__(
+        self,
+        *,
+        kubernetes_conn_id: str = "kubernetes_default",
+        namespace: str | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self._namespace = namespace
+        self.poll_interval = poll_interval
+
+    # -- the API, through the provider's hook ---------------------------------------------------
+    @cached_property
+    def hook(self):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        return KubernetesHook(conn_id=self.kubernetes_conn_id)
+
+    @cached_property
+    def namespace(self) -> str:
+        return self._namespace or self.hook.get_namespace() or "default"
+
+    @generic_api_retry
+    def _api(self, method, *args: Any, missing_ok: bool = False, text: bool = False, **kwargs: Any) -> Any:
+        """Call ``method`` of one of the hook's clients; the JSON body as plain dicts (``text``: as a string).
+
+        Retried by the provider's ``generic_api_retry``: 429 (after its Retry-After), 5xx and
+        dropped connections. A 409 is raised as ``Conflict``: the object exists, asking again
+        cannot change that. ``missing_ok``: None for a 404.
+        """
+        try:
+            response = method(*args, _preload_content=False, **kwargs)
+        except ApiException as err:
+            if err.status == 404 and missing_ok:
+                return None
+            if err.status == 409:
+                raise Conflict(f"{err.status} {err.reason}") from err
+            raise
+        data = response.data or b""
+        return data.decode("utf-8", "replace") if text else json.loads(data or b"null")
+
+    @property
+    def _core(self):
+        return self.hook.core_v1_client
+
+    @property
+    def _batch(self):
+        return self.hook.batch_v1_client
+
+    def _job(self, name: str) -> dict[str, Any] | None:
+        return self._api(self._batch.read_namespaced_job, name, self.namespace, missing_ok=True)
+
+    def _pods(self, selector: str) -> list[dict[str, Any]]:
+        pods = self._api(self._core.list_namespaced_pod, self.namespace, label_selector=selector)["items"]
+        return sorted(pods, key=lambda p: (pod_index(p), p["metadata"].get("creationTimestamp", "")))
+
+    # -- launch -----------------------------------------------------------------------------------
+    def launch(self, name: str, spec: JobSpec) -> GroupStatus:
+        if spec.kubernetes.namespace:
+            self.namespace = spec.kubernetes.namespace  # overrides the cached default
+        if self._job(name) is not None:
+            raise ValueError(f"group {name!r} already exists in namespace {self.namespace}")
+        self._wait_for_predecessors(name)
+        config_map, service, job = render_group(name, spec, namespace=self.namespace)
+        self.log.info(
+            "Creating group %s in namespace %s: Indexed Job of %d pod(s), image %s, %s capacity",
+            name, self.namespace, spec.num_nodes, spec.kubernetes.image, spec.capacity,
+        )  # fmt: skip
+        created: list[tuple[Any, str]] = []
+        try:
+            self._api(self._core.create_namespaced_config_map, self.namespace, config_map)
+            created.append((self._core.delete_namespaced_config_map, config_map["metadata"]["name"]))
+            self._api(self._core.create_namespaced_service, self.namespace, service)
+            created.append((self._core.delete_namespaced_service, name))
+            job = self._api(self._batch.create_namespaced_job, self.namespace, job)
+        except (ApiException, Conflict) as err:
+            for delete, object_name in created:  # leave nothing half-made behind
+                self._api(delete, object_name, self.namespace, missing_ok=True)
+            if isinstance(err, Conflict):
+                raise ValueError(f"group {name!r} already exists in namespace {self.namespace}") from None
+            raise
+        # Owned by the Job: deleting the Job (kubectl delete job, TTL) garbage-collects them too.
+        owner = {"metadata": {"ownerReferences": [{
+            "apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"],
+            "blockOwnerDeletion": False,
+        }]}}  # fmt: skip
+        self._api(self._core.patch_namespaced_config_map, config_map_name(name), self.namespace, owner,
+                  _content_type=_MERGE_PATCH)  # fmt: skip
+        self._api(
+            self._core.patch_namespaced_service, name, self.namespace, owner, _content_type=_MERGE_PATCH
+        )
+        return self.status(name)
+
+    def _wait_for_predecessors(self, name: str) -> None:
+        """Earlier groups of this task must be gone: two groups never write one checkpoint at once."""
+        selector = f"{LABEL_TASK}={task_name(name)},{LABEL_GROUP}!={name}"
+        deadline = None
+        while True:
+            alive = [
+                p for p in self._pods(selector)
+                if p["status"].get("phase") in ("Pending", "Running") or p["metadata"].get("deletionTimestamp")
+            ]  # fmt: skip
+            if not alive:
+                return
+            grace = max(p["spec"].get("terminationGracePeriodSeconds", 30) for p in alive)
+            deadline = deadline or time.monotonic() + grace + 30
+            if time.monotonic() > deadline:
+                self.log.warning(
+                    "Pods of an earlier group are still there after %ds: %s",
+                    grace + 30, ", ".join(p["metadata"]["name"] for p in alive),
+                )  # fmt: skip
+                return
+            self.log.info(
+                "Waiting for %d pod(s) of an earlier group to end (saving their checkpoint)", len(alive)
+            )
+            time.sleep(self.poll_interval)
+
+    # -- find / status ---------------------------------------------------------------------------
+    def find(self, prefix: str) -> list[str]:
+        jobs = self._api(
+            self._batch.list_namespaced_job, self.namespace, label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+        )["items"]
+        found = [j for j in jobs if j["metadata"]["name"].startswith(prefix)]
+        found.sort(key=lambda j: (j["metadata"].get("creationTimestamp", ""), j["metadata"]["name"]))
+        return [j["metadata"]["name"] for j in found]
+
+    def status(self, name: str) -> GroupStatus:
+        job = self._job(name)
+        if job is None:
+            return GroupStatus(name, GroupState.NOT_FOUND, f"no Job {name!r} in namespace {self.namespace}")
+        recorded = group_status.recorded(name, job)
+        if recorded is not None:
+            return recorded
+        seen = group_status.observe(name, job, self._pods(f"{LABEL_GROUP}={name}"), self._log_tail)
+        if seen.settle:
+            return self._settle(name, seen.status, end_pods=seen.end_pods)
+        return seen.status
+
+    def _log_tail(self, pod_name: str) -> str | None:
+        return self._api(
+            self._core.read_namespaced_pod_log, pod_name, self.namespace,
+            container=CONTAINER, tail_lines=group_status.TAIL_LINES, missing_ok=True, text=True,
+        )  # fmt: skip
+
+    def _settle(self, name: str, status: GroupStatus, *, end_pods: bool) -> GroupStatus:
+        """Write the verdict on the Job; with ``end_pods`` suspend it, so the Job controller ends its pods.
+
+        Suspended pods get SIGTERM and terminationGracePeriodSeconds: every rank still alive saves
+        its step, as on a preemption notice.
+        """
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": {ANNOTATION_OUTCOME: json.dumps(status.to_dict())}}
+        }
+        if end_pods:
+            patch["spec"] = {"suspend": True}
+        self.log.info("Group %s is %s: %s", name, status.state.value, status.message.splitlines()[0])
+        self._api(self._batch.patch_namespaced_job, name, self.namespace, patch, _content_type=_MERGE_PATCH,
+                  missing_ok=True)  # fmt: skip
+        return status
+
+    # -- logs --------------------------------------------------------------------------------------
+    def logs(self, name: str, cursor: Any = None) -> LogChunk:
+        """New lines of every pod, ``[nodeN]``-prefixed; the cursor holds, per pod, the last line's time."""
+        positions: dict[str, list[int]] = dict(cursor or {})
+        lines: list[str] = []
+        for pod in self._pods(f"{LABEL_GROUP}={name}"):
+            if not group_status.started(pod):
+                continue
+            pod_name = pod["metadata"]["name"]
+            last, seen_at_last = positions.get(pod_name, (-1, 0))
+            kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
+            if last >= 0:
+                kwargs["since_seconds"] = max(1, math.ceil(time.time() - last / 1e9) + _LOG_OVERLAP_S)
+            try:
+                text = self._api(
+                    self._core.read_namespaced_pod_log,
+                    pod_name,
+                    self.namespace,
+                    missing_ok=True,
+                    text=True,
+                    **kwargs,
+                )
+            except ApiException as err:
+                if err.status == 400:  # the container is not running yet, or no longer exists
+                    continue
+                raise
+            skip = seen_at_last
+            new_last, new_seen = last, seen_at_last
+            for raw in (text or "").splitlines():
+                stamp, _, line = raw.partition(" ")
+                try:
+                    at = _log_time_ns(stamp)
+                except ValueError:
+                    continue
+                if at < last:
+                    continue
+                if at == last and skip:
+                    skip -= 1
+                    continue
+                lines.append(f"[node{pod_index(pod)}]{line}")
+                new_last, new_seen = (at, new_seen + 1) if at == new_last else (at, 1)
+            positions[pod_name] = [new_last, new_seen]
+        return LogChunk(lines, positions)
+
+    # -- checkpoint_now / stop -------------------------------------------------------------------
+    def checkpoint_now(self, name: str) -> int:
+        """SIGUSR1 to the training processes of every running pod (``pods/exec``); returns how many
+        were signalled. A pod where the exec fails is logged (with the command's stderr) and skipped."""
+        from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import STDERR_CHANNEL, STDOUT_CHANNEL
+
+        asked = 0
+        for pod in self._pods(f"{LABEL_GROUP}={name}"):
+            if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+                continue
+            pod_name = pod["metadata"]["name"]
+            client = stream(
+                self._core.connect_get_namespaced_pod_exec, pod_name, self.namespace,
+                container=CONTAINER, command=["python", "-c", _SIGNAL_WORKERS],
+                stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
+            )  # fmt: skip
+            try:
+                client.run_forever(timeout=30)
+                stdout, stderr = client.read_channel(STDOUT_CHANNEL), client.read_channel(STDERR_CHANNEL)
+                code = client.returncode
+            finally:
+                client.close()
+            lines = stdout.strip().splitlines()
+            if code != 0 or not lines or not lines[-1].isdigit():
+                self.log.warning("checkpoint-now in pod %s/%s failed (exit code %s): %s", self.namespace, pod_name,
+                                 code, (stderr or stdout).strip()[-500:] or "no output")  # fmt: skip
+                continue
+            asked += int(lines[-1])
+        return asked
+
+    def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
+        """Delete the Job (foreground: its pods first), its Service and ConfigMap.
+
+        The pods get SIGTERM and their terminationGracePeriodSeconds to save a checkpoint;
+        this waits up to ``grace_period_s`` (+ a margin) for them to be gone.
+        """
+        if self._job(name) is None:
+            return GroupStatus(name, GroupState.NOT_FOUND, f"no Job {name!r} in namespace {self.namespace}")
+        self.log.info("Deleting group %s (Job, Service, ConfigMap) in namespace %s", name, self.namespace)
+        foreground = {"propagationPolicy": "Foreground"}
+        self._api(self._batch.delete_namespaced_job, name, self.namespace, body=foreground, missing_ok=True)
+        self._api(
+            self._core.delete_namespaced_service, name, self.namespace, body=foreground, missing_ok=True
+        )
+        self._api(
+            self._core.delete_namespaced_config_map, config_map_name(name), self.namespace, missing_ok=True
+        )
+        deadline = time.monotonic() + grace_period_s + 15
+        while self._job(name) is not None:
+            if time.monotonic() > deadline:
+                return GroupStatus(
+                    name, GroupState.STOPPED, "deleted on request; its pods are still terminating"
+                )
+            time.sleep(self.poll_interval)
+        return GroupStatus(name, GroupState.STOPPED, "stopped on request: Job, Service and ConfigMap deleted")

@@ -1,0 +1,77 @@
+"""The command every node of a pod group runs: one torchrun agent (``python -m trainer.launch``).
+
+Both backends build it here, so a node runs the same agent with the same rendezvous on this
+machine and in a pod; only what differs between them is a parameter: where the rendezvous
+store is, whether this node hosts it, where torchrun keeps its per-rank logs, where the
+trainer's config is, and which interpreter runs it. Pure function, stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_dtrain.spec import JobSpec
+
+LAUNCH_MODULE = "trainer.launch"
+"""torchrun with exit codes that say "preempted" (see trainer/launch.py)."""
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """One node's command: ``executable`` (interpreter and module) then torchrun's ``args``."""
+
+    executable: tuple[str, ...]
+    args: tuple[str, ...]
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.executable, *self.args]
+
+
+def node_command(
+    name: str,
+    spec: JobSpec,
+    *,
+    rdzv_endpoint: str,
+    config_path: str,
+    python: str = "python",
+    is_host: bool | None = None,
+    log_dir: str | None = None,
+    trainer_args: Sequence[str] = (),
+) -> NodeCommand:
+    """The torchrun agent of one node of group ``name`` (a list: no shell ever sees it).
+
+    Output is unbuffered through ``PYTHONUNBUFFERED=1``, which both backends set.
+
+    :param rdzv_endpoint: ``host:port`` of the c10d rendezvous store, the same for every node.
+    :param config_path: the trainer's config file as the node sees it.
+    :param python: the interpreter on the node.
+    :param is_host: whether this node hosts the store (``--rdzv-conf is_host``); None: let c10d
+        decide (the node whose address the endpoint resolves to hosts it, as in a pod).
+    :param log_dir: torchrun's per-rank log directory, with ``--tee 3`` so the lines also reach
+        the node's stdout; None: stdout only.
+    :param trainer_args: extra arguments of the trainer (``--set k=v``), only when it runs the
+        default entrypoint (``-m trainer --config ...``).
+    """
+    args = [
+        "--nnodes", str(spec.num_nodes),
+        "--nproc-per-node", str(spec.procs_per_node),
+        # c10d assigns node ranks at the rendezvous (torchrun ignores --node-rank with it, loudly)
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", rdzv_endpoint,
+        "--rdzv-id", name,
+    ]  # fmt: skip
+    if is_host is not None:
+        args += ["--rdzv-conf", f"is_host={int(is_host)}"]
+    # a lost node ends the group; the operator relaunches it from the checkpoint
+    args += ["--max-restarts", "0"]
+    if log_dir is not None:
+        args += ["--tee", "3", "--log-dir", log_dir]
+    if spec.entrypoint:
+        args += ["-m", *spec.entrypoint]
+    else:
+        args += ["-m", "trainer", "--config", config_path, *trainer_args]
+    return NodeCommand(executable=(python, "-m", LAUNCH_MODULE), args=tuple(args))
