@@ -9,7 +9,11 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_HOME ?= $(CURDIR)/.demo
 PYTEST_ARGS ?=
 
-.PHONY: venv chromium test test-fast demo clean
+# The lowest torch the trainer extra allows (setup.cfg), tested by `make test-torch-min`.
+TORCH_MIN ?= torch==2.11.0
+VENV_MIN ?= .venv-torch-min
+
+.PHONY: venv chromium test test-fast test-torch-min demo clean
 
 venv: $(VENV)/.installed
 
@@ -42,8 +46,18 @@ test: venv chromium
 test-fast: venv
 	$(PY) -m pytest tests -q --timeout=900 -m "not scheduler" $(PYTEST_ARGS)
 
+# The trainer and checkpoint tests on the lowest supported torch (a CUDA build from PyPI on
+# x86_64: several GB; it runs on the CPU). `make test` stays on TORCH_SPEC.
+test-torch-min:
+	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_MIN)/bin/python -m pip install --quiet "$(TORCH_MIN)"
+	$(VENV_MIN)/bin/python -m pip install --quiet -e ".[trainer,test]"
+	$(VENV_MIN)/bin/python -c "import torch; print('torch', torch.__version__)"
+	CUDA_VISIBLE_DEVICES= $(VENV_MIN)/bin/python -m pytest tests/trainer -q --timeout=900 -p no:cacheprovider $(PYTEST_ARGS)
+
 demo: venv
 	DEMO_HOME="$(DEMO_HOME)" PY="$(PY)" bash scripts/demo.sh
 
 clean:
-	rm -rf $(VENV) $(DEMO_HOME) .pytest_cache
+	rm -rf $(VENV) $(VENV_MIN) $(DEMO_HOME) .pytest_cache

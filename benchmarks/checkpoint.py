@@ -14,14 +14,19 @@ Measured side by side in each round, on the same directory's filesystem:
 * load:        Checkpointer.load of that checkpoint
 * host copy:   DCP's DefaultStager copying the state to host memory synchronously
                (what the async save used to block for)
-* async stall: as the trainer does it: Checkpointer.save(blocking=False) right after an
-               optimizer step, then one training step (forward/backward of --batch rows)
-               while the copy runs in the stager's thread, then wait_for_staging() right
-               before optimizer.step(). The stall is the time training actually waited:
-               the save() call plus that wait. Also reported: how much longer that step
-               took than a step without a save (the copy competes with compute for the cores).
+* async save:  as the trainer does it: Checkpointer.save(blocking=False) right after an
+               optimizer step, then training steps (forward/backward of --batch rows) go on
+               while the copy to host memory, the write, the hashing and the commit run in the
+               background (wait_for_staging() right before the first optimizer.step()), until
+               the save is committed. Two costs, reported separately:
+               - blocked: the time training waited (the save() call plus that wait);
+               - overlapped slowdown: the sum, over every step that ran while the save was
+                 in flight, of how much longer it took than the median step without a save
+                 (the background work competes with training for the cores and the GIL).
+               Their sum is what an async save really costs training.
 
-Targets: sync save >= 70% of disk write bandwidth; async stall <= 10% of the sync save.
+Targets: sync save >= 70% of disk write bandwidth; async blocked + overlapped slowdown <= 25% of
+the sync save (on CPU, where training and the background work share two cores).
 """
 
 import argparse
@@ -90,6 +95,11 @@ def dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
 
 
+def done_saving(checkpointer: Checkpointer) -> bool:
+    """Whether the save in flight has been committed (polls, never waits)."""
+    return bool(checkpointer.completed()) or checkpointer._pending is None
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mb", type=int, default=200, help="MiB of fp32 weights (the checkpoint is ~3x)")
@@ -143,27 +153,30 @@ def main() -> None:
         stager.close()
 
         plain = []
-        for _ in range(2):
+        for _ in range(5):
             t = time.perf_counter()
             step()
             plain.append(time.perf_counter() - t)
+        plain_s = statistics.median(plain)
         asy = checkpointer(f"async{r}", True)
         t = time.perf_counter()
         asy.save(1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench")
         call_s = time.perf_counter() - t
-        waited = []
-        step(lambda: waited.append(asy.wait_for_staging()))
-        step_s = time.perf_counter() - t
-        stall_s = call_s + waited[0]
-        asy.wait()
+        waited, overlapped = [], []
+        while not done_saving(asy):
+            s0 = time.perf_counter()
+            step(lambda: waited.append(asy.wait_for_staging()))
+            overlapped.append(time.perf_counter() - s0 - waited[-1])
         async_total_s = time.perf_counter() - t
+        blocked_s = call_s + sum(waited)
+        slowdown_s = sum(max(0.0, o - plain_s) for o in overlapped)
         asy.close()
         sync.close()
         for d in (raw_dir, blob, sync.root, asy.root):
             shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
         rows.append(dict(bytes=nbytes, sync=sync_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
-                         copy=copy_s, stall=stall_s, save_call=call_s, step_plain=min(plain),
-                         step_slowdown=step_s - min(plain), async_total=async_total_s))
+                         copy=copy_s, blocked=blocked_s, save_call=call_s, step_plain=plain_s,
+                         overlapped_steps=len(overlapped), slowdown=slowdown_s, async_total=async_total_s))
         print(f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"), flush=True)
 
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
@@ -175,11 +188,14 @@ def main() -> None:
     print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
     print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
     print(f"host copy (synchronous staging): {med['copy']:.3f} s = {med['copy'] / med['sync']:.1%} of the sync save")
-    print(f"async stall: {med['stall']:.3f} s = {med['stall'] / med['sync']:.1%} of the sync save "
-          f"({med['sync']:.3f} s)  [target <= 10%]; of which save() call {med['save_call']:.3f} s")
-    print(f"  training step without a save {med['step_plain']:.3f} s; the step with the save took "
-          f"{med['step_slowdown']:+.3f} s longer ({med['step_slowdown'] / med['sync']:.1%} of the sync save); "
-          f"async save to commit: {med['async_total']:.3f} s")
+    cost = med["blocked"] + med["slowdown"]
+    print(f"async save, blocked: {med['blocked']:.3f} s = {med['blocked'] / med['sync']:.1%} of the sync save "
+          f"({med['sync']:.3f} s); of which the save() call {med['save_call']:.3f} s")
+    print(f"async save, overlapped slowdown: {med['slowdown']:.3f} s = {med['slowdown'] / med['sync']:.1%} of the "
+          f"sync save, over {med['overlapped_steps']:.0f} step(s) of {med['step_plain']:.3f} s without a save; "
+          f"saved to committed in {med['async_total']:.3f} s")
+    print(f"async save, total cost to training: {cost:.3f} s = {cost / med['sync']:.1%} of the sync save  "
+          f"[target <= 25%]")
     shutil.rmtree(base, ignore_errors=True)
     dist.destroy_process_group()
 
