@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide  # noqa: E402
-from airflow_dtrain.spot.pricing import ON_DEMAND_USD_PER_HOUR  # noqa: E402
+from airflow_dtrain.spot.offers import ON_DEMAND_USD_PER_HOUR  # noqa: E402
 
 DEFAULT_TRACES = REPO.parent / "shared" / "data" / "spot"
 

@@ -155,7 +155,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
         if self.instance_source is not None:
             return self.instance_source
         if self.backend == "kubernetes" and not self._given_instances():
-            from airflow_dtrain.spot.members import KubernetesGroupNodes
+            from airflow_dtrain.kubernetes.nodes import KubernetesGroupNodes
 
             namespace = self._launcher_kwargs()["namespace"] or self._connection_namespace()
             return KubernetesGroupNodes(namespace=namespace, kubernetes_conn_id=self.kubernetes_conn_id)
@@ -216,7 +216,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
         return super().execute(context)
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from airflow_dtrain.spot.interruptions import InterruptionWatch
+        from airflow_dtrain.interruption_watch import InterruptionWatch
 
         if self._watch is None:
             self._watch = InterruptionWatch(**self._watch_kwargs(context))

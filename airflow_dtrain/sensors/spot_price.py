@@ -123,7 +123,7 @@ class SpotPriceSensor(BaseSensorOperator):
                 ):
                     raise ValueError(f"{name}: expected a list of names, got {value!r}")
             if self.availability_zones and not skip(self.availability_zones):
-                from airflow_dtrain.spot.pricing import region_of_zone
+                from airflow_dtrain.spot.offers import region_of_zone
 
                 for zone in self.availability_zones:
                     region_of_zone(zone)
@@ -159,7 +159,7 @@ class SpotPriceSensor(BaseSensorOperator):
     def _fixed(self) -> dict[str, Any] | None:
         if self.fixed_price_per_hour in (None, ""):
             return None
-        from airflow_dtrain.spot.pricing import fixed_price_choice
+        from airflow_dtrain.spot.offers import fixed_price_choice
 
         od = self.fixed_on_demand_price
         return fixed_price_choice(
@@ -185,7 +185,7 @@ class SpotPriceSensor(BaseSensorOperator):
         return super().execute(context)
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from airflow_dtrain.spot.pricing import find_offer
+        from airflow_dtrain.aws.prices import find_offer
 
         choice, reasons = find_offer(**self._validate())
         for reason in reasons:

@@ -8,9 +8,10 @@ path and keyword arguments, like a trigger's.
 Built in:
 
 - ``StaticInstances``: the ids and names you give (the local backend, fixed fleets, tests).
-- ``KubernetesGroupNodes``: the nodes the group's pods run on, through the cncf.kubernetes
-  provider's ``KubernetesHook``; instance ids from each node's ``spec.providerID``
-  (``aws:///<zone>/<instance id>``), and it also reports the nodes' interruption taints.
+- ``airflow_dtrain.kubernetes.nodes.KubernetesGroupNodes``: the nodes the group's pods run on,
+  through the cncf.kubernetes provider's ``KubernetesHook``; instance ids from each node's
+  ``spec.providerID`` (``aws:///<zone>/<instance id>``), and it also reports the nodes'
+  interruption taints.
 
 Your own: subclass ``InstanceSource``, implement ``members`` (and ``node_notices`` if it
 can see taints) and ``serialize``; pass an instance as ``instance_source=``.
@@ -22,8 +23,13 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_dtrain.kubernetes.objects import LABEL_GROUP
-from airflow_dtrain.spot.events import InterruptionNotice, instance_id_of_provider_id, notice_from_node
+from airflow_dtrain.spot.events import InterruptionNotice
+
+_MOVED_SOURCES = {
+    "airflow_dtrain.spot.members.KubernetesGroupNodes": "airflow_dtrain.kubernetes.nodes.KubernetesGroupNodes",
+}
+"""Old class path -> new, for built-in sources that moved: triggers deferred before the move
+carry the old one."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ def deserialize_source(classpath: str, kwargs: dict[str, Any]) -> InstanceSource
     """Rebuild a source from its ``serialize()`` output."""
     from airflow.sdk.module_loading import import_string
 
-    cls = import_string(classpath)
+    cls = import_string(_MOVED_SOURCES.get(classpath, classpath))
     if not (isinstance(cls, type) and issubclass(cls, InstanceSource)):
         raise ValueError(f"instance_source: {classpath!r} is not an InstanceSource")
     return cls(**kwargs)
@@ -85,58 +91,4 @@ class StaticInstances(InstanceSource):
         return (
             "airflow_dtrain.spot.members.StaticInstances",
             {"instance_ids": list(self.instance_ids), "node_names": list(self.node_names)},
-        )
-
-
-class KubernetesGroupNodes(InstanceSource):
-    """The nodes that the group's pods are scheduled on.
-
-    :param namespace: the namespace of the group's pods.
-    :param label_selector: selects the group's pods; ``{group}`` is replaced by the group's
-        name. Must match the labels the Kubernetes launcher puts on its pods.
-    :param kubernetes_conn_id: the cncf.kubernetes connection.
-    """
-
-    def __init__(
-        self,
-        *,
-        namespace: str = "default",
-        label_selector: str = f"{LABEL_GROUP}={{group}}",
-        kubernetes_conn_id: str = "kubernetes_default",
-    ):
-        self.namespace = namespace
-        self.label_selector = label_selector
-        self.kubernetes_conn_id = kubernetes_conn_id
-
-    def _api(self):
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-        return KubernetesHook(conn_id=self.kubernetes_conn_id).core_v1_client
-
-    def _nodes(self, group: str) -> list[dict[str, Any]]:
-        api = self._api()
-        pods = api.list_namespaced_pod(self.namespace, label_selector=self.label_selector.format(group=group))
-        names = sorted({p.spec.node_name for p in pods.items if p.spec and p.spec.node_name})
-        nodes = []
-        for name in names:
-            node = api.read_node(name)
-            nodes.append(api.api_client.sanitize_for_serialization(node))
-        return nodes
-
-    def members(self, group: str) -> GroupMembers:
-        nodes = self._nodes(group)
-        ids = {instance_id_of_provider_id((n.get("spec") or {}).get("providerID")) for n in nodes}
-        return GroupMembers(frozenset(i for i in ids if i), frozenset(n["metadata"]["name"] for n in nodes))
-
-    def node_notices(self, group: str) -> list[InterruptionNotice]:
-        return [notice for notice in map(notice_from_node, self._nodes(group)) if notice is not None]
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            "airflow_dtrain.spot.members.KubernetesGroupNodes",
-            {
-                "namespace": self.namespace,
-                "label_selector": self.label_selector,
-                "kubernetes_conn_id": self.kubernetes_conn_id,
-            },
         )

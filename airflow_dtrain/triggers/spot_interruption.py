@@ -17,7 +17,7 @@ class SpotInterruptionTrigger(BaseTrigger):
     The checkpoint-now request is sent from here, not from the resumed task: a spot warning
     gives two minutes, and a resumed task may take longer than that to be scheduled.
 
-    :param watch_kwargs: keyword arguments of ``airflow_dtrain.spot.interruptions.InterruptionWatch``,
+    :param watch_kwargs: keyword arguments of ``airflow_dtrain.interruption_watch.InterruptionWatch``,
         with the instance source as ``source: [classpath, kwargs]`` (plain values).
     :param poll_interval: seconds between looks (on top of the SQS long poll).
     """
@@ -34,7 +34,7 @@ class SpotInterruptionTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_dtrain.spot.interruptions import InterruptionWatch
+        from airflow_dtrain.interruption_watch import InterruptionWatch
         from airflow_dtrain.spot.members import deserialize_source
 
         kwargs = dict(self.watch_kwargs)

@@ -16,7 +16,7 @@ class SpotPriceTrigger(BaseTrigger):
     The AWS calls are the synchronous hook calls of ``SpotPriceSensor.poke``, run in a
     thread (the amazon provider's async hooks need aiobotocore, which is optional).
 
-    :param find_kwargs: keyword arguments of ``airflow_dtrain.spot.pricing.find_offer`` (plain values).
+    :param find_kwargs: keyword arguments of ``airflow_dtrain.aws.prices.find_offer`` (plain values).
     :param poll_interval: seconds between looks at the market.
     """
 
@@ -32,7 +32,7 @@ class SpotPriceTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_dtrain.spot.pricing import find_offer
+        from airflow_dtrain.aws.prices import find_offer
 
         try:
             while True:

@@ -3,7 +3,8 @@ run on, and the interruption taints aws-node-termination-handler / Karpenter put
 
 from __future__ import annotations
 
-from airflow_dtrain.spot.members import GroupMembers, KubernetesGroupNodes, deserialize_source
+from airflow_dtrain.kubernetes.nodes import KubernetesGroupNodes
+from airflow_dtrain.spot.members import GroupMembers, deserialize_source
 from tests.kubernetes.conftest import launch_debug_group
 
 

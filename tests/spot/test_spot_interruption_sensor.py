@@ -124,7 +124,7 @@ def test_warning_for_an_unrelated_instance_is_ignored(group, sqs_queue):
 def test_malformed_messages_are_logged_and_skipped(group, sqs_queue, caplog):
     launcher, root = group
     client, url = sqs_queue
-    caplog.set_level(logging.WARNING, logger="airflow_dtrain.spot.interruptions")
+    caplog.set_level(logging.WARNING, logger="airflow_dtrain.aws.sqs")
     garbage = [
         "not json",
         json.dumps({"hello": "world"}),
