@@ -135,8 +135,7 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
         },
         {"name": "DTRAIN_GROUP_NAME", "value": name},
         {"name": "DTRAIN_CHECKPOINT_URI", "value": spec.train.checkpoint.uri},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-        {"name": "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "value": "[rank${rank}]:"},
+        *({"name": key, "value": value} for key, value in torchrun.agent_env(spec).items()),
         # the root filesystem is read-only: caches and the built-in corpus go to the /tmp emptyDir
         {"name": "HOME", "value": "/tmp/home"},
         {"name": "DTRAIN_DATA_DIR", "value": "/tmp/dtrain-data"},

@@ -31,7 +31,7 @@ import psutil
 from airflow_dtrain.launchers._local_supervisor import kill_tree, write_json_atomic
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher
 from airflow_dtrain.launchers.factory import default_state_dir
-from airflow_dtrain.launchers.torchrun import node_command
+from airflow_dtrain.launchers.torchrun import agent_env, node_command
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
@@ -109,12 +109,7 @@ class LocalLauncher(PodGroupLauncher):
             for node in range(num_nodes)
         ]  # fmt: skip
         threads = max(1, (os.cpu_count() or 1) // (num_nodes * procs))
-        env = {
-            "DTRAIN_GROUP_NAME": name,
-            "OMP_NUM_THREADS": str(threads),
-            "PYTHONUNBUFFERED": "1",
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
-        }
+        env = {"DTRAIN_GROUP_NAME": name, "OMP_NUM_THREADS": str(threads), **agent_env(spec)}
         group = {
             "name": name,
             "backend": self.backend,

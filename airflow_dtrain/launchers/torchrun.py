@@ -8,6 +8,7 @@ trainer's config is, and which interpreter runs it. Pure function, stdlib only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +30,22 @@ class NodeCommand:
     @property
     def argv(self) -> list[str]:
         return [*self.executable, *self.args]
+
+
+def agent_env(spec: JobSpec) -> dict[str, str]:
+    """The environment of every node's torchrun agent, whatever its entrypoint.
+
+    torchrun forwards SIGTERM to its workers and SIGKILLs them ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``
+    seconds later (30 by default): a preemption save of a large model takes longer, so the
+    window is the job's ``checkpoint.grace_period_s`` (the platform's own grace period, which
+    the pods' ``terminationGracePeriodSeconds`` covers with a margin, is the outer bound). Your
+    own entrypoint gets the same window.
+    """
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(spec.train.checkpoint.grace_period_s)),
+    }
 
 
 def node_command(

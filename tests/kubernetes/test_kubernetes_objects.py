@@ -255,3 +255,19 @@ def test_a_path_on_a_declared_volume_is_a_valid_checkpoint_uri_and_the_spec_roun
     )  # fmt: skip
     assert JobSpec.from_dict(spec.to_dict()) == spec
     assert json.loads(json.dumps(spec.to_dict())) == spec.to_dict()
+
+
+@pytest.mark.parametrize("grace", [30.0, 240.0])
+def test_every_node_agent_waits_out_a_preemption_save_before_killing_its_workers(tmp_path, grace):
+    """torchrun SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT after a SIGTERM (30 s by default):
+    both backends set it to the job's checkpoint.grace_period_s, whatever the entrypoint."""
+    from airflow_dtrain.launchers.torchrun import agent_env
+
+    spec = JobSpec.from_arguments(
+        num_nodes=2, backend="kubernetes", checkpoint_uri="s3://bucket/run", kubernetes={"image": "img"},
+        config={"checkpoint": {"grace_period_s": grace}},
+    )  # fmt: skip
+    container = _by_kind(render_group("g-r0", spec, namespace="ml"))["Job"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(int(grace))
+    assert agent_env(spec)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(int(grace))  # what the local backend uses
