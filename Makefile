@@ -51,8 +51,8 @@ test-fast: venv
 test-torch-min:
 	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
 	$(VENV_MIN)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV_MIN)/bin/python -m pip install --quiet "$(TORCH_MIN)"
-	$(VENV_MIN)/bin/python -m pip install --quiet -e ".[trainer,test]"
+	# one resolve with the pin: installed separately, a dependency's range lets pip move torch
+	$(VENV_MIN)/bin/python -m pip install --quiet -e ".[trainer,test]" "$(TORCH_MIN)"
 	$(VENV_MIN)/bin/python -c "import torch; print('torch', torch.__version__)"
 	CUDA_VISIBLE_DEVICES= $(VENV_MIN)/bin/python -m pytest tests/trainer -q --timeout=900 -p no:cacheprovider $(PYTEST_ARGS)
 

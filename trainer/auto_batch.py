@@ -25,7 +25,6 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
 from trainer.config import ConfigError, TrainConfig
@@ -56,7 +55,7 @@ def largest_fitting(sizes: Sequence[int], fits: Callable[[int], bool]) -> int | 
 
 
 def probe(model: torch.nn.Module, micro_batch: int, micro_steps: int, seq_len: int, vocab_size: int,
-          device: torch.device, reserve_bytes: int) -> bool:
+          device: torch.device, reserve_bytes: int, loss_chunk_tokens: int = 0) -> bool:
     """True if `micro_steps` (1 or 2) forward/backward passes of `micro_batch` sequences run
     without an out-of-memory error while `reserve_bytes` more are held. Leaves the model
     as it found it: no gradients, every FSDP unit resharded."""
@@ -66,9 +65,8 @@ def probe(model: torch.nn.Module, micro_batch: int, micro_steps: int, seq_len: i
         tokens = torch.randint(0, vocab_size, (micro_batch, seq_len + 1), device=device)
         for i in range(micro_steps):
             _set_grad_sync(model, i == micro_steps - 1)
-            logits = model(tokens[:, :-1])  # (micro_batch, seq_len, vocab)
-            F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
-            del logits
+            # the loss as training takes it (chunked: the full logits never exist)
+            model(tokens[:, :-1], tokens[:, 1:], loss_chunk_tokens=loss_chunk_tokens).backward()
         return True
     except torch.OutOfMemoryError:
         _reset_fsdp(model)
@@ -123,7 +121,8 @@ def fit_micro_batch_size(cfg: TrainConfig, model: torch.nn.Module, device: torch
     tried: dict[int, bool] = {}
 
     def fits(mb: int) -> bool:
-        ok = probe(model, mb, min(2, per_rank // mb), cfg.data.seq_len, model.args.vocab_size, device, reserve)
+        ok = probe(model, mb, min(2, per_rank // mb), cfg.data.seq_len, model.args.vocab_size, device, reserve,
+                   cfg.parallel.loss_chunk_tokens)
         agreed = torch.tensor([int(ok)], device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # the same answer on every rank
         tried[mb] = bool(agreed.item())

@@ -210,6 +210,12 @@ class ParallelConfig:
         help='With "selective": 0 = op-level (keep attention and every other matmul output, recompute the rest); '
         "N >= 1 = checkpoint every N-th whole block.",
     )  # fmt: skip
+    loss_chunk_tokens: int = setting(
+        4096, ge=0,
+        help="Cross-entropy over this many tokens at a time, each chunk's logits recomputed in backward, so a "
+        "micro-batch's full logits (16.8 GB in fp32 for 16 × 2048 tokens of a 128k vocabulary) never exist; "
+        "0 = whole logits.",
+    )  # fmt: skip
     compile: bool = setting(False, help="torch.compile each transformer block (one graph reused by every layer).")
     cpu_offload: bool = setting(
         False, help="Keep sharded parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy)."

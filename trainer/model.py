@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from trainer.loss import cross_entropy
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint, noop_context_fn
@@ -194,8 +196,12 @@ class Llama(nn.Module):
                 fill = lambda t, g, s=w_std: nn.init.trunc_normal_(t, std=s, a=-3 * s, b=3 * s, generator=g)  # noqa: E731
             _fill_whole_then_shard(param, fill, seed * 1_000_003 + zlib.crc32(name.encode()))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (batch, seq) int64 -> logits (batch, seq, vocab_size)."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                loss_chunk_tokens: int = 0) -> torch.Tensor:
+        """tokens: (batch, seq) int64 -> logits (batch, seq, vocab_size); with ``targets``
+        (batch, seq): the mean cross-entropy instead, computed ``loss_chunk_tokens`` tokens at
+        a time so the full logits never exist (trainer/loss.py). The loss is taken here, inside
+        the root module's forward, where FSDP has the output projection's weight gathered."""
         seq = tokens.shape[1]
         if seq > self.args.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens is longer than max_seq_len {self.args.max_seq_len}")
@@ -204,9 +210,10 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, cos.to(h.dtype), sin.to(h.dtype))
         h = self.norm(h)
-        if self.lm_head is None:
-            return F.linear(h, self.embed_tokens.weight)
-        return self.lm_head(h)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if targets is not None:
+            return cross_entropy(h, weight, targets, loss_chunk_tokens)
+        return F.linear(h, weight)
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

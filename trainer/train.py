@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.checkpoint import Checkpointer
@@ -136,8 +135,8 @@ def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, bef
     for i, (inputs, targets) in enumerate(micro_batches):  # each (micro_batch, seq_len)
         if len(micro_batches) > 1:  # (sync is on after every step: the last micro-step turns it on)
             set_grad_sync(model, i == len(micro_batches) - 1)
-        logits = model(inputs)  # (micro_batch, seq_len, vocab)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        # the mean loss over (micro_batch, seq_len) tokens; the logits are never whole (trainer/loss.py)
+        loss = model(inputs, targets, loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
         # Every micro-batch holds the same number of tokens, so dividing by the count here
         # and FSDP's mean over ranks give the gradient of the global mean loss.
         (loss / len(micro_batches)).backward()
