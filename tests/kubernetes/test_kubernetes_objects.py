@@ -137,7 +137,8 @@ def test_secrets_only_by_reference_and_never_in_the_config():
         "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
     }
     assert env["AWS_REGION"]["value"] == "eu-west-1"
-    assert "token" not in objects["ConfigMap"]["data"]["train_config.json"].lower()
+    config = objects["ConfigMap"]["data"]["train_config.json"].lower()
+    assert "hf_token" not in config and '"hf"' not in config and "secret" not in config
 
 
 @pytest.mark.parametrize(
