@@ -98,6 +98,21 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+MUST_MATCH = ("model.flavor", "data.dataset", "data.seq_len", "seed")
+"""Config fields a resumed run must share with its checkpoint: the model's shape, the data, how
+it is cut into sequences, and the data order."""
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     return int(major), int(minor)
@@ -343,8 +358,41 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ load
 
+    def resume_point(self) -> tuple[int, str, list[dict]] | None:
+        """The newest committed checkpoint that verifies, with the newer ones that did not.
+
+        Rank 0 verifies (trainer.validate: manifest, sizes, every file's checksum, DCP metadata, a
+        sample of tensors for NaN/Inf) from the newest down and tells every rank which one to load,
+        so a corrupted or truncated newest checkpoint costs the steps since the one before it, not
+        the run. None: nothing committed yet. Raises when nothing committed verifies.
+        """
+        if not self.enabled:
+            return None
+        choice: list = [None]
+        if self.rank == 0 and self.dir.committed():
+            from trainer.validate import CheckpointInvalid, validate_checkpoint
+
+            try:
+                report = validate_checkpoint(self.root, sample_tensors=8, fallback_to_valid=True)
+                choice[0] = (report["step"], report["checkpoint"], report["fell_back_from"])
+            except CheckpointInvalid as err:
+                choice[0] = ("invalid", str(err), [])
+        if dist.is_initialized() and self.world_size > 1:
+            dist.broadcast_object_list(choice, src=0, group=self.pg)
+        if choice[0] is None:
+            return None
+        if choice[0][0] == "invalid":
+            raise ValueError(f"cannot resume: {choice[0][1]} (older checkpoints are kept; move them away to start over)")
+        return choice[0]
+
     def check_compatible(self, path: str) -> dict:
-        """Refuse, before any model is built, a checkpoint this run cannot continue; returns its manifest."""
+        """Refuse, before any model is built, a checkpoint this run cannot continue; returns its manifest.
+
+        What makes the saved state mean the same thing must match: the model, the data and how it
+        is cut into sequences, and the data order (the seed). Everything else (learning rate,
+        schedule, steps, checkpoint interval, ...) may change between attempts; the changes are
+        reported as a warning on rank 0.
+        """
         name = path.rstrip("/").rsplit("/", 1)[-1]
         manifest = self.dir.manifest(path)
         if manifest["flavor"] != self.flavor:
@@ -352,6 +400,22 @@ class Checkpointer:
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
                 f"{manifest['flavor']!r} (use the same flavour or another checkpoint.uri)"
             )
+        saved = _flat(manifest.get("config") or {})
+        mine = _flat(self.config)
+        if saved:
+            clashes = [f"{k} is {mine.get(k)!r} here but {saved.get(k)!r} in the checkpoint"
+                       for k in MUST_MATCH if k in saved and saved.get(k) != mine.get(k)]  # fmt: skip
+            if clashes:
+                raise ConfigError(
+                    f"{'; '.join(clashes)}: cannot resume from {path} (these must match to continue a run: "
+                    f"{', '.join(MUST_MATCH)}; use the checkpoint's values or another checkpoint.uri)"
+                )
+            changed = [f"{k} {saved[k]!r} -> {mine.get(k)!r}" for k in sorted(saved)
+                       if k not in MUST_MATCH and k in mine and saved[k] != mine[k]
+                       and not k.startswith(("cost.", "metrics."))]  # fmt: skip
+            if changed and self.rank == 0:
+                print(f"[trainer] resuming {path} with changed settings: {', '.join(changed)}",
+                      file=sys.stderr, flush=True)
         for file, entry in manifest["files"].items():
             size = self.storage.size(self.storage.path(name, file))
             if size != entry["size"]:

@@ -178,6 +178,7 @@ class Job:
     metrics: Metrics
     progress: Progress
     cost: CostLedger
+    resume_point: tuple[int, str] | None = None  # the verified checkpoint to resume from (None: from scratch)
     resumed_from: int | None = None  # the step this attempt resumed from (None: from scratch)
     _unsettled: tuple | None = None  # (step, lr, loss, grad_norm) of the last step, not read yet
     _last_step_end: float = 0.0
@@ -259,8 +260,12 @@ class Job:
         torch.manual_seed(cfg.seed + d.rank)
         ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, config=cfg.to_dict(),
                             config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device)
-        if ckpt.latest() is not None:
-            ckpt.check_compatible(ckpt.latest()[1])  # before building a model it cannot fill
+        point = ckpt.resume_point()  # the newest checkpoint that verifies (rank 0 decides)
+        if point is not None:
+            ckpt.check_compatible(point[1])  # before building a model it cannot fill
+            for skipped in point[2] if d.rank == 0 else ():
+                log(d, f"checkpoint {skipped['checkpoint']} fails verification ({skipped['check']}: "
+                       f"{skipped['file']}: {skipped['detail']}); resuming from an older one")
         data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
         data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
                             d.rank, d.world_size, cfg.seed, d.device)
@@ -274,6 +279,7 @@ class Job:
         fpt = flops_per_token(model.args, model.num_params(exclude_embedding=True), cfg.data.seq_len)
         return cls(
             cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, model=model, optimizer=optimizer,
+            resume_point=None if point is None else (point[0], point[1]),
             scheduler=build_scheduler(optimizer, cfg.optim, cfg.steps),
             metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, world_size=d.world_size, device=d.device,
                             flops_per_token=fpt),
@@ -287,7 +293,7 @@ class Job:
 
     def resume(self) -> tuple[int, int | None]:
         """Load the latest committed checkpoint, if any; returns (step, resumed_from_step)."""
-        latest = self.ckpt.latest()
+        latest = self.resume_point
         step, resumed_from = 0, None
         if latest is not None:
             manifest = self.ckpt.load(latest[1], self.model, self.optimizer, self.scheduler, self.data)
