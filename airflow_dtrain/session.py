@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.spec import group_name, relaunch_index
+from trainer.config import WORKER_LOST_EXIT_CODE
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
@@ -194,6 +195,18 @@ class GroupSession:
             )  # fmt: skip
             return self.launch(relaunch_index(self.base, name) + 1)
         metrics.incr("group.failures")
+        if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
+            lost = sum(WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values() for n in self.groups())
+            if lost <= self.spec.max_failures:
+                self.log.warning(
+                    "Group %s lost a training process (%s): relaunching from the last committed checkpoint "
+                    "(failure %d of at most %d)", name, event["message"], lost, self.spec.max_failures,
+                )  # fmt: skip
+                return self.launch(relaunch_index(self.base, name) + 1)
+            raise self.error(
+                f"group {name} lost a training process {lost} times, more than max_failures="
+                f"{self.spec.max_failures}: {event['message']}"
+            )
         tail = "\n".join(event.get("log_tail") or [])
         raise self.error(
             f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\nLast lines of its log:\n{tail}"

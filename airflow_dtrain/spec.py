@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from trainer.fields import check, coerce, field_types, meta, setting, walk
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import KubernetesSpec
 
-__all__ = ["BACKENDS", "JobSpec", "KubernetesSpec", "Resources", "SpecError", "TRAIN_ARGUMENTS"]
+__all__ = ["BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Resources", "SpecError", "TRAIN_ARGUMENTS"]
 
 BACKENDS = ("local", "kubernetes")
 """Backends this version can launch."""
@@ -118,6 +119,11 @@ class JobSpec:
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(3, ge=0, arg="max_preemptions", section=GROUP, title="Max preemptions",
                                    help="How many times a preempted group is relaunched from its checkpoint.")
+    max_failures: int = setting(
+        2, ge=0, arg="max_failures", section=GROUP, title="Max failures",
+        help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from its "
+        "last checkpoint; counted apart from max_preemptions.",
+    )  # fmt: skip
     kubernetes: KubernetesSpec = setting(
         factory=KubernetesSpec, arg="kubernetes", section=KUBERNETES, title="Kubernetes pods", cli=False,
         help="Pods of the kubernetes backend: image, namespace, volumes, secret_env, kueue_queue, ... "
@@ -157,6 +163,13 @@ class JobSpec:
                     f"checkpoint.uri (argument checkpoint_uri): backend 'kubernetes' {problem}, "
                     f"got {self.train.checkpoint.uri!r}"
                 )
+        # One spelling of a local checkpoint directory for every reader: absolute, no "..".
+        uri = self.train.checkpoint.uri
+        if uri and ("://" not in uri or uri.startswith("file://")):
+            normal = os.path.abspath(uri.removeprefix("file://"))
+            if normal != uri:
+                checkpoint = dataclasses.replace(self.train.checkpoint, uri=normal)
+                object.__setattr__(self, "train", dataclasses.replace(self.train, checkpoint=checkpoint))
         # The ledger records what the group is: its capacity, its price, its GPUs.
         cost = CostConfig(
             capacity_type=self.capacity,
@@ -181,6 +194,7 @@ class JobSpec:
             "price_per_node_hour": self.price_per_node_hour,
             "resources": self.resources.to_dict(),
             "max_preemptions": self.max_preemptions,
+            "max_failures": self.max_failures,
             "kubernetes": self.kubernetes.to_dict(),
             "entrypoint": list(self.entrypoint),
         }
@@ -193,7 +207,7 @@ class JobSpec:
         kubernetes, capacity = _kubernetes_and_capacity(data.pop("kubernetes", None), data.pop("capacity", None))
         entrypoint = tuple(data.pop("entrypoint", None) or ())
         unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
-                                      "price_per_node_hour"})  # fmt: skip
+                                      "max_failures", "price_per_node_hour"})  # fmt: skip
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
         if capacity is None:
@@ -250,6 +264,49 @@ class JobSpec:
         if "price_per_node_hour" not in group and legacy_price not in (None, ""):
             group["price_per_node_hour"] = _checked(coerce, "price_per_node_hour", float, legacy_price)
         return cls(train=train, resources=Resources.from_value(resources), kubernetes=kubernetes, **group)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobLimits:
+    """What the DAG author allows a run to ask for (operator arguments, never templated): a trigger
+    form or ``dag_run.conf`` can choose within these bounds, never widen them."""
+
+    max_nodes: int | None = setting(None, ge=1, help="Most nodes a group may have.")
+    max_procs_per_node: int | None = setting(None, ge=1, help="Most processes (GPUs) per node.")
+    max_steps: int | None = setting(None, ge=1, help="Most optimizer steps a job may train.")
+    backends: tuple[str, ...] | None = setting(None, help="Backends a run may choose (default: any).")
+
+    def __post_init__(self) -> None:
+        _checked(check, self, "limits")
+        if self.backends is not None:
+            object.__setattr__(self, "backends", tuple(self.backends))
+            for backend in self.backends:
+                if backend not in BACKENDS:
+                    raise SpecError(f"limits.backends: unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+
+    @classmethod
+    def from_value(cls, value: Any) -> JobLimits:
+        if value is None or isinstance(value, JobLimits):
+            return value or cls()
+        if not isinstance(value, dict):
+            raise SpecError(f"limits: expected a mapping, got {value!r}")
+        unknown = sorted(set(value) - set(field_types(cls)))
+        if unknown:
+            raise SpecError(f"limits: unknown key {unknown[0]!r} (allowed: {', '.join(field_types(cls))})")
+        return cls(**value)
+
+    def check(self, spec: JobSpec) -> None:
+        """Raise SpecError naming the field, the value and the limit it passes."""
+        for name, value, limit_name in (
+            ("num_nodes", spec.num_nodes, "max_nodes"),
+            ("procs_per_node", spec.procs_per_node, "max_procs_per_node"),
+            ("steps", spec.train.steps, "max_steps"),
+        ):
+            limit = getattr(self, limit_name)
+            if limit is not None and value > limit:
+                raise SpecError(f"{name}: {value} is above this DAG's limit of {limit} (limits.{limit_name})")
+        if self.backends is not None and spec.backend not in self.backends:
+            raise SpecError(f"backend: {spec.backend!r} is not allowed here (limits.backends: {', '.join(self.backends)})")
 
 
 def _kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec, Any]:

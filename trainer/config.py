@@ -13,6 +13,8 @@ Exit codes of ``python -m trainer`` (and of ``python -m trainer.launch`` per nod
 * ``PREEMPTED_EXIT_CODE`` (75, ``EX_TEMPFAIL`` from sysexits.h) -- the job was asked
   to stop (SIGTERM/SIGINT), saved a checkpoint of the step it had reached and can be
   resumed by starting it again with the same checkpoint URI.
+* ``WORKER_LOST_EXIT_CODE`` (76, from ``python -m trainer.launch``) -- a training process was killed by
+  a signal (OOM killer, kill -9); resumable from the last committed checkpoint.
 * anything else -- a failure (non-finite loss, crash); retrying may not help.
 """
 
@@ -29,12 +31,16 @@ from trainer.fields import ConfigError, check, coerce, field_types, setting
 from trainer.flavors import FLAVORS
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "FLAVORS", "PREEMPTED_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
+    "ACTIVATION_CHECKPOINTING", "FLAVORS", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
     "DataConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig",
 ]  # fmt: skip
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status meaning "preempted, resumable" (EX_TEMPFAIL): a checkpoint of the current step was saved."""
+WORKER_LOST_EXIT_CODE = 76
+"""A node's exit status when a training process was killed by a signal (the OOM killer's or anyone's
+SIGKILL): nothing was saved, the group can resume from its last committed checkpoint; relaunches for
+this are bounded by the job's ``max_failures``."""
 
 # Trigger-form sections (airflow_dtrain.params): where a field is shown.
 MODEL_AND_DATA = "Model & data"

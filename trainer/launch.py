@@ -17,7 +17,9 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from trainer.config import PREEMPTED_EXIT_CODE
+from trainer.config import PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
+
+_KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         codes = sorted({f.exitcode for f in e.failures.values()})
         if codes == [PREEMPTED_EXIT_CODE]:
             code, why = PREEMPTED_EXIT_CODE, f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)"
+        elif (first := e.get_first_failure()[1].exitcode) < 0 or first == _KILLED:
+            # The first worker to go was killed (the OOM killer, kill -9); its peers then failed in a
+            # collective or were stopped. Nothing was saved for this step: the group resumes from its
+            # last committed checkpoint. (A worker that failed by itself exits >= 1 first.)
+            code, why = WORKER_LOST_EXIT_CODE, f"a worker was killed by a signal (exit code {first}; all: {codes}); resumable"
         else:
             code, why = 1, f"workers failed with exit codes {codes}"
     except SignalException as e:

@@ -11,7 +11,7 @@ from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
 from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobSpec, SpecError, group_base_name
+from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobLimits, JobSpec, SpecError, group_base_name
 from airflow_dtrain.templating import is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from trainer.checkpoint_dir import CheckpointDir
@@ -27,7 +27,7 @@ DASHBOARD_UID = "dtrain-training"
 _TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
 _GROUP_ARGUMENTS = (
     "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "node_resources",
-    "max_preemptions", "config", "kubernetes",
+    "max_preemptions", "max_failures", "config", "kubernetes",
 )  # fmt: skip
 
 
@@ -84,9 +84,13 @@ class FSDPTrainOperator(BaseOperator):
     :param node_resources: per-node ``{"cpu", "memory", "gpus_per_node"}`` (``resources`` is
         Airflow's own task argument). (templated)
     :param max_preemptions: relaunches after preemption before the task fails. (templated)
+    :param max_failures: relaunches after a training process was killed (OOM killer, kill -9), from
+        the last checkpoint, before the task fails. (templated)
     :param kubernetes: pods of the ``kubernetes`` backend: ``image``, ``namespace``, ``capacity_type``,
         ``kueue_queue``, ``volumes``, ``secret_env``, ``pod_template``, ... (see
         ``airflow_dtrain.spec.KubernetesSpec``). (templated)
+    :param limits: what a run may ask for, set by the DAG author (not templated, so a trigger form
+        cannot widen it): ``{"max_nodes", "max_procs_per_node", "max_steps", "backends"}``.
     :param kubernetes_conn_id: the Kubernetes connection of the ``kubernetes`` backend.
     :param poll_interval: seconds between looks at the group.
     :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
@@ -126,7 +130,9 @@ class FSDPTrainOperator(BaseOperator):
         price_per_node_hour: float | None = None,
         node_resources: dict[str, Any] | None = None,
         max_preemptions: int = 3,
+        max_failures: int | None = None,
         kubernetes: dict[str, Any] | None = None,
+        limits: dict[str, Any] | JobLimits | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         poll_interval: float = 5.0,
         stop_grace_period_s: float = 30.0,
@@ -159,7 +165,9 @@ class FSDPTrainOperator(BaseOperator):
         self.price_per_node_hour = price_per_node_hour
         self.node_resources = node_resources
         self.max_preemptions = max_preemptions
+        self.max_failures = max_failures
         self.kubernetes = kubernetes
+        self.limits = JobLimits.from_value(limits)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.poll_interval = poll_interval
         self.stop_grace_period_s = stop_grace_period_s
@@ -189,7 +197,9 @@ class FSDPTrainOperator(BaseOperator):
         if not skip_templates:
             arguments["config"] = _with_statsd_defaults(arguments.get("config"))
         try:
-            return JobSpec.from_arguments(**arguments)
+            spec = JobSpec.from_arguments(**arguments)
+            self.limits.check(spec)
+            return spec
         except SpecError as err:
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
 

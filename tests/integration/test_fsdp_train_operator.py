@@ -145,3 +145,51 @@ def test_a_failing_group_fails_the_task_with_its_last_log_lines(tmp_path):
     message = str(err.value)
     assert "failed" in message and "node" in message
     assert "missing" in message, "the error should carry the trainer's own complaint from the log"
+
+
+def _worker_pids(group_dir) -> list[int]:
+    """The training processes (not their torchrun agents) of a local group."""
+    import psutil
+
+    name = group_dir.name
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            cmdline = proc.cmdline()
+            if proc.environ().get("DTRAIN_GROUP_NAME") == name and "trainer" in cmdline and "trainer.launch" not in cmdline:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def test_a_rank_killed_with_sigkill_is_relaunched_from_the_last_checkpoint_and_the_run_finishes(tmp_path):
+    # One node of two ranks: SIGKILL one rank (as the OOM killer would). The node exits 76 (a worker
+    # lost, resumable); the group is relaunched from its last committed checkpoint, counted against
+    # max_failures, not max_preemptions. A short grace period: the surviving rank cannot save
+    # (its peer is gone), so torchrun's shutdown timeout ends it.
+    op, ti = _operator(tmp_path, steps=40, num_nodes=1, procs_per_node=2, checkpoint_every=4,
+                       config={"checkpoint": {"grace_period_s": 5.0}}, max_failures=1), RecordingTI()
+    deferred = _defer(op, ti)
+    wait_for_step(tmp_path / "ckpt", 8)
+    from trainer.checkpoint_dir import CheckpointDir
+
+    committed = CheckpointDir(str(tmp_path / "ckpt")).latest()
+    [victim, *_] = _worker_pids(tmp_path / "groups" / deferred.trigger.name)
+    os.kill(victim, signal.SIGKILL)
+
+    event = run_trigger(deferred.trigger)
+    assert event["status"] == "error" and "76" in str(event["node_exit_codes"]), event
+    with pytest.raises(TaskDeferred) as relaunched:
+        _complete(op, ti, deferred, event)
+    assert relaunched.value.trigger.name.endswith("-r1")
+
+    summary = _complete(op, ti, relaunched.value, run_trigger(relaunched.value.trigger))
+    assert summary["final_step"] == 40 and summary["relaunches"] == 1
+    assert summary["preemptions"] == 0, "a lost worker is a failure, not a preemption"
+    import json
+    import re
+
+    log = (tmp_path / "groups" / relaunched.value.trigger.name / "group.log").read_text()
+    [resume] = [json.loads(m) for m in re.findall(r'\{"event": "resume".*\}', log)][:1]
+    assert committed is not None and resume["from_step"] >= committed[0] >= 4, "resumed from the last committed checkpoint"
