@@ -184,3 +184,21 @@ def markdown_table(params: Mapping[str, Any]) -> str:
         rows.append(f"| `{name}` | {schema.get('section', '')} | {kind}{' ' + ', '.join(bounds) if bounds else ''} "
                     f"| {default} | {text} |")
     return "\n".join(rows)
+
+
+class UnknownConfKeys(ValueError):
+    """``dag_run.conf`` holds keys that are not params of the DAG."""
+
+
+def reject_unknown_conf(conf: Mapping[str, Any] | None, params: Iterable[str]) -> None:
+    """Raise ``UnknownConfKeys`` naming every key of ``conf`` that is not one of ``params``.
+
+    Airflow passes unknown ``dag_run.conf`` keys through silently, so a typo (``"stepz": 10``) would
+    train with the default instead; a DAG's first task calls this, before anything is spent.
+    """
+    known = set(params)
+    unknown = sorted(set(conf or {}) - known)
+    if unknown:
+        raise UnknownConfKeys(
+            f"dag_run.conf: unknown key(s) {', '.join(map(repr, unknown))}; this DAG takes: {', '.join(sorted(known))}"
+        )

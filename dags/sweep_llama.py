@@ -14,7 +14,7 @@ import pendulum
 from airflow.sdk import DAG, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
-from airflow_dtrain.params import trigger_params
+from airflow_dtrain.params import reject_unknown_conf, trigger_params
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "sweep_llama")
@@ -36,12 +36,18 @@ with DAG(
     ),
 ) as dag:
 
+    @task(task_id="check_conf")
+    def check_conf(dag_run=None, dag=None) -> None:
+        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default)."""
+        reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
+
     @task
     def configs(params=None, run_id=None) -> list[dict]:
         root = os.path.join(params["sweep_root"] or SWEEP_ROOT, run_id.replace(":", "-").replace("+", "-"))
         return [{"lr": lr, "checkpoint_uri": os.path.join(root, f"lr-{lr:g}")} for lr in params["learning_rates"]]
 
     sweep = configs()
+    check_conf() >> sweep
 
     budget = BudgetBranchOperator(
         task_id="budget",

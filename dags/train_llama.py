@@ -45,7 +45,7 @@ from airflow_dtrain import (
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
-from airflow_dtrain.params import trigger_params
+from airflow_dtrain.params import reject_unknown_conf, trigger_params
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
@@ -53,6 +53,9 @@ REGISTRY = os.path.join(_HOME, "dtrain", "models", "train_llama")
 # Name only: a URI with a scheme makes Airflow load every provider's URI handlers (boto3 among
 # them) while parsing this file.
 BEST_MODEL = Asset(name="train_llama_best_model")
+# What this DAG's author allows a run to ask for: the trigger form's maxima, enforced again by the
+# train tasks (a trigger can choose within them, never widen them).
+LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000}
 
 # One checkpoint directory per run, unless the trigger form names one (e.g. to continue a run).
 CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ run_id | replace(':', '-') | replace('+', '-') }}"
@@ -88,9 +91,19 @@ with DAG(
             "Empty: a new directory per run under $AIRFLOW_HOME/dtrain/checkpoints/train_llama.",
             "registry_uri": "Where the best model is recorded and exported (a path or s3://). Empty: " + REGISTRY + ".",
         },
-        schemas={"checkpoint_uri": {"pattern": URI_PATTERN}},
+        schemas={
+            "checkpoint_uri": {"pattern": URI_PATTERN},
+            "num_nodes": {"maximum": LIMITS["max_nodes"]},
+            "procs_per_node": {"maximum": LIMITS["max_procs_per_node"]},
+            "steps": {"maximum": LIMITS["max_steps"]},
+        },
     ),
 ) as dag:
+    @task(task_id="check_conf")
+    def check_conf(dag_run=None, dag=None) -> None:
+        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default)."""
+        reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
+
     spot_price = SpotPriceSensor(
         task_id="spot_price",
         instance_types="{{ params.instance_types }}",
@@ -140,6 +153,7 @@ with DAG(
             capacity=capacity.value,
             price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
             kubernetes="{{ params.kubernetes if params.backend == 'kubernetes' else None }}",
+            limits=LIMITS,
             log_every=10,
             poll_interval=1.0,
         )
@@ -189,7 +203,7 @@ with DAG(
         batches=10,
     )
 
-    spot_price >> budget >> [train_spot, spot_watch, train_on_demand, wait(), stop()]
+    check_conf() >> spot_price >> budget >> [train_spot, spot_watch, train_on_demand, wait(), stop()]
     [train_spot, train_on_demand] >> validate >> evaluate
 
 

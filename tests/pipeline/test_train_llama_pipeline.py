@@ -139,3 +139,27 @@ def test_sweep_over_budget_as_a_whole_starts_nothing(dags, tmp_path):
     assert states["over_budget"] == TaskInstanceState.SUCCESS
     assert states["train"] == TaskInstanceState.SKIPPED
     assert not any(tmp_path.iterdir())
+
+
+def test_unknown_dag_run_conf_keys_are_rejected_before_anything_launches(dags, tmp_path, monkeypatch):
+    state_dir = tmp_path / "groups"
+    monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(state_dir))
+    run = dags["train_llama"].test(run_conf={"stepz": 10, "num_nodes": 1})
+    states = _states(run)
+    assert run.state == DagRunState.FAILED, states
+    assert states["check_conf"] == TaskInstanceState.FAILED
+    assert states["spot_price"] != TaskInstanceState.SUCCESS and states["train_spot"] != TaskInstanceState.SUCCESS
+    assert not state_dir.exists(), "no group may be launched"
+    from airflow_dtrain.params import UnknownConfKeys, reject_unknown_conf
+
+    # what check_conf raised: the message names the key
+    with pytest.raises(UnknownConfKeys, match=r"unknown key\(s\) 'stepz'; this DAG takes: .*num_nodes"):
+        reject_unknown_conf({"stepz": 10, "num_nodes": 1}, dags["train_llama"].params)
+
+
+def test_a_trigger_cannot_ask_for_more_nodes_than_the_dag_allows(dags, tmp_path, monkeypatch):
+    state_dir = tmp_path / "groups"
+    monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(state_dir))
+    with pytest.raises(ParamValidationError, match="num_nodes"):  # the form's maximum comes from LIMITS
+        dags["train_llama"].test(run_conf={"num_nodes": 64})
+    assert not state_dir.exists()

@@ -69,3 +69,25 @@ def test_group_names_are_deterministic_dns_safe_and_distinct():
         assert all(c.islower() or c.isdigit() or c == "-" for c in name), name
     assert relaunch_index(base, group_name(base, 7)) == 7
     assert relaunch_index(base, group_name(base + "x", 7)) is None
+
+
+def test_the_dag_authors_limits_bound_what_a_rendered_trigger_value_may_ask(tmp_path, airflow_home):
+    with pytest.raises(SpecError, match=r"num_nodes: 16 is above this DAG's limit of 8 \(limits.max_nodes\)"):
+        FSDPTrainOperator(task_id="train", num_nodes=16, global_batch_size=16, micro_batch_size=1,
+                          limits={"max_nodes": 8}, local_state_dir=str(tmp_path))
+    op = FSDPTrainOperator(task_id="train", num_nodes="{{ params.num_nodes }}", limits={"max_nodes": 2, "backends": ["local"]},
+                           local_state_dir=str(tmp_path))
+    op.num_nodes = "4"  # what rendering a trigger value gives: refused before launch
+    with pytest.raises(SpecError, match="limits.max_nodes"):
+        op.execute({"ti": RecordingTI()})
+    op.num_nodes, op.backend = "1", "kubernetes"
+    op.kubernetes, op.checkpoint_uri = {"image": "img:1"}, "s3://bucket/run"
+    with pytest.raises(SpecError, match=r"backend: 'kubernetes' is not allowed here"):
+        op.execute({"ti": RecordingTI()})
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_local_checkpoint_path_is_normalised_once_for_every_reader():
+    spec = JobSpec.from_arguments(checkpoint_uri="/tmp/runs/a/../b/./ckpt")
+    assert spec.train.checkpoint.uri == "/tmp/runs/b/ckpt"
+    assert JobSpec.from_arguments(checkpoint_uri="s3://bucket/a/../b").train.checkpoint.uri == "s3://bucket/a/../b"
