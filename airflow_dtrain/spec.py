@@ -22,7 +22,7 @@ from typing import Any
 
 from trainer.capacity import Capacity
 from trainer.config import ConfigError, CostConfig, TrainConfig
-from trainer.fields import check, coerce, field_types, meta, setting, walk
+from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import KubernetesSpec
@@ -42,16 +42,6 @@ _ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
 _MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
 _QUANTITY = r"[0-9]+(\.[0-9]+)?([mkMGTPE]i?)?"
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _checked(build, *args: Any, **kwargs: Any) -> Any:
@@ -240,7 +230,7 @@ class JobSpec:
         if config:
             if not isinstance(config, dict):
                 raise SpecError(f"config: expected a mapping, got {config!r}")
-            overrides.update(_flatten(config))
+            overrides.update(flatten(config))
         group: dict[str, Any] = {}
         for name, value in arguments.items():
             if value is None:

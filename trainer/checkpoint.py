@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.config import CheckpointConfig, ConfigError
+from trainer.fields import flatten
 from trainer.checkpoint_dir import CheckpointDir, step_dir_name
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 
@@ -101,16 +102,6 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
 MUST_MATCH = ("model.flavor", "data.dataset", "data.seq_len", "seed")
 """Config fields a resumed run must share with its checkpoint: the model's shape, the data, how
 it is cut into sequences, and the data order."""
-
-
-def _flat(config: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _torch_version() -> tuple[int, int]:
@@ -400,8 +391,8 @@ class Checkpointer:
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
                 f"{manifest['flavor']!r} (use the same flavour or another checkpoint.uri)"
             )
-        saved = _flat(manifest.get("config") or {})
-        mine = _flat(self.config)
+        saved = flatten(manifest.get("config") or {})
+        mine = flatten(self.config)
         if saved:
             clashes = [f"{k} is {mine.get(k)!r} here but {saved.get(k)!r} in the checkpoint"
                        for k in MUST_MATCH if k in saved and saved.get(k) != mine.get(k)]  # fmt: skip

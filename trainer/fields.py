@@ -242,6 +242,17 @@ def walk(klass: type, prefix: str = "") -> typing.Iterator[tuple[str, dataclasse
             yield f"{prefix}{name}", f, tp
 
 
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{"dotted.name": value}``."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def add_arguments(parser: Any, klass: type) -> dict[str, str]:
     """Add ``--dotted-name`` flags (and ``--arg`` aliases) for every leaf field of ``klass`` to an
     argparse parser; returns {argparse dest: dotted name}. Values stay strings: ``coerce`` types them."""
