@@ -50,12 +50,14 @@ _MERGE_PATCH = "application/merge-patch+json"
 _LOG_OVERLAP_S = 30
 # SIGUSR1 to the training processes (not their torchrun agent, for which it is fatal), stdlib only.
 _SIGNAL_WORKERS = """
-import os, signal
+import os, signal, sys
+tag = b"DTRAIN_GROUP_NAME=" + sys.argv[1].encode()
 asked = 0
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
         argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-        if b"-m" in argv and b"trainer" in argv and b"trainer.launch" not in argv:
+        mine = tag in open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+        if mine and b"-m" in argv and b"trainer" in argv and b"trainer.launch" not in argv:
             os.kill(int(pid), signal.SIGUSR1)
             asked += 1
     except OSError:
@@ -304,7 +306,7 @@ class KubernetesLauncher(PodGroupLauncher):
             pod_name = pod["metadata"]["name"]
             client = stream(
                 self._core.connect_get_namespaced_pod_exec, pod_name, self.namespace,
-                container=CONTAINER, command=["python", "-c", _SIGNAL_WORKERS],
+                container=CONTAINER, command=["python", "-c", _SIGNAL_WORKERS, name],
                 stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False,
             )  # fmt: skip
             try:

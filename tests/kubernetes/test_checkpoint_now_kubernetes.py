@@ -5,6 +5,7 @@ machine as the pod's container would (beside stand-ins for a pod's processes).""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -29,11 +30,16 @@ time.sleep(120)
 
 @pytest.fixture
 def pod_processes(tmp_path):
-    """Two training processes (`... -m trainer ...`) and a torchrun agent (`-m trainer.launch`)."""
-    markers = {"rank0": tmp_path / "rank0", "rank1": tmp_path / "rank1", "agent": tmp_path / "agent"}
+    """Two training processes (`... -m trainer ...`) and a torchrun agent (`-m trainer.launch`) of the
+    group, and a training process of another group on the same machine (which must not be signalled)."""
+    markers = {"rank0": tmp_path / "rank0", "rank1": tmp_path / "rank1", "agent": tmp_path / "agent",
+               "other": tmp_path / "other"}
     argv = {"rank0": ["-m", "trainer", "--config", "c.toml"], "rank1": ["-m", "trainer", "--config", "c.toml"],
-            "agent": ["-m", "trainer.launch", "--nproc-per-node", "2", "-m", "trainer"]}
-    procs = [subprocess.Popen([sys.executable, "-c", COUNTER, *argv[k], str(m)]) for k, m in markers.items()]
+            "agent": ["-m", "trainer.launch", "--nproc-per-node", "2", "-m", "trainer"],
+            "other": ["-m", "trainer", "--config", "c.toml"]}
+    group = {k: GROUP for k in markers} | {"other": "another-group-r0"}
+    procs = [subprocess.Popen([sys.executable, "-c", COUNTER, *argv[k], str(m)],
+                              env={**os.environ, "DTRAIN_GROUP_NAME": group[k]}) for k, m in markers.items()]
     deadline = time.monotonic() + 30
     while not all(m.exists() for m in markers.values()):
         assert time.monotonic() < deadline, "the stand-in processes did not start"
@@ -65,7 +71,8 @@ def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake
     fake.run(GROUP, [0])  # node 1 is still pending: nothing to signal there
     assert launcher.checkpoint_now(GROUP) == 2
     assert [(ns, pod) for ns, pod, _, _ in fake.execs] == [("default", fake.pod(GROUP, 0)["metadata"]["name"])]
-    assert _signals(pod_processes, {"rank0": 1, "rank1": 1, "agent": 0}) == {"rank0": 1, "rank1": 1, "agent": 0}
+    assert _signals(pod_processes, {"rank0": 1, "rank1": 1, "agent": 0, "other": 0}) == {
+        "rank0": 1, "rank1": 1, "agent": 0, "other": 0}
 
     # Node 1 runs too, but its image has no python: that pod is reported, node 0 is still signalled.
     fake.run(GROUP, [1])
@@ -83,4 +90,5 @@ def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake
     log = "\n".join(warnings)
     assert f"checkpoint-now in pod default/{pod1} failed (exit code 127)" in log
     assert "executable file not found" in log
-    assert _signals(pod_processes, {"rank0": 2, "rank1": 2, "agent": 0}) == {"rank0": 2, "rank1": 2, "agent": 0}
+    assert _signals(pod_processes, {"rank0": 2, "rank1": 2, "agent": 0, "other": 0}) == {
+        "rank0": 2, "rank1": 2, "agent": 0, "other": 0}
