@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,7 @@ class SweepSettings:
     )  # fmt: skip
 
 
+@functools.cache
 def form_fields() -> dict[str, tuple[dataclasses.Field, Any]]:
     """Every field a trigger form may offer, by its argument name: (field, type)."""
     found: dict[str, tuple[dataclasses.Field, Any]] = {}

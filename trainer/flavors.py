@@ -5,6 +5,14 @@ seconds; the llama3 flavours are the published shapes (Llama 3.2 1B/3B, Llama 3.
 that an exported checkpoint loads in transformers. Standard library only.
 """
 
+# Llama 3.2 (1B, 3B) extends Llama 3's 8k context 32-fold with the same RoPE scaling.
+_LLAMA_3_2_ROPE_SCALING = {
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
 FLAVORS: dict[str, dict] = {
     "debug": {
         "dim": 256,
@@ -27,12 +35,7 @@ FLAVORS: dict[str, dict] = {
         "vocab_size": 128256,
         "norm_eps": 1e-5,
         "rope_theta": 500000.0,
-        "rope_scaling": {
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        "rope_scaling": dict(_LLAMA_3_2_ROPE_SCALING),
         "tie_word_embeddings": True,
     },
     "llama3_3b": {
@@ -44,12 +47,7 @@ FLAVORS: dict[str, dict] = {
         "vocab_size": 128256,
         "norm_eps": 1e-5,
         "rope_theta": 500000.0,
-        "rope_scaling": {
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        "rope_scaling": dict(_LLAMA_3_2_ROPE_SCALING),
         "tie_word_embeddings": True,
     },
     "llama3_8b": {
