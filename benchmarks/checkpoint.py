@@ -9,7 +9,9 @@ Measured side by side in each round, on the same directory's filesystem:
 
 * disk write:  the same number of bytes written to one file in 8 MiB blocks, then fsync
 * disk read:   that file read back (page cache not dropped: see RESULTS.md)
-* sync save:   Checkpointer.save(blocking=True): write + fsync + xxh3 + manifest
+* sync save:   Checkpointer.save(blocking=True): write + fsync + xxh3 + manifest, with
+               checkpoint.write_threads files per rank written and hashed in parallel
+* 1-stream:    the same with write_threads=1 (one file per rank: DCP's default)
 * DCP write:   the same save without our hashing and manifest (dcp.save alone)
 * load:        Checkpointer.load of that checkpoint
 * host copy:   DCP's DefaultStager copying the state to host memory synchronously
@@ -105,6 +107,8 @@ def main() -> None:
     p.add_argument("--mb", type=int, default=200, help="MiB of fp32 weights (the checkpoint is ~3x)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     p.add_argument("--rounds", type=int, default=4, help="round 0 is reported apart (the first save)")
+    p.add_argument("--write-threads", type=int, default=CheckpointConfig.write_threads,
+                   help="checkpoint.write_threads of the sync and async saves")
     p.add_argument("--batch", type=int, default=64, help="rows per training step of the async-stall measurement")
     args = p.parse_args()
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
@@ -121,19 +125,24 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
     fields = {"tokens_seen": 0, "wall_time_s": 0.0, "step_time_s": None, "cost": None}
 
-    def checkpointer(name: str, async_save: bool) -> Checkpointer:
-        cfg = CheckpointConfig(uri=os.path.join(base, name), keep=1, async_save=async_save)
+    def checkpointer(name: str, async_save: bool, write_threads: int = args.write_threads) -> Checkpointer:
+        cfg = CheckpointConfig(uri=os.path.join(base, name), keep=1, async_save=async_save,
+                               write_threads=write_threads)
         return Checkpointer(cfg, flavor="bench", config={}, config_hash="0", rank=0, world_size=1)
 
     # One Checkpointer of each kind for the whole run, as in training: round 0 is the first save
     # (staging buffers allocated, files created), later rounds the steady state of a long run.
     sync, asy = checkpointer("sync", False), checkpointer("async", True)
+    single = checkpointer("single", False, write_threads=1)
     rows = []
     for r in range(args.rounds):
         t = time.perf_counter()
         path = sync.save(r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True)
         sync_s = time.perf_counter() - t
         nbytes = dir_bytes(path)
+        t = time.perf_counter()
+        single.save(r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True)
+        single_s = time.perf_counter() - t
 
         raw_dir = os.path.join(base, f"raw{r}")
         t = time.perf_counter()
@@ -173,13 +182,14 @@ def main() -> None:
         slowdown_s = sum(max(0.0, o - plain_s) for o in overlapped)
         for d in (raw_dir, blob):
             shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
-        rows.append(dict(bytes=nbytes, sync=sync_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
+        rows.append(dict(bytes=nbytes, sync=sync_s, single=single_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
                          copy=copy_s, blocked=blocked_s, save_call=call_s, step_plain=plain_s,
                          overlapped_steps=len(overlapped), slowdown=slowdown_s, async_total=async_total_s))
         print(f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"), flush=True)
 
     asy.close()
     sync.close()
+    single.close()
     first = rows[0]
     warm = rows[1:] or rows
     med = {k: statistics.median(row[k] for row in warm) for k in rows[0]}
@@ -191,6 +201,8 @@ def main() -> None:
     print(f"disk write (fsync): {gb / med['write']:.2f} GB/s   disk read: {gb / med['read']:.2f} GB/s")
     print(f"sync save (DCP + fsync + xxh3 + manifest): {gb / med['sync']:.2f} GB/s = "
           f"{med['write'] / med['sync']:.0%} of disk write  [target >= 70%]")
+    print(f"  one file per rank (write_threads=1): {gb / med['single']:.2f} GB/s = "
+          f"{med['write'] / med['single']:.0%} of disk write")
     print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
     print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
     print(f"host copy (synchronous staging): {med['copy']:.3f} s = {med['copy'] / med['sync']:.1%} of the sync save")

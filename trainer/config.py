@@ -153,6 +153,11 @@ class CheckpointConfig:
         help="Interval and SIGUSR1 saves block training only for the copy to host memory; the write, checksums, "
         "upload and commit run in the background. Final and preemption saves are always synchronous.",
     )  # fmt: skip
+    write_threads: int = setting(
+        4, ge=1, le=64,
+        help="Files each rank writes in parallel per save (DCP's FileSystemWriter thread_count); each file is "
+        "hashed in its own thread too.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check(self, self._section)

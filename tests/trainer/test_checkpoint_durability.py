@@ -135,7 +135,10 @@ def test_a_sound_checkpoint_validates_and_a_flipped_byte_in_one_shard_is_named(c
     report = validate_checkpoint(str(ckpt_copy))
     assert (report["checkpoint"], report["step"], report["valid"]) == (str(ckpt_copy / "step-00000008"), 8, True)
     assert report["checks"]["step_forward"] == {"previous_step": 6}
-    assert report["checks"]["files"]["count"] == 3 and len(report["checks"]["finite"]["sampled"]) == 8
+    written = sorted(p.name for p in (ckpt_copy / "step-00000008").iterdir() if p.name != "manifest.json")
+    # .metadata and checkpoint.write_threads (4) files per rank, every one of them checked
+    assert len(written) == 1 + 2 * 4 and report["checks"]["files"]["count"] == len(written)
+    assert len(report["checks"]["finite"]["sampled"]) == 8
 
     _flip_byte(ckpt_copy / "step-00000008" / "__1_0.distcp")
     with pytest.raises(CheckpointInvalid) as err:
