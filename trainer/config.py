@@ -48,6 +48,8 @@ CHECKPOINTS = "Checkpoints"
 
 # An S3 bucket name: 3-63 lowercase letters, digits, dots and hyphens.
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+JOB_PATTERN = r"^$|^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+"""A job name ("" = none): usable in a path, an object key and a Kubernetes label value."""
 URI_PATTERN = r"^$|^/|^file://.+|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
 """What the trigger form accepts as a checkpoint URI (the trainer also takes relative paths)."""
 
@@ -266,6 +268,12 @@ class TrainConfig:
                                     help="Sequences per rank per forward/backward; the rest is gradient accumulation.")
     seed: int = setting(0, ge=0, lt=2**32, rule="must be in [0, 2**32)", arg="seed",
                         help="Seeds weights and data order; the same seed and config give the same run.")
+    job: str = setting(
+        "", arg="job", section=CHECKPOINTS, title="Job", pattern=JOB_PATTERN,
+        rule="must be 1-63 lowercase letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        help="The job's name: what outlives one DAG run. Its checkpoints, its spend ledger and its budget belong "
+        "to it; a run of the same job continues it. Checkpoints of another job are never resumed or pruned.",
+    )  # fmt: skip
     simulate_preemption_at_step: int = setting(
         0, ge=0, arg="simulate_preemption_at_step", section=CHECKPOINTS, title="Simulate a preemption at step",
         help="0 = off. k > 0: after step k the group gets a SIGTERM once, as from a spot reclaim "

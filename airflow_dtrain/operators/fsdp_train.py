@@ -73,6 +73,9 @@ class FSDPTrainOperator(BaseOperator):
     :param checkpoint_keep: committed checkpoints to keep. (templated)
     :param log_every: steps between metric lines. (templated)
     :param simulate_preemption_at_step: for demos: SIGTERM the group once, at this step (0: never). (templated)
+    :param job: the job's name, what outlives one DAG run: its checkpoints, spend ledger and budget
+        belong to it, and a run of the same job continues it (default for the local backend's
+        checkpoint directory: ``checkpoints/<job>``). (templated)
     :param config: further trainer config, nested or dotted keys; the flat arguments win. (templated)
     :param capacity: what the group runs on and is billed as: ``spot``, ``on_demand`` or ``any``
         (on Kubernetes, the nodes its pods select). (templated)
@@ -122,6 +125,7 @@ class FSDPTrainOperator(BaseOperator):
         checkpoint_keep: int | None = None,
         log_every: int | None = None,
         simulate_preemption_at_step: int | None = None,
+        job: str | None = None,
         config: dict[str, Any] | None = None,
         num_nodes: int = 1,
         procs_per_node: int = 1,
@@ -157,6 +161,7 @@ class FSDPTrainOperator(BaseOperator):
         self.checkpoint_keep = checkpoint_keep
         self.log_every = log_every
         self.simulate_preemption_at_step = simulate_preemption_at_step
+        self.job = job
         self.config = config
         self.num_nodes = num_nodes
         self.procs_per_node = procs_per_node
@@ -206,7 +211,8 @@ class FSDPTrainOperator(BaseOperator):
     def _default_checkpoint_uri(self, backend: str | None) -> str:
         if backend != "local":
             raise SpecError(f"checkpoint_uri: required for backend {backend!r}")
-        return str(local_state_dir(self.local_state_dir).parent / "checkpoints" / self._base)
+        # A job's checkpoints are found again by every run of it; without a job, each task instance has its own.
+        return str(local_state_dir(self.local_state_dir).parent / "checkpoints" / (self.job or self._base))
 
     # -- the session ---------------------------------------------------------------------------
     def _launcher_kwargs(self, backend: str) -> dict[str, Any]:
