@@ -26,9 +26,8 @@ from typing import Any
 from trainer.config import CHECKPOINTS, MODEL_AND_DATA, URI_PATTERN, TrainConfig
 from trainer.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
 
-from airflow_dtrain.spec import GROUP, KUBERNETES, JobSpec
+from airflow_dtrain.spec import BUDGET_AND_SPOT, GROUP, KUBERNETES, JobSpec
 
-BUDGET_AND_SPOT = "Budget & spot"
 SECTIONS = (MODEL_AND_DATA, GROUP, CHECKPOINTS, BUDGET_AND_SPOT, KUBERNETES)
 """The trigger form's sections, in the order they are shown."""
 
@@ -40,8 +39,6 @@ class RunSettings:
     ``SpotPriceSensor``, ``BudgetBranchOperator``, ``SpotInterruptionSensor`` and
     ``EvaluateCheckpointOperator``.)"""
 
-    budget_usd: float = setting(5.0, ge=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
-                                help="Dollar budget of the whole job, over every relaunch.")
     max_price: float = setting(1.0, ge=0, arg="max_price", section=BUDGET_AND_SPOT, title="Max spot price ($/node-hour)",
                                help="Highest acceptable spot price per node-hour; above it the run waits.")
     max_wait_s: int = setting(3600, ge=0, arg="max_wait_s", section=BUDGET_AND_SPOT, title="Max wait for spot (s)",

@@ -24,12 +24,18 @@ from typing import TYPE_CHECKING, Any
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.spec import group_name, relaunch_index
-from trainer.config import WORKER_LOST_EXIT_CODE
+from trainer.checkpoint_dir import CheckpointDir
+from trainer.config import BUDGET_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.cost import billed
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
 LOG_TAIL_LINES = 40
+STARTUP_GUESS_S = 120.0
+"""Seconds from a launch to the first step, before any attempt of the job has measured it."""
+SAVE_GUESS_S = 5.0
+"""Seconds of a blocking save, before any attempt of the job has measured one."""
 
 EVENT_STATUS = {GroupState.SUCCEEDED: "success", GroupState.PREEMPTED: "preempted"}
 """How a group's end state reads in a trigger event (anything else is "error")."""
@@ -113,6 +119,8 @@ class GroupSession:
         self.purpose = purpose
         self.recovering_since: float | None = None
         self.current: str | None = None
+        self.stopped_at_budget: dict[str, Any] | None = None
+        """Set when the job ended at its dollar cap (the group stopped itself, or a relaunch was not affordable)."""
 
     # -- the groups of this task -------------------------------------------------------------
     def groups(self) -> list[str]:
@@ -133,6 +141,7 @@ class GroupSession:
                 f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, checkpoints in {spec.train.checkpoint.uri}"
             ),
         )  # fmt: skip
+        self._open_spend(name)  # billing starts before the first pod or process exists
         self.launcher.launch(name, self.spec)
         metrics.incr("group.launches")
         self.current = name
@@ -177,8 +186,15 @@ class GroupSession:
         """What a group's end means: None when it succeeded, the name of its relaunch when it was
         preempted (within ``max_preemptions``); raises ``error`` otherwise."""
         name = event["name"]
+        self._close_spend(name)
         if event["status"] == "success":
             self.current = name
+            return None
+        if BUDGET_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
+            self.current = name
+            self.stopped_at_budget = {"group": name, "reason": event.get("message")}
+            self.log.warning("Group %s stopped itself at the job's dollar cap (%s): not relaunched", name,
+                             event.get("message"))  # fmt: skip
             return None
         if event["status"] == "preempted":
             metrics.incr("group.preemptions")
@@ -189,6 +205,8 @@ class GroupSession:
                     f"group {name} was preempted {preemptions} times, more than max_preemptions="
                     f"{self.spec.max_preemptions}: {event['message']}"
                 )
+            if self._unaffordable(name):
+                return None
             self.log.warning(
                 "Group %s preempted (%s): relaunching from the latest checkpoint (preemption %d of at most %d)",
                 name, event["message"], preemptions, self.spec.max_preemptions,
@@ -198,6 +216,8 @@ class GroupSession:
         if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             lost = sum(WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values() for n in self.groups())
             if lost <= self.spec.max_failures:
+                if self._unaffordable(name):
+                    return None
                 self.log.warning(
                     "Group %s lost a training process (%s): relaunching from the last committed checkpoint "
                     "(failure %d of at most %d)", name, event["message"], lost, self.spec.max_failures,
@@ -211,6 +231,72 @@ class GroupSession:
         raise self.error(
             f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\nLast lines of its log:\n{tail}"
         )
+
+    # -- the spend ledger and the cap ------------------------------------------------------------
+    def _ledger_dir(self) -> CheckpointDir | None:
+        """Where this job's spend files go (training groups only: an evaluation is not the job's spend)."""
+        train = self.spec.train
+        uri = train.cost.ledger_uri or train.checkpoint.uri
+        return CheckpointDir(uri) if self.purpose == "training" and uri else None
+
+    def _open_spend(self, name: str) -> None:
+        """Open ``name``'s spend file at its launch; its trainer keeps it current, ``_close_spend`` ends it."""
+        ledger = self._ledger_dir()
+        if ledger is None:
+            return
+        cost = self.spec.train.cost
+        ledger.record_spend(name, {
+            "capacity": cost.capacity_type.value, "nodes": self.spec.num_nodes,
+            "price_per_node_hour": cost.price_per_node_hour, "gpus_per_node": cost.gpus_per_node,
+            "launched_at": time.time(), "billed_s": 0.0, "node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0,
+            "budget_usd": cost.budget_usd,
+        })  # fmt: skip
+
+    def _close_spend(self, name: str) -> None:
+        """Bill ``name`` up to now, when its end was seen: the seconds after its trainer last wrote count too."""
+        ledger = self._ledger_dir()
+        entry = ledger.spend_entry(name) if ledger is not None else None
+        if entry and not entry.get("ended"):
+            ledger.record_spend(name, {**billed(entry, until=time.time()), "ended": True})
+
+    def _unaffordable(self, name: str) -> bool:
+        """Take the go-on decision again before a relaunch, with the measured start-up, step and save
+        times and the spend so far: relaunch only if the money left pays for the start-up and one
+        checkpoint interval (or the rest of the job); else end here, as at the cap. True: not relaunched."""
+        cost, train = self.spec.train.cost, self.spec.train
+        ledger_dir = self._ledger_dir()
+        if cost.budget_usd <= 0 or ledger_dir is None:
+            return False
+        spend = ledger_dir.spend()
+        ledger = CheckpointDir(train.checkpoint.uri).ledger(ledger_dir)
+        measured = list(spend.attempts.values())
+
+        def most(key: str, default: float) -> float:
+            return max((float(e[key]) for e in measured if e.get(key)), default=default)
+
+        step_s = ledger.step_time_s or most("step_time_s", 0.0)
+        startup_s, save_s = most("startup_s", STARTUP_GUESS_S), most("save_s", SAVE_GUESS_S)
+        steps_left = max(0, train.steps - ledger.step)
+        interval = min(train.checkpoint.every or steps_left, steps_left)
+        usd_per_s = self.spec.num_nodes * max(cost.price_ceiling_per_node_hour, cost.price_per_node_hour) / 3600
+        left = cost.budget_usd - spend.total_dollars
+        needed = usd_per_s * (startup_s + interval * step_s + save_s + cost.stop_margin_s)
+        to_finish = usd_per_s * (startup_s + steps_left * step_s + save_s + cost.stop_margin_s)
+        self.log.info(
+            "Budget before relaunching: $%.4f of $%.2f spent, $%.4f left; from step %d, %d steps to go at %.3f s/step, "
+            "start-up %.0f s, save %.1f s, $%.4f/h: the next checkpoint needs $%.4f, the rest of the job $%.4f",
+            spend.total_dollars, cost.budget_usd, left, ledger.step, steps_left, step_s, startup_s, save_s,
+            usd_per_s * 3600, needed, to_finish,
+        )  # fmt: skip
+        if needed <= left:
+            return False
+        self.stopped_at_budget = {"group": name, "spent_usd": spend.total_dollars, "budget_usd": cost.budget_usd,
+                                  "needed_usd": round(needed, 6), "reason": "a relaunch cannot reach its next "
+                                  "checkpoint within the budget"}  # fmt: skip
+        self.log.warning("Not relaunching after %s: $%.4f left cannot pay for a start-up and the next checkpoint "
+                         "($%.4f); the job stops at step %d within its $%.2f budget",
+                         name, left, needed, ledger.step, cost.budget_usd)  # fmt: skip
+        return True
 
     def run(self, *, poll_interval: float, reuse_succeeded: bool = True, timeout_s: float | None = None) -> str:
         """Attach or launch, then watch and relaunch until a group succeeds; its name."""

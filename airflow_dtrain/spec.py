@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.capacity import Capacity
-from trainer.config import ConfigError, CostConfig, TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
 from airflow_dtrain.errors import SpecError
@@ -35,6 +35,8 @@ GROUP = "Group"
 """Trigger-form section of the group's shape."""
 KUBERNETES = "Kubernetes"
 """Trigger-form section of what only the kubernetes backend uses."""
+BUDGET_AND_SPOT = "Budget & spot"
+"""Trigger-form section of the money: the budget, the spot market."""
 
 TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(TrainConfig) if meta(f).arg}
 """Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor", ...}``."""
@@ -106,6 +108,16 @@ class JobSpec:
     )  # fmt: skip
     price_per_node_hour: float = setting(0.0, ge=0, arg="price_per_node_hour",
                                          help="Dollars per node-hour of that capacity, for the cost ledger (0: not billed).")
+    price_ceiling_per_node_hour: float = setting(
+        0.0, ge=0, arg="price_ceiling_per_node_hour",
+        help="The most a node-hour can cost while the group runs (spot: your max price, else on-demand); the "
+        "cap's projection uses it. 0: price_per_node_hour.",
+    )  # fmt: skip
+    budget_usd: float = setting(
+        0.0, ge=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
+        help="Dollar cap of the whole job, over every relaunch, retry and run of it (0: none). The group saves "
+        "and stops before its projected spend passes it.",
+    )  # fmt: skip
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(3, ge=0, arg="max_preemptions", section=GROUP, title="Max preemptions",
                                    help="How many times a preempted group is relaunched from its checkpoint.")
@@ -160,10 +172,13 @@ class JobSpec:
             if normal != uri:
                 checkpoint = dataclasses.replace(self.train.checkpoint, uri=normal)
                 object.__setattr__(self, "train", dataclasses.replace(self.train, checkpoint=checkpoint))
-        # The ledger records what the group is: its capacity, its price, its GPUs.
-        cost = CostConfig(
+        # The ledger records what the group is: its capacity, its price, its GPUs; and the job's cap.
+        cost = dataclasses.replace(
+            self.train.cost,
             capacity_type=self.capacity,
             price_per_node_hour=self.price_per_node_hour,
+            price_ceiling_per_node_hour=self.price_ceiling_per_node_hour,
+            budget_usd=self.budget_usd,
             gpus_per_node=self.resources.gpus_per_node,
         )
         if self.train.cost != cost:
@@ -182,6 +197,8 @@ class JobSpec:
             "backend": self.backend,
             "capacity": self.capacity.value,
             "price_per_node_hour": self.price_per_node_hour,
+            "price_ceiling_per_node_hour": self.price_ceiling_per_node_hour,
+            "budget_usd": self.budget_usd,
             "resources": self.resources.to_dict(),
             "max_preemptions": self.max_preemptions,
             "max_failures": self.max_failures,
@@ -197,12 +214,15 @@ class JobSpec:
         kubernetes, capacity = _kubernetes_and_capacity(data.pop("kubernetes", None), data.pop("capacity", None))
         entrypoint = tuple(data.pop("entrypoint", None) or ())
         unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
-                                      "max_failures", "price_per_node_hour"})  # fmt: skip
+                                      "max_failures", "price_per_node_hour", "price_ceiling_per_node_hour",
+                                      "budget_usd"})  # fmt: skip
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
         if capacity is None:
             capacity = train.cost.capacity_type
         data.setdefault("price_per_node_hour", train.cost.price_per_node_hour)
+        data.setdefault("price_ceiling_per_node_hour", train.cost.price_ceiling_per_node_hour)
+        data.setdefault("budget_usd", train.cost.budget_usd)
         return cls(train=train, resources=resources, kubernetes=kubernetes, entrypoint=entrypoint,
                    capacity=capacity, **data)  # fmt: skip
 
@@ -243,6 +263,10 @@ class JobSpec:
         legacy_capacity = overrides.pop("cost.capacity_type", None)
         legacy_price = overrides.pop("cost.price_per_node_hour", None)
         overrides.pop("cost.gpus_per_node", None)
+        for name in ("budget_usd", "price_ceiling_per_node_hour"):  # a config's cost section may give them
+            legacy = overrides.pop(f"cost.{name}", None)
+            if name not in group and legacy not in (None, ""):
+                group[name] = _checked(coerce, name, float, legacy)
         try:
             train = TrainConfig().with_overrides(overrides)
         except ConfigError as err:

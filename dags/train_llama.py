@@ -57,8 +57,9 @@ BEST_MODEL = Asset(name="train_llama_best_model")
 # train tasks (a trigger can choose within them, never widen them).
 LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000}
 
-# One checkpoint directory per run, unless the trigger form names one (e.g. to continue a run).
-CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ run_id | replace(':', '-') | replace('+', '-') }}"
+# One checkpoint directory per job, unless the trigger form names one: every run of a job (the next
+# scheduled one after a `wait`, a re-trigger after a budget stop) continues it, with its ledger.
+CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ (params.job or 'default') }}"
 LOCAL = "params.backend == 'local'"
 
 with DAG(
@@ -75,7 +76,7 @@ with DAG(
     # sections): only this DAG's defaults are given here.
     params=trigger_params(
         [
-            "flavor", "steps", "global_batch_size", "micro_batch_size", "seq_len", "lr",
+            "job", "flavor", "steps", "global_batch_size", "micro_batch_size", "seq_len", "lr",
             "backend", "num_nodes", "procs_per_node", "max_preemptions",
             "checkpoint_uri", "checkpoint_every", "simulate_preemption_at_step", "registry_uri",
             "budget_usd", "max_price", "max_wait_s", "step_time_estimate_s", "local_spot_price",
@@ -83,12 +84,13 @@ with DAG(
             "kubernetes", "interruption_queue_url",
         ],
         defaults={
+            "job": "train-llama", "budget_usd": 5.0,
             "num_nodes": 2, "steps": 60, "checkpoint_uri": None, "checkpoint_every": 20,
             "simulate_preemption_at_step": 30,
         },
         descriptions={
             "checkpoint_uri": "Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
-            "Empty: a new directory per run under $AIRFLOW_HOME/dtrain/checkpoints/train_llama.",
+            "Empty: the job's directory, $AIRFLOW_HOME/dtrain/checkpoints/train_llama/<job>.",
             "registry_uri": "Where the best model is recorded and exported (a path or s3://). Empty: " + REGISTRY + ".",
         },
         schemas={
@@ -134,7 +136,7 @@ with DAG(
         trigger_rule=TriggerRule.NONE_FAILED,
     )
 
-    def train(capacity: Capacity, price: str) -> FSDPTrainOperator:
+    def train(capacity: Capacity, price: str, ceiling: str | None = None) -> FSDPTrainOperator:
         return FSDPTrainOperator(
             task_id=f"train_{capacity.branch_suffix}",
             backend="{{ params.backend }}",
@@ -150,15 +152,22 @@ with DAG(
             checkpoint_every="{{ params.checkpoint_every }}",
             simulate_preemption_at_step="{{ params.simulate_preemption_at_step }}",
             max_preemptions="{{ params.max_preemptions }}",
+            job="{{ params.job }}",
             capacity=capacity.value,
             price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
+            # EC2 never bills spot above on-demand: the cap projects spot time at the on-demand price.
+            price_ceiling_per_node_hour=ceiling,
+            budget_usd="{{ params.budget_usd }}",
             kubernetes="{{ params.kubernetes if params.backend == 'kubernetes' else None }}",
             limits=LIMITS,
             log_every=10,
             poll_interval=1.0,
         )
 
-    train_spot = train(Capacity.SPOT, "spot_price")
+    train_spot = train(
+        Capacity.SPOT, "spot_price",
+        ceiling="{{ None if " + LOCAL + " else (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('on_demand_price') }}",
+    )  # fmt: skip
     train_on_demand = train(Capacity.ON_DEMAND, "on_demand_price")
 
     spot_watch = SpotInterruptionSensor(
@@ -173,7 +182,8 @@ with DAG(
 
     @task(task_id="wait")
     def wait(ti=None) -> dict:
-        """No acceptable spot price now: end this run; the next scheduled run looks again."""
+        """No acceptable spot price now: end this run. The next scheduled run of the same job looks again
+        and continues the job from its checkpoints, with its spend ledger (one directory per job)."""
         decision = ti.xcom_pull(task_ids="budget", key="decision") or {}
         print(f"Waiting for a better price: {decision.get('reason')}")
         return decision

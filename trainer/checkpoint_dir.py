@@ -31,6 +31,7 @@ and the provider, change the directory between two looks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -50,6 +51,10 @@ SUMMARY = "summary.json"
 EVALS = "evals"
 EVAL_RESULTS = f"{EVALS}/latest.json"
 REPORT = "report.png"
+SPEND = "spend"
+"""Under a job's ledger root (its checkpoint directory, or a sweep's): ``spend/<attempt>.json``, one file
+per attempt (pod group), rewritten by that attempt as it runs and finalised by the provider when it ends.
+One writer per file, so attempts of a job, or members of a sweep, never race on a shared total."""
 REGISTRY_BEST = "best.json"
 """In a model registry, not a checkpoint directory: the best checkpoint so far."""
 
@@ -132,6 +137,32 @@ class Ledger:
             step_time = None  # not measured (e.g. a checkpoint before the first timed step)
         return cls(step=int(manifest.get("step", 0)), step_time_s=step_time, total_dollars=total,
                    by_capacity=by_capacity, path=path)
+
+
+@dataclass
+class Spend:
+    """Every second billed to a job (or a sweep): the sum of its attempts' spend files."""
+
+    total_dollars: float = 0.0
+    by_capacity: dict[str, dict[str, float]] = field(default_factory=dict)
+    attempts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``{attempt: its spend file}``."""
+
+    @classmethod
+    def of(cls, entries: dict[str, dict[str, Any]], where: str) -> Spend:
+        by_capacity = {c: {"node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0} for c in CAPACITY_TYPES}
+        for name, entry in entries.items():
+            try:
+                bucket = Capacity(entry.get("capacity", Capacity.ANY.value)).value
+                for k in ("node_hours", "gpu_hours", "dollars"):
+                    value = float(entry.get(k, 0.0) or 0.0)
+                    if not value >= 0:
+                        raise ValueError
+                    by_capacity[bucket][k] += value
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError(f"{where}/{name}.json: expected a spend entry with numbers >= 0, got {entry!r}") from None
+        total = sum(c["dollars"] for c in by_capacity.values())
+        return cls(total_dollars=round(total, 9), by_capacity=by_capacity, attempts=dict(entries))
 
 
 class CheckpointDir:
@@ -288,12 +319,38 @@ class CheckpointDir:
         """The run summary as ``summary.json`` beside the checkpoints; returns its path."""
         return self.write_json(SUMMARY, summary)
 
-    def ledger(self) -> Ledger:
-        """The cost ledger of the latest committed checkpoint (an empty ledger when there is none).
+    def ledger(self, spend_root: CheckpointDir | None = None) -> Ledger:
+        """The job's ledger: step and measured step time of the latest committed checkpoint, and the
+        spend of every attempt (``spend_root``'s spend files, default this directory's) -- or the
+        checkpoint's own ledger where that is larger (a directory written before spend files existed).
 
-        Raises ``ValueError`` naming the manifest and the field when its cost entry is malformed.
+        Raises ``ValueError`` naming the manifest or spend file and the field when one is malformed.
         """
         latest = self.latest()
-        if latest is None:
-            return Ledger()
-        return Ledger.from_manifest(self.manifest(latest.path), latest.path, self.manifest_path(latest.path))
+        ledger = Ledger() if latest is None else Ledger.from_manifest(
+            self.manifest(latest.path), latest.path, self.manifest_path(latest.path))
+        spend = (spend_root or self).spend()
+        if spend.total_dollars > ledger.total_dollars:
+            ledger = dataclasses.replace(ledger, total_dollars=spend.total_dollars, by_capacity=spend.by_capacity)
+        return ledger
+
+    # -- the spend ledger -------------------------------------------------------------------
+    def record_spend(self, attempt: str, entry: dict[str, Any]) -> str:
+        """Write one attempt's spend file (its own: no other writer); returns its path."""
+        if not attempt or "/" in attempt or attempt.startswith("."):
+            raise ValueError(f"attempt: not a file name: {attempt!r}")
+        return self.write_json(f"{SPEND}/{attempt}.json", {"attempt": attempt, **entry}, durable=False)
+
+    def spend_entry(self, attempt: str) -> dict[str, Any] | None:
+        return self.read_json(f"{SPEND}/{attempt}.json")
+
+    def spend(self) -> Spend:
+        """The sum of every attempt's spend file (zero when there is none)."""
+        entries = {}
+        for name in self.storage.listdir(self.path(SPEND)):
+            if name.endswith(".json") and not name.startswith("."):
+                try:
+                    entries[name[:-5]] = self.read_json(f"{SPEND}/{name}", default={})
+                except ValueError as err:  # a torn or hand-edited file: the budget must not guess
+                    raise ValueError(f"{self.path(SPEND, name)}: not JSON ({err})") from None
+        return Spend.of(entries, self.path(SPEND))

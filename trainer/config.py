@@ -15,6 +15,8 @@ Exit codes of ``python -m trainer`` (and of ``python -m trainer.launch`` per nod
   resumed by starting it again with the same checkpoint URI.
 * ``WORKER_LOST_EXIT_CODE`` (76, from ``python -m trainer.launch``) -- a training process was killed by
   a signal (OOM killer, kill -9); resumable from the last committed checkpoint.
+* ``BUDGET_EXIT_CODE`` (77) -- the job's dollar cap (``cost.budget_usd``) would have been passed before the
+  next checkpoint: the current step was saved and the job stopped. Relaunching it spends past the cap.
 * anything else -- a failure (non-finite loss, crash); retrying may not help.
 """
 
@@ -31,7 +33,7 @@ from trainer.fields import ConfigError, check, coerce, field_types, setting
 from trainer.flavors import FLAVORS
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "FLAVORS", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
+    "ACTIVATION_CHECKPOINTING", "FLAVORS", "BUDGET_EXIT_CODE", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
     "DataConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig",
 ]  # fmt: skip
 
@@ -41,6 +43,8 @@ WORKER_LOST_EXIT_CODE = 76
 """A node's exit status when a training process was killed by a signal (the OOM killer's or anyone's
 SIGKILL): nothing was saved, the group can resume from its last committed checkpoint; relaunches for
 this are bounded by the job's ``max_failures``."""
+BUDGET_EXIT_CODE = 77
+"""The job stopped at its dollar cap: the step it reached is saved; do not relaunch it."""
 
 # Trigger-form sections (airflow_dtrain.params): where a field is shown.
 MODEL_AND_DATA = "Model & data"
@@ -178,6 +182,27 @@ class CostConfig:
     price_per_node_hour: float = setting(0.0, ge=0, help="Dollars per node-hour of this attempt's capacity (0: not billed).")
     capacity_type: Capacity = setting(Capacity.ANY, help="The ledger bucket this attempt's node-hours go to.")
     gpus_per_node: int = setting(0, ge=0, help="GPUs per node, for gpu_hours (0 on CPU).")
+    budget_usd: float = setting(
+        0.0, ge=0,
+        help="The job's dollar cap across every attempt, retry, run and sweep member that shares its spend ledger "
+        "(0: none). The trainer saves and stops (exit 77) before its projected spend to the next check passes it.",
+    )  # fmt: skip
+    price_ceiling_per_node_hour: float = setting(
+        0.0, ge=0,
+        help="The most a node-hour of this attempt can cost (spot: the max price, else on-demand); the cap's "
+        "projection uses it, so a spot price rising during the run cannot carry the spend past the cap. "
+        "0: price_per_node_hour.",
+    )  # fmt: skip
+    stop_margin_s: float = setting(
+        30.0, ge=0,
+        help="Seconds still billed after the trainer decides to stop (the save, process exit, node release); "
+        "added to the cap's projection.",
+    )  # fmt: skip
+    ledger_uri: str = setting(
+        "", pattern=URI_PATTERN, rule="must be empty, an absolute path, file://... or s3://bucket/prefix",
+        help="Where the job's spend ledger lives (spend/<attempt>.json per attempt). Empty: the checkpoint "
+        "directory. Sweep members share their sweep's.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check(self, self._section)

@@ -1,10 +1,12 @@
 """The cost ledger each checkpoint manifest carries (read by airflow_dtrain.spot.ledger).
 
-Node-hours accrue from the start of an attempt (start-up is billed too) under the
-attempt's capacity type; a resumed attempt carries the ledger of the checkpoint it
-resumed from, so the totals add up over preemptions and relaunches. Spend past that
-checkpoint by an attempt that died without saving is not in the ledger. Standard
-library only.
+Node-hours accrue from the moment the attempt's group was launched (``DTRAIN_LAUNCHED_AT``,
+set by the provider's launchers: start-up, image pull and rendezvous are billed too) under
+the attempt's capacity type; a resumed attempt carries the ledger of the checkpoint it
+resumed from, so the manifest's totals add up over preemptions and relaunches. The spend
+past the last checkpoint is in the job's spend files (``trainer.checkpoint_dir.SPEND``:
+``attempt_entry`` here, finalised by the provider when the group ends), which the budget
+reads. Standard library only.
 """
 
 import os
@@ -26,11 +28,40 @@ def empty_cost() -> dict:
     return {**{c: {"node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0} for c in CAPACITY_TYPES}, "total_dollars": 0.0}
 
 
+LAUNCHED_AT_ENV = "DTRAIN_LAUNCHED_AT"
+"""Unix time at which the provider launched this attempt's group: billing starts there."""
+
+
+def launched_at(now: float | None = None) -> float:
+    """When this attempt started being billed: the group's launch, else now (never in the future)."""
+    now = time.time() if now is None else now
+    try:
+        return min(now, float(os.environ.get(LAUNCHED_AT_ENV) or now))
+    except ValueError:
+        return now
+
+
+def billed(entry: dict, *, until: float) -> dict:
+    """``entry`` (an attempt's spend file) with its node-hours and dollars as of ``until``, never less
+    than it already says (the trainer's last write and the provider's view of the end agree or the larger wins)."""
+    seconds = max(0.0, until - float(entry["launched_at"]))
+    node_hours = entry["nodes"] * seconds / 3600
+    out = dict(entry)
+    out["billed_s"] = max(float(entry.get("billed_s", 0.0)), round(seconds, 3))
+    out["node_hours"] = max(float(entry.get("node_hours", 0.0)), round(node_hours, 9))
+    out["gpu_hours"] = max(float(entry.get("gpu_hours", 0.0)), round(node_hours * entry.get("gpus_per_node", 0), 9))
+    out["dollars"] = max(float(entry.get("dollars", 0.0)), round(node_hours * entry["price_per_node_hour"], 9))
+    out["updated_at"] = until
+    return out
+
+
 class CostLedger:
-    def __init__(self, *, price_per_node_hour: float, capacity_type: str, gpus_per_node: int, nodes: int):
+    def __init__(self, *, price_per_node_hour: float, capacity_type: str, gpus_per_node: int, nodes: int,
+                 since: float | None = None):
+        """since: when billing started (the launch the provider recorded in this attempt's spend file)."""
         self.price, self.capacity, self.gpus_per_node, self.nodes = (
             price_per_node_hour, capacity_type, gpus_per_node, nodes)
-        self.start = time.monotonic()
+        self.launched_at = launched_at() if since is None else min(since, launched_at())
         self.prior = empty_cost()
         self._step_seconds, self._steps_timed = 0.0, 0
         self._prior_step_time: float | None = None
@@ -51,7 +82,7 @@ class CostLedger:
 
     def snapshot(self) -> dict:
         """The cumulative ledger as of now, in the manifest's shape."""
-        node_hours = self.nodes * (time.monotonic() - self.start) / 3600
+        node_hours = self.nodes * (time.time() - self.launched_at) / 3600
         out = {c: dict(v) for c, v in self.prior.items() if c in CAPACITY_TYPES}
         mine = out[Capacity(self.capacity).value]
         mine["node_hours"] += node_hours
@@ -61,6 +92,13 @@ class CostLedger:
             out[c] = {k: round(v, 9) for k, v in out[c].items()}
         out["total_dollars"] = round(sum(out[c]["dollars"] for c in CAPACITY_TYPES), 9)
         return out
+
+    def attempt_entry(self, **extra) -> dict:
+        """This attempt's spend file as of now (``trainer.checkpoint_dir.SPEND``)."""
+        entry = {"capacity": Capacity(self.capacity).value, "nodes": self.nodes,
+                 "price_per_node_hour": self.price, "gpus_per_node": self.gpus_per_node,
+                 "launched_at": self.launched_at, **extra}
+        return billed(entry, until=time.time())
 
     # -- step time ---------------------------------------------------------------------
     def time_step(self, seconds: float) -> None:

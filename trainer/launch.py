@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from trainer.config import PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         codes = sorted({f.exitcode for f in e.failures.values()})
         if codes == [PREEMPTED_EXIT_CODE]:
             code, why = PREEMPTED_EXIT_CODE, f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)"
+        elif codes == [BUDGET_EXIT_CODE]:
+            code, why = BUDGET_EXIT_CODE, "every worker stopped at the job's dollar cap (checkpoint saved)"
         elif (first := e.get_first_failure()[1].exitcode) < 0 or first == _KILLED:
             # The first worker to go was killed (the OOM killer, kill -9); its peers then failed in a
             # collective or were stopped. Nothing was saved for this step: the group resumes from its

@@ -22,7 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from trainer.checkpoint import Checkpointer
 from trainer.auto_batch import fit_micro_batch_size
 from trainer.cost import CAPACITY_TYPES, CostLedger, nodes_in_group
-from trainer.config import PREEMPTED_EXIT_CODE, ConfigError, ParallelConfig, TrainConfig
+from trainer.budget import BudgetGuard, attempt_name
+from trainer.checkpoint_dir import CheckpointDir
+from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, ParallelConfig, TrainConfig
 from trainer.data import TrainBatches, resolve_dataset
 from trainer.metrics import Metrics, flops_per_token
 from trainer.model import Llama, ModelArgs
@@ -81,7 +83,7 @@ class StopRequests:
     """
 
     def __init__(self):
-        self.stop = self.checkpoint_now = False
+        self.stop = self.checkpoint_now = self.budget = False
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop)
         signal.signal(signal.SIGUSR1, self._on_checkpoint_now)
@@ -100,12 +102,13 @@ class StopRequests:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
 
-    def agree(self) -> tuple[bool, bool]:
+    def agree(self) -> tuple[bool, bool, bool]:
+        """(stop, checkpoint now, stop at the budget) as any rank asked; every rank gets the same answer."""
         # A CPU tensor: gloo carries it even beside NCCL, so this never waits for the GPU.
-        flags = torch.tensor([self.stop, self.checkpoint_now], dtype=torch.int32)
+        flags = torch.tensor([self.stop, self.checkpoint_now, self.budget], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         self.checkpoint_now = False
-        return bool(flags[0]), bool(flags[1])
+        return bool(flags[0]), bool(flags[1]), bool(flags[2])
 
 
 def build_model(cfg: TrainConfig, d: Dist) -> Llama:
@@ -178,10 +181,12 @@ class Job:
     metrics: Metrics
     progress: Progress
     cost: CostLedger
+    budget: BudgetGuard | None  # rank 0 only
     resume_point: tuple[int, str] | None = None  # the verified checkpoint to resume from (None: from scratch)
     resumed_from: int | None = None  # the step this attempt resumed from (None: from scratch)
     _unsettled: tuple | None = None  # (step, lr, loss, grad_norm) of the last step, not read yet
     _last_step_end: float = 0.0
+    _budget_stop: dict | None = None  # rank 0: why the job stops at its cap
 
     def run(self) -> int:
         cfg = self.cfg
@@ -189,7 +194,10 @@ class Job:
         try:
             while step < cfg.steps:
                 step += 1
-                if self.step(step):
+                stop = self.step(step)
+                if stop == "budget":
+                    return self.stopped_at_budget(step)
+                if stop:
                     return self.preempted(step)
             self.save(step, "final", blocking=True)
             self.progress.update(status="completed")
@@ -201,6 +209,8 @@ class Job:
         finally:
             self.ckpt.close()
             self.metrics.close()
+            if self.budget is not None:
+                self.budget.record(force=True, step=self.progress.state.get("step"))
 
     def start(self) -> int:
         """Resume (if there is a checkpoint) and start the clocks; returns the step trained so far."""
@@ -209,8 +219,9 @@ class Job:
         self._last_step_end = time.perf_counter()
         return step
 
-    def step(self, step: int) -> bool:
-        """Train step `step` and do its bookkeeping; True when the group agreed to stop after it.
+    def step(self, step: int) -> bool | str:
+        """Train step `step` and do its bookkeeping; True when the group agreed to stop after it,
+        "budget" when it must stop there to stay within its dollar cap.
 
         No device sync per step: the step's loss and grad norm are read (settle) once the
         next step is queued, or right away when they are logged, saved or stopped on.
@@ -223,20 +234,32 @@ class Job:
         self._unsettled = (step, lr, loss, grad_norm)
         now = time.perf_counter()
         self.cost.time_step(now - self._last_step_end)
+        if self.budget is not None:
+            if not self.budget.recent:  # the first step of this attempt: what a relaunch costs before training
+                self.budget.startup_s = time.time() - self.cost.launched_at
+            self.budget.observe_step(now - self._last_step_end)
+            self.budget.record(step=step)
+            self.stops.budget = self.stops.budget or self._over_budget(step) is not None
         self._last_step_end = now
         self.metrics.count_tokens(self.tokens(1))
         if step % cfg.metrics.log_every == 0 or step == cfg.steps:
             self.settle()
         self.report_checkpoints()  # an async save commits in the background
         maybe_simulate_preemption(cfg, step, self.resumed_from, self.d, self.stops)
-        stop, checkpoint_now = self.stops.agree()
-        if stop:
+        stop, checkpoint_now, budget = self.stops.agree()
+        if stop or budget:
             self.settle()
-            return True
+            return "budget" if budget and not stop else True
         if checkpoint_now or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps):
             self.settle()  # a non-finite step is never saved
             self.save(step, "checkpoint-now" if checkpoint_now else "interval")
         return False
+
+    def _over_budget(self, step: int) -> dict | None:
+        over = self.budget.over()
+        if over is not None:
+            self._budget_stop = {"step": step, **over}
+        return over
 
     def settle(self) -> None:
         """Read the last step's loss and grad norm: fail on a non-finite one, log and record it."""
@@ -277,6 +300,12 @@ class Job:
             raise ConfigError(f"data.dataset: {data_dir} has vocab {data.vocab_size} > model vocab {model.args.vocab_size}")
         optimizer = build_optimizer(model, cfg.optim)
         fpt = flops_per_token(model.args, model.num_params(exclude_embedding=True), cfg.data.seq_len)
+        ledger_uri = cfg.cost.ledger_uri or cfg.checkpoint.uri
+        spend_dir = CheckpointDir(ledger_uri) if ledger_uri else None
+        opened = (spend_dir.spend_entry(attempt_name()) or {}) if spend_dir is not None else {}
+        cost = CostLedger(price_per_node_hour=cfg.cost.price_per_node_hour, capacity_type=cfg.cost.capacity_type,
+                          gpus_per_node=cfg.cost.gpus_per_node, nodes=nodes_in_group(d.world_size),
+                          since=opened.get("launched_at"))
         return cls(
             cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, model=model, optimizer=optimizer,
             resume_point=None if point is None else (point[0], point[1]),
@@ -284,8 +313,8 @@ class Job:
             metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, world_size=d.world_size, device=d.device,
                             flops_per_token=fpt),
             progress=Progress(ckpt.root, cfg.steps, enabled=d.rank == 0),
-            cost=CostLedger(price_per_node_hour=cfg.cost.price_per_node_hour, capacity_type=cfg.cost.capacity_type,
-                            gpus_per_node=cfg.cost.gpus_per_node, nodes=nodes_in_group(d.world_size)),
+            cost=cost,
+            budget=BudgetGuard(cfg.cost, cost, spend_dir, attempt_name()) if d.rank == 0 else None,
         )
 
     def tokens(self, steps: int) -> int:
@@ -330,6 +359,8 @@ class Job:
                               reason=c["reason"], blocked_s=round(c["blocked_s"], 3))
             self.metrics.gauge("checkpoint.seconds", c["seconds"])
             self.metrics.gauge("checkpoint.blocked_seconds", c["blocked_s"])
+            if self.budget is not None:
+                self.budget.observe_save(c["seconds"])
             self.progress.update(latest_checkpoint=c["path"])
             self.gauge_cost()
 
@@ -348,6 +379,24 @@ class Job:
         verdict = "within" if seconds <= grace else "WARNING: longer than"
         log(self.d, f"preempted at step {step}: checkpoint saved in {seconds:.1f}s, {verdict} the {grace}s grace period")
         return PREEMPTED_EXIT_CODE
+
+
+    def stopped_at_budget(self, step: int) -> int:
+        """Save the step reached and stop: going on would pass the job's dollar cap."""
+        self.stops.ignore_further_signals()
+        why = self._budget_stop or {}
+        if self.d.world_size > 1:  # rank 0 decided; every rank logs the same reason
+            box = [why]
+            dist.broadcast_object_list(box, src=0)
+            why = box[0]
+        seconds = self.save(step, "budget", blocking=True)
+        self.progress.update(status="stopped_at_budget", budget=why)
+        self.metrics.emit("budget_stop", seconds_to_save=round(seconds, 3), **{**why, "step": step})
+        log(self.d, f"stopped at step {step} of {self.cfg.steps} to stay within the ${self.cfg.cost.budget_usd:.2f} "
+                    f"budget: ${why.get('spent_usd', 0):.4f} spent, ${why.get('projected_usd', 0):.4f} by the time "
+                    f"another step, a save and the exit could end (step {why.get('step_time_s')} s, save "
+                    f"{why.get('save_s')} s, ${why.get('usd_per_hour')}/h); checkpoint saved in {seconds:.1f}s")
+        return BUDGET_EXIT_CODE
 
 
 def maybe_simulate_preemption(cfg: TrainConfig, step: int, resumed_from: int | None, d: Dist, stops: StopRequests) -> None:

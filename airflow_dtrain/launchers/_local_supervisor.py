@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState
+from trainer.config import BUDGET_EXIT_CODE
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -81,6 +82,9 @@ def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tupl
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             return GroupState.PREEMPTED, f"node {i} was killed by {name} (node lost; resumable)"
+    for i, code in sorted(own.items()):
+        if code == BUDGET_EXIT_CODE:
+            return GroupState.FAILED, f"node {i} exited {code} (stopped at the job's dollar cap, checkpoint saved)"
     if own:
         i, code = sorted(own.items())[0]
         return GroupState.FAILED, f"node {i} exited {code}"

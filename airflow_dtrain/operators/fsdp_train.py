@@ -26,8 +26,8 @@ DASHBOARD_UID = "dtrain-training"
 # Operator arguments that go into the trainer's config (declared in trainer/config.py).
 _TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
 _GROUP_ARGUMENTS = (
-    "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "node_resources",
-    "max_preemptions", "max_failures", "config", "kubernetes",
+    "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "price_ceiling_per_node_hour",
+    "budget_usd", "node_resources", "max_preemptions", "max_failures", "config", "kubernetes",
 )  # fmt: skip
 
 
@@ -80,6 +80,12 @@ class FSDPTrainOperator(BaseOperator):
     :param capacity: what the group runs on and is billed as: ``spot``, ``on_demand`` or ``any``
         (on Kubernetes, the nodes its pods select). (templated)
     :param price_per_node_hour: dollars per node-hour of that capacity, for the cost ledger. (templated)
+    :param price_ceiling_per_node_hour: the most a node-hour can cost while the group runs (spot: the max
+        price you accept, else on-demand); the cap's projection uses it (default: ``price_per_node_hour``). (templated)
+    :param budget_usd: the job's dollar cap over every relaunch, retry and run of it (None or 0: none). The
+        trainer saves and stops before its projected spend passes it; a relaunch happens only if the money
+        left pays for a start-up and the next checkpoint. The task then succeeds with ``stopped: "budget"``
+        in its summary. (templated)
     :param num_nodes: nodes in the group. (templated)
     :param procs_per_node: training processes per node. (templated)
     :param backend: ``local`` (processes on this machine) or ``kubernetes`` (an Indexed Job and a
@@ -132,6 +138,8 @@ class FSDPTrainOperator(BaseOperator):
         backend: str = "local",
         capacity: str | None = None,
         price_per_node_hour: float | None = None,
+        price_ceiling_per_node_hour: float | None = None,
+        budget_usd: float | None = None,
         node_resources: dict[str, Any] | None = None,
         max_preemptions: int = 3,
         max_failures: int | None = None,
@@ -168,6 +176,8 @@ class FSDPTrainOperator(BaseOperator):
         self.backend = backend
         self.capacity = capacity
         self.price_per_node_hour = price_per_node_hour
+        self.price_ceiling_per_node_hour = price_ceiling_per_node_hour
+        self.budget_usd = budget_usd
         self.node_resources = node_resources
         self.max_preemptions = max_preemptions
         self.max_failures = max_failures
@@ -267,7 +277,8 @@ class FSDPTrainOperator(BaseOperator):
         spec = session.spec
         progress = read_progress(spec.train.checkpoint.uri)
         names = session.groups()
-        if progress.get("status") != "completed" or progress.get("step") != spec.train.steps:
+        at_cap = session.stopped_at_budget
+        if at_cap is None and (progress.get("status") != "completed" or progress.get("step") != spec.train.steps):
             raise TrainingFailed(
                 f"group {name} exited 0 but its progress says status={progress.get('status')!r} "
                 f"step={progress.get('step')} of {spec.train.steps}"
@@ -284,7 +295,18 @@ class FSDPTrainOperator(BaseOperator):
             "steps_lost": progress.get("steps_lost", 0),
             **self._cost(spec),
         }
+        if at_cap is not None:
+            summary.update(stopped="budget", budget_usd=spec.train.cost.budget_usd,
+                           budget_stop={**(progress.get("budget") or {}), **at_cap})
         summary_path = write_summary(spec.train.checkpoint.uri, summary)
+        if at_cap is not None:
+            self.log.warning(
+                "Training stopped at step %s of %d to stay within its $%.2f budget: $%.4f spent; checkpoint %s. "
+                "Raise budget_usd and run the job again to go on from there. Summary: %s (in %s)",
+                progress.get("step"), spec.train.steps, spec.train.cost.budget_usd, summary.get("dollars", 0.0),
+                progress.get("latest_checkpoint"), json.dumps(summary), summary_path,
+            )  # fmt: skip
+            return summary
         self.log.info("Training finished: %s (summary in %s)", json.dumps(summary), summary_path)
         return summary
 
@@ -293,7 +315,8 @@ class FSDPTrainOperator(BaseOperator):
         from airflow_dtrain.spot.ledger import read_ledger
 
         try:
-            ledger = read_ledger(spec.train.checkpoint.uri)
+            ledger_uri = spec.train.cost.ledger_uri
+            ledger = read_ledger(spec.train.checkpoint.uri, ledger_uri or None)
         except Exception:  # the summary must not fail on a ledger it cannot read
             self.log.warning("Could not read the cost ledger under %s", spec.train.checkpoint.uri, exc_info=True)
             return {}

@@ -27,9 +27,10 @@ from trainer.checkpoint_dir import CheckpointDir, Ledger
 __all__ = ["Ledger", "read_ledger"]
 
 
-def read_ledger(checkpoint_uri: str) -> Ledger:
-    """The ledger of the latest committed checkpoint (an empty ledger when there is none).
+def read_ledger(checkpoint_uri: str, ledger_uri: str | None = None) -> Ledger:
+    """The job's ledger: the latest committed checkpoint's step and step time, and every attempt's
+    spend (the spend files under ``ledger_uri``, default ``checkpoint_uri``: a sweep shares one).
 
-    Raises ``ValueError`` naming the manifest and the field when the cost entry is malformed.
+    Raises ``ValueError`` naming the manifest or spend file and the field when one is malformed.
     """
-    return CheckpointDir(checkpoint_uri).ledger()
+    return CheckpointDir(checkpoint_uri).ledger(CheckpointDir(ledger_uri) if ledger_uri else None)

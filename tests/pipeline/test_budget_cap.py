@@ -1,0 +1,106 @@
+"""The dollar budget as a cap, through train_llama (real Airflow, dag.test(), real torchrun
+processes): a job admitted on a far too optimistic estimate stops at its cap, and a job that
+waited is continued by its next run with its spend ledger intact."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+from airflow.utils.state import DagRunState, TaskInstanceState
+
+from tests.conftest import REPO
+from trainer.checkpoint_dir import CheckpointDir
+
+pytestmark = pytest.mark.torchrun
+
+
+@pytest.fixture
+def dags(airflow_home):
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return bag.dags
+
+
+def _states(run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    budget = 0.4
+    run = dags["train_llama"].test(run_conf={
+        "job": f"cap-{uuid.uuid4().hex[:8]}", "checkpoint_uri": str(ckpt), "registry_uri": str(tmp_path / "r"),
+        "steps": 5000, "checkpoint_every": 20, "simulate_preemption_at_step": 0,
+        # a step takes ~0.05-0.3 s here: the budget task's estimate is 100x and more too small, so it
+        # admits a job that would cost ~$20 at $72/h (2 nodes x $36)
+        "step_time_estimate_s": 0.0005, "local_spot_price": 36.0, "local_on_demand_price": 72.0, "max_price": 100.0, "budget_usd": budget,
+    })  # fmt: skip
+    states = _states(run)
+    assert run.state == DagRunState.SUCCESS, states
+    decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
+    assert decision["choice"] == "spot", decision  # admitted on the estimate
+    assert states["train_spot"] == TaskInstanceState.SUCCESS
+    assert states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS  # the last checkpoint is usable
+
+    summary = json.loads((ckpt / "summary.json").read_text())
+    assert summary["stopped"] == "budget", summary
+    assert 0 < summary["final_step"] < 5000
+    assert summary["budget_stop"]["projected_usd"] > budget >= summary["budget_stop"]["spent_usd"]
+    # Every billed second, from the group's launch to the moment its end was seen, stays under the cap.
+    spend = CheckpointDir(str(ckpt)).spend()
+    assert len(spend.attempts) == 1 and all(e["ended"] for e in spend.attempts.values())
+    assert 0.5 * budget < spend.total_dollars <= budget, spend
+    assert summary["dollars"] == pytest.approx(spend.total_dollars)
+    # ...and the step it stopped at is committed: nothing trained is lost.
+    latest = CheckpointDir(str(ckpt)).latest()
+    assert latest.step == summary["final_step"]
+
+    # The next run of the same job sees the money gone and does not train.
+    again = dags["train_llama"].test(run_conf={
+        "job": run.conf["job"],
+        "checkpoint_uri": str(ckpt), "registry_uri": str(tmp_path / "r"), "steps": 5000,
+        "simulate_preemption_at_step": 0, "step_time_estimate_s": 0.0005, "local_spot_price": 36.0,
+        "local_on_demand_price": 72.0, "max_price": 100.0,
+        "budget_usd": budget,
+    })  # fmt: skip
+    states = _states(again)
+    assert states["stop"] == TaskInstanceState.SUCCESS and states["train_spot"] == TaskInstanceState.SKIPPED, states
+    assert CheckpointDir(str(ckpt)).spend().total_dollars == pytest.approx(spend.total_dollars)
+
+
+def test_a_job_that_waited_is_continued_by_its_next_run_with_its_ledger(dags, tmp_path):
+    job = f"wait-{uuid.uuid4().hex[:8]}"
+    # (every run names the prices: dag.test() on one DAG object keeps the previous run's conf as params)
+    common = {"job": job, "registry_uri": str(tmp_path / "r"), "simulate_preemption_at_step": 0,
+              "checkpoint_every": 5, "local_spot_price": 0.5, "max_price": 1.0, "num_nodes": 1}  # fmt: skip
+
+    first = dags["train_llama"].test(run_conf={**common, "steps": 10})
+    assert first.state == DagRunState.SUCCESS, _states(first)
+    uri = first.get_task_instance("train_spot").xcom_pull(task_ids="train_spot")["latest_checkpoint"]
+    ckpt, _ = CheckpointDir.split(uri)
+    assert ckpt.root.endswith(f"/{job}"), "the default checkpoint directory is the job's, not the run's"
+    spent_first = ckpt.spend().total_dollars
+    assert spent_first > 0 and ckpt.latest().step == 10
+
+    # The job asks for more steps, but spot is above the max price: this run waits and trains nothing.
+    waited = dags["train_llama"].test(run_conf={**common, "steps": 20, "local_spot_price": 2.0, "max_price": 1.0})
+    states = _states(waited)
+    assert states["wait"] == TaskInstanceState.SUCCESS and states["train_spot"] == TaskInstanceState.SKIPPED, states
+    assert ckpt.spend().total_dollars == pytest.approx(spent_first) and ckpt.latest().step == 10
+
+    # The next run finds the price acceptable: it continues the job from step 10, on the same ledger.
+    second = dags["train_llama"].test(run_conf={**common, "steps": 20})
+    assert second.state == DagRunState.SUCCESS, _states(second)
+    decision = second.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
+    assert decision["ledger"]["step"] == 10 and decision["ledger"]["total_dollars"] == pytest.approx(spent_first)
+    assert decision["choice"] == "spot", decision
+    summary = second.get_task_instance("train_spot").xcom_pull(task_ids="train_spot")
+    assert summary is not None, _states(second)
+    progress = ckpt.progress()
+    assert (summary["final_step"], progress["resumed_from_step"]) == (20, 10)
+    spend = ckpt.spend()
+    assert len(spend.attempts) == 2, spend.attempts  # one group per training run, both on the job's ledger
+    assert spend.total_dollars > spent_first and summary["dollars"] == pytest.approx(spend.total_dollars)

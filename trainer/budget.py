@@ -1,0 +1,99 @@
+"""The job's dollar cap, enforced while it trains.
+
+The budget task admits a job on an estimate; this is what makes the budget a cap. Rank 0
+knows what the group costs per second (nodes × the price ceiling) and what the job has
+spent (every other attempt's spend file plus this attempt since its group was launched),
+and after every step projects the spend to the moment the job could be stopped if it went
+on: one more step (the slowest of the recent ones), a blocking save (the slowest seen so
+far, or a guess before the first), and ``cost.stop_margin_s`` for the exit and the node's
+release. When that projection passes ``cost.budget_usd``, every rank saves the step it has
+reached and the job exits ``BUDGET_EXIT_CODE``. Rank 0 also keeps this attempt's spend
+file current, so the spend after the last checkpoint is on record for the next attempt,
+the next run and the budget task.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import deque
+from typing import Any
+
+from trainer.checkpoint_dir import CheckpointDir
+from trainer.config import CostConfig
+from trainer.cost import CostLedger
+
+FIRST_SAVE_GUESS_S = 5.0
+"""Seconds a blocking save is assumed to take before one has been timed (then: twice a step, if longer)."""
+
+
+def attempt_name() -> str:
+    """This attempt's name in the spend ledger: its pod group's, else this process's."""
+    return os.environ.get("DTRAIN_GROUP_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+class BudgetGuard:
+    """Rank 0's view of the cap; ``over()`` says when to stop, ``record()`` keeps the spend file."""
+
+    refresh_s = 15.0  # how often the other attempts' files are read again (a sweep's members spend meanwhile)
+    write_s = 5.0  # how often this attempt's spend file is rewritten
+
+    def __init__(self, cfg: CostConfig, cost: CostLedger, spend_dir: CheckpointDir | None, attempt: str):
+        self.cfg, self.cost, self.dir, self.attempt = cfg, cost, spend_dir, attempt
+        self.ceiling = max(cfg.price_ceiling_per_node_hour, cfg.price_per_node_hour)
+        self.recent: deque[float] = deque(maxlen=20)
+        self.save_s: float | None = None
+        self.startup_s: float | None = None  # from the group's launch to the end of this attempt's first step
+        self._others, self._others_at, self._written_at = 0.0, float("-inf"), float("-inf")
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.budget_usd > 0
+
+    def others(self) -> float:
+        """Dollars of every other attempt sharing the ledger (re-read every ``refresh_s``)."""
+        now = time.monotonic()
+        if self.dir is not None and now - self._others_at >= self.refresh_s:
+            spend = self.dir.spend()
+            self._others = sum(float(e.get("dollars", 0.0)) for a, e in spend.attempts.items() if a != self.attempt)
+            self._others_at = now
+        return self._others
+
+    def observe_step(self, seconds: float) -> None:
+        self.recent.append(seconds)
+
+    def observe_save(self, seconds: float) -> None:
+        self.save_s = max(self.save_s or 0.0, seconds)
+
+    def spent(self) -> float:
+        return self.others() + self.cost.attempt_entry()["dollars"]
+
+    def over(self) -> dict[str, Any] | None:
+        """None while the job may take another step; else why it must stop now."""
+        if not self.enabled:
+            return None
+        step_s = max(self.recent, default=0.0)
+        save_s = self.save_s if self.save_s is not None else max(FIRST_SAVE_GUESS_S, 2 * step_s)
+        ahead_s = step_s + save_s + self.cfg.stop_margin_s
+        rate = self.cost.nodes * self.ceiling / 3600
+        spent = self.spent()
+        projected = spent + rate * ahead_s
+        if projected <= self.cfg.budget_usd:
+            return None
+        return {"budget_usd": self.cfg.budget_usd, "spent_usd": round(spent, 6), "projected_usd": round(projected, 6),
+                "seconds_ahead": round(ahead_s, 3), "step_time_s": round(step_s, 6), "save_s": round(save_s, 3),
+                "usd_per_hour": round(rate * 3600, 6)}
+
+    def record(self, *, force: bool = False, **extra: Any) -> None:
+        """Rewrite this attempt's spend file (at most every ``write_s`` unless ``force``)."""
+        now = time.monotonic()
+        if self.dir is None or (not force and now - self._written_at < self.write_s):
+            return
+        timing = {"startup_s": round(self.startup_s, 3)} if self.startup_s is not None else {}
+        if self.recent:
+            timing["step_time_s"] = round(max(self.recent), 6)
+        if self.save_s is not None:
+            timing["save_s"] = round(self.save_s, 3)
+        self.dir.record_spend(self.attempt, self.cost.attempt_entry(budget_usd=self.cfg.budget_usd, **timing, **extra))
+        self._written_at = now
