@@ -113,10 +113,10 @@ class JobSpec:
         help="The most a node-hour can cost while the group runs (spot: your max price, else on-demand); the "
         "cap's projection uses it. 0: price_per_node_hour.",
     )  # fmt: skip
-    budget_usd: float = setting(
-        0.0, ge=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
-        help="Dollar cap of the whole job, over every relaunch, retry and run of it (0: none). The group saves "
-        "and stops before its projected spend passes it.",
+    budget_usd: float | None = setting(
+        None, gt=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
+        help="Dollar cap of the whole job, over every relaunch, retry and run of it (empty: none). The group "
+        "saves and stops before its projected spend passes it.",
     )  # fmt: skip
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(3, ge=0, arg="max_preemptions", section=GROUP, title="Max preemptions",
@@ -178,7 +178,7 @@ class JobSpec:
             capacity_type=self.capacity,
             price_per_node_hour=self.price_per_node_hour,
             price_ceiling_per_node_hour=self.price_ceiling_per_node_hour,
-            budget_usd=self.budget_usd,
+            budget_usd=self.budget_usd or 0.0,
             gpus_per_node=self.resources.gpus_per_node,
         )
         if self.train.cost != cost:
@@ -222,7 +222,7 @@ class JobSpec:
             capacity = train.cost.capacity_type
         data.setdefault("price_per_node_hour", train.cost.price_per_node_hour)
         data.setdefault("price_ceiling_per_node_hour", train.cost.price_ceiling_per_node_hour)
-        data.setdefault("budget_usd", train.cost.budget_usd)
+        data.setdefault("budget_usd", train.cost.budget_usd or None)
         return cls(train=train, resources=resources, kubernetes=kubernetes, entrypoint=entrypoint,
                    capacity=capacity, **data)  # fmt: skip
 

@@ -18,6 +18,8 @@ from airflow_dtrain.params import reject_unknown_conf, trigger_params
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "sweep_llama")
+# This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/).
+SWEEP_DIR = "{{ (params.sweep_root or '" + SWEEP_ROOT + "') ~ '/' ~ run_id | replace(':', '-') | replace('+', '-') }}"
 
 with DAG(
     dag_id="sweep_llama",
@@ -31,7 +33,7 @@ with DAG(
     params=trigger_params(
         ["flavor", "learning_rates", "steps", "global_batch_size", "micro_batch_size", "seq_len",
          "num_nodes", "procs_per_node", "sweep_root", "budget_usd", "price_per_hour", "step_time_estimate_s"],
-        defaults={"steps": 20, "global_batch_size": 4, "seq_len": 64},
+        defaults={"steps": 20, "global_batch_size": 4, "seq_len": 64, "budget_usd": 5.0},
         descriptions={"budget_usd": "Dollar budget of the whole sweep (every member's steps)."},
     ),
 ) as dag:
@@ -41,10 +43,16 @@ with DAG(
         """Refuse dag_run.conf keys that are not params (a typo would silently train with a default)."""
         reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
 
-    @task
-    def configs(params=None, run_id=None) -> list[dict]:
-        root = os.path.join(params["sweep_root"] or SWEEP_ROOT, run_id.replace(":", "-").replace("+", "-"))
-        return [{"lr": lr, "checkpoint_uri": os.path.join(root, f"lr-{lr:g}")} for lr in params["learning_rates"]]
+    @task(templates_dict={"root": SWEEP_DIR})
+    def configs(params=None, templates_dict=None) -> list[dict]:
+        """One member per learning rate, each in its own directory, all on the sweep's spend ledger."""
+        rates = params["learning_rates"]
+        repeated = sorted({f"{lr:g}" for lr in rates if sum(f"{x:g}" == f"{lr:g}" for x in rates) > 1})
+        if repeated:  # two members would write one directory
+            raise ValueError(f"learning_rates: each rate once, got {rates!r} (repeated: {', '.join(repeated)})")
+        root = templates_dict["root"]
+        return [{"lr": lr, "checkpoint_uri": os.path.join(root, f"lr-{lr:g}"), "config": {"cost": {"ledger_uri": root}}}
+                for lr in rates]  # fmt: skip
 
     sweep = configs()
     check_conf() >> sweep
@@ -54,6 +62,7 @@ with DAG(
         spot_task_id="train",
         on_demand_task_id="train",
         stop_task_id="over_budget",
+        checkpoint_uri=SWEEP_DIR,  # its spend/ is every member's: the sweep's one ledger
         # the whole sweep: every config's steps, on the same nodes
         total_steps="{{ params.steps * (params.learning_rates | length) }}",
         num_nodes="{{ params.num_nodes }}",
@@ -72,6 +81,9 @@ with DAG(
         global_batch_size="{{ params.global_batch_size }}",
         micro_batch_size="{{ params.micro_batch_size }}",
         seq_len="{{ params.seq_len }}",
+        # the cap holds for the sweep as a whole: every member counts every member's spend
+        budget_usd="{{ params.budget_usd }}",
+        price_per_node_hour="{{ params.price_per_hour }}",
         log_every=5,
         poll_interval=1.0,
     ).expand_kwargs(sweep)

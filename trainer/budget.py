@@ -38,6 +38,7 @@ class BudgetGuard:
 
     refresh_s = 15.0  # how often the other attempts' files are read again (a sweep's members spend meanwhile)
     write_s = 5.0  # how often this attempt's spend file is rewritten
+    live_s = 120.0  # an attempt that wrote within this long (and has not ended) is taken to be spending still
 
     def __init__(self, cfg: CostConfig, cost: CostLedger, spend_dir: CheckpointDir | None, attempt: str):
         self.cfg, self.cost, self.dir, self.attempt = cfg, cost, spend_dir, attempt
@@ -45,20 +46,32 @@ class BudgetGuard:
         self.recent: deque[float] = deque(maxlen=20)
         self.save_s: float | None = None
         self.startup_s: float | None = None  # from the group's launch to the end of this attempt's first step
-        self._others, self._others_at, self._written_at = 0.0, float("-inf"), float("-inf")
+        self._others_entries: list[dict[str, Any]] = []
+        self._others_at, self._written_at = float("-inf"), float("-inf")
 
     @property
     def enabled(self) -> bool:
         return self.cfg.budget_usd > 0
 
-    def others(self) -> float:
-        """Dollars of every other attempt sharing the ledger (re-read every ``refresh_s``)."""
+    def others(self, ahead_s: float = 0.0) -> float:
+        """Dollars of every other attempt sharing the ledger (a sweep's other members, earlier attempts)
+        as of ``ahead_s`` seconds from now. The files are re-read every ``refresh_s``; an attempt that has not
+        ended is assumed to go on spending at its own rate since it last wrote, so members running side by side
+        cannot together pass the cap between two reads."""
         now = time.monotonic()
         if self.dir is not None and now - self._others_at >= self.refresh_s:
             spend = self.dir.spend()
-            self._others = sum(float(e.get("dollars", 0.0)) for a, e in spend.attempts.items() if a != self.attempt)
+            self._others_entries = [e for a, e in spend.attempts.items() if a != self.attempt]
             self._others_at = now
-        return self._others
+        wall = time.time()
+        total = 0.0
+        for e in self._others_entries:
+            total += float(e.get("dollars", 0.0))
+            last = float(e.get("updated_at") or e.get("launched_at") or wall)
+            if not e.get("ended") and wall - last < self.live_s:  # still writing: still spending
+                rate = float(e.get("nodes", 1)) * float(e.get("price_per_node_hour", 0.0)) / 3600
+                total += rate * max(0.0, wall + ahead_s - last)
+        return total
 
     def observe_step(self, seconds: float) -> None:
         self.recent.append(seconds)
@@ -78,7 +91,7 @@ class BudgetGuard:
         ahead_s = step_s + save_s + self.cfg.stop_margin_s
         rate = self.cost.nodes * self.ceiling / 3600
         spent = self.spent()
-        projected = spent + rate * ahead_s
+        projected = self.others(ahead_s) + self.cost.attempt_entry()["dollars"] + rate * ahead_s
         if projected <= self.cfg.budget_usd:
             return None
         return {"budget_usd": self.cfg.budget_usd, "spent_usd": round(spent, 6), "projected_usd": round(projected, 6),

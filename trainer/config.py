@@ -58,22 +58,22 @@ URI_PATTERN = r"^$|^/|^file://.+|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
 """What the trigger form accepts as a checkpoint URI (the trainer also takes relative paths)."""
 
 
-def _check_uri(uri: str) -> None:
-    """Accept "", a local path, file://<path> or s3://<bucket>[/<prefix>]."""
+def _check_uri(uri: str, name: str = "checkpoint.uri") -> None:
+    """Accept "", a local path, file://<path> or s3://<bucket>[/<prefix>]; errors name the field ``name``."""
     if uri == "" or "://" not in uri:
         return
     scheme, _, rest = uri.partition("://")
     if scheme == "file":
         if not rest:
-            raise ConfigError(f"checkpoint.uri: file:// URI has no path, got {uri!r}")
+            raise ConfigError(f"{name}: file:// URI has no path, got {uri!r}")
         return
     if scheme == "s3":
         bucket = rest.split("/", 1)[0]
         if not _S3_BUCKET.match(bucket):
-            raise ConfigError(f"checkpoint.uri: s3 URI needs a valid bucket (s3://bucket/prefix), got {uri!r}")
+            raise ConfigError(f"{name}: s3 URI needs a valid bucket (s3://bucket/prefix), got {uri!r}")
         return
     raise ConfigError(
-        f"checkpoint.uri: unsupported scheme {scheme + '://'!r} (use a local path, file:// or s3://), got {uri!r}"
+        f"{name}: unsupported scheme {scheme + '://'!r} (use a local path, file:// or s3://), got {uri!r}"
     )
 
 
@@ -199,13 +199,14 @@ class CostConfig:
         "added to the cap's projection.",
     )  # fmt: skip
     ledger_uri: str = setting(
-        "", pattern=URI_PATTERN, rule="must be empty, an absolute path, file://... or s3://bucket/prefix",
+        "",
         help="Where the job's spend ledger lives (spend/<attempt>.json per attempt). Empty: the checkpoint "
         "directory. Sweep members share their sweep's.",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
         check(self, self._section)
+        _check_uri(self.ledger_uri, "cost.ledger_uri")
 
 
 @dataclass(frozen=True, kw_only=True)

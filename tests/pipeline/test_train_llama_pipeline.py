@@ -14,6 +14,7 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 
 from airflow_dtrain import metrics as orchestration
 from tests.conftest import REPO, StatsdListener
+from trainer.checkpoint_dir import CheckpointDir
 
 pytestmark = pytest.mark.torchrun
 
@@ -127,6 +128,20 @@ def test_sweep_trains_every_config_behind_one_budget_check(dags, tmp_path):
     assert [r["lr"] for r in result["runs"]] == [1e-3, 3e-3]
     assert all(r["final_step"] == 8 for r in result["runs"])
     assert result["best"]["final_loss"] == min(r["final_loss"] for r in result["runs"])
+    # One spend ledger for the sweep: a file per member, beside the members' directories.
+    (sweep_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    spend = CheckpointDir(str(sweep_dir)).spend()
+    assert len(spend.attempts) == 2 and spend.total_dollars > 0
+    # each member's summary reports the sweep's spend as of its end: the last one, all of it
+    assert max(r["dollars"] for r in result["runs"]) == pytest.approx(spend.total_dollars, rel=1e-6)
+    assert min(r["dollars"] for r in result["runs"]) < spend.total_dollars
+
+
+def test_a_sweep_with_a_repeated_rate_is_refused_before_any_member_starts(dags, tmp_path):
+    run = dags["sweep_llama"].test(run_conf={"learning_rates": [1e-3, 0.001], "steps": 8, "sweep_root": str(tmp_path)})
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states["configs"] == TaskInstanceState.FAILED and states["train"] != TaskInstanceState.SUCCESS
+    assert not any(tmp_path.iterdir()), "two members would have shared one directory"
 
 
 def test_sweep_over_budget_as_a_whole_starts_nothing(dags, tmp_path):
