@@ -15,6 +15,8 @@ Exit codes of ``python -m trainer`` (and of ``python -m trainer.launch`` per nod
   resumed by starting it again with the same checkpoint URI.
 * ``WORKER_LOST_EXIT_CODE`` (76, from ``python -m trainer.launch``) -- a training process was killed by
   a signal (OOM killer, kill -9); resumable from the last committed checkpoint.
+* ``FENCED_EXIT_CODE`` (78) -- another group took over the checkpoint directory (a newer writer
+  lease, see trainer/checkpoint_dir.py): this one stopped without committing; never relaunched.
 * anything else -- a failure (non-finite loss, crash); retrying may not help.
 """
 
@@ -31,7 +33,7 @@ from trainer.fields import ConfigError, check, coerce, field_types, setting
 from trainer.flavors import FLAVORS
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "FLAVORS", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
+    "ACTIVATION_CHECKPOINTING", "FENCED_EXIT_CODE", "FLAVORS", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
     "DataConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig",
 ]  # fmt: skip
 
@@ -41,6 +43,9 @@ WORKER_LOST_EXIT_CODE = 76
 """A node's exit status when a training process was killed by a signal (the OOM killer's or anyone's
 SIGKILL): nothing was saved, the group can resume from its last committed checkpoint; relaunches for
 this are bounded by the job's ``max_failures``."""
+FENCED_EXIT_CODE = 78
+"""Another group took over the checkpoint directory (its writer lease is newer than this group's): this
+group stopped before committing anything more. A failure, never a relaunch: the newer group is the writer."""
 
 # Trigger-form sections (airflow_dtrain.params): where a field is shown.
 MODEL_AND_DATA = "Model & data"
