@@ -198,13 +198,14 @@ class Checkpointer:
         outcome: tuple = ()
         if self.rank == 0:
             try:
-                foreign = self.dir.foreign_jobs(self.job)
+                foreign = self.dir.foreign_jobs(self.job, self.cfg.continue_job)
                 if foreign:
                     other, paths = next(iter(sorted(foreign.items())))
                     outcome = ("refused", (
                         f"job: this run is job {self.job!r}, but {self.root} holds checkpoints of job {other!r} "
                         f"({', '.join(p.rsplit('/', 1)[-1] for p in paths)}): a job never resumes or prunes "
-                        f"another job's checkpoints (use another checkpoint.uri, or job={other!r} to continue it)"
+                        f"another job's checkpoints (use another checkpoint.uri, or checkpoint.continue_job={other!r} to "
+                        f"continue it as {self.job!r})"
                     ))  # fmt: skip
                 else:
                     lease = self.dir.acquire_lease({
@@ -387,7 +388,7 @@ class Checkpointer:
             self.storage.write_json(self.dir.manifest_path(step), manifest)  # the commit point
             newer = self._newer_lease()  # retention deletes: only the writer may
             if newer is None:
-                self.dir.prune(self.cfg.keep, job=self.job)
+                self.dir.prune(self.cfg.keep, job=self.job, continues=self.cfg.continue_job)
                 self._heartbeat(step)
         # nobody reports the checkpoint before it is committed (a broadcast from rank 0 waits for it)
         newer = self._from_rank0(None if newer is None else tuple(newer))
@@ -481,7 +482,7 @@ class Checkpointer:
         """
         name = path.rstrip("/").rsplit("/", 1)[-1]
         manifest = self.dir.manifest(path)
-        if self.job and manifest.get("job") and manifest["job"] != self.job:
+        if self.job and manifest.get("job") and manifest["job"] not in (self.job, self.cfg.continue_job):
             raise ConfigError(f"job: this run is job {self.job!r}, but {path} belongs to job {manifest['job']!r}: "
                               f"a job never resumes another job's checkpoints (use another checkpoint.uri)")
         if manifest["flavor"] != self.flavor:

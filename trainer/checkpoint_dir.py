@@ -281,17 +281,17 @@ class CheckpointDir:
         self.storage.remove_file(self.manifest_path(step))
         self.storage.remove_tree(self.step_path(step))
 
-    def prune(self, keep: int, job: str | None = None) -> list[str]:
+    def prune(self, keep: int, job: str | None = None, continues: str = "") -> list[str]:
         """Retention: keep the last ``keep`` committed checkpoints and every one marked best, and drop
         interrupted saves older than the latest committed one; returns the paths removed.
 
         An interrupted save newer than the latest may be a save still in flight: it stays.
         ``job`` (not None): only checkpoints of that job (or of none: no ``job`` in the manifest,
-        or "") count and are removed; another job's are never touched.
+        or "", or of the job it ``continues``) count and are removed; another job's are never touched.
         """
         steps = self.step_dirs()
         every = [c for c in steps if self.is_committed(c.path)]
-        committed = every if job is None else [c for c in every if self.job_of(c.path) in ("", job)]
+        committed = every if job is None else [c for c in every if self.job_of(c.path) in ("", job, continues)]
         if not committed:
             return []
         removed = [c.path for c in committed[:-keep] if not self.is_best(c.path)] if keep > 0 else []
@@ -312,14 +312,15 @@ class CheckpointDir:
         except (FileNotFoundError, ValueError):
             return ""
 
-    def foreign_jobs(self, job: str) -> dict[str, list[str]]:
-        """{other job: [its committed checkpoints]} for a run of ``job``; {} when ``job`` is ""."""
+    def foreign_jobs(self, job: str, continues: str = "") -> dict[str, list[str]]:
+        """{other job: [its committed checkpoints]} for a run of ``job`` (that ``continues`` another
+        one, whose checkpoints are then not foreign); {} when ``job`` is ""."""
         if not job:
             return {}
         found: dict[str, list[str]] = {}
         for c in self.committed():
             other = self.job_of(c.path)
-            if other and other != job:
+            if other and other not in (job, continues):
                 found.setdefault(other, []).append(c.path)
         return found
 

@@ -166,6 +166,13 @@ class CheckpointConfig:
         "hashed in its own thread too.",
     )  # fmt: skip
 
+    continue_job: str = setting(
+        "", pattern=JOB_PATTERN,
+        rule="must be 1-63 lowercase letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        help="A run of one job refuses a directory holding another job's checkpoints; naming that job here "
+        "continues it instead (resumes from and retires its checkpoints) under this run's job name.",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         check(self, self._section)
         _check_uri(self.uri)

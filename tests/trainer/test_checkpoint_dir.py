@@ -191,6 +191,9 @@ def test_retention_never_counts_or_removes_another_jobs_checkpoints(root):
 
     assert sorted(removed) == [ckpt.step_path(4), ckpt.step_path(6)]
     assert [c.step for c in ckpt.committed()] == [2, 8, 10]
+    # a run that continues job "other" under its own name: other's checkpoints are its own now
+    assert ckpt.foreign_jobs("mine", continues="other") == {}
+    assert ckpt.prune(keep=1, job="mine", continues="other") == [ckpt.step_path(2), ckpt.step_path(8)]
 
 
 def test_writer_leases_taken_concurrently_get_distinct_increasing_tokens(root):

@@ -75,5 +75,6 @@ def test_a_run_refuses_a_directory_holding_another_jobs_checkpoints(data_dir, tm
 
     assert run.returncode == 2, run
     assert "'llama-b'" in run.stderr and "'llama-a'" in run.stderr and str(ckpt) in run.stderr, run.stderr[-2000:]
+    assert "checkpoint.continue_job='llama-a'" in run.stderr
     assert not (ckpt / "lease").exists()  # no lease taken: the other job's writer is not fenced off by a refusal
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000004"]
