@@ -25,7 +25,7 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.spec import group_name, relaunch_index
 from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import BUDGET_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, WORKER_LOST_EXIT_CODE
 from trainer.cost import billed
 
 if TYPE_CHECKING:
@@ -213,6 +213,12 @@ class GroupSession:
             )  # fmt: skip
             return self.launch(relaunch_index(self.base, name) + 1)
         metrics.incr("group.failures")
+        if FENCED_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
+            raise self.error(
+                f"{self.purpose} group {name} stopped (exit {FENCED_EXIT_CODE}): another group took over the "
+                f"checkpoint directory {self.spec.train.checkpoint.uri} (its writer lease is newer); not relaunching: "
+                f"{event.get('message')}\nLast lines of its log:\n" + "\n".join(event.get("log_tail") or [])
+            )
         if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             lost = sum(WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values() for n in self.groups())
             if lost <= self.spec.max_failures:

@@ -9,9 +9,13 @@ in ``trainer/config.py``. Flags override the config file; ``--set`` overrides an
 """
 
 import argparse
+import ctypes
+import os
+import signal
 import sys
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.checkpoint_dir import WriterFenced
+from trainer.config import FENCED_EXIT_CODE, ConfigError, TrainConfig
 from trainer.fields import add_arguments
 
 
@@ -32,7 +36,31 @@ def parse_config(argv: list[str]) -> TrainConfig:
     return cfg.with_overrides(overrides)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_agent() -> None:
+    """Under torchrun: get SIGTERM when the agent that started this worker dies, even by SIGKILL.
+
+    A torchrun agent that is killed outright cannot forward anything; its workers would train
+    on, orphaned, and keep writing the checkpoint directory beside the group that replaces
+    them. SIGTERM is the preemption signal: the worker saves its step and exits 75 (its peers
+    lost, the save may fail; the writer lease fences it off either way). Checking the parent
+    afterwards closes the race with an agent that died before the prctl.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    agent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != agent or agent == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_agent()
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv)
         from trainer.train import train, world_size_from_env  # torch: only once the config is good
@@ -46,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # found while starting up (e.g. data.dataset is not a token directory)
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except WriterFenced as e:
+        print(f"[trainer] fenced off, exit {FENCED_EXIT_CODE}: {e}", file=sys.stderr, flush=True)
+        return FENCED_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -10,6 +10,18 @@ shard files, hashes them and (for s3://) uploads them; only once all ranks have 
 so does rank 0 write the manifest, last. A crash or kill -9 at any point before that
 leaves the previous checkpoint as the latest.
 
+One writer per directory: at construction rank 0 refuses a directory holding another job's
+checkpoints, then takes a writer lease (a fencing token, trainer/checkpoint_dir.py). Before
+every save starts writing and again before every manifest (and before retention prunes),
+rank 0 checks that no newer lease exists; if one does, a newer group (e.g. an Airflow retry
+that started while this group was orphaned) owns the directory, and every rank raises
+``WriterFenced`` without committing. What remains: a save already writing its step files
+when the newer lease is taken finishes writing them (never committing them); the newer
+group rewrites that step directory from scratch if it reaches the same step. And the check
+and the manifest write are two operations: a lease taken between them (a window of one
+file write) lets one more manifest through, which the newer writer, having chosen its resume
+point already, never reads.
+
 Async saves (checkpoint.async_save): save() only snapshots the small non-tensor state
 and hands the tensors to DCP's DefaultStager, which copies them to host memory (pinned,
 reused across saves, on GPU) in a thread of its own. The copy overlaps the next step's
@@ -28,6 +40,7 @@ import os
 import random
 from typing import Any
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -43,10 +56,10 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.config import CheckpointConfig, ConfigError
 from trainer.fields import flatten
-from trainer.checkpoint_dir import CheckpointDir, step_dir_name
+from trainer.checkpoint_dir import CheckpointDir, Lease, WriterFenced, step_dir_name
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 
-__all__ = ["Checkpointer", "storage_reader", "write_json_atomic"]
+__all__ = ["Checkpointer", "WriterFenced", "storage_reader", "write_json_atomic"]
 
 # Test hook, named as such: "STEP:SECONDS" makes rank 0 sleep after the files of that
 # step are written (and uploaded) but before its manifest, so that a test can kill -9
@@ -145,8 +158,9 @@ class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 
     def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str,
-                 rank: int, world_size: int, device: torch.device | None = None):
+                 rank: int, world_size: int, device: torch.device | None = None, job: str | None = None):
         self.cfg, self.flavor, self.config, self.config_hash = cfg, flavor, config, config_hash
+        self.job = str(config.get("job") or "") if job is None else job
         self.rank, self.world_size = rank, world_size
         self.device = device or torch.device("cpu")
         self.storage = Storage(cfg.uri) if cfg.uri else None
@@ -163,10 +177,70 @@ class Checkpointer:
         self._pending: tuple[Future, dict] | None = None
         self._staging: tuple[Future, dict] | None = None  # the async save's copy to host memory, in flight
         self._completed: list[dict] = []
+        self.lease: Lease | None = self._take_lease() if self.storage is not None else None
 
     @property
     def enabled(self) -> bool:
         return self.storage is not None
+
+    # ------------------------------------------------------------------ one writer
+
+    def _from_rank0(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (on the checkpoint's own group)."""
+        if dist.is_initialized() and self.world_size > 1:
+            box = [value]
+            dist.broadcast_object_list(box, src=0, group=self.pg)
+            return box[0]
+        return value
+
+    def _take_lease(self) -> Lease:
+        """Rank 0 refuses another job's directory, else takes the writer lease; every rank learns the outcome."""
+        outcome: tuple = ()
+        if self.rank == 0:
+            try:
+                foreign = self.dir.foreign_jobs(self.job, self.cfg.continue_job)
+                if foreign:
+                    other, paths = next(iter(sorted(foreign.items())))
+                    outcome = ("refused", (
+                        f"job: this run is job {self.job!r}, but {self.root} holds checkpoints of job {other!r} "
+                        f"({', '.join(p.rsplit('/', 1)[-1] for p in paths)}): a job never resumes or prunes "
+                        f"another job's checkpoints (use another checkpoint.uri, or checkpoint.continue_job={other!r} to "
+                        f"continue it as {self.job!r})"
+                    ))  # fmt: skip
+                else:
+                    lease = self.dir.acquire_lease({
+                        "job": self.job, "group": os.environ.get("DTRAIN_GROUP_NAME"),
+                        "host": socket.gethostname(), "pid": os.getpid(),
+                    })  # fmt: skip
+                    outcome = ("lease", lease.token, lease.info)
+            except Exception as err:  # noqa: BLE001 - the other ranks must hear of it, not hang
+                outcome = ("error", f"cannot take the writer lease in {self.root}: {type(err).__name__}: {err}")
+        outcome = self._from_rank0(outcome)
+        if outcome[0] == "refused":
+            raise ConfigError(outcome[1])
+        if outcome[0] == "error":
+            raise RuntimeError(outcome[1])
+        if self.rank == 0:
+            print(f"[trainer] writer lease {outcome[1]} on {self.root}", file=sys.stderr, flush=True)
+        return Lease(outcome[1], outcome[2])
+
+    def _newer_lease(self) -> Lease | None:
+        """(Rank 0) the newest lease when it is newer than ours: another group took the directory over."""
+        newest = self.dir.newest_lease()
+        return newest if newest is not None and newest.token > self.lease.token else None
+
+    def _fenced(self, newer: Lease, step: int) -> WriterFenced:
+        message = (f"another group took over the checkpoint directory {self.root}: writer lease {newer.token} "
+                   f"(group {newer.group}) is newer than this group's {self.lease.token}; step {step} is not "
+                   f"committed and this group stops")  # fmt: skip
+        return WriterFenced(message)
+
+    def _check_fence(self, step: int) -> None:
+        """On every rank together: raise WriterFenced when rank 0 sees a newer lease."""
+        newer = self._newer_lease() if self.rank == 0 else None
+        newer = self._from_rank0(None if newer is None else tuple(newer))
+        if newer is not None:
+            raise self._fenced(Lease(*newer), step)
 
     def latest(self) -> tuple[int, str] | None:
         return self.dir.latest() if self.enabled else None
@@ -204,6 +278,7 @@ class Checkpointer:
                                     "seconds": time.perf_counter() - start, "blocked_s": time.perf_counter() - start})
             return path
         write_dir = self._staging_dir(step) if self.storage.remote else path
+        self._check_fence(step)  # a fenced group must not even clear a step directory: it may be the new writer's
         if self.rank == 0:
             if os.path.exists(write_dir):
                 shutil.rmtree(write_dir)  # an interrupted save of this step (maybe another world size)
@@ -293,9 +368,14 @@ class Checkpointer:
         _maybe_test_delay(step, self.rank)
         gathered = [None] * self.world_size
         dist.all_gather_object(gathered, files, group=self.pg)
+        newer = None
         if self.rank == 0:
+            newer = self._newer_lease()  # the fence: a newer writer owns the directory now
+        if self.rank == 0 and newer is None:
             manifest = {
                 "step": step,
+                "job": self.job,
+                "lease": self.lease.token,
                 "world_size": self.world_size,
                 "flavor": self.flavor,
                 "config_hash": self.config_hash,
@@ -306,8 +386,12 @@ class Checkpointer:
                 "config": self.config,
             }
             self.storage.write_json(self.dir.manifest_path(step), manifest)  # the commit point
-            self.dir.prune(self.cfg.keep)
-        dist.barrier(group=self.pg)  # nobody reports the checkpoint before it is committed
+            newer = self._newer_lease()  # retention deletes: only the writer may
+            if newer is None:
+                self.dir.prune(self.cfg.keep, job=self.job, continues=self.cfg.continue_job)
+                self._heartbeat(step)
+        # nobody reports the checkpoint before it is committed (a broadcast from rank 0 waits for it)
+        newer = self._from_rank0(None if newer is None else tuple(newer))
         if self.storage.remote:
             for n in mine:
                 os.remove(os.path.join(write_dir, n))
@@ -315,8 +399,15 @@ class Checkpointer:
                 os.rmdir(write_dir)
             except OSError:
                 pass  # another local rank's files are still there
+        if newer is not None:
+            raise self._fenced(Lease(*newer), step)
         return {"step": step, "path": path, "reason": info["reason"],
                 "seconds": time.perf_counter() - info["start"]}
+
+    def _heartbeat(self, step: int) -> None:
+        """(Rank 0) renew the lease file: who writes here, and when it last committed (for people and tools)."""
+        info = {**self.lease.info, "heartbeat_at": time.time(), "last_commit": step}
+        self.storage.write_json(self.dir.lease_path(self.lease.token), info, durable=False)
 
     def completed(self) -> list[dict]:
         """Saves committed since the last call: [{"step", "path", "reason", "seconds", "blocked_s"}].
@@ -391,6 +482,9 @@ class Checkpointer:
         """
         name = path.rstrip("/").rsplit("/", 1)[-1]
         manifest = self.dir.manifest(path)
+        if self.job and manifest.get("job") and manifest["job"] not in (self.job, self.cfg.continue_job):
+            raise ConfigError(f"job: this run is job {self.job!r}, but {path} belongs to job {manifest['job']!r}: "
+                              f"a job never resumes another job's checkpoints (use another checkpoint.uri)")
         if manifest["flavor"] != self.flavor:
             raise ConfigError(
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "

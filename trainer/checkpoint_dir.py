@@ -6,6 +6,7 @@ Layout under a checkpoint URI (a local path, ``file://`` or ``s3://``)::
         .metadata, __0_0.distcp, __1_0.distcp, ...   torch.distributed.checkpoint files
         BEST                                         optional: kept by retention (mark_best)
         manifest.json                                written last: the commit point
+    lease/0000000007.json                            the writer lease: the highest token is the one writer
     progress.json                                    the live status (trainer/progress.py)
     summary.json                                     the run summary (FSDPTrainOperator)
     evals/latest.json                                held-out results (trainer/evaluate.py)
@@ -20,6 +21,13 @@ A model registry (EvaluateCheckpointOperator's ``registry_uri``) is read with th
 evaluation, export, the cost ledger, the summary): the highest step directory that holds
 a manifest. A step directory without one is an interrupted save, never the latest.
 
+One writer per directory: a training group takes a lease at start, ``lease/<token>.json``
+created exclusively with token = 1 + the highest one there (see ``acquire_lease``). A group
+whose token is no longer the highest has been fenced off by a newer one (a retry that
+started while it still ran) and must not commit (trainer/checkpoint.py checks before
+every manifest). A manifest names the job (``"job"``) and the lease token that wrote it;
+checkpoints of another job are never resumed or pruned (``foreign_jobs``, ``prune``).
+
 Writing a checkpoint (the DCP save, the commit protocol) stays in trainer/checkpoint.py
 and progress.json's writer in trainer/progress.py; they take the names from here.
 
@@ -32,6 +40,7 @@ and the provider, change the directory between two looks.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import time
@@ -55,12 +64,17 @@ SPEND = "spend"
 """Under a job's ledger root (its checkpoint directory, or a sweep's): ``spend/<attempt>.json``, one file
 per attempt (pod group), rewritten by that attempt as it runs and finalised by the provider when it ends.
 One writer per file, so attempts of a job, or members of a sweep, never race on a shared total."""
+LEASES = "lease"
+"""Writer leases, one file per token: ``lease/<token:010d>.json``."""
+LEASES_KEPT = 4
+"""Lease files kept (the newest); older ones only tell the history, and the current one is never pruned."""
 REGISTRY_BEST = "best.json"
 """In a model registry, not a checkpoint directory: the best checkpoint so far."""
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 STEP_DIR_GLOB = "step-*"
 """For messages: what a step directory looks like."""
+LEASE_FILE = re.compile(r"^(\d{10})\.json$")
 
 
 def step_dir_name(step: int) -> str:
@@ -71,6 +85,26 @@ def step_of(path: str) -> int | None:
     """The step a step directory (a name, a path or a URL) holds; None for anything else."""
     match = STEP_DIR.match(path.rstrip("/").rsplit("/", 1)[-1])
     return int(match.group(1)) if match else None
+
+
+class WriterFenced(RuntimeError):
+    """A newer writer lease exists in the checkpoint directory: another group took it over, and
+    this one must commit nothing more (``python -m trainer`` exits ``FENCED_EXIT_CODE``)."""
+
+
+def lease_file_name(token: int) -> str:
+    return f"{token:010d}.json"
+
+
+class Lease(NamedTuple):
+    """A writer lease: its fencing token and what its file says (who took it, when)."""
+
+    token: int
+    info: dict[str, Any]
+
+    @property
+    def group(self) -> str:
+        return self.info.get("group") or f"pid {self.info.get('pid', '?')} on {self.info.get('host', '?')}"
 
 
 class Checkpoint(NamedTuple):
@@ -278,22 +312,90 @@ class CheckpointDir:
         self.storage.remove_file(self.manifest_path(step))
         self.storage.remove_tree(self.step_path(step))
 
-    def prune(self, keep: int) -> list[str]:
+    def prune(self, keep: int, job: str | None = None, continues: str = "") -> list[str]:
         """Retention: keep the last ``keep`` committed checkpoints and every one marked best, and drop
         interrupted saves older than the latest committed one; returns the paths removed.
 
         An interrupted save newer than the latest may be a save still in flight: it stays.
+        ``job`` (not None): only checkpoints of that job (or of none: no ``job`` in the manifest,
+        or "", or of the job it ``continues``) count and are removed; another job's are never touched.
         """
         steps = self.step_dirs()
-        committed = [c for c in steps if self.is_committed(c.path)]
+        every = [c for c in steps if self.is_committed(c.path)]
+        committed = every if job is None else [c for c in every if self.job_of(c.path) in ("", job, continues)]
         if not committed:
             return []
         removed = [c.path for c in committed[:-keep] if not self.is_best(c.path)] if keep > 0 else []
-        committed_steps = {c.step for c in committed}
+        committed_steps = {c.step for c in every}
         removed += [c.path for c in steps if c.step < committed[-1].step and c.step not in committed_steps]
         for path in removed:
             self.remove(path)
         return removed
+
+    # -- whose checkpoints, and who writes them ---------------------------------------------
+    def job_of(self, step: int | str) -> str:
+        """The job a committed checkpoint belongs to ("" for none: older manifests have no such field).
+
+        A manifest that vanished (pruned meanwhile) or does not parse counts as no job's.
+        """
+        try:
+            return str(self.manifest(step).get("job") or "")
+        except (FileNotFoundError, ValueError):
+            return ""
+
+    def foreign_jobs(self, job: str, continues: str = "") -> dict[str, list[str]]:
+        """{other job: [its committed checkpoints]} for a run of ``job`` (that ``continues`` another
+        one, whose checkpoints are then not foreign); {} when ``job`` is ""."""
+        if not job:
+            return {}
+        found: dict[str, list[str]] = {}
+        for c in self.committed():
+            other = self.job_of(c.path)
+            if other and other not in (job, continues):
+                found.setdefault(other, []).append(c.path)
+        return found
+
+    def leases(self) -> list[int]:
+        """The tokens of the lease files there, lowest first ([] before the first writer)."""
+        return sorted(int(m.group(1)) for name in self.storage.listdir(self.path(LEASES))
+                      if (m := LEASE_FILE.match(name)))  # fmt: skip
+
+    def lease_path(self, token: int) -> str:
+        return self.path(LEASES, lease_file_name(token))
+
+    def lease(self, token: int) -> Lease:
+        """A lease's file; its info is {} when it was pruned or is not readable."""
+        try:
+            return Lease(token, self.storage.read_json(self.lease_path(token)))
+        except (FileNotFoundError, ValueError):
+            return Lease(token, {})
+
+    def newest_lease(self) -> Lease | None:
+        tokens = self.leases()
+        return self.lease(tokens[-1]) if tokens else None
+
+    def acquire_lease(self, info: dict[str, Any], attempts: int = 100) -> Lease:
+        """Become the writer: create ``lease/<token>.json`` with token = 1 + the highest one there.
+
+        The creation is exclusive (``Storage.create_exclusive``), so two writers racing for one
+        token get one each: the loser takes the next. Every earlier holder is fenced off from then on.
+        """
+        self.storage.makedirs()
+        token = (self.leases() or [0])[-1] + 1
+        for _ in range(attempts):
+            body = {"token": token, **info, "acquired_at": time.time()}
+            if self.storage.create_exclusive(self.lease_path(token), json.dumps(body, indent=2)):
+                self.prune_leases(token)
+                return Lease(token, body)
+            token = max(token + 1, (self.leases() or [0])[-1] + 1)
+        raise RuntimeError(f"could not take a writer lease in {self.path(LEASES)} after {attempts} attempts")
+
+    def prune_leases(self, current: int, keep: int = LEASES_KEPT) -> None:
+        """Remove all but the ``keep`` newest lease files; never ``current`` nor any newer one."""
+        tokens = self.leases()
+        for token in tokens[:-keep] if keep > 0 else tokens:
+            if token < current:
+                self.storage.remove_file(self.lease_path(token))
 
     # -- files beside the step directories --------------------------------------------------
     def read_json(self, name: str, default: Any = None) -> Any:

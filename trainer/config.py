@@ -17,6 +17,8 @@ Exit codes of ``python -m trainer`` (and of ``python -m trainer.launch`` per nod
   a signal (OOM killer, kill -9); resumable from the last committed checkpoint.
 * ``BUDGET_EXIT_CODE`` (77) -- the job's dollar cap (``cost.budget_usd``) would have been passed before the
   next checkpoint: the current step was saved and the job stopped. Relaunching it spends past the cap.
+* ``FENCED_EXIT_CODE`` (78) -- another group took over the checkpoint directory (a newer writer
+  lease, see trainer/checkpoint_dir.py): this one stopped without committing; never relaunched.
 * anything else -- a failure (non-finite loss, crash); retrying may not help.
 """
 
@@ -33,7 +35,7 @@ from trainer.fields import ConfigError, check, coerce, field_types, setting
 from trainer.flavors import FLAVORS
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "FLAVORS", "BUDGET_EXIT_CODE", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
+    "ACTIVATION_CHECKPOINTING", "FLAVORS", "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
     "DataConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig",
 ]  # fmt: skip
 
@@ -45,6 +47,9 @@ SIGKILL): nothing was saved, the group can resume from its last committed checkp
 this are bounded by the job's ``max_failures``."""
 BUDGET_EXIT_CODE = 77
 """The job stopped at its dollar cap: the step it reached is saved; do not relaunch it."""
+FENCED_EXIT_CODE = 78
+"""Another group took over the checkpoint directory (its writer lease is newer than this group's): this
+group stopped before committing anything more. A failure, never a relaunch: the newer group is the writer."""
 
 # Trigger-form sections (airflow_dtrain.params): where a field is shown.
 MODEL_AND_DATA = "Model & data"
@@ -163,6 +168,13 @@ class CheckpointConfig:
         4, ge=1, le=64,
         help="Files each rank writes in parallel per save (DCP's FileSystemWriter thread_count); each file is "
         "hashed in its own thread too.",
+    )  # fmt: skip
+
+    continue_job: str = setting(
+        "", pattern=JOB_PATTERN,
+        rule="must be 1-63 lowercase letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        help="A run of one job refuses a directory holding another job's checkpoints; naming that job here "
+        "continues it instead (resumes from and retires its checkpoints) under this run's job name.",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -4,6 +4,8 @@ torchrun exits 1 for every failure, so a node could not tell "preempted, resumab
 from "crashed". This maps the outcome to the node's exit code:
 
 * all workers succeeded                                   -> 0
+* a worker was fenced off (exit 78: another group took over the checkpoint
+  directory; its peers may have failed with it in whatever way)          -> 78
 * workers failed, every one of them with exit code 75     -> 75 (they saved and stopped)
 * the agent itself got SIGTERM/SIGINT/SIGHUP (SignalException): torchrun has already
   forwarded SIGTERM to its workers and waited for them to save               -> 75
@@ -17,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -32,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         code, why = 0, "all workers succeeded"
     except ChildFailedError as e:
         codes = sorted({f.exitcode for f in e.failures.values()})
-        if codes == [PREEMPTED_EXIT_CODE]:
+        if FENCED_EXIT_CODE in codes:
+            code, why = FENCED_EXIT_CODE, f"another group took over the checkpoint directory (exit codes {codes})"
+        elif codes == [PREEMPTED_EXIT_CODE]:
             code, why = PREEMPTED_EXIT_CODE, f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)"
         elif codes == [BUDGET_EXIT_CODE]:
             code, why = BUDGET_EXIT_CODE, "every worker stopped at the job's dollar cap (checkpoint saved)"

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import uuid
 
 
 # The checksum new manifests record per file, under its own name: {"size": ..., "xxh3_128": "<hex>"}.
@@ -153,6 +154,43 @@ class Storage:
             write_text_atomic(path, text, durable=durable)
             return
         self.fs.pipe_file(path, text.encode())
+
+    def create_exclusive(self, path: str, text: str) -> bool:
+        """Create ``path`` holding ``text`` only if it does not exist yet; False when it already did.
+
+        Atomic against every other creator, here and on other machines: locally a hard link of a
+        complete temporary file (``link`` fails if the name exists, like ``O_CREAT|O_EXCL``, and a
+        reader never sees the file half-written); on S3 a conditional PUT (``If-None-Match: *``,
+        answered 412 when the key exists, which s3fs raises as FileExistsError).
+        """
+        if self.remote:
+            try:
+                self.fs.pipe_file(path, text.encode(), IfNoneMatch="*")
+            except FileExistsError:
+                return False
+            return True
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: O_EXCL, the contents written after
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.remove(tmp)
+        return True
 
     def put_file(self, local_path: str, path: str) -> None:
         """Upload a local file (remote roots only)."""

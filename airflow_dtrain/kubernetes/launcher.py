@@ -40,7 +40,7 @@ from airflow_dtrain.kubernetes.objects import (
     task_name,
 )
 from airflow_dtrain.kubernetes.status import pod_index
-from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, PredecessorStillRunning
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
@@ -83,6 +83,8 @@ class KubernetesLauncher(PodGroupLauncher):
     :param kubernetes_conn_id: the Kubernetes connection (``kubernetes_default``: in-cluster or ~/.kube/config).
     :param namespace: the groups' namespace; default: the connection's, else ``default``.
     :param poll_interval: seconds between looks while waiting on the cluster (stop, relaunch).
+    :param predecessor_wait_s: how long a launch waits for the pods of an earlier group of the same
+        task to end before it fails; default: their terminationGracePeriodSeconds + 30.
     """
 
     backend = "kubernetes"
@@ -94,10 +96,12 @@ class KubernetesLauncher(PodGroupLauncher):
         kubernetes_conn_id: str = "kubernetes_default",
         namespace: str | None = None,
         poll_interval: float = 1.0,
+        predecessor_wait_s: float | None = None,
     ) -> None:
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
         self.poll_interval = poll_interval
+        self.predecessor_wait_s = predecessor_wait_s
 
     # -- the API, through the provider's hook ---------------------------------------------------
     @cached_property
@@ -182,7 +186,12 @@ class KubernetesLauncher(PodGroupLauncher):
         return self.status(name)
 
     def _wait_for_predecessors(self, name: str) -> None:
-        """Earlier groups of this task must be gone: two groups never write one checkpoint at once."""
+        """Earlier groups of this task must be gone: two groups never write one checkpoint at once.
+
+        Their pods get their grace period to save and exit (a suspended or deleted Job's pods are
+        saving their step); a pod still there after it (a node that stopped answering, a pod stuck
+        terminating) fails the launch, naming the group, rather than starting a second writer.
+        """
         selector = f"{LABEL_TASK}={task_name(name)},{LABEL_GROUP}!={name}"
         deadline = None
         while True:
@@ -192,14 +201,19 @@ class KubernetesLauncher(PodGroupLauncher):
             ]  # fmt: skip
             if not alive:
                 return
-            grace = max(p["spec"].get("terminationGracePeriodSeconds", 30) for p in alive)
-            deadline = deadline or time.monotonic() + grace + 30
+            if deadline is None:
+                wait = self.predecessor_wait_s
+                if wait is None:
+                    wait = max(p["spec"].get("terminationGracePeriodSeconds", 30) for p in alive) + 30
+                deadline = time.monotonic() + wait
             if time.monotonic() > deadline:
-                self.log.warning(
-                    "Pods of an earlier group are still there after %ds: %s",
-                    grace + 30, ", ".join(p["metadata"]["name"] for p in alive),
-                )  # fmt: skip
-                return
+                groups = sorted({p["metadata"].get("labels", {}).get(LABEL_GROUP, "?") for p in alive})
+                raise PredecessorStillRunning(
+                    f"group {name} not launched: group {', '.join(groups)} of the same task is still running in "
+                    f"namespace {self.namespace} ({len(alive)} pod(s): "
+                    f"{', '.join(p['metadata']['name'] for p in alive)}) after {wait:.0f}s; two groups would "
+                    f"write one checkpoint directory. Delete it (kubectl delete job {groups[0]}) or wait, then retry"
+                )
             self.log.info(
                 "Waiting for %d pod(s) of an earlier group to end (saving their checkpoint)", len(alive)
             )

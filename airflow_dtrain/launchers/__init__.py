@@ -12,6 +12,7 @@ from airflow_dtrain.launchers.base import (
     GroupStatus,
     LogChunk,
     PodGroupLauncher,
+    PredecessorStillRunning,
     poll_group,
 )
 from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs, local_state_dir, relaunches
@@ -22,6 +23,7 @@ __all__ = [
     "GroupStatus",
     "LogChunk",
     "PodGroupLauncher",
+    "PredecessorStillRunning",
     "get_launcher",
     "launcher_kwargs",
     "local_state_dir",

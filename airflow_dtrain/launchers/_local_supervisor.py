@@ -7,6 +7,12 @@ agent per node, copies their output into ``group.log`` with a ``[nodeN]``
 prefix, ends the group when one node ends badly, and writes ``result.json``
 last. It is a child subreaper, so torchrun workers orphaned by a dead agent are
 reparented to it and never outlive the group.
+
+If the supervisor itself dies (kill -9, the OOM killer), its agents get SIGTERM from the
+kernel (PR_SET_PDEATHSIG): they forward it to their workers, which save their step and
+exit 75, as on a preemption; workers whose agent is killed outright get the same from
+their own parent-death signal (trainer/__main__.py). Nothing of a dead supervisor's group
+trains on beside the group an Airflow retry launches next.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState
-from trainer.config import BUDGET_EXIT_CODE
+from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -55,6 +62,25 @@ def _become_subreaper() -> None:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _die_with(parent: int):
+    """A preexec_fn: the child gets SIGTERM when ``parent`` dies (None off Linux).
+
+    The signal follows the death of the forking *thread*: the supervisor starts its nodes from
+    its main thread, which lives as long as it does. If the parent died before the prctl, the
+    child has been reparented already: it stops itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here, before the fork
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def _pump(stream, prefix: bytes, sink, lock: threading.Lock) -> None:
     for line in iter(stream.readline, b""):
         if not line.endswith(b"\n"):
@@ -75,6 +101,10 @@ def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tupl
     if all(code == 0 for code in codes.values()):
         return GroupState.SUCCEEDED, "all nodes exited 0"
     own = {i: c for i, c in codes.items() if i not in collateral and c != 0}
+    for i, code in sorted(own.items()):
+        if code == FENCED_EXIT_CODE:
+            return GroupState.FAILED, (f"node {i} exited {code}: another group took over the checkpoint directory "
+                                       "(a newer writer lease); this group stopped without committing")
     for i, code in sorted(own.items()):
         if code == PREEMPTED_EXIT_CODE:
             return GroupState.PREEMPTED, f"node {i} exited {code} (preempted, resumable)"
@@ -117,6 +147,7 @@ def main(group_dir: Path) -> int:
             env=_node_env(env, group, index),
             cwd=group.get("cwd") or None,
             start_new_session=True,
+            preexec_fn=_die_with(os.getpid()),
         )
         pump = threading.Thread(target=_pump, args=(node.stdout, f"[node{index}]".encode(), sink, lock))
         pump.start()

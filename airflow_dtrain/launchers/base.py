@@ -18,7 +18,15 @@ from trainer.config import PREEMPTED_EXIT_CODE
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
-__all__ = ["PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "poll_group"]
+__all__ = [
+    "PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "PredecessorStillRunning",
+    "poll_group",
+]  # fmt: skip
+
+
+class PredecessorStillRunning(RuntimeError):
+    """An earlier group of the same task is still running: launching another would put two writers
+    on one checkpoint directory, so the launch is refused (the task fails; a retry looks again)."""
 
 
 class GroupState(str, enum.Enum):

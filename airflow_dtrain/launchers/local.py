@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
 _MAX_LOG_CHUNK = 1 << 20
+PREDECESSOR_WAIT_CAP_S = 600.0
+"""The longest a launch waits for an earlier group's processes, whatever the spec's grace period."""
 
 
 def _free_port() -> int:
@@ -62,6 +65,7 @@ class LocalLauncher(PodGroupLauncher):
     """
 
     backend = "local"
+    log = logging.getLogger(__name__)
 
     def __init__(
         self,
@@ -85,6 +89,9 @@ class LocalLauncher(PodGroupLauncher):
                 "pip install 'airflow-dtrain[trainer]'"
             )
         group_dir = self._dir(name)
+        if (group_dir / "group.json").exists():
+            raise ValueError(f"group {name!r} already exists in {self.state_dir}")
+        self._end_predecessors(name, min(spec.train.checkpoint.grace_period_s + 15, PREDECESSOR_WAIT_CAP_S))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             group_dir.mkdir()
@@ -145,6 +152,47 @@ class LocalLauncher(PodGroupLauncher):
                 )
             time.sleep(0.05)
         return self.status(name)
+
+    def _end_predecessors(self, name: str, wait_s: float) -> None:
+        """No process of an earlier group of this task may run beside ``name``: wait, then SIGKILL.
+
+        An earlier group normally ends whole (its supervisor kills what is left before it writes
+        result.json). One whose supervisor was killed leaves its agents and workers running on
+        their own until the kernel's parent-death SIGTERM has them save and exit; this gives them
+        ``wait_s`` (the spec's checkpoint grace period) to do so, then kills what is left, so two
+        groups never write one checkpoint directory at once.
+        """
+        stem, sep, index = name.rpartition("-r")
+        if not sep or not index.isdigit():
+            return
+        earlier = [g for g in self.find(stem + "-r") if g != name and g[len(stem) + 2:].isdigit()]
+        deadline = time.monotonic() + wait_s
+        announced = False
+        while True:
+            alive = {g: procs for g in earlier if (procs := self.processes(g))}
+            if not alive:
+                if announced:
+                    self.log.info("The earlier group's processes have exited; launching %s", name)
+                return
+            described = "; ".join(f"{g}: {len(p)} process(es) (pids {', '.join(str(x.pid) for x in p)})"
+                                  for g, p in sorted(alive.items()))  # fmt: skip
+            if time.monotonic() > deadline:
+                self.log.warning("Processes of an earlier group are still running %.0fs later (%s): killing them "
+                                 "(SIGKILL) before launching %s", wait_s, described, name)  # fmt: skip
+                for group, procs in alive.items():
+                    for proc in procs:
+                        try:
+                            proc.kill()
+                        except psutil.NoSuchProcess:
+                            pass
+                    self._sweep(group)
+                psutil.wait_procs([p for procs in alive.values() for p in procs], timeout=10)
+                return
+            if not announced:
+                self.log.warning("Processes of an earlier group of this task are still running (%s): waiting up to "
+                                 "%.0fs for them to save and exit before launching %s", described, wait_s, name)  # fmt: skip
+                announced = True
+            time.sleep(0.5)
 
     def find(self, prefix: str) -> list[str]:
         if not self.state_dir.is_dir():

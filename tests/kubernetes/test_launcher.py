@@ -73,3 +73,23 @@ def test_an_existing_object_is_not_retried_and_leaves_nothing_behind(fake, tmp_p
     assert fake.requests[before:].count(("POST", "/api/v1/namespaces/default/configmaps")) == 1
     assert fake.jobs() == [] and fake.names("services") == []
     assert fake.get("configmaps", "taken-r0-config")["data"] == {"owner": "someone else"}
+
+
+def test_a_launch_fails_naming_an_earlier_group_of_the_task_that_is_still_running(fake, tmp_path):
+    from airflow_dtrain.launchers import PredecessorStillRunning
+    from airflow_dtrain.spec import JobSpec
+
+    launch_debug_group("writer-r0", tmp_path)
+    fake.run("writer-r0")  # its pods run on: e.g. the task's worker died and Airflow retries it
+    spec = JobSpec.from_arguments(
+        flavor="debug", steps=10, global_batch_size=2, micro_batch_size=1, num_nodes=2, procs_per_node=1,
+        backend="kubernetes", checkpoint_uri=str(tmp_path / "writer"),
+        kubernetes={"image": "ghcr.io/acme/dtrain:test", "volumes": [{"claim": "ckpt", "mount_path": str(tmp_path)}]},
+    )  # fmt: skip
+
+    started = time.monotonic()
+    with pytest.raises(PredecessorStillRunning, match=r"group writer-r1 not launched: group writer-r0 .*still running"):
+        KubernetesLauncher(poll_interval=0.2, predecessor_wait_s=1.0).launch("writer-r1", spec)
+
+    assert 1.0 <= time.monotonic() - started < 30
+    assert fake.jobs() == ["writer-r0"], "no second writer was created"

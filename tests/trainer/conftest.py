@@ -86,13 +86,13 @@ class Run:
         return f"Run(rc={self.returncode})\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
 
 
-def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float):
+def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, env: dict | None = None):
     """Start a run in a session of its own (so its workers can be reaped with it), with a
     watchdog that kills the whole group after `timeout` seconds. stderr goes to a file:
     a full pipe would block the run while we read its stdout."""
     stderr = tempfile.TemporaryFile(mode="w+")
     # torchrun starts each worker in a session of its own: a tag in the environment finds them all
-    env = {**trainer_env(data_dir), "DTRAIN_TEST_RUN": uuid.uuid4().hex}
+    env = {**trainer_env(data_dir), **(env or {}), "DTRAIN_TEST_RUN": uuid.uuid4().hex}
     proc = subprocess.Popen(trainer_cmd(args, nproc), cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
     proc.dtrain_tag = env["DTRAIN_TEST_RUN"]
@@ -127,8 +127,9 @@ def _finish(proc, stderr, watchdog, stdout: str) -> "Run":
     return run
 
 
-def run_trainer(args: list[str], data_dir: str, nproc: int | None = None, timeout: float = 240) -> Run:
-    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout)
+def run_trainer(args: list[str], data_dir: str, nproc: int | None = None, timeout: float = 240,
+                env: dict | None = None) -> Run:
+    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout, env)
     return _finish(proc, stderr, watchdog, proc.stdout.read())
 
 

@@ -26,13 +26,14 @@ class Root:
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         self.fs.pipe_file(path, data)
 
-    def save(self, step: int, *, commit: bool = True, cost: dict | None = None) -> None:
+    def save(self, step: int, *, commit: bool = True, cost: dict | None = None, job: str | None = None) -> None:
         """A step directory with its shard files; its manifest only if ``commit`` (else: an interrupted save)."""
         name = step_dir_name(step)
         self.put(f"{name}/.metadata", b"meta")
         self.put(f"{name}/__0_0.distcp", b"shard")
         if commit:
-            self.put(f"{name}/{MANIFEST}", {"step": step, "step_time_s": 1.5, **({"cost": cost} if cost else {})})
+            self.put(f"{name}/{MANIFEST}", {"step": step, "step_time_s": 1.5, **({"cost": cost} if cost else {}),
+                                            **({"job": job} if job is not None else {})})
 
     def names(self) -> list[str]:
         self.fs.invalidate_cache()
@@ -172,3 +173,57 @@ def test_importing_it_loads_neither_torch_nor_numpy_nor_fsspec():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'fsspec', 's3fs')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_retention_never_counts_or_removes_another_jobs_checkpoints(root):
+    root.save(2, job="other")
+    root.save(4)  # an older manifest: no job field, counts as this job's
+    root.save(6, job="mine")
+    root.save(8, job="other")
+    root.save(10, job="mine")
+    ckpt = CheckpointDir(root.uri)
+
+    assert ckpt.foreign_jobs("mine") == {"other": [ckpt.step_path(2), ckpt.step_path(8)]}
+    assert ckpt.foreign_jobs("") == {}  # a run without a job name claims nothing and refuses nothing
+    assert ckpt.job_of(4) == "" and ckpt.job_of(6) == "mine"
+
+    removed = ckpt.prune(keep=1, job="mine")
+
+    assert sorted(removed) == [ckpt.step_path(4), ckpt.step_path(6)]
+    assert [c.step for c in ckpt.committed()] == [2, 8, 10]
+    # a run that continues job "other" under its own name: other's checkpoints are its own now
+    assert ckpt.foreign_jobs("mine", continues="other") == {}
+    assert ckpt.prune(keep=1, job="mine", continues="other") == [ckpt.step_path(2), ckpt.step_path(8)]
+
+
+def test_writer_leases_taken_concurrently_get_distinct_increasing_tokens(root):
+    from concurrent.futures import ThreadPoolExecutor
+
+    ckpt = CheckpointDir(root.uri)
+    assert ckpt.leases() == [] and ckpt.newest_lease() is None
+
+    def take(i: int) -> list[int]:
+        mine = CheckpointDir(root.uri)  # a reader of its own, as another process would have
+        return [mine.acquire_lease({"group": f"g{i}", "pid": i}).token for _ in range(3)]
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        tokens = [t for part in pool.map(take, range(6)) for t in part]
+
+    assert sorted(tokens) == list(range(1, 19))  # every creator won a token of its own, none skipped twice
+    newest = ckpt.newest_lease()
+    assert newest.token == 18 and newest.info["token"] == 18 and newest.group.startswith("g")
+    assert ckpt.leases()[-1] == 18 and len(ckpt.leases()) <= 4 + 6  # old ones pruned (racing prunes may lag)
+
+
+def test_lease_creation_is_exclusive_across_processes(tmp_path):
+    """Processes, not threads: ``Storage.create_exclusive`` must hold against other writers of the file."""
+    script = (
+        "import sys; from trainer.checkpoint_dir import CheckpointDir\n"
+        "d = CheckpointDir(sys.argv[1])\n"
+        "print(' '.join(str(d.acquire_lease({'pid': 0}).token) for _ in range(10)))\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "ckpt")], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    tokens = [int(t) for p in procs for t in p.communicate(timeout=120)[0].split()]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(tokens) == list(range(1, 41))

@@ -82,10 +82,10 @@ def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(dat
     assert done["loss"] == pytest.approx(run.of("train")[-1]["loss"], abs=1e-5)
 
     # Retention keeps the last 2; each has a manifest whose hashes match the files.
-    assert sorted(p.name for p in ckpt.iterdir()) == ["progress.json", "step-00000004", "step-00000006"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["lease", "progress.json", "step-00000004", "step-00000006"]
     manifest = read_json(ckpt / "step-00000006" / "manifest.json")
-    assert {k: manifest[k] for k in ("step", "world_size", "flavor", "tokens_seen")} == {
-        "step": 6, "world_size": 1, "flavor": "debug", "tokens_seen": 6 * 8 * 32}
+    assert {k: manifest[k] for k in ("step", "world_size", "flavor", "tokens_seen", "job", "lease")} == {
+        "step": 6, "world_size": 1, "flavor": "debug", "tokens_seen": 6 * 8 * 32, "job": "", "lease": 1}
     assert len(manifest["config_hash"]) == 64 and manifest["wall_time_s"] > 0 and manifest["created_at"] > 0
     assert ".metadata" in manifest["files"]
     for name, entry in manifest["files"].items():
