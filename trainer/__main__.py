@@ -15,7 +15,7 @@ import signal
 import sys
 
 from trainer.checkpoint_dir import WriterFenced
-from trainer.config import FENCED_EXIT_CODE, ConfigError, TrainConfig
+from trainer.config import FENCED_EXIT_CODE, WORKER_LOST_EXIT_CODE, ConfigError, TrainConfig
 from trainer.fields import add_arguments
 
 
@@ -77,6 +77,27 @@ def main(argv: list[str] | None = None) -> int:
     except WriterFenced as e:
         print(f"[trainer] fenced off, exit {FENCED_EXIT_CODE}: {e}", file=sys.stderr, flush=True)
         return FENCED_EXIT_CODE
+    except Exception as e:
+        if not peer_lost(e):
+            raise
+        # A collective timed out or its connection broke: a peer hung or vanished (a node lost, a rank
+        # killed on another node). Nothing of this step was saved; the group resumes from its last checkpoint.
+        print(f"[trainer] lost a peer, exit {WORKER_LOST_EXIT_CODE}: {type(e).__name__}: {str(e).splitlines()[0]}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return WORKER_LOST_EXIT_CODE
+
+
+_PEER_LOST = ("timed out", "timeout", "connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` says a collective's peer hung or vanished (not a bug of this process)."""
+    import torch.distributed as dist
+
+    if isinstance(error, (dist.DistNetworkError, dist.DistStoreError)):
+        return True
+    message = str(error).lower()
+    return isinstance(error, (dist.DistBackendError, RuntimeError)) and any(m in message for m in _PEER_LOST)
 
 
 if __name__ == "__main__":

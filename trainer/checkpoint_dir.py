@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import time
@@ -125,6 +126,8 @@ class Ledger:
     """``{"spot" | "on_demand" | "local": {"node_hours", "gpu_hours", "dollars"}}``."""
     path: str | None = None
     """The checkpoint directory it was read from (None: no committed checkpoint yet)."""
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    """Newer committed checkpoints whose manifest failed its checks (``CheckpointInvalid.to_dict()``)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -138,6 +141,7 @@ class Ledger:
             "gpu_hours": self.gpu_hours,
             "by_capacity": self.by_capacity,
             "path": self.path,
+            "skipped": self.skipped,
         }
 
     @classmethod
@@ -171,6 +175,33 @@ class Ledger:
             step_time = None  # not measured (e.g. a checkpoint before the first timed step)
         return cls(step=int(manifest.get("step", 0)), step_time_s=step_time, total_dollars=total,
                    by_capacity=by_capacity, path=path)
+
+
+MANIFEST_REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
+"""Fields every committed manifest has."""
+
+
+class CheckpointInvalid(ValueError):
+    """A checkpoint failed a check; ``checkpoint``, ``check`` and ``file`` say which, where."""
+
+    def __init__(self, checkpoint: str, check: str, file: str, detail: str):
+        self.checkpoint, self.check, self.file, self.detail = checkpoint, check, file, detail
+        super().__init__(f"checkpoint {checkpoint}: check {check!r} failed for {file}: {detail}")
+
+    def to_dict(self) -> dict:
+        return {"checkpoint": self.checkpoint, "check": self.check, "file": self.file, "detail": self.detail}
+
+
+def _finite_numbers(value: Any, where: str) -> str | None:
+    """The dotted place of the first NaN/Inf number in ``value`` (None: none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bad = _finite_numbers(v, f"{where}.{k}" if where else str(k))
+            if bad:
+                return bad
+    return None
 
 
 @dataclass
@@ -291,6 +322,34 @@ class CheckpointDir:
         if not self.storage.exists(path):
             raise FileNotFoundError(f"{self.step_path(step)} is not a committed checkpoint: it has no {MANIFEST}")
         return self.storage.read_json(path)
+
+    def checked_manifest(self, step: int | str) -> dict[str, Any]:
+        """A committed checkpoint's manifest, checked (the first checks of ``trainer.validate``, and all the
+        budget task needs): it parses, has every required field, names its own step, holds no NaN/Inf
+        number, and its ledger reads. Raises ``CheckpointInvalid`` naming the check; never waits."""
+        path = self.step_path(step)
+        try:
+            manifest = self.manifest(step)
+        except FileNotFoundError:
+            raise CheckpointInvalid(path, "manifest", MANIFEST, "missing: the save was never committed") from None
+        except ValueError as err:
+            raise CheckpointInvalid(path, "manifest", MANIFEST, f"not valid JSON: {err}") from None
+        if not isinstance(manifest, dict):
+            raise CheckpointInvalid(path, "manifest", MANIFEST, f"not an object: {type(manifest).__name__}")
+        missing = [k for k in MANIFEST_REQUIRED if k not in manifest]
+        if missing:
+            raise CheckpointInvalid(path, "manifest", MANIFEST, f"lacks {', '.join(missing)}")
+        if manifest["step"] != step_of(path):
+            raise CheckpointInvalid(path, "manifest", MANIFEST,
+                                    f"says step {manifest['step']}, the directory is {step_dir_name(step_of(path))}")
+        bad = _finite_numbers({k: v for k, v in manifest.items() if k != "config"}, "")
+        if bad:
+            raise CheckpointInvalid(path, "manifest", MANIFEST, f"{bad} is not a finite number")
+        try:
+            Ledger.from_manifest(manifest, path, self.manifest_path(path))
+        except ValueError as err:
+            raise CheckpointInvalid(path, "manifest", MANIFEST, str(err)) from None
+        return manifest
 
     def is_best(self, step: int | str) -> bool:
         return self.storage.exists(self.path(self._name(step), BEST))
@@ -428,9 +487,16 @@ class CheckpointDir:
 
         Raises ``ValueError`` naming the manifest or spend file and the field when one is malformed.
         """
-        latest = self.latest()
-        ledger = Ledger() if latest is None else Ledger.from_manifest(
-            self.manifest(latest.path), latest.path, self.manifest_path(latest.path))
+        ledger, skipped = Ledger(), []
+        for checkpoint in reversed(self.committed()):  # the newest whose manifest checks out
+            try:
+                manifest = self.checked_manifest(checkpoint.path)
+            except CheckpointInvalid as err:
+                skipped.append(err.to_dict())
+                continue
+            ledger = Ledger.from_manifest(manifest, checkpoint.path, self.manifest_path(checkpoint.path))
+            break
+        ledger = dataclasses.replace(ledger, skipped=skipped)
         spend = (spend_root or self).spend()
         if spend.total_dollars > ledger.total_dollars:
             ledger = dataclasses.replace(ledger, total_dollars=spend.total_dollars, by_capacity=spend.by_capacity)

@@ -246,6 +246,11 @@ class ParallelConfig:
 
     _section = "parallel"
 
+    collective_timeout_s: float = setting(
+        600.0, gt=0,
+        help="Seconds a collective may wait for a peer before the process gives up. A hung or vanished peer "
+        "then ends the group as lost (exit 76), relaunched from the last checkpoint within max_failures.",
+    )  # fmt: skip
     replicate_degree: int = setting(
         1, ge=0, rule="must be >= 0 (1 = FSDP, R > 1 = HSDP with R replica groups, 0 = one group per node)",
         help="1 = FSDP (every parameter sharded over all ranks). R > 1 = HSDP: R replica groups, parameters "

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             # collective or were stopped. Nothing was saved for this step: the group resumes from its
             # last committed checkpoint. (A worker that failed by itself exits >= 1 first.)
             code, why = WORKER_LOST_EXIT_CODE, f"a worker was killed by a signal (exit code {first}; all: {codes}); resumable"
+        elif WORKER_LOST_EXIT_CODE in codes:
+            code, why = WORKER_LOST_EXIT_CODE, f"a worker lost a peer (a collective timed out or broke; all: {codes}); resumable"
         else:
             code, why = 1, f"workers failed with exit codes {codes}"
     except SignalException as e:

@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import time
+from datetime import timedelta
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +62,8 @@ def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
         backend = "cpu:gloo,cuda:nccl"  # nccl for the model, gloo for the odd CPU object exchange
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, init_method="env://")
+    timeout = timedelta(seconds=(parallel or ParallelConfig()).collective_timeout_s)
+    dist.init_process_group(backend, init_method="env://", timeout=timeout)
     # One line from every rank, so a group's log shows who joined where.
     print(
         f"[trainer] rank {rank}/{world_size} (local rank {local_rank}) on {socket.gethostname()}, "

@@ -20,22 +20,8 @@ import json
 import sys
 import warnings
 
-from trainer.checkpoint_dir import MANIFEST, STEP_DIR_GLOB, CheckpointDir, step_of
+from trainer.checkpoint_dir import MANIFEST, STEP_DIR_GLOB, CheckpointDir, CheckpointInvalid, step_of
 from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
-
-_REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
-
-
-class CheckpointInvalid(ValueError):
-    """A checkpoint failed a check; ``checkpoint``, ``check`` and ``file`` say which, where."""
-
-    def __init__(self, checkpoint: str, check: str, file: str, detail: str):
-        self.checkpoint, self.check, self.file, self.detail = checkpoint, check, file, detail
-        super().__init__(f"checkpoint {checkpoint}: check {check!r} failed for {file}: {detail}")
-
-    def to_dict(self) -> dict:
-        return {"checkpoint": self.checkpoint, "check": self.check, "file": self.file, "detail": self.detail}
-
 
 def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, sample_tensors: int | None = 8,
                         fallback_to_valid: bool = False) -> dict:
@@ -84,18 +70,8 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
     name = path.rstrip("/").rsplit("/", 1)[-1]
     checks: dict = {}
 
-    # -- manifest
-    try:
-        manifest = root.manifest(path)
-    except FileNotFoundError:
-        raise CheckpointInvalid(path, "manifest", MANIFEST, "missing: the save was never committed") from None
-    except ValueError as err:
-        raise CheckpointInvalid(path, "manifest", MANIFEST, f"not valid JSON: {err}") from None
-    missing = [k for k in _REQUIRED if k not in manifest]
-    if missing:
-        raise CheckpointInvalid(path, "manifest", MANIFEST, f"lacks {', '.join(missing)}")
-    if manifest["step"] != step_of(path):
-        raise CheckpointInvalid(path, "manifest", MANIFEST, f"says step {manifest['step']}, the directory is {name}")
+    # -- manifest (the same checks the budget task's ledger makes)
+    manifest = root.checked_manifest(path)
     checks["manifest"] = "ok"
 
     # -- files: presence, size, checksum

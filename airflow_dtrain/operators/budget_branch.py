@@ -154,6 +154,9 @@ class BudgetBranchOperator(BaseBranchOperator):
 
         n = self._numbers()
         ledger = read_ledger(self.checkpoint_uri) if self.checkpoint_uri else Ledger()
+        for bad in ledger.skipped:  # the trainer's resume skips them too (and verifies the shards as well)
+            self.log.warning("Checkpoint %s skipped: its %s check failed for %s: %s", bad["checkpoint"], bad["check"],
+                             bad["file"], bad["detail"])  # fmt: skip
         spot, od, offer = self._prices(context, n)
         steps_remaining = max(0, int(n["total_steps"]) - ledger.step)
         step_time = ledger.step_time_s or n["step_time_estimate_s"]

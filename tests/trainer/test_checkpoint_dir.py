@@ -32,8 +32,11 @@ class Root:
         self.put(f"{name}/.metadata", b"meta")
         self.put(f"{name}/__0_0.distcp", b"shard")
         if commit:
-            self.put(f"{name}/{MANIFEST}", {"step": step, "step_time_s": 1.5, **({"cost": cost} if cost else {}),
-                                            **({"job": job} if job is not None else {})})
+            self.put(f"{name}/{MANIFEST}", {
+                "step": step, "step_time_s": 1.5, "world_size": 1, "flavor": "debug", "config_hash": "0",
+                "files": {}, "tokens_seen": 8 * step, "wall_time_s": 1.5 * step,
+                **({"cost": cost} if cost else {}), **({"job": job} if job is not None else {}),
+            })  # fmt: skip
 
     def names(self) -> list[str]:
         self.fs.invalidate_cache()
@@ -129,10 +132,37 @@ def test_ledger_progress_and_summary(root):
     assert CheckpointDir(root.uri).read_json(SUMMARY) == {"final_step": 4}
 
 
-def test_a_malformed_cost_entry_names_the_manifest_and_the_field(root):
+def test_a_malformed_cost_entry_is_skipped_naming_the_manifest_and_the_field(root):
+    root.save(1, cost={"spot": {"dollars": 0.5}})
     root.save(2, cost={"spot": {"dollars": "a lot"}})
-    with pytest.raises(ValueError, match=rf"{step_dir_name(2)}/{MANIFEST}: cost.spot"):
-        CheckpointDir(root.uri).ledger()
+    ledger = CheckpointDir(root.uri).ledger()
+    assert (ledger.step, ledger.total_dollars) == (1, 0.5)
+    (skipped,) = ledger.skipped
+    assert skipped["checkpoint"].endswith(step_dir_name(2)) and f"{step_dir_name(2)}/{MANIFEST}: cost.spot" in skipped["detail"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "nan", "not_an_object"])
+def test_the_budget_ledger_and_validation_skip_a_bad_newest_manifest_and_never_wait(root, damage):
+    """The budget task reads the newest manifest that passes the checks validation makes; a truncated
+    manifest, a NaN in it, or one that is not an object is named and skipped, the one before is used."""
+    from trainer.checkpoint_dir import CheckpointInvalid
+
+    root.save(2, cost={"spot": {"dollars": 1.0}})
+    root.save(4, cost={"spot": {"dollars": 2.0}})
+    name = f"{step_dir_name(4)}/{MANIFEST}"
+    good = json.dumps({"step": 4, "step_time_s": 1.5, "world_size": 1, "flavor": "debug", "config_hash": "0",
+                       "files": {}, "tokens_seen": 32, "wall_time_s": 6.0, "cost": {"spot": {"dollars": 2.0}}})
+    root.put(name, {"truncated": good[: len(good) // 2].encode(), "nan": good.replace("1.5", "NaN").encode(),
+                    "not_an_object": b"[4]"}[damage])
+    ckpt = CheckpointDir(root.uri)
+    ledger = ckpt.ledger()
+    assert (ledger.step, ledger.total_dollars, ledger.step_time_s) == (2, 1.0, 1.5)
+    assert [s["checkpoint"] for s in ledger.skipped] == [ckpt.step_path(4)]
+    with pytest.raises(CheckpointInvalid) as err:
+        ckpt.checked_manifest(4)
+    assert err.value.check == "manifest" and err.value.file == MANIFEST
+    if damage == "nan":
+        assert "step_time_s is not a finite number" in str(err.value)
 
 
 def test_small_json_files_under_a_root_not_created_yet(root):

@@ -271,3 +271,37 @@ def test_non_finite_loss_fails_naming_step_and_rank_and_launch_exits_1(data_dir,
     assert "[trainer.launch] exit 1: workers failed with exit codes [" in run.stderr
     assert read_json(ckpt / "progress.json")["status"] == "failed"
     assert not list(ckpt.glob("step-*"))
+
+
+@pytest.mark.torchrun
+def test_a_hung_rank_times_its_peers_out_and_the_node_exits_lost_then_resumes(data_dir, tmp_path):
+    """A peer that stops answering (SIGSTOP: a hung process, a frozen node) makes the next collective
+    time out after parallel.collective_timeout_s: the node exits 76 (lost, resumable from the last
+    checkpoint) instead of 1, and the relaunch finishes."""
+    ckpt = tmp_path / "ckpt"
+    args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt), "--set", "checkpoint.every=2",
+            "--set", "parallel.collective_timeout_s=8"]  # fmt: skip
+    hung: list[int] = []
+
+    def freeze(proc) -> None:
+        hung.append(worker_pids(proc.pid)[1])
+        os.kill(hung[0], signal.SIGSTOP)
+
+    try:
+        lost = run_and_signal(args, data_dir, nproc=2, when_step=3, send=freeze)
+    finally:
+        for pid in hung:  # never leave a stopped process behind
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert lost.returncode == 76, lost
+    assert "[trainer] lost a peer, exit 76" in lost.stderr and "[trainer.launch] exit 76" in lost.stderr
+    committed = sorted(int(p.name[5:]) for p in ckpt.glob("step-*") if (p / "manifest.json").exists())
+    assert committed and committed[-1] >= 2
+
+    resumed = run_trainer(args, data_dir, nproc=2)
+    assert resumed.returncode == 0, resumed
+    assert resumed.of("resume")[0]["from_step"] == committed[-1]
+    assert read_json(ckpt / "progress.json")["status"] == "completed"
