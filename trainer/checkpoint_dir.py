@@ -444,8 +444,16 @@ class CheckpointDir:
         for _ in range(attempts):
             body = {"token": token, **info, "acquired_at": time.time()}
             if self.storage.create_exclusive(self.lease_path(token), json.dumps(body, indent=2)):
-                self.prune_leases(token)
-                return Lease(token, body)
+                newest = (self.leases() or [token])[-1]
+                if newest <= token:
+                    self.prune_leases(token)
+                    return Lease(token, body)
+                # A newer lease already exists: this token was read from a stale listing (its file had
+                # been pruned, or others took newer ones meanwhile). Holding it would mean being fenced at
+                # once, and a reused token is not unique: give it back and take one past the newest.
+                self.storage.remove_file(self.lease_path(token))
+                token = newest + 1
+                continue
             token = max(token + 1, (self.leases() or [0])[-1] + 1)
         raise RuntimeError(f"could not take a writer lease in {self.path(LEASES)} after {attempts} attempts")
 
