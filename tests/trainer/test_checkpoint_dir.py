@@ -239,10 +239,11 @@ def test_writer_leases_taken_concurrently_get_distinct_increasing_tokens(root):
     with ThreadPoolExecutor(max_workers=6) as pool:
         tokens = [t for part in pool.map(take, range(6)) for t in part]
 
-    assert sorted(tokens) == list(range(1, 19))  # every creator won a token of its own, none skipped twice
+    # every creator won a token of its own (a token taken from a stale listing is given back: gaps are fine)
+    assert len(set(tokens)) == len(tokens) == 18
     newest = ckpt.newest_lease()
-    assert newest.token == 18 and newest.info["token"] == 18 and newest.group.startswith("g")
-    assert ckpt.leases()[-1] == 18 and len(ckpt.leases()) <= 4 + 6  # old ones pruned (racing prunes may lag)
+    assert newest.token == max(tokens) and newest.info["token"] == max(tokens) and newest.group.startswith("g")
+    assert ckpt.leases()[-1] == max(tokens) and len(ckpt.leases()) <= 4 + 6  # old ones pruned (racing prunes may lag)
 
 
 def test_lease_creation_is_exclusive_across_processes(tmp_path):
@@ -256,4 +257,4 @@ def test_lease_creation_is_exclusive_across_processes(tmp_path):
                               stdout=subprocess.PIPE, text=True) for _ in range(4)]
     tokens = [int(t) for p in procs for t in p.communicate(timeout=120)[0].split()]
     assert all(p.returncode == 0 for p in procs)
-    assert sorted(tokens) == list(range(1, 41))
+    assert len(set(tokens)) == len(tokens) == 40  # unique across processes (gaps allowed, see acquire_lease)
