@@ -92,6 +92,44 @@ class WriterFenced(RuntimeError):
     this one must commit nothing more (``python -m trainer`` exits ``FENCED_EXIT_CODE``)."""
 
 
+class CheckpointStorageError(RuntimeError):
+    """A checkpoint could not be written: the storage refused it (a full disk, no permission, a
+    read-only filesystem, S3 AccessDenied). Raised on every rank together, after the partial step
+    directory was removed; ``python -m trainer`` prints the message, one line naming the path and the
+    cause, and exits ``STORAGE_EXIT_CODE``."""
+
+
+# Transient network trouble is not the storage refusing a write: those stay ordinary failures.
+_NOT_STORAGE = (ConnectionError, TimeoutError)
+# S3 error codes (botocore's ClientError.response["Error"]["Code"]) that mean "this principal may not write here".
+_S3_REFUSALS = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                          "NoSuchBucket", "AccountProblem", "QuotaExceeded"})  # fmt: skip
+
+
+def storage_cause(err: BaseException | None) -> BaseException | None:
+    """The storage refusal behind ``err`` (an OSError such as ENOSPC/EACCES/EROFS, or a botocore S3
+    AccessDenied), looking through chained exceptions and DCP's per-rank ``CheckpointException``
+    failures; None when ``err`` is something else (a crash, a lost peer, a fence)."""
+    seen: set[int] = set()
+    todo = [err]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and not isinstance(e, _NOT_STORAGE):
+            return e
+        code = ((getattr(e, "response", None) or {}).get("Error") or {}).get("Code") if isinstance(
+            getattr(e, "response", None), dict) else None
+        if code in _S3_REFUSALS:
+            return e
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            todo.extend(f[0] if isinstance(f, tuple) else f for f in failures.values())
+        todo.extend([e.__cause__, e.__context__])
+    return None
+
+
 def lease_file_name(token: int) -> str:
     return f"{token:010d}.json"
 

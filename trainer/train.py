@@ -191,6 +191,7 @@ class Job:
     def run(self) -> int:
         cfg = self.cfg
         step = self.start()
+        failed = None
         try:
             while step < cfg.steps:
                 step += 1
@@ -203,14 +204,27 @@ class Job:
             self.progress.update(status="completed")
             self.metrics.emit("done", step=step, loss=self.progress.state["loss"], tokens_seen=self.tokens(step))
             return 0
-        except BaseException:
-            self.progress.update(status="failed")
+        except BaseException as err:
+            failed = err
+            # The storage that refused a checkpoint may refuse the status file too: that must not hide why.
+            self._best_effort(lambda: self.progress.update(status="failed"), failed)
             raise
         finally:
             self.ckpt.close()
             self.metrics.close()
             if self.budget is not None:
-                self.budget.record(force=True, step=self.progress.state.get("step"))
+                self._best_effort(lambda: self.budget.record(force=True, step=self.progress.state.get("step")),
+                                  failed)
+
+    def _best_effort(self, write, failed: BaseException | None) -> None:
+        """Run a status write; while another error is on its way out, a failing write is logged, not raised."""
+        if failed is None:
+            write()
+            return
+        try:
+            write()
+        except OSError as err:
+            log(self.d, f"could not record the end of this attempt ({err}) after: {type(failed).__name__}")
 
     def start(self) -> int:
         """Resume (if there is a checkpoint) and start the clocks; returns the step trained so far."""
