@@ -59,7 +59,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from trainer.config import CheckpointConfig, ConfigError
 from trainer.fields import flatten
 from trainer.checkpoint_dir import (CheckpointDir, CheckpointStorageError, Lease, WriterFenced, step_dir_name,
-                                   storage_cause)
+                                   step_of, storage_cause)
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 
 __all__ = ["CheckpointStorageError", "Checkpointer", "WriterFenced", "storage_reader", "write_json_atomic"]
@@ -190,6 +190,9 @@ class Checkpointer:
         self._pending: tuple[Future, dict] | None = None
         self._staging: tuple[Future, dict] | None = None  # the async save's copy to host memory, in flight
         self._completed: list[dict] = []
+        # Committed step directories that failed verification at resume (corrupted, truncated): a save that
+        # reaches such a step again rewrites it instead of taking it for already saved.
+        self._failed_verification: set[int] = set()
         self.lease: Lease | None = self._take_lease() if self.storage is not None else None
 
     @property
@@ -285,7 +288,7 @@ class Checkpointer:
         start = time.perf_counter()
         self.wait()  # one save in flight at a time
         path = self.dir.step_path(step)
-        if self.dir.is_committed(step):
+        if self.dir.is_committed(step) and step not in self._failed_verification:
             # e.g. a preemption right after an interval save of the same step
             self._completed.append({"step": step, "path": path, "reason": reason,
                                     "seconds": time.perf_counter() - start, "blocked_s": time.perf_counter() - start})
@@ -570,6 +573,8 @@ class Checkpointer:
             dist.broadcast_object_list(choice, src=0, group=self.pg)
         if choice[0] is None:
             return None
+        if choice[0][0] != "invalid":
+            self._failed_verification = {s for f in choice[0][2] if (s := step_of(f["checkpoint"])) is not None}
         if choice[0][0] == "invalid":
             raise ValueError(f"cannot resume: {choice[0][1]} (older checkpoints are kept; move them away to start over)")
         return choice[0]
