@@ -17,6 +17,7 @@ last two checks only, so the Airflow operator module that imports this stays lig
 
 import argparse
 import json
+import math
 import sys
 import warnings
 
@@ -79,6 +80,18 @@ def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, 
     raise CheckpointInvalid(path_or_root, "fallback", "every committed checkpoint", f"none is valid: {detail}")
 
 
+def _non_finite(node, prefix: str = "") -> tuple[str, float] | None:
+    """The first (dotted key, value) in a manifest that is NaN or infinite (JSON's NaN/Infinity tokens)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return prefix, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{prefix}.{key}" if prefix else str(key))
+        if found:
+            return found
+    return None
+
+
 def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sample_tensors: int | None) -> dict:
     storage = root.storage
     name = path.rstrip("/").rsplit("/", 1)[-1]
@@ -94,6 +107,10 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         raise CheckpointInvalid(path, "manifest", MANIFEST, f"lacks {', '.join(missing)}")
+    bad = _non_finite(manifest)
+    if bad:
+        # A NaN step time or cost would silently disable the budget's projection on resume.
+        raise CheckpointInvalid(path, "manifest", MANIFEST, f"{bad[0]} is {bad[1]}, not a finite number")
     if manifest["step"] != step_of(path):
         raise CheckpointInvalid(path, "manifest", MANIFEST, f"says step {manifest['step']}, the directory is {name}")
     checks["manifest"] = "ok"
