@@ -104,10 +104,12 @@ class StopRequests:
 
     def agree(self) -> tuple[bool, bool, bool]:
         """(stop, checkpoint now, stop at the budget) as any rank asked; every rank gets the same answer."""
+        # Taken before the collective: a SIGUSR1 that lands while it waits for the other ranks is kept for
+        # the next boundary (clearing the flag after it dropped such a request without a trace).
+        checkpoint_now, self.checkpoint_now = self.checkpoint_now, False
         # A CPU tensor: gloo carries it even beside NCCL, so this never waits for the GPU.
-        flags = torch.tensor([self.stop, self.checkpoint_now, self.budget], dtype=torch.int32)
+        flags = torch.tensor([self.stop, checkpoint_now, self.budget], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        self.checkpoint_now = False
         return bool(flags[0]), bool(flags[1]), bool(flags[2])
 
 
