@@ -25,7 +25,7 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.spec import group_name, relaunch_index
 from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
 from trainer.cost import billed
 
 if TYPE_CHECKING:
@@ -218,6 +218,17 @@ class GroupSession:
                 f"{self.purpose} group {name} stopped (exit {FENCED_EXIT_CODE}): another group took over the "
                 f"checkpoint directory {self.spec.train.checkpoint.uri} (its writer lease is newer); not relaunching: "
                 f"{event.get('message')}\nLast lines of its log:\n" + "\n".join(event.get("log_tail") or [])
+            )
+        if STORAGE_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
+            tail = event.get("log_tail") or []
+            # The trainer's own line names the path and the cause (ENOSPC, EACCES, ...): it leads the error.
+            said = next((line.split("[trainer] ", 1)[-1] for line in reversed(tail) if "could not be written to" in line),
+                        event.get("message"))
+            raise self.error(
+                f"{self.purpose} group {name} could not write a checkpoint (exit {STORAGE_EXIT_CODE}): {said}; not "
+                f"relaunching: a full disk or a refused write does not fix itself (free space in, or fix the "
+                f"permissions of, {self.spec.train.checkpoint.uri}, then clear the task: it resumes from the last "
+                f"committed checkpoint)\nLast lines of its log:\n" + "\n".join(tail)
             )
         if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             lost = sum(WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values() for n in self.groups())

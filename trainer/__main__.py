@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 
-from trainer.checkpoint_dir import WriterFenced
-from trainer.config import FENCED_EXIT_CODE, WORKER_LOST_EXIT_CODE, ConfigError, TrainConfig
+from trainer.checkpoint_dir import CheckpointStorageError, WriterFenced
+from trainer.config import FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE, ConfigError, TrainConfig
 from trainer.fields import add_arguments
 
 
@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     except WriterFenced as e:
         print(f"[trainer] fenced off, exit {FENCED_EXIT_CODE}: {e}", file=sys.stderr, flush=True)
         return FENCED_EXIT_CODE
+    except CheckpointStorageError as e:
+        # One line, no traceback: the path and the cause are the whole story (every rank that knows says it:
+        # the first to exit takes its peers down, so rank 0 may not live to print it).
+        print(f"[trainer] exit {STORAGE_EXIT_CODE}: {e}", file=sys.stderr, flush=True)
+        return STORAGE_EXIT_CODE
     except Exception as e:
         if not peer_lost(e):
             raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections import deque
 from typing import Any
@@ -108,5 +109,12 @@ class BudgetGuard:
             timing["step_time_s"] = round(max(self.recent), 6)
         if self.save_s is not None:
             timing["save_s"] = round(self.save_s, 3)
-        self.dir.record_spend(self.attempt, self.cost.attempt_entry(budget_usd=self.cfg.budget_usd, **timing, **extra))
+        try:
+            self.dir.record_spend(self.attempt, self.cost.attempt_entry(budget_usd=self.cfg.budget_usd, **timing, **extra))
+        except OSError as err:
+            # The cap is still enforced here, from this attempt's own clock; the provider bills the attempt when
+            # it ends. A full or read-only location fails the next checkpoint clearly (exit 74).
+            print(f"[trainer] could not update this attempt's spend file in {self.dir.root}: {err}",
+                  file=sys.stderr, flush=True)
+            return
         self._written_at = now

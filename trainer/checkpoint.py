@@ -35,6 +35,7 @@ and a preemption first wait for it.
 """
 
 import copy
+import errno
 import hashlib
 import os
 import random
@@ -52,19 +53,31 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.config import CheckpointConfig, ConfigError
 from trainer.fields import flatten
-from trainer.checkpoint_dir import CheckpointDir, Lease, WriterFenced, step_dir_name
+from trainer.checkpoint_dir import (CheckpointDir, CheckpointStorageError, Lease, WriterFenced, step_dir_name,
+                                   step_of, storage_cause)
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 
-__all__ = ["Checkpointer", "WriterFenced", "storage_reader", "write_json_atomic"]
+__all__ = ["CheckpointStorageError", "Checkpointer", "WriterFenced", "storage_reader", "write_json_atomic"]
 
 # Test hook, named as such: "STEP:SECONDS" makes rank 0 sleep after the files of that
 # step are written (and uploaded) but before its manifest, so that a test can kill -9
 # a group in the middle of a save deterministically.
 _TEST_COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
+# Test hook, named as such: "STEP[:RANK]" (rank 0 by default) makes that rank's storage writer fail the
+# write of that step with ENOSPC after leaving a partial shard file behind, as a disk that fills up mid-save does.
+_TEST_ENOSPC_ENV = "DTRAIN_TEST_ENOSPC_AT_STEP"
+
+
+def _describe(err: BaseException) -> str:
+    """An error as one line: an OSError as Python words it ("[Errno 28] No space left on device: 'path'")."""
+    if isinstance(err, OSError):
+        return str(err)
+    return f"{type(err).__name__}: {err}".splitlines()[0]
 
 
 def checksum_files(directory: str, names: list[str]) -> dict[str, dict]:
@@ -177,6 +190,9 @@ class Checkpointer:
         self._pending: tuple[Future, dict] | None = None
         self._staging: tuple[Future, dict] | None = None  # the async save's copy to host memory, in flight
         self._completed: list[dict] = []
+        # Committed step directories that failed verification at resume (corrupted, truncated): a save that
+        # reaches such a step again rewrites it instead of taking it for already saved.
+        self._failed_verification: set[int] = set()
         self.lease: Lease | None = self._take_lease() if self.storage is not None else None
 
     @property
@@ -272,29 +288,38 @@ class Checkpointer:
         start = time.perf_counter()
         self.wait()  # one save in flight at a time
         path = self.dir.step_path(step)
-        if self.dir.is_committed(step):
+        if self.dir.is_committed(step) and step not in self._failed_verification:
             # e.g. a preemption right after an interval save of the same step
             self._completed.append({"step": step, "path": path, "reason": reason,
                                     "seconds": time.perf_counter() - start, "blocked_s": time.perf_counter() - start})
             return path
         write_dir = self._staging_dir(step) if self.storage.remote else path
         self._check_fence(step)  # a fenced group must not even clear a step directory: it may be the new writer's
+        cleared = None
         if self.rank == 0:
-            if os.path.exists(write_dir):
-                shutil.rmtree(write_dir)  # an interrupted save of this step (maybe another world size)
-            if self.storage.remote and self.storage.exists(path):
-                self.dir.remove(path)
-        dist.barrier(group=self.pg)
+            try:
+                if os.path.exists(write_dir):
+                    shutil.rmtree(write_dir)  # an interrupted save of this step (maybe another world size)
+                if self.storage.remote and self.storage.exists(path):
+                    self.dir.remove(path)
+            except Exception as err:  # noqa: BLE001 - every rank must hear of it, not wait in a collective
+                cleared = self._failure(err)
+        cleared = self._from_rank0(cleared)  # the others wait here until rank 0 cleared the step directory
+        if cleared is not None:
+            self._raise_failed(step, write_dir, path, cleared)
         state = self._state(model, optimizer, scheduler, data, step)
         info = {"step": step, "path": path, "reason": reason, "start": start, "write_dir": write_dir,
                 "fields": manifest_fields}
         if blocking or not self.cfg.async_save:
-            dcp.save(state, storage_writer=self._writer(write_dir), process_group=self.pg)
+            try:
+                dcp.save(state, storage_writer=self._writer(write_dir, step), process_group=self.pg)
+            except (Exception, CheckpointException) as err:  # DCP raised it on every rank alike
+                self._raise_failed(step, write_dir, path, self._failure(err))
             info["blocked_s"] = time.perf_counter() - start
             self._completed.append({**self._commit(None, info), "blocked_s": info["blocked_s"]})
             return path
         # The copy to host memory runs in the stager's thread, the write in DCP's.
-        response = dcp.async_save(state, storage_writer=self._writer(write_dir), process_group=self.pg,
+        response = dcp.async_save(state, storage_writer=self._writer(write_dir, step), process_group=self.pg,
                                   async_stager=self._get_stager())
         if isinstance(response, AsyncSaveResponse):
             upload = response.upload_completion
@@ -307,10 +332,71 @@ class Checkpointer:
         self._pending = (self._executor.submit(self._commit, upload, info), info)
         return path
 
-    def _writer(self, write_dir: str):
+    def _writer(self, write_dir: str, step: int):
         # Several files per rank, written (and later hashed) in parallel: one stream leaves
         # most of a disk's bandwidth unused (benchmarks/RESULTS.md).
+        spec = os.environ.get(_TEST_ENOSPC_ENV, "")
+        at, _, rank = spec.partition(":")
+        if spec and int(at) == step and int(rank or 0) == self.rank:
+            return _NoSpaceWriter(write_dir, thread_count=self.cfg.write_threads)
         return dcp.FileSystemWriter(write_dir, thread_count=self.cfg.write_threads)
+
+    # ------------------------------------------------------------------ a save that fails
+
+    def _failure(self, err: BaseException) -> tuple[int, str, bool]:
+        """(rank, the cause in one line, whether the storage refused the write) of a failed save.
+
+        DCP gathers every rank's exception into one ``CheckpointException``: the rank named is the
+        first whose failure is a storage refusal (ENOSPC on rank 1 is rank 1's, whoever reports it).
+        """
+        failures = getattr(err, "failures", None)
+        if isinstance(err, CheckpointException) and isinstance(failures, dict):
+            ranked = sorted((r, f[0] if isinstance(f, tuple) else f) for r, f in failures.items())
+            for rank, exc in ranked:
+                cause = storage_cause(exc)
+                if cause is not None:
+                    return rank, _describe(cause), True
+            if ranked:
+                return ranked[0][0], _describe(ranked[0][1]), False
+        cause = storage_cause(err)
+        return self.rank, _describe(cause or err), cause is not None
+
+    def _raise_failed(self, step: int, write_dir: str, path: str, failure: tuple[int, str, bool]):
+        """Every rank together, once they agree that the save of ``step`` failed: rank 0 removes the partial
+        step directory (never a committed one, never one a newer writer may own) and every rank raises --
+        ``CheckpointStorageError`` when the storage refused the write, a RuntimeError otherwise."""
+        rank, cause, storage = failure
+        who = f" (rank {rank})" if self.world_size > 1 else ""
+        left = self._remove_partial(step, write_dir, path)
+        if not storage:
+            raise RuntimeError(f"checkpoint step {step} could not be written to {path}{who}: {cause}")
+        try:
+            older = [c.step for c in self.dir.committed() if c.step != step]
+            intact = (f"the older checkpoints (step {', '.join(map(str, older))}) are intact" if older
+                      else "there is no older checkpoint")
+        except Exception:  # noqa: BLE001 - the listing may fail the same way; the message must not
+            intact = "the older checkpoints were not touched"
+        raise CheckpointStorageError(f"checkpoint step {step} could not be written to {path}{who}: {cause}; "
+                                     f"{left + '; ' if left else ''}{intact}")
+
+    def _remove_partial(self, step: int, write_dir: str, path: str) -> str:
+        """Remove what a failed save of ``step`` left; "" when done (or not rank 0's to do), else why not."""
+        if self.storage.remote:
+            shutil.rmtree(write_dir, ignore_errors=True)  # this host's staging files (every local rank, harmlessly)
+        if self.rank != 0:
+            return ""
+        try:
+            if self.dir.is_committed(step) or self._newer_lease() is not None:
+                return ""  # a committed checkpoint, or a step directory the newer writer may be writing
+            if self.storage.remote:
+                self.storage.remove_tree(path)
+            else:
+                shutil.rmtree(path)
+        except FileNotFoundError:
+            return ""
+        except Exception as err:  # noqa: BLE001 - say so in the one line; the directory has no manifest either way
+            return f"the partial step directory could not be removed ({_describe(err)}; it has no manifest, so it is never resumed)"
+        return ""
 
     def wait_for_staging(self) -> float:
         """Block until the async save's copy of the state is taken; returns the seconds waited.
@@ -353,24 +439,33 @@ class Checkpointer:
 
     def _commit(self, upload: Future | None, info: dict) -> dict:
         """On every rank: wait for the write, hash (and upload) this rank's files; rank 0 then writes the manifest."""
-        if upload is not None:
-            upload.result()
         write_dir, path, step = info["write_dir"], info["path"], info["step"]
-        # Each rank hashes the shard files it wrote, so the manifest of a large model
-        # costs one shard's hashing time, not the whole checkpoint's.
-        mine = sorted(n for n in os.listdir(write_dir) if n.startswith(f"__{self.rank}_"))
-        if self.rank == 0:
-            mine.append(".metadata")
-        files = checksum_files(write_dir, mine)
-        if self.storage.remote:
-            for n in mine:
-                self.storage.put_file(os.path.join(write_dir, n), f"{path}/{n}")
+        mine, files, failed = [], {}, None
+        try:
+            if upload is not None:
+                upload.result()  # an async write: DCP raises its failure on every rank alike
+            # Each rank hashes the shard files it wrote, so the manifest of a large model
+            # costs one shard's hashing time, not the whole checkpoint's.
+            mine = sorted(n for n in os.listdir(write_dir) if n.startswith(f"__{self.rank}_"))
+            if self.rank == 0:
+                mine.append(".metadata")
+            files = checksum_files(write_dir, mine)
+            if self.storage.remote:
+                for n in mine:
+                    self.storage.put_file(os.path.join(write_dir, n), f"{path}/{n}")
+        except (Exception, CheckpointException) as err:  # this rank's alone (an upload refused): gathered below
+            failed = self._failure(err)
         _maybe_test_delay(step, self.rank)
         gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, files, group=self.pg)
+        dist.all_gather_object(gathered, (files, failed), group=self.pg)
+        failures = sorted((f for _, f in gathered if f is not None), key=lambda f: (not f[2], f[0]))
+        if failures:  # every rank saw the same gather: all stop here together
+            self._raise_failed(step, write_dir, path, failures[0])
+        gathered = [part for part, _ in gathered]
         newer = None
         if self.rank == 0:
             newer = self._newer_lease()  # the fence: a newer writer owns the directory now
+        committed = None
         if self.rank == 0 and newer is None:
             manifest = {
                 "step": step,
@@ -385,13 +480,23 @@ class Checkpointer:
                 # not required by readers of the manifest; lets evaluate/export rebuild the model
                 "config": self.config,
             }
-            self.storage.write_json(self.dir.manifest_path(step), manifest)  # the commit point
+            try:
+                self.storage.write_json(self.dir.manifest_path(step), manifest)  # the commit point
+            except Exception as err:  # noqa: BLE001 - not committed: every rank must hear of it
+                committed = self._failure(err)
+        if self.rank == 0 and newer is None and committed is None:
             newer = self._newer_lease()  # retention deletes: only the writer may
             if newer is None:
-                self.dir.prune(self.cfg.keep, job=self.job, continues=self.cfg.continue_job)
-                self._heartbeat(step)
+                try:
+                    self.dir.prune(self.cfg.keep, job=self.job, continues=self.cfg.continue_job)
+                    self._heartbeat(step)
+                except Exception as err:  # noqa: BLE001 - step is committed: the next save fails if the storage does
+                    print(f"[trainer] checkpoint step {step} is committed, but retention or the lease heartbeat in "
+                          f"{self.root} failed: {_describe(err)}", file=sys.stderr, flush=True)
         # nobody reports the checkpoint before it is committed (a broadcast from rank 0 waits for it)
-        newer = self._from_rank0(None if newer is None else tuple(newer))
+        newer, committed = self._from_rank0((None if newer is None else tuple(newer), committed))
+        if committed is not None:
+            self._raise_failed(step, write_dir, path, committed)
         if self.storage.remote:
             for n in mine:
                 os.remove(os.path.join(write_dir, n))
@@ -468,6 +573,8 @@ class Checkpointer:
             dist.broadcast_object_list(choice, src=0, group=self.pg)
         if choice[0] is None:
             return None
+        if choice[0][0] != "invalid":
+            self._failed_verification = {s for f in choice[0][2] if (s := step_of(f["checkpoint"])) is not None}
         if choice[0][0] == "invalid":
             raise ValueError(f"cannot resume: {choice[0][1]} (older checkpoints are kept; move them away to start over)")
         return choice[0]
@@ -534,6 +641,17 @@ class Checkpointer:
         if state["step"] != manifest["step"]:
             raise ValueError(f"cannot resume from {path}: it holds step {state['step']}, manifest says {manifest['step']}")
         return manifest
+
+
+class _NoSpaceWriter(dcp.FileSystemWriter):
+    """The test hook's writer (``DTRAIN_TEST_ENOSPC_AT_STEP``): a disk that fills up part-way through a shard."""
+
+    def write_data(self, plan, planner):
+        name = os.path.join(str(self.path), f"__{dist.get_rank() if dist.is_initialized() else 0}_0.distcp")
+        with open(name, "wb") as f:
+            f.write(b"\0" * 4096)  # what got written before the disk was full
+        print(f"[trainer] test hook: {_TEST_ENOSPC_ENV}: {name} fails with ENOSPC", file=sys.stderr, flush=True)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
 
 
 def _maybe_test_delay(step: int, rank: int) -> None:

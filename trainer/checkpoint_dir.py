@@ -93,6 +93,44 @@ class WriterFenced(RuntimeError):
     this one must commit nothing more (``python -m trainer`` exits ``FENCED_EXIT_CODE``)."""
 
 
+class CheckpointStorageError(RuntimeError):
+    """A checkpoint could not be written: the storage refused it (a full disk, no permission, a
+    read-only filesystem, S3 AccessDenied). Raised on every rank together, after the partial step
+    directory was removed; ``python -m trainer`` prints the message, one line naming the path and the
+    cause, and exits ``STORAGE_EXIT_CODE``."""
+
+
+# Transient network trouble is not the storage refusing a write: those stay ordinary failures.
+_NOT_STORAGE = (ConnectionError, TimeoutError)
+# S3 error codes (botocore's ClientError.response["Error"]["Code"]) that mean "this principal may not write here".
+_S3_REFUSALS = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                          "NoSuchBucket", "AccountProblem", "QuotaExceeded"})  # fmt: skip
+
+
+def storage_cause(err: BaseException | None) -> BaseException | None:
+    """The storage refusal behind ``err`` (an OSError such as ENOSPC/EACCES/EROFS, or a botocore S3
+    AccessDenied), looking through chained exceptions and DCP's per-rank ``CheckpointException``
+    failures; None when ``err`` is something else (a crash, a lost peer, a fence)."""
+    seen: set[int] = set()
+    todo = [err]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and not isinstance(e, _NOT_STORAGE):
+            return e
+        code = ((getattr(e, "response", None) or {}).get("Error") or {}).get("Code") if isinstance(
+            getattr(e, "response", None), dict) else None
+        if code in _S3_REFUSALS:
+            return e
+        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            todo.extend(f[0] if isinstance(f, tuple) else f for f in failures.values())
+        todo.extend([e.__cause__, e.__context__])
+    return None
+
+
 def lease_file_name(token: int) -> str:
     return f"{token:010d}.json"
 
@@ -192,15 +230,15 @@ class CheckpointInvalid(ValueError):
         return {"checkpoint": self.checkpoint, "check": self.check, "file": self.file, "detail": self.detail}
 
 
-def _finite_numbers(value: Any, where: str) -> str | None:
-    """The dotted place of the first NaN/Inf number in ``value`` (None: none)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where
-    if isinstance(value, dict):
-        for k, v in value.items():
-            bad = _finite_numbers(v, f"{where}.{k}" if where else str(k))
-            if bad:
-                return bad
+def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
+    """The first (dotted key, value) in a manifest that is NaN or infinite (JSON's NaN/Infinity tokens)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return prefix, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        found = _non_finite(value, f"{prefix}.{key}" if prefix else str(key))
+        if found:
+            return found
     return None
 
 
@@ -342,9 +380,11 @@ class CheckpointDir:
         if manifest["step"] != step_of(path):
             raise CheckpointInvalid(path, "manifest", MANIFEST,
                                     f"says step {manifest['step']}, the directory is {step_dir_name(step_of(path))}")
-        bad = _finite_numbers({k: v for k, v in manifest.items() if k != "config"}, "")
+        # (a NaN step time or cost would silently disable the budget's projection on resume; the embedded
+        # config is informational and may hold an infinite setting)
+        bad = _non_finite({k: v for k, v in manifest.items() if k != "config"})
         if bad:
-            raise CheckpointInvalid(path, "manifest", MANIFEST, f"{bad} is not a finite number")
+            raise CheckpointInvalid(path, "manifest", MANIFEST, f"{bad[0]} is {bad[1]}, not a finite number")
         try:
             Ledger.from_manifest(manifest, path, self.manifest_path(path))
         except ValueError as err:

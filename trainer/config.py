@@ -17,6 +17,11 @@ Exit codes of ``python -m trainer`` (and of ``python -m trainer.launch`` per nod
   a signal (OOM killer, kill -9); resumable from the last committed checkpoint.
 * ``BUDGET_EXIT_CODE`` (77) -- the job's dollar cap (``cost.budget_usd``) would have been passed before the
   next checkpoint: the current step was saved and the job stopped. Relaunching it spends past the cap.
+* ``STORAGE_EXIT_CODE`` (74, ``EX_IOERR`` from sysexits.h) -- a checkpoint could not be written (a full
+  disk, no permission, a read-only filesystem, S3 AccessDenied): the partial step directory was removed,
+  the older checkpoints are intact, and the one line the trainer printed names the path and the cause.
+  Never relaunched as is: a full disk does not fix itself; free space (or fix the permissions) and
+  start the job again to resume from the last committed checkpoint.
 * ``FENCED_EXIT_CODE`` (78) -- another group took over the checkpoint directory (a newer writer
   lease, see trainer/checkpoint_dir.py): this one stopped without committing; never relaunched.
 * anything else -- a failure (non-finite loss, crash); retrying may not help.
@@ -35,10 +40,13 @@ from trainer.fields import ConfigError, check, coerce, field_types, setting
 from trainer.flavors import FLAVORS
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "FLAVORS", "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
+    "ACTIVATION_CHECKPOINTING", "FLAVORS", "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "STORAGE_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
     "DataConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig",
 ]  # fmt: skip
 
+STORAGE_EXIT_CODE = 74
+"""A checkpoint could not be written (EX_IOERR: ENOSPC, EACCES, EROFS, S3 AccessDenied): the older checkpoints are
+intact; a failure, never a relaunch -- the same storage fails the same way until someone frees or fixes it."""
 PREEMPTED_EXIT_CODE = 75
 """Exit status meaning "preempted, resumable" (EX_TEMPFAIL): a checkpoint of the current step was saved."""
 WORKER_LOST_EXIT_CODE = 76

@@ -6,6 +6,8 @@ from "crashed". This maps the outcome to the node's exit code:
 * all workers succeeded                                   -> 0
 * a worker was fenced off (exit 78: another group took over the checkpoint
   directory; its peers may have failed with it in whatever way)          -> 78
+* a worker could not write a checkpoint (exit 74: a full disk, no permission; its
+  peers may have failed with it in whatever way)                          -> 74
 * workers failed, every one of them with exit code 75     -> 75 (they saved and stopped)
 * the agent itself got SIGTERM/SIGINT/SIGHUP (SignalException): torchrun has already
   forwarded SIGTERM to its workers and waited for them to save               -> 75
@@ -19,7 +21,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.config import (BUDGET_EXIT_CODE, FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE,
+                            WORKER_LOST_EXIT_CODE)
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -36,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         codes = sorted({f.exitcode for f in e.failures.values()})
         if FENCED_EXIT_CODE in codes:
             code, why = FENCED_EXIT_CODE, f"another group took over the checkpoint directory (exit codes {codes})"
+        elif STORAGE_EXIT_CODE in codes:
+            code, why = STORAGE_EXIT_CODE, (f"a checkpoint could not be written (full disk or no permission; exit "
+                                            f"codes {codes}): see the [trainer] line above")
         elif codes == [PREEMPTED_EXIT_CODE]:
             code, why = PREEMPTED_EXIT_CODE, f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)"
         elif codes == [BUDGET_EXIT_CODE]:

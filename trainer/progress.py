@@ -21,6 +21,7 @@ write is a request. Fields::
 """
 
 import json
+import sys
 import time
 
 from trainer.checkpoint_dir import PROGRESS, CheckpointDir
@@ -85,7 +86,14 @@ class Progress:
             "updated_at": time.time(),
         })
         history = ", ".join(self._history_json)
-        self.storage.write_text(self.path, f'{head[:-1]}, "history": [{history}]}}', durable=durable)
+        try:
+            self.storage.write_text(self.path, f'{head[:-1]}, "history": [{history}]}}', durable=durable)
+        except OSError as err:
+            # The live view, not the job's state: a full or read-only checkpoint location must fail the next
+            # checkpoint with its one clear line (exit 74), not a step with a traceback. Said once per cause.
+            if str(err) != getattr(self, "_write_error", None):
+                self._write_error = str(err)
+                print(f"[trainer] could not update {self.path}: {err}", file=sys.stderr, flush=True)
 
     def _record(self, step: int, loss: float) -> None:
         """Add a point to the curve: the first step, every `stride`-th step and the latest step;

@@ -106,10 +106,12 @@ class StopRequests:
 
     def agree(self) -> tuple[bool, bool, bool]:
         """(stop, checkpoint now, stop at the budget) as any rank asked; every rank gets the same answer."""
+        # Taken before the collective: a SIGUSR1 that lands while it waits for the other ranks is kept for
+        # the next boundary (clearing the flag after it dropped such a request without a trace).
+        checkpoint_now, self.checkpoint_now = self.checkpoint_now, False
         # A CPU tensor: gloo carries it even beside NCCL, so this never waits for the GPU.
-        flags = torch.tensor([self.stop, self.checkpoint_now, self.budget], dtype=torch.int32)
+        flags = torch.tensor([self.stop, checkpoint_now, self.budget], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        self.checkpoint_now = False
         return bool(flags[0]), bool(flags[1]), bool(flags[2])
 
 
@@ -193,6 +195,7 @@ class Job:
     def run(self) -> int:
         cfg = self.cfg
         step = self.start()
+        failed = None
         try:
             while step < cfg.steps:
                 step += 1
@@ -205,14 +208,27 @@ class Job:
             self.progress.update(status="completed")
             self.metrics.emit("done", step=step, loss=self.progress.state["loss"], tokens_seen=self.tokens(step))
             return 0
-        except BaseException:
-            self.progress.update(status="failed")
+        except BaseException as err:
+            failed = err
+            # The storage that refused a checkpoint may refuse the status file too: that must not hide why.
+            self._best_effort(lambda: self.progress.update(status="failed"), failed)
             raise
         finally:
             self.ckpt.close()
             self.metrics.close()
             if self.budget is not None:
-                self.budget.record(force=True, step=self.progress.state.get("step"))
+                self._best_effort(lambda: self.budget.record(force=True, step=self.progress.state.get("step")),
+                                  failed)
+
+    def _best_effort(self, write, failed: BaseException | None) -> None:
+        """Run a status write; while another error is on its way out, a failing write is logged, not raised."""
+        if failed is None:
+            write()
+            return
+        try:
+            write()
+        except OSError as err:
+            log(self.d, f"could not record the end of this attempt ({err}) after: {type(failed).__name__}")
 
     def start(self) -> int:
         """Resume (if there is a checkpoint) and start the clocks; returns the step trained so far."""
@@ -283,6 +299,8 @@ class Job:
         random.seed(cfg.seed + d.rank)
         np.random.seed(cfg.seed + d.rank)
         torch.manual_seed(cfg.seed + d.rank)
+        # The data first: a bad dataset is refused before the checkpoint directory is touched (no lease taken).
+        data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
         ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, config=cfg.to_dict(),
                             config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device)
         point = ckpt.resume_point()  # the newest checkpoint that verifies (rank 0 decides)
@@ -291,7 +309,6 @@ class Job:
             for skipped in point[2] if d.rank == 0 else ():
                 log(d, f"checkpoint {skipped['checkpoint']} fails verification ({skipped['check']}: "
                        f"{skipped['file']}: {skipped['detail']}); resuming from an older one")
-        data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
         data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
                             d.rank, d.world_size, cfg.seed, d.device)
         model = build_model(cfg, d)

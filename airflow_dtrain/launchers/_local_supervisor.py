@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState
-from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE
+from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
@@ -105,6 +105,11 @@ def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tupl
         if code == FENCED_EXIT_CODE:
             return GroupState.FAILED, (f"node {i} exited {code}: another group took over the checkpoint directory "
                                        "(a newer writer lease); this group stopped without committing")
+    for i, code in sorted(own.items()):
+        if code == STORAGE_EXIT_CODE:
+            return GroupState.FAILED, (f"node {i} exited {code}: a checkpoint could not be written (a full disk, no "
+                                       "permission or a read-only location; the [trainer] line in the log names the "
+                                       "path and the cause); the older checkpoints are intact")
     for i, code in sorted(own.items()):
         if code == PREEMPTED_EXIT_CODE:
             return GroupState.PREEMPTED, f"node {i} exited {code} (preempted, resumable)"

@@ -162,7 +162,7 @@ def test_the_budget_ledger_and_validation_skip_a_bad_newest_manifest_and_never_w
         ckpt.checked_manifest(4)
     assert err.value.check == "manifest" and err.value.file == MANIFEST
     if damage == "nan":
-        assert "step_time_s is not a finite number" in str(err.value)
+        assert "step_time_s is nan, not a finite number" in str(err.value)
 
 
 def test_small_json_files_under_a_root_not_created_yet(root):

@@ -252,3 +252,23 @@ def test_export_writes_safetensors_that_transformers_loads_with_the_same_logits(
     fresh = transformers.LlamaForCausalLM(hf.config).eval()  # the weights really came from the checkpoint
     with torch.no_grad():
         assert not torch.allclose(fresh(tokens).logits, expected, atol=1e-2)
+
+
+@pytest.mark.parametrize("field", ["step_time_s", "cost.total_dollars", "tokens_seen"])
+def test_a_nan_in_a_manifest_field_fails_validation_naming_the_field(ckpt_copy, field):
+    """json writes NaN as a bare token and reads it back as a float: a NaN step time or cost would turn
+    the budget's projection off on resume, so such a manifest is not a checkpoint to resume from."""
+    from trainer.validate import CheckpointInvalid, validate_checkpoint
+
+    path = ckpt_copy / "step-00000008" / "manifest.json"
+    manifest = read_json(path)
+    node, *_, leaf = [manifest, *field.split(".")]
+    for key in field.split(".")[:-1]:
+        node = node[key]
+    node[leaf] = float("nan")
+    path.write_text(json.dumps(manifest))  # NaN, as json.dumps writes it
+
+    with pytest.raises(CheckpointInvalid) as err:
+        validate_checkpoint(str(ckpt_copy / "step-00000008"))
+    assert err.value.check == "manifest" and f"{field} is nan, not a finite number" in str(err.value)
+    assert validate_checkpoint(str(ckpt_copy), fallback_to_valid=True)["step"] < 8

@@ -57,7 +57,7 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     # Retention on S3: the last 2; nothing half-written left behind.
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{BUCKET}/runs/r1", detail=False))
-    assert names == ["lease", "progress.json", "step-00000004", "step-00000006"]
+    assert names == ["lease", "progress.json", "spend", "step-00000004", "step-00000006"]
     # Each attempt took a writer lease of its own (a conditional PUT); the second one committed the last two.
     from trainer.checkpoint_dir import CheckpointDir
 

@@ -82,7 +82,7 @@ def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(dat
     assert done["loss"] == pytest.approx(run.of("train")[-1]["loss"], abs=1e-5)
 
     # Retention keeps the last 2; each has a manifest whose hashes match the files.
-    assert sorted(p.name for p in ckpt.iterdir()) == ["lease", "progress.json", "step-00000004", "step-00000006"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["lease", "progress.json", "spend", "step-00000004", "step-00000006"]
     manifest = read_json(ckpt / "step-00000006" / "manifest.json")
     assert {k: manifest[k] for k in ("step", "world_size", "flavor", "tokens_seen", "job", "lease")} == {
         "step": 6, "world_size": 1, "flavor": "debug", "tokens_seen": 6 * 8 * 32, "job": "", "lease": 1}

@@ -42,3 +42,21 @@ def test_resuming_with_a_different_seq_len_is_refused_naming_it(data_dir, tmp_pa
     ok = run_trainer([*args, "--steps", "6", "--set", "optim.lr=0.001"], data_dir)
     assert ok.returncode == 0, ok
     assert "changed settings: optim.lr 0.003 -> 0.001" in ok.stderr
+
+
+def test_a_step_that_failed_verification_is_rewritten_when_training_reaches_it_again(data_dir, tmp_path):
+    """The corrupted step 6 is committed (it has a manifest); reaching step 6 again must save it anew,
+    not take it for already saved and leave the run's final checkpoint corrupted."""
+    from trainer.validate import validate_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    args = [*FAST, "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2", "--steps", "6"]
+    assert run_trainer(args, data_dir).returncode == 0
+    shard = max((ckpt / "step-00000006").glob("__0_*.distcp"), key=lambda p: p.stat().st_size)
+    _flip_a_byte(shard)
+
+    again = run_trainer(args, data_dir)
+    assert again.returncode == 0, again
+    assert again.of("resume")[0]["from_step"] == 4
+    assert [c["step"] for c in again.of("checkpoint")] == [6]
+    assert validate_checkpoint(str(ckpt / "step-00000006"), sample_tensors=None)["valid"]
