@@ -69,7 +69,7 @@ class BudgetGuard:
         for e in self._others_entries:
             total += float(e.get("dollars", 0.0))
             last = float(e.get("updated_at") or e.get("launched_at") or wall)
-            if not e.get("ended") and wall - last < self.live_s:  # still writing: still spending
+            if not (e.get("ended") or e.get("exited")) and wall - last < self.live_s:  # still writing: spending
                 rate = float(e.get("nodes", 1)) * float(e.get("price_per_node_hour", 0.0)) / 3600
                 total += rate * max(0.0, wall + ahead_s - last)
         return total

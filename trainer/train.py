@@ -217,8 +217,9 @@ class Job:
             self.ckpt.close()
             self.metrics.close()
             if self.budget is not None:
-                self._best_effort(lambda: self.budget.record(force=True, step=self.progress.state.get("step")),
-                                  failed)
+                # "exited": this attempt spends no more (the provider, if any, still bills its teardown)
+                self._best_effort(lambda: self.budget.record(force=True, step=self.progress.state.get("step"),
+                                                             exited=True), failed)
 
     def _best_effort(self, write, failed: BaseException | None) -> None:
         """Run a status write; while another error is on its way out, a failing write is logged, not raised."""
@@ -386,7 +387,9 @@ class Job:
     def gauge_cost(self) -> None:
         """The spend so far (statsd): <prefix>.cost.dollars and <prefix>.cost.gpu_hours."""
         ledger = self.cost.snapshot()
-        self.metrics.gauge("cost.dollars", ledger["total_dollars"])
+        # the job's spend as the budget counts it: every attempt's spend file, this one live
+        dollars = self.budget.spent() if self.budget is not None and self.budget.dir is not None else None
+        self.metrics.gauge("cost.dollars", ledger["total_dollars"] if dollars is None else round(dollars, 9))
         self.metrics.gauge("cost.gpu_hours", round(sum(ledger[c]["gpu_hours"] for c in CAPACITY_TYPES), 6))
 
     def preempted(self, step: int) -> int:
