@@ -167,6 +167,17 @@ def storage_reader(storage: Storage, step_dir: str):
     return dcp.FileSystemReader(step_dir)
 
 
+def _short_write(err: BaseException | None) -> bool:
+    """Whether ``err`` (or what it chains) is torch's stream writer finding its file shorter than written."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if "unexpected pos" in str(err) and "inline_container" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 
@@ -356,10 +367,28 @@ class Checkpointer:
                 cause = storage_cause(exc)
                 if cause is not None:
                     return rank, _describe(cause), True
+            for rank, exc in ranked:
+                if _short_write(exc):
+                    return rank, self._short_write_cause(exc), True
             if ranked:
                 return ranked[0][0], _describe(ranked[0][1]), False
         cause = storage_cause(err)
+        if cause is None and _short_write(err):
+            return self.rank, self._short_write_cause(err), True
         return self.rank, _describe(cause or err), cause is not None
+
+    def _short_write_cause(self, err: BaseException) -> str:
+        """torch's stream writer reports a failed file write (ENOSPC in one of DCP's writer threads) only as
+        "unexpected pos": say what the filesystem says about its free space."""
+        if self.storage is None or self.storage.remote:
+            return f"a short write ({_describe(err)})"
+        where = self.root
+        while where and not os.path.exists(where):
+            where = os.path.dirname(where)
+        free = shutil.disk_usage(where).free
+        if free < 64 * 2**20:
+            return f"[Errno 28] No space left on device ({free} bytes free on {where}; torch: {_describe(err)})"
+        return f"a short write with {free} bytes free on {where} ({_describe(err)})"
 
     def _raise_failed(self, step: int, write_dir: str, path: str, failure: tuple[int, str, bool]):
         """Every rank together, once they agree that the save of ``step`` failed: rank 0 removes the partial
