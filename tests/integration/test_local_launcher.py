@@ -68,7 +68,10 @@ def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_p
 
     status = wait_terminal(launcher, "lost-r0", timeout=120)
     assert status.state == GroupState.PREEMPTED, status
-    assert "node 1" in status.message and "SIGKILL" in status.message
+    assert status.node_exit_codes[1] == -signal.SIGKILL, status
+    # The lost node's workers die with their agent (parent-death SIGTERM): they save the step and exit 75,
+    # so its peer may end "preempted" by itself before the supervisor sees the SIGKILL; either way resumable.
+    assert ("node 1" in status.message and "SIGKILL" in status.message) or "exited 75" in status.message, status
     wait_for(lambda: launcher.processes("lost-r0") == [], 30, "no process left")
 
 
