@@ -279,8 +279,8 @@ def test_a_hung_rank_times_its_peers_out_and_the_node_exits_lost_then_resumes(da
     time out after parallel.collective_timeout_s: the node exits 76 (lost, resumable from the last
     checkpoint) instead of 1, and the relaunch finishes."""
     ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt), "--set", "checkpoint.every=2",
-            "--set", "parallel.collective_timeout_s=8"]  # fmt: skip
+    args = [*FAST, "--steps", "12", "--checkpoint-uri", str(ckpt), "--set", "checkpoint.every=2",
+            "--set", "parallel.collective_timeout_s=5"]  # fmt: skip
     hung: list[int] = []
 
     def freeze(proc) -> None:
