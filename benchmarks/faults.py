@@ -139,26 +139,10 @@ def train_event(at: int):
 
 
 def load_tensors(step_dir: Path, scratch: Path) -> dict:
-    """Every tensor of a DCP checkpoint, unsharded: {"model.x": t, "optim.state.x.exp_avg": t, ...}
-    (the logic of tests/trainer/conftest.py's load_checkpoint_tensors)."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    """The model and optimizer tensors of a checkpoint, unsharded (``trainer.checkpoint.checkpoint_tensors``)."""
+    from trainer.checkpoint import checkpoint_tensors
 
-    out = scratch / f"tensors-{uuid.uuid4().hex}.pt"
-    dcp_to_torch_save(str(step_dir), str(out))
-    state = torch.load(out, weights_only=False)
-    out.unlink()
-    flat = {}
-
-    def walk(prefix, node):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, torch.Tensor):
-            flat[prefix] = node
-
-    walk("", state)
-    return {k: v for k, v in flat.items() if k.startswith(("model.", "optim."))}
+    return {k: v for k, v in checkpoint_tensors(str(step_dir)).items() if k.startswith(("model.", "optim."))}
 
 
 def bitwise_equal(ckpt: Path, scratch: Path) -> bool | str:

@@ -91,8 +91,9 @@ class BudgetGuard:
         save_s = self.save_s if self.save_s is not None else max(FIRST_SAVE_GUESS_S, 2 * step_s)
         ahead_s = step_s + save_s + self.cfg.stop_margin_s
         rate = self.cost.nodes * self.ceiling / 3600
-        spent = self.spent()
-        projected = self.others(ahead_s) + self.cost.attempt_entry()["dollars"] + rate * ahead_s
+        mine = self.cost.attempt_entry()["dollars"]
+        spent = self.others() + mine
+        projected = self.others(ahead_s) + mine + rate * ahead_s
         if projected <= self.cfg.budget_usd:
             return None
         return {"budget_usd": self.cfg.budget_usd, "spent_usd": round(spent, 6), "projected_usd": round(projected, 6),

@@ -178,6 +178,28 @@ def _short_write(err: BaseException | None) -> bool:
     return False
 
 
+def checkpoint_tensors(step_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a local DCP checkpoint, unsharded and flattened to dotted keys
+    (``{"model.x": t, "optim.state.x.exp_avg": t, ...}``): what a bitwise comparison of two runs reads."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="dtrain-tensors-") as scratch:
+        out = os.path.join(scratch, "state.pt")
+        dcp_to_torch_save(str(step_dir), out)
+        state = torch.load(out, weights_only=False)
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(node, torch.Tensor):
+            flat[prefix] = node
+
+    walk("", state)
+    return flat
+
+
 class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 

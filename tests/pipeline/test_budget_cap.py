@@ -8,20 +8,11 @@ import json
 import uuid
 
 import pytest
-from airflow.dag_processing.dagbag import DagBag
 from airflow.utils.state import DagRunState, TaskInstanceState
 
-from tests.conftest import REPO
 from trainer.checkpoint_dir import CheckpointDir
 
 pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture
-def dags(airflow_home):
-    bag = DagBag(dag_folder=str(REPO / "dags"))
-    assert bag.import_errors == {}
-    return bag.dags
 
 
 def _states(run) -> dict[str, str]:

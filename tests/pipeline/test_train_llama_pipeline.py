@@ -8,22 +8,14 @@ import os
 from pathlib import Path
 
 import pytest
-from airflow.dag_processing.dagbag import DagBag
 from airflow.exceptions import ParamValidationError
 from airflow.utils.state import DagRunState, TaskInstanceState
 
 from airflow_dtrain import metrics as orchestration
-from tests.conftest import REPO, StatsdListener
+from tests.conftest import StatsdListener
 from trainer.checkpoint_dir import CheckpointDir
 
 pytestmark = pytest.mark.torchrun
-
-
-@pytest.fixture
-def dags(airflow_home):
-    bag = DagBag(dag_folder=str(REPO / "dags"))
-    assert bag.import_errors == {}
-    return bag.dags
 
 
 def _states(run) -> dict[str, str]:

@@ -177,21 +177,6 @@ def read_json(path) -> dict:
 
 def load_checkpoint_tensors(step_dir) -> dict:
     """Every tensor of a DCP checkpoint as full (unsharded) tensors: {"model.x": t, "optim.state.x.exp_avg": t, ...}."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from trainer.checkpoint import checkpoint_tensors
 
-    out = Path(step_dir).parent / f"{Path(step_dir).name}.pt"
-    dcp_to_torch_save(str(step_dir), str(out))
-    state = torch.load(out, weights_only=False)
-    out.unlink()
-    flat = {}
-
-    def walk(prefix, node):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, torch.Tensor):
-            flat[prefix] = node
-
-    walk("", state)
-    return flat
+    return checkpoint_tensors(str(step_dir))
