@@ -76,7 +76,7 @@ with DAG(
     # sections): only this DAG's defaults are given here.
     params=trigger_params(
         [
-            "job", "flavor", "steps", "global_batch_size", "micro_batch_size", "seq_len", "lr",
+            "job", "flavor", "init_from", "steps", "global_batch_size", "micro_batch_size", "seq_len", "lr",
             "backend", "num_nodes", "procs_per_node", "max_preemptions",
             "checkpoint_uri", "checkpoint_every", "simulate_preemption_at_step", "registry_uri",
             "budget_usd", "max_price", "max_wait_s", "step_time_estimate_s", "local_spot_price",
@@ -95,6 +95,7 @@ with DAG(
         },
         schemas={
             "checkpoint_uri": {"pattern": URI_PATTERN},
+            "init_from": {"pattern": URI_PATTERN},
             "num_nodes": {"maximum": LIMITS["max_nodes"]},
             "procs_per_node": {"maximum": LIMITS["max_procs_per_node"]},
             "steps": {"maximum": LIMITS["max_steps"]},
@@ -141,6 +142,7 @@ with DAG(
             task_id=f"train_{capacity.branch_suffix}",
             backend="{{ params.backend }}",
             flavor="{{ params.flavor }}",
+            init_from="{{ params.init_from }}",
             num_nodes="{{ params.num_nodes }}",
             procs_per_node="{{ params.procs_per_node }}",
             steps="{{ params.steps }}",

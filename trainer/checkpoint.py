@@ -203,9 +203,10 @@ def checkpoint_tensors(step_dir: str) -> dict[str, torch.Tensor]:
 class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 
-    def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str,
+    def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str, shape: dict | None = None,
                  rank: int, world_size: int, device: torch.device | None = None, job: str | None = None):
         self.cfg, self.flavor, self.config, self.config_hash = cfg, flavor, config, config_hash
+        self.shape = shape  # the model's ModelArgs as a dict: resume, evaluate and export rebuild it from this
         self.job = str(config.get("job") or "") if job is None else job
         self.rank, self.world_size = rank, world_size
         self.device = device or torch.device("cpu")
@@ -524,6 +525,7 @@ class Checkpointer:
                 "lease": self.lease.token,
                 "world_size": self.world_size,
                 "flavor": self.flavor,
+                **({"model_args": self.shape} if self.shape is not None else {}),
                 "config_hash": self.config_hash,
                 **info["fields"],
                 "files": dict(sorted((k, v) for part in gathered for k, v in part.items())),
@@ -643,7 +645,14 @@ class Checkpointer:
         if self.job and manifest.get("job") and manifest["job"] not in (self.job, self.cfg.continue_job):
             raise ConfigError(f"job: this run is job {self.job!r}, but {path} belongs to job {manifest['job']!r}: "
                               f"a job never resumes another job's checkpoints (use another checkpoint.uri)")
-        if manifest["flavor"] != self.flavor:
+        saved_shape = manifest.get("model_args")
+        if saved_shape is not None and self.shape is not None:
+            differ = [f"{k} {self.shape.get(k)!r} here, {saved_shape.get(k)!r} there" for k in sorted(self.shape)
+                      if k != "max_seq_len" and self.shape.get(k) != saved_shape.get(k)]
+            if differ:
+                raise ConfigError(f"model.init_from: this run's model cannot resume from {path}, whose model has "
+                                  f"another shape ({'; '.join(differ)}); use the same model or another checkpoint.uri")
+        elif manifest["flavor"] != self.flavor:
             raise ConfigError(
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
                 f"{manifest['flavor']!r} (use the same flavour or another checkpoint.uri)"

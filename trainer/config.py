@@ -103,9 +103,16 @@ class ModelConfig:
         "debug", choices=tuple(FLAVORS), rule="flavour", arg="flavor", section=MODEL_AND_DATA, title="Model flavour",
         help='Model shape: "debug" (a few million parameters, for CPU tests) or a published Llama 3 shape.',
     )  # fmt: skip
+    init_from: str = setting(
+        "", arg="init_from", section=MODEL_AND_DATA, title="Initialise from (Hugging Face model)",
+        help="A Hugging Face Llama model (config.json + safetensors) in a directory or under an s3:// prefix to "
+        "continue pre-training from: its config.json gives the shape (flavor is then not used) and its weights "
+        "the starting point. Used when the job has no checkpoint yet; a resumed job continues its checkpoint.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check(self, self._section)
+        _check_uri(self.init_from, "model.init_from")
 
 
 @dataclass(frozen=True, kw_only=True)

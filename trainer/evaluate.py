@@ -35,7 +35,7 @@ def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
     manifest = root.manifest(step_dir)
     cfg = TrainConfig.from_dict(manifest["config"])
     with torch.device("meta"):
-        model = Llama(ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
+        model = Llama(ModelArgs.from_manifest(manifest))
     model.to_empty(device=device)
     model.init_weights(cfg.seed)  # fills the rotary tables; the weights are overwritten below
     state = {"model": model.state_dict()}

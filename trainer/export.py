@@ -22,40 +22,39 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainer.checkpoint import storage_reader
 from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import TrainConfig
-from trainer.flavors import FLAVORS
+from trainer.model import ModelArgs
 from trainer.storage import Storage
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
 
 
-def hf_config(cfg: TrainConfig, dtype: torch.dtype) -> dict:
-    f = FLAVORS[cfg.model.flavor]
-    rope = {"rope_type": "default", "rope_theta": f["rope_theta"]}
-    if f["rope_scaling"]:
-        rope = {"rope_type": "llama3", "rope_theta": f["rope_theta"], **f["rope_scaling"]}
-    # The trained context, or the scaled context of a published llama3 shape.
-    max_pos = cfg.data.seq_len
-    if f["rope_scaling"]:
-        max_pos = max(max_pos, int(f["rope_scaling"]["original_max_position_embeddings"] * f["rope_scaling"]["factor"]))
+def hf_config(args: ModelArgs, seq_len: int, dtype: torch.dtype) -> dict:
+    """transformers' config.json for a model of shape ``args`` trained on ``seq_len``-token sequences."""
+    rope = {"rope_type": "default", "rope_theta": args.rope_theta}
+    if args.rope_scaling:
+        rope = {"rope_type": "llama3", "rope_theta": args.rope_theta, **args.rope_scaling}
+    # The trained context, or the scaled context of a llama3-scaled shape.
+    max_pos = seq_len
+    if args.rope_scaling:
+        max_pos = max(max_pos, int(args.rope_scaling["original_max_position_embeddings"] * args.rope_scaling["factor"]))
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": f["vocab_size"],
-        "hidden_size": f["dim"],
-        "intermediate_size": f["ffn_dim"],
-        "num_hidden_layers": f["n_layers"],
-        "num_attention_heads": f["n_heads"],
-        "num_key_value_heads": f["n_kv_heads"],
-        "head_dim": f["dim"] // f["n_heads"],
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": max_pos,
-        "rms_norm_eps": f["norm_eps"],
+        "rms_norm_eps": args.norm_eps,
         # transformers >= 5 reads rope_parameters; older releases rope_theta / rope_scaling
         "rope_parameters": rope,
-        "rope_theta": f["rope_theta"],
-        "rope_scaling": ({"rope_type": "llama3", **f["rope_scaling"]} if f["rope_scaling"] else None),
-        "tie_word_embeddings": f["tie_word_embeddings"],
+        "rope_theta": args.rope_theta,
+        "rope_scaling": ({"rope_type": "llama3", **args.rope_scaling} if args.rope_scaling else None),
+        "tie_word_embeddings": args.tie_word_embeddings,
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": str(dtype).removeprefix("torch."),
@@ -79,20 +78,19 @@ def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
 def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
     """Write out/config.json and out/model*.safetensors; returns {"step", "checkpoint", "out", "files"}."""
     weights, manifest, step_dir = load_weights(uri)
-    cfg = TrainConfig.from_dict(manifest["config"])
     dtype = dtype or next(iter(weights.values())).dtype
     destination = Storage(out)
     if not destination.remote:
-        files = write_hf_directory(destination.root, weights, cfg, dtype)
+        files = write_hf_directory(destination.root, weights, manifest, dtype)
     else:
         with tempfile.TemporaryDirectory(prefix="dtrain-export-") as staging:
-            files = write_hf_directory(staging, weights, cfg, dtype)
+            files = write_hf_directory(staging, weights, manifest, dtype)
             for name in [*files, "config.json"]:  # config.json last
                 destination.put_file(os.path.join(staging, name), destination.path(name))
     return {"step": manifest["step"], "checkpoint": step_dir, "out": destination.root, "files": files}
 
 
-def write_hf_directory(out: str, weights: dict[str, torch.Tensor], cfg: TrainConfig, dtype: torch.dtype) -> list[str]:
+def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dict, dtype: torch.dtype) -> list[str]:
     """config.json and safetensors shards (plus their index when there are several) in a local
     directory; returns the weight files' names (the index included), config.json not."""
     from safetensors.torch import save_file
@@ -124,7 +122,8 @@ def write_hf_directory(out: str, weights: dict[str, torch.Tensor], cfg: TrainCon
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
         files.append("model.safetensors.index.json")
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(hf_config(cfg, dtype), f, indent=2)
+        args = ModelArgs.from_manifest(manifest)
+        json.dump(hf_config(args, manifest["config"]["data"]["seq_len"], dtype), f, indent=2)
     return files
 
 

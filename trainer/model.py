@@ -42,6 +42,13 @@ class ModelArgs:
     def from_flavor(cls, flavor: str, max_seq_len: int) -> "ModelArgs":
         return cls(**FLAVORS[flavor], max_seq_len=max_seq_len)
 
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "ModelArgs":
+        """The shape a checkpoint was trained with: its recorded ``model_args``, or (older manifests) its flavour."""
+        if manifest.get("model_args"):
+            return cls(**manifest["model_args"])
+        return cls.from_flavor(manifest["flavor"], manifest["config"]["data"]["seq_len"])
+
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads

@@ -5,6 +5,7 @@ environment) or as one plain process, which still joins a 1-rank process group s
 that both take the same code path. Returns the process exit code (see trainer.config).
 """
 
+import dataclasses
 import math
 import os
 import random
@@ -26,7 +27,8 @@ from trainer.cost import CAPACITY_TYPES, CostLedger, nodes_in_group
 from trainer.budget import BudgetGuard, attempt_name
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, ParallelConfig, TrainConfig
-from trainer.data import TrainBatches, resolve_dataset
+from trainer import hf
+from trainer.data import TrainBatches, default_data_dir, eval_batches, resolve_dataset
 from trainer.metrics import Metrics, flops_per_token
 from trainer.model import Llama, ModelArgs
 from trainer.parallelize import (build_mesh, build_optimizer, build_scheduler, clip_grads, parallelize,
@@ -115,9 +117,14 @@ class StopRequests:
         return bool(flags[0]), bool(flags[1]), bool(flags[2])
 
 
-def build_model(cfg: TrainConfig, d: Dist) -> Llama:
+INIT_EVAL_BATCHES = 4
+"""Held-out micro-batches evaluated at step 0 of a job that starts from an init_from model."""
+
+
+def build_model(cfg: TrainConfig, d: Dist, args: ModelArgs | None = None) -> Llama:
+    """The sharded model of shape ``args`` (default: the flavour's), randomly initialised."""
     with torch.device("meta"):  # no memory until sharded
-        model = Llama(ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
+        model = Llama(args or ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
     parallelize(model, d.mesh, cfg.parallel)
     offload = cfg.parallel.cpu_offload and d.device.type == "cuda"
     model.to_empty(device="cpu" if offload else d.device)  # each rank allocates only its shards
@@ -186,6 +193,7 @@ class Job:
     progress: Progress
     cost: CostLedger
     budget: BudgetGuard | None  # rank 0 only
+    data_dir: str = ""  # the token directory (the held-out split is read from it)
     resume_point: tuple[int, str] | None = None  # the verified checkpoint to resume from (None: from scratch)
     resumed_from: int | None = None  # the step this attempt resumed from (None: from scratch)
     _unsettled: tuple | None = None  # (step, lr, loss, grad_norm) of the last step, not read yet
@@ -234,9 +242,26 @@ class Job:
     def start(self) -> int:
         """Resume (if there is a checkpoint) and start the clocks; returns the step trained so far."""
         step, self.resumed_from = self.resume()
+        if self.resumed_from is None and self.cfg.model.init_from:
+            self.evaluate_start()
         self.metrics.start_window()
         self._last_step_end = time.perf_counter()
         return step
+
+    @torch.no_grad()
+    def evaluate_start(self) -> None:
+        """The held-out loss of the weights a job starts from (the init_from model's): an "eval" event at
+        step 0, over the first INIT_EVAL_BATCHES micro-batches of the held-out split, which every rank
+        evaluates whole (the model is sharded: all ranks run each forward)."""
+        self.model.eval()
+        total, tokens = 0.0, 0
+        for inputs, targets in eval_batches(self.data_dir, self.cfg.data.seq_len, self.cfg.micro_batch_size,
+                                            INIT_EVAL_BATCHES, self.d.device):
+            total += float(self.model(inputs, targets)) * targets.numel()
+            tokens += targets.numel()
+        self.model.train()
+        if self.d.rank == 0 and tokens:
+            self.metrics.emit("eval", step=0, loss=total / tokens, tokens=tokens, source=self.cfg.model.init_from)
 
     def step(self, step: int) -> bool | str:
         """Train step `step` and do its bookkeeping; True when the group agreed to stop after it,
@@ -302,7 +327,14 @@ class Job:
         torch.manual_seed(cfg.seed + d.rank)
         # The data first: a bad dataset is refused before the checkpoint directory is touched (no lease taken).
         data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
-        ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, config=cfg.to_dict(),
+        hf_dir = None
+        if cfg.model.init_from:  # each node's local rank 0 copies a remote model first
+            if d.local_rank == 0:
+                hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())
+            dist.barrier()
+            hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())
+        args = hf.model_args(cfg, hf_dir)  # a bad config.json is refused before the checkpoint directory is touched
+        ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, shape=dataclasses.asdict(args), config=cfg.to_dict(),
                             config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device)
         point = ckpt.resume_point()  # the newest checkpoint that verifies (rank 0 decides)
         if point is not None:
@@ -312,7 +344,11 @@ class Job:
                        f"{skipped['file']}: {skipped['detail']}); resuming from an older one")
         data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
                             d.rank, d.world_size, cfg.seed, d.device)
-        model = build_model(cfg, d)
+        model = build_model(cfg, d, args)
+        if hf_dir is not None and point is None:  # a fresh job starts from the source's weights
+            n = hf.load_weights(model, hf_dir, cfg.model.init_from)
+            if d.rank == 0:
+                log(d, f"initialised {n} tensors from {cfg.model.init_from}")
         if cfg.parallel.auto_micro_batch_size:  # same global batch; accumulation absorbs the change
             cfg = fit_micro_batch_size(cfg, model, d.device, d.world_size, log=lambda m: log(d, m))
             data.micro_batch_size = cfg.micro_batch_size
@@ -327,7 +363,7 @@ class Job:
                           gpus_per_node=cfg.cost.gpus_per_node, nodes=nodes_in_group(d.world_size),
                           since=opened.get("launched_at"))
         return cls(
-            cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, model=model, optimizer=optimizer,
+            cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, data_dir=data_dir, model=model, optimizer=optimizer,
             resume_point=None if point is None else (point[0], point[1]),
             scheduler=build_scheduler(optimizer, cfg.optim, cfg.steps),
             metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, world_size=d.world_size, device=d.device,

@@ -57,6 +57,9 @@ class FSDPTrainOperator(BaseOperator):
     tokens seen, final loss, latest checkpoint, wall time, preemptions, steps lost.
 
     :param flavor: model flavour: ``debug``, ``llama3_1b``, ``llama3_3b``, ``llama3_8b``. (templated)
+    :param init_from: a Hugging Face Llama model (config.json + safetensors): a directory or an ``s3://``
+        prefix. Its config.json gives the shape (``flavor`` is not used) and its weights the starting point
+        of a job that has no checkpoint yet. (templated)
     :param dataset: ``builtin`` or a token-shard directory from ``python -m trainer.prepare_data``. (templated)
     :param seq_len: tokens per sequence. (templated)
     :param steps: optimizer steps to train. (templated)
@@ -116,6 +119,7 @@ class FSDPTrainOperator(BaseOperator):
         self,
         *,
         flavor: str = "debug",
+        init_from: str = "",
         dataset: str = "builtin",
         seq_len: int | None = None,
         steps: int | None = None,
@@ -154,6 +158,7 @@ class FSDPTrainOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.flavor = flavor
+        self.init_from = init_from
         self.dataset = dataset
         self.seq_len = seq_len
         self.steps = steps

@@ -1,0 +1,38 @@
+"""train_llama with init_from (real Airflow, dag.test(), real torchrun processes): continued pre-training
+of a Hugging Face Llama built locally with transformers, end to end on the local backend, promoted and
+exported with the source's shape."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from airflow.utils.state import DagRunState
+
+from tests.hf_model_assets import tiny_llama
+
+pytestmark = pytest.mark.torchrun
+transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")
+
+
+def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_path):
+    src = tiny_llama(tmp_path / "my-llama", n_kv_heads=2, tie=False)
+    ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
+    run = dags["train_llama"].test(run_conf={
+        "job": f"hf-{uuid.uuid4().hex[:8]}", "init_from": src, "checkpoint_uri": str(ckpt),
+        "registry_uri": str(registry), "steps": 6, "checkpoint_every": 3, "num_nodes": 1,
+        "simulate_preemption_at_step": 0, "budget_usd": 5.0, "local_spot_price": 0.5, "max_price": 1.0,
+    })  # fmt: skip
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert run.state == DagRunState.SUCCESS, states
+    manifest = json.loads(sorted(ckpt.glob("step-*/manifest.json"))[-1].read_text())
+    assert manifest["step"] == 6 and manifest["config"]["model"]["init_from"] == src
+    assert manifest["model_args"]["dim"] == 64 and manifest["model_args"]["n_kv_heads"] == 2
+
+    best = json.loads((registry / "best.json").read_text())
+    exported = transformers.AutoModelForCausalLM.from_pretrained(best["export"])
+    source = json.loads((tmp_path / "my-llama" / "config.json").read_text())
+    assert exported.config.hidden_size == source["hidden_size"]
+    assert exported.config.num_key_value_heads == source["num_key_value_heads"]
+    assert exported.config.vocab_size == source["vocab_size"]
