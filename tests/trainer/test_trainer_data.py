@@ -98,7 +98,7 @@ def test_prepare_data_writes_the_trainer_format(tmp_path):
     total = len(a.read_bytes()) + len(b.read_bytes())
     assert (meta["version"], meta["tokenizer"], meta["dtype"]) == (2, {"kind": "bytes"}, "uint16")
     assert {s: meta["splits"][s]["tokens"] for s in ("train", "val")} == {"train": len(train), "val": len(val)}
-    assert len(train) + len(val) == total + 2 * 2  # two files, a document (and its blank-line separator) of each in each split
+    assert len(train) + len(val) == total + 4 * 2  # each file a document in each split, each ending in a blank line
     assert "héllo".encode() in bytes(np.asarray(train).astype(np.uint8))
     # Refuses to overwrite.
     again = subprocess.run([sys.executable, "-m", "trainer.prepare_data", "--input", str(a), "--out", str(out)],
