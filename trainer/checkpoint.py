@@ -61,6 +61,7 @@ from trainer.fields import flatten
 from trainer.checkpoint_dir import (CheckpointDir, CheckpointStorageError, Lease, WriterFenced, step_dir_name,
                                    step_of, storage_cause)
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
+from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
 __all__ = ["CheckpointStorageError", "Checkpointer", "WriterFenced", "storage_reader", "write_json_atomic"]
 
@@ -204,9 +205,13 @@ class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 
     def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str, shape: dict | None = None,
-                 rank: int, world_size: int, device: torch.device | None = None, job: str | None = None):
+                 rank: int, world_size: int, device: torch.device | None = None, job: str | None = None,
+                 tokenizer: dict | None = None):
         self.cfg, self.flavor, self.config, self.config_hash = cfg, flavor, config, config_hash
         self.shape = shape  # the model's ModelArgs as a dict: resume, evaluate and export rebuild it from this
+        # The identity of the data's tokenizer (trainer.token_store): recorded in every manifest and
+        # checked at resume, since the embedding rows mean one tokenizer's tokens. None: neither.
+        self.tokenizer = tokenizer
         self.job = str(config.get("job") or "") if job is None else job
         self.rank, self.world_size = rank, world_size
         self.device = device or torch.device("cpu")
@@ -527,6 +532,7 @@ class Checkpointer:
                 "flavor": self.flavor,
                 **({"model_args": self.shape} if self.shape is not None else {}),
                 "config_hash": self.config_hash,
+                **({"tokenizer": self.tokenizer} if self.tokenizer is not None else {}),
                 **info["fields"],
                 "files": dict(sorted((k, v) for part in gathered for k, v in part.items())),
                 "created_at": time.time(),
@@ -656,6 +662,13 @@ class Checkpointer:
             raise ConfigError(
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
                 f"{manifest['flavor']!r} (use the same flavour or another checkpoint.uri)"
+            )
+        saved_tokenizer = manifest.get("tokenizer") or BYTES_TOKENIZER  # manifests before the field: byte-level data
+        if self.tokenizer is not None and not same_tokenizer(saved_tokenizer, self.tokenizer):
+            raise ConfigError(
+                f"data.dataset: this data was prepared with tokenizer {describe_tokenizer(self.tokenizer)}, but "
+                f"{path} was trained with tokenizer {describe_tokenizer(saved_tokenizer)}: its embeddings mean "
+                "that tokenizer's tokens (prepare the data with the same tokenizer, or use another checkpoint.uri)"
             )
         saved = flatten(manifest.get("config") or {})
         mine = flatten(self.config)

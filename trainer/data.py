@@ -1,7 +1,7 @@
-"""Token data: the built-in corpus, the on-disk format, and each rank's batches.
+"""Token data: the built-in corpus, where a dataset lives, and each rank's batches.
 
-On-disk format (a directory), written by this module for the built-in corpus and by
-``python -m trainer.prepare_data`` for text files:
+The on-disk format and its reader are trainer/token_store.py's. The built-in corpus is
+written here in its version 1 form (unchanged, so existing caches stay valid):
 
 * ``meta.json``: {"format": "dtrain-tokens", "version": 1, "tokenizer": "bytes",
   "vocab_size": 256, "dtype": "uint16", "splits": {"train": n_tokens, "val": n_tokens}}
@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from trainer.config import ConfigError, DataConfig
+from trainer.token_store import cache_remote, is_remote, open_split
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the built-in corpus; trainer.token_store reads v1 and v2
 BUILTIN_NAME = "builtin-v1"  # bump when the generator below changes, so caches are rebuilt
 BUILTIN_TRAIN_BYTES = 2_000_000
 BUILTIN_VAL_BYTES = 100_000
@@ -131,29 +132,38 @@ def ensure_builtin(data_dir: str) -> str:
 
 
 def resolve_dataset(cfg: DataConfig, is_local_leader: bool, barrier) -> str:
-    """The directory of cfg.dataset. The local rank 0 of each node builds the built-in
-    corpus (nodes may not share a filesystem) while the others wait on `barrier()`."""
+    """The local directory of cfg.dataset. The local rank 0 of each node builds the built-in
+    corpus, or copies an ``s3://`` store to the node-local cache (nodes may not share a
+    filesystem), while the others wait on `barrier()`."""
     if cfg.dataset == "builtin":
         path = os.path.join(default_data_dir(), BUILTIN_NAME)
         if is_local_leader:
             ensure_builtin(default_data_dir())
         barrier()
         return path
+    if is_remote(cfg.dataset):
+        # The leader's outcome travels through the filesystem: after the barrier the others
+        # find its copy (cache_remote returns at once), or the leader has raised and the
+        # launcher stops the group.
+        failed = None
+        if is_local_leader:
+            try:
+                cache_remote(cfg.dataset, default_data_dir(), log=lambda m: print(f"[trainer] {m}", flush=True))
+            except FileNotFoundError as e:
+                failed = e
+        barrier()
+        if failed is not None:
+            raise ConfigError(f"data.dataset: {failed}")
+        try:
+            return cache_remote(cfg.dataset, default_data_dir())
+        except FileNotFoundError as e:
+            raise ConfigError(f"data.dataset: {e}") from None
     if not os.path.exists(os.path.join(cfg.dataset, "meta.json")):
         raise ConfigError(
-            f"data.dataset: {cfg.dataset!r} is not \"builtin\" nor a directory written by "
+            f"data.dataset: {cfg.dataset!r} is not \"builtin\", an s3:// store, nor a directory written by "
             "`python -m trainer.prepare_data` (no meta.json there)"
         )
     return cfg.dataset
-
-
-def open_split(directory: str, split: str) -> tuple[np.ndarray, dict]:
-    with open(os.path.join(directory, "meta.json")) as f:
-        meta = json.load(f)
-    if meta.get("format") != "dtrain-tokens" or meta.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{directory}: unsupported token format {meta.get('format')!r} v{meta.get('version')!r}")
-    tokens = np.memmap(os.path.join(directory, f"{split}.bin"), dtype=np.dtype(meta["dtype"]).newbyteorder("<"), mode="r")
-    return tokens, meta
 
 
 def _affine_permutation(n: int, seed: int, epoch: int) -> tuple[int, int]:
@@ -179,7 +189,7 @@ class TrainBatches:
 
     def __init__(self, directory: str, seq_len: int, global_batch_size: int, micro_batch_size: int,
                  rank: int, world_size: int, seed: int, device: torch.device):
-        self.tokens, self.meta = open_split(directory, "train")
+        self.tokens, self.meta = open_split(directory, "train")  # a TokenStream over the shards
         self.seq_len, self.seed, self.device = seq_len, seed, device
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.per_rank = global_batch_size // world_size
@@ -194,6 +204,11 @@ class TrainBatches:
     @property
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
+
+    @property
+    def tokenizer(self) -> dict:
+        """The identity of the tokenizer the data was prepared with (trainer.token_store)."""
+        return self.meta["tokenizer"]
 
     def _sequence(self, g: int) -> np.ndarray:
         epoch, i = divmod(g, self.n_seq)
@@ -226,6 +241,6 @@ def eval_batches(directory: str, seq_len: int, batch_size: int, max_batches: int
         raise ValueError(f"{directory}: val split has {len(tokens)} tokens, fewer than seq_len+1 = {seq_len + 1}")
     for first in range(0, min(n_seq, batch_size * max_batches), batch_size):
         idx = range(first, min(first + batch_size, n_seq))
-        rows = np.stack([tokens[i * seq_len:i * seq_len + seq_len + 1] for i in idx]).astype(np.int64)
+        rows = np.stack([tokens[i * seq_len:i * seq_len + seq_len + 1] for i in idx]).astype(np.int64)  # (batch, seq_len + 1)
         rows = torch.from_numpy(rows).to(device)
         yield rows[:, :-1], rows[:, 1:]

@@ -1,7 +1,7 @@
 """``python -m trainer.export --checkpoint-uri URI --out DIR [--dtype bfloat16]``
 
 Write a committed checkpoint as a Hugging Face model directory (config.json +
-safetensors) that ``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads. URI is
+safetensors + the training data's tokenizer files, when it had a tokenizer) that ``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads. URI is
 a checkpoint root (its latest committed checkpoint) or a step directory, and DIR a
 directory, each local or s3:// (an s3:// export is written to a local temporary
 directory, then uploaded, config.json last: a reader that finds it finds the weights).
@@ -12,6 +12,7 @@ rotate-half layout (see trainer/model.py), so the weights map one to one.
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -90,9 +91,32 @@ def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
     return {"step": manifest["step"], "checkpoint": step_dir, "out": destination.root, "files": files}
 
 
+def copy_tokenizer(dataset: str, out: str) -> list[str]:
+    """The tokenizer files of the token store the model was trained on (its ``tokenizer/`` directory,
+    local or s3://) copied into ``out``; [] for the built-in byte-level data, which has none."""
+    from trainer.token_store import TOKENIZER_FILES, is_remote, remote_fs
+
+    if dataset in ("", "builtin"):
+        return []
+    copied = []
+    if is_remote(dataset):
+        fs, root = remote_fs(dataset)
+        for name in TOKENIZER_FILES:
+            if fs.exists(f"{root.rstrip('/')}/tokenizer/{name}"):
+                fs.get_file(f"{root.rstrip('/')}/tokenizer/{name}", os.path.join(out, name))
+                copied.append(name)
+        return copied
+    src = os.path.join(dataset.removeprefix("file://"), "tokenizer")
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(out, name))
+            copied.append(name)
+    return copied
+
+
 def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dict, dtype: torch.dtype) -> list[str]:
-    """config.json and safetensors shards (plus their index when there are several) in a local
-    directory; returns the weight files' names (the index included), config.json not."""
+    """config.json, safetensors shards (plus their index when there are several) and the training data's
+    tokenizer files in a local directory; returns the files' names, config.json not."""
     from safetensors.torch import save_file
 
     # HF: "model." + our name for the decoder, lm_head.weight at the top (absent when tied).
@@ -121,6 +145,7 @@ def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dic
         with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
         files.append("model.safetensors.index.json")
+    files += copy_tokenizer(manifest["config"]["data"]["dataset"], out)
     with open(os.path.join(out, "config.json"), "w") as f:
         args = ModelArgs.from_manifest(manifest)
         json.dump(hf_config(args, manifest["config"]["data"]["seq_len"], dtype), f, indent=2)

@@ -327,6 +327,8 @@ class Job:
         torch.manual_seed(cfg.seed + d.rank)
         # The data first: a bad dataset is refused before the checkpoint directory is touched (no lease taken).
         data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
+        data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
+                            d.rank, d.world_size, cfg.seed, d.device)
         hf_dir = None
         if cfg.model.init_from:  # each node's local rank 0 copies a remote model first
             if d.local_rank == 0:
@@ -334,16 +336,16 @@ class Job:
             dist.barrier()
             hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())
         args = hf.model_args(cfg, hf_dir)  # a bad config.json is refused before the checkpoint directory is touched
+        # data.tokenizer: manifests record it, and a checkpoint of another tokenizer's data is refused.
         ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, shape=dataclasses.asdict(args), config=cfg.to_dict(),
-                            config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device)
+                            config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device,
+                            tokenizer=data.tokenizer)
         point = ckpt.resume_point()  # the newest checkpoint that verifies (rank 0 decides)
         if point is not None:
             ckpt.check_compatible(point[1])  # before building a model it cannot fill
             for skipped in point[2] if d.rank == 0 else ():
                 log(d, f"checkpoint {skipped['checkpoint']} fails verification ({skipped['check']}: "
                        f"{skipped['file']}: {skipped['detail']}); resuming from an older one")
-        data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
-                            d.rank, d.world_size, cfg.seed, d.device)
         model = build_model(cfg, d, args)
         if hf_dir is not None and point is None:  # a fresh job starts from the source's weights
             n = hf.load_weights(model, hf_dir, cfg.model.init_from)
