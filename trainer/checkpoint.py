@@ -206,7 +206,7 @@ class Checkpointer:
 
     def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str, shape: dict | None = None,
                  rank: int, world_size: int, device: torch.device | None = None, job: str | None = None,
-                 tokenizer: dict | None = None):
+                 tokenizer: dict | None = None, collective_timeout_s: float = 600.0):
         self.cfg, self.flavor, self.config, self.config_hash = cfg, flavor, config, config_hash
         self.shape = shape  # the model's ModelArgs as a dict: resume, evaluate and export rebuild it from this
         # The identity of the data's tokenizer (trainer.token_store): recorded in every manifest and
@@ -222,8 +222,11 @@ class Checkpointer:
         if self.storage is not None and dist.is_initialized():
             # The checkpoint's own collectives (DCP's plan/finish, the manifest gather)
             # run here, possibly in a background thread: a separate group keeps them
-            # from interleaving with the training collectives on the default group.
-            self.pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(600.0, 2 * cfg.grace_period_s)))
+            # from interleaving with the training collectives on the default group. They wait as long as
+            # training's collectives (parallel.collective_timeout_s) and at least as long as a preemption
+            # save may take, so a hung peer mid-save still ends the group as lost.
+            timeout = max(collective_timeout_s, 2 * cfg.grace_period_s)
+            self.pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
         self._stager = None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: tuple[Future, dict] | None = None
@@ -655,6 +658,11 @@ class Checkpointer:
         if saved_shape is not None and self.shape is not None:
             differ = [f"{k} {self.shape.get(k)!r} here, {saved_shape.get(k)!r} there" for k in sorted(self.shape)
                       if k != "max_seq_len" and self.shape.get(k) != saved_shape.get(k)]
+            if differ and manifest["flavor"] != self.flavor and not (self.config.get("model") or {}).get("init_from"):
+                raise ConfigError(
+                    f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
+                    f"{manifest['flavor']!r} ({'; '.join(differ)}); use the same flavour or another checkpoint.uri"
+                )
             if differ:
                 raise ConfigError(f"model.init_from: this run's model cannot resume from {path}, whose model has "
                                   f"another shape ({'; '.join(differ)}); use the same model or another checkpoint.uri")

@@ -339,7 +339,7 @@ class Job:
         # data.tokenizer: manifests record it, and a checkpoint of another tokenizer's data is refused.
         ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, shape=dataclasses.asdict(args), config=cfg.to_dict(),
                             config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device,
-                            tokenizer=data.tokenizer)
+                            tokenizer=data.tokenizer, collective_timeout_s=cfg.parallel.collective_timeout_s)
         point = ckpt.resume_point()  # the newest checkpoint that verifies (rank 0 decides)
         if point is not None:
             ckpt.check_compatible(point[1])  # before building a model it cannot fill

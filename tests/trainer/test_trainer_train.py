@@ -280,7 +280,7 @@ def test_a_hung_rank_times_its_peers_out_and_the_node_exits_lost_then_resumes(da
     checkpoint) instead of 1, and the relaunch finishes."""
     ckpt = tmp_path / "ckpt"
     args = [*FAST, "--steps", "12", "--checkpoint-uri", str(ckpt), "--set", "checkpoint.every=2",
-            "--set", "parallel.collective_timeout_s=5"]  # fmt: skip
+            "--set", "parallel.collective_timeout_s=5", "--set", "checkpoint.grace_period_s=5"]  # fmt: skip
     hung: list[int] = []
 
     def freeze(proc) -> None:
