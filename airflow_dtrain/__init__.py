@@ -16,6 +16,7 @@ _LAZY = {
     "CheckpointValidationOperator": "airflow_dtrain.operators.checkpoint_validation",
     "EvaluateCheckpointOperator": "airflow_dtrain.operators.evaluate_checkpoint",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
+    "PrepareDataOperator": "airflow_dtrain.operators.prepare_data",
     "JobSpec": "airflow_dtrain.spec",
     "SpecError": "airflow_dtrain.spec",
     "SpotInterruptionSensor": "airflow_dtrain.sensors.spot_interruption",
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from airflow_dtrain.operators.checkpoint_validation import CheckpointValidationOperator
     from airflow_dtrain.operators.evaluate_checkpoint import EvaluateCheckpointOperator
     from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
+    from airflow_dtrain.operators.prepare_data import PrepareDataOperator
     from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
     from airflow_dtrain.sensors.spot_price import SpotPriceSensor
     from airflow_dtrain.spec import JobSpec, SpecError

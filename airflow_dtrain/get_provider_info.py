@@ -31,6 +31,7 @@ def get_provider_info() -> dict:
                     "airflow_dtrain.operators.checkpoint_validation",
                     "airflow_dtrain.operators.evaluate_checkpoint",
                     "airflow_dtrain.operators.fsdp_train",
+                    "airflow_dtrain.operators.prepare_data",
                 ],
             },
         ],

@@ -53,6 +53,11 @@ class RunSettings:
     local_on_demand_price: float = setting(1.5, ge=0, arg="local_on_demand_price", section=BUDGET_AND_SPOT,
                                            title="Local backend: on-demand price ($/node-hour)",
                                            help="On the local backend: the price charged as on-demand.")
+    text_field: str = setting(
+        "text", arg="text_field", section=MODEL_AND_DATA, title="Text field", pattern=r"[A-Za-z0-9_.\-]+",
+        rule="must be a field or column name (letters, digits, _ . -)",
+        help="When the dataset is text to prepare: the JSON field (.jsonl) or column (.parquet, datasets) with the text.",
+    )  # fmt: skip
     instance_types: list[str] = setting(
         factory=lambda: ["p4d.24xlarge", "p5.48xlarge"], arg="instance_types", section=BUDGET_AND_SPOT,
         title="EC2 instance types", help="EC2 instance types whose spot prices are considered (kubernetes backend).",

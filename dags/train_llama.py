@@ -5,7 +5,8 @@ Continued pre-training of a Llama-family model with PyTorch FSDP2, as a pod grou
 `num_nodes` × `procs_per_node` processes under torchrun, paid for on spot capacity when
 the price and the budget allow.
 
-**Flow**: `spot_price` (SpotPriceSensor) → `budget` (BudgetBranchOperator) →
+**Flow**: `prepare_data` (PrepareDataOperator: `dataset` tokenised with `init_from`'s tokenizer,
+once per input and tokenizer) → `spot_price` (SpotPriceSensor) → `budget` (BudgetBranchOperator) →
 `train_spot` | `train_on_demand` | `wait` | `stop` → `validate` (CheckpointValidationOperator)
 → `evaluate` (EvaluateCheckpointOperator: held-out loss, loss-curve report, promotion).
 Beside `train_spot`, `spot_watch` (SpotInterruptionSensor) asks the group to checkpoint now on a
@@ -42,6 +43,7 @@ from airflow_dtrain import (
     CheckpointValidationOperator,
     EvaluateCheckpointOperator,
     FSDPTrainOperator,
+    PrepareDataOperator,
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
@@ -61,6 +63,9 @@ LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000}
 # scheduled one after a `wait`, a re-trigger after a budget stop) continues it, with its ledger.
 CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ (params.job or 'default') }}"
 LOCAL = "params.backend == 'local'"
+# Where the prepare_data task writes token stores (a directory, or an s3:// prefix the pods can read).
+DATA_ROOT = os.environ.get("DTRAIN_PREPARED_DATA_ROOT") or os.path.join(_HOME, "dtrain", "data")
+DATASET_PATTERN = r"^builtin$|" + URI_PATTERN.removeprefix("^$|")
 
 with DAG(
     dag_id="train_llama",
@@ -76,7 +81,8 @@ with DAG(
     # sections): only this DAG's defaults are given here.
     params=trigger_params(
         [
-            "job", "flavor", "init_from", "steps", "global_batch_size", "micro_batch_size", "seq_len", "lr",
+            "job", "flavor", "init_from", "dataset", "text_field", "steps", "global_batch_size", "micro_batch_size",
+            "seq_len", "lr",
             "backend", "num_nodes", "procs_per_node", "max_preemptions",
             "checkpoint_uri", "checkpoint_every", "simulate_preemption_at_step", "registry_uri",
             "budget_usd", "max_price", "max_wait_s", "step_time_estimate_s", "local_spot_price",
@@ -89,6 +95,9 @@ with DAG(
             "simulate_preemption_at_step": 30,
         },
         descriptions={
+            "dataset": '"builtin" (the generated demo corpus), a token store, or text to prepare: a .txt, .jsonl '
+            "or .parquet file or a Hugging Face datasets directory, local or s3://. Text is tokenised by the "
+            "prepare_data task with init_from's tokenizer (byte-level without init_from).",
             "checkpoint_uri": "Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
             "Empty: the job's directory, $AIRFLOW_HOME/dtrain/checkpoints/train_llama/<job>.",
             "registry_uri": "Where the best model is recorded and exported (a path or s3://). Empty: " + REGISTRY + ".",
@@ -96,6 +105,7 @@ with DAG(
         schemas={
             "checkpoint_uri": {"pattern": URI_PATTERN},
             "init_from": {"pattern": URI_PATTERN},
+            "dataset": {"pattern": DATASET_PATTERN},
             "num_nodes": {"maximum": LIMITS["max_nodes"]},
             "procs_per_node": {"maximum": LIMITS["max_procs_per_node"]},
             "steps": {"maximum": LIMITS["max_steps"]},
@@ -106,6 +116,14 @@ with DAG(
     def check_conf(dag_run=None, dag=None) -> None:
         """Refuse dag_run.conf keys that are not params (a typo would silently train with a default)."""
         reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
+
+    prepare_data = PrepareDataOperator(
+        task_id="prepare_data",
+        dataset="{{ params.dataset or 'builtin' }}",
+        tokenizer="{{ params.init_from or '' }}",  # the model's own tokenizer
+        text_field="{{ params.text_field or 'text' }}",
+        output_root=DATA_ROOT,
+    )
 
     spot_price = SpotPriceSensor(
         task_id="spot_price",
@@ -143,6 +161,7 @@ with DAG(
             backend="{{ params.backend }}",
             flavor="{{ params.flavor }}",
             init_from="{{ params.init_from }}",
+            dataset="{{ ti.xcom_pull(task_ids='prepare_data') }}",
             num_nodes="{{ params.num_nodes }}",
             procs_per_node="{{ params.procs_per_node }}",
             steps="{{ params.steps }}",
@@ -215,7 +234,7 @@ with DAG(
         batches=10,
     )
 
-    check_conf() >> spot_price >> budget >> [train_spot, spot_watch, train_on_demand, wait(), stop()]
+    check_conf() >> prepare_data >> spot_price >> budget >> [train_spot, spot_watch, train_on_demand, wait(), stop()]
     [train_spot, train_on_demand] >> validate >> evaluate
 
 

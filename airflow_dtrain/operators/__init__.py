@@ -10,6 +10,7 @@ _LAZY = {
     "CheckpointValidationOperator": "airflow_dtrain.operators.checkpoint_validation",
     "EvaluateCheckpointOperator": "airflow_dtrain.operators.evaluate_checkpoint",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
+    "PrepareDataOperator": "airflow_dtrain.operators.prepare_data",
 }
 __all__ = list(_LAZY)
 

@@ -11,13 +11,17 @@ import pytest
 from airflow.utils.state import DagRunState
 
 from tests.hf_model_assets import tiny_llama
+from tests.hf_tokenizer_assets import tiny_tokenizer
+from trainer.builtin_text import builtin_documents
 
 pytestmark = pytest.mark.torchrun
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")
 
 
 def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_path):
+    """`init_from` alone: the prepare_data task tokenises the built-in text with the model's own tokenizer."""
     src = tiny_llama(tmp_path / "my-llama", n_kv_heads=2, tie=False)
+    tiny_tokenizer(src, vocab_size=256, corpus=builtin_documents()[:300])  # the model directory's tokenizer files
     ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
     run = dags["train_llama"].test(run_conf={
         "job": f"hf-{uuid.uuid4().hex[:8]}", "init_from": src, "checkpoint_uri": str(ckpt),
@@ -29,6 +33,9 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     manifest = json.loads(sorted(ckpt.glob("step-*/manifest.json"))[-1].read_text())
     assert manifest["step"] == 6 and manifest["config"]["model"]["init_from"] == src
     assert manifest["model_args"]["dim"] == 64 and manifest["model_args"]["n_kv_heads"] == 2
+    prepared = run.get_task_instance("prepare_data").xcom_pull(task_ids="prepare_data")
+    assert manifest["config"]["data"]["dataset"] == prepared and prepared != "builtin"
+    assert manifest["tokenizer"]["kind"] == "hf" and manifest["tokenizer"]["name"] == "my-llama"
 
     best = json.loads((registry / "best.json").read_text())
     exported = transformers.AutoModelForCausalLM.from_pretrained(best["export"])
@@ -36,3 +43,10 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     assert exported.config.hidden_size == source["hidden_size"]
     assert exported.config.num_key_value_heads == source["num_key_value_heads"]
     assert exported.config.vocab_size == source["vocab_size"]
+    # The export carries the model's tokenizer: it loads with AutoTokenizer and the model generates text.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(best["export"])
+    assert tokenizer.eos_token == "<|end_of_text|>"
+    prompt = tokenizer("The small cat", return_tensors="pt")
+    out = exported.generate(**prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 8
+    assert tokenizer.decode(out[0]).startswith("The small cat")

@@ -1,0 +1,245 @@
+"""PrepareDataOperator: turn a dataset into the trainer's token store, as a task of the DAG."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+BUILTIN = "builtin"
+DEFAULT_ROOT_ENV = "DTRAIN_PREPARED_DATA_ROOT"
+
+
+class DataError(ValueError):
+    """A dataset or tokenizer this task cannot use; the message names the argument and the value."""
+
+
+class PrepareDataOperator(BaseOperator):
+    """
+    Tokenise a dataset into the token store the trainer reads (``trainer/token_store.py``), with the
+    Hugging Face ``tokenizers`` tokenizer of the model being trained, and return the store's location
+    (XCom ``return_value``) for ``FSDPTrainOperator(dataset=...)``.
+
+    What ``dataset`` may be:
+
+    * ``"builtin"``: the generated demo corpus. Without a tokenizer it is returned as is (the
+      trainer builds it byte-level, the zero-setup default); with one (``init_from``'s model) it is
+      tokenised with that tokenizer, so a model with its own vocabulary trains on it.
+    * a token store already (a directory or ``s3://`` prefix with the store's ``meta.json``): used
+      as is, after checking it was prepared with the same tokenizer.
+    * text to prepare: a ``.txt``, ``.jsonl`` (field ``text_field``) or ``.parquet`` file (column
+      ``text_field``), local or ``s3://``, or a directory saved by Hugging Face ``datasets``
+      (``save_to_disk``). Hub dataset names are not fetched: save one with ``datasets`` first.
+
+    A prepared store goes to ``<output_root>/<name>-<key>``, where the key hashes the input (path,
+    size and modification time), the tokenizer's identity, ``text_field`` and the split settings:
+    the next run of the DAG (a relaunch, the next scheduled run) finds it there and does not
+    tokenise again. Progress is printed to the task log every few seconds.
+
+    :param dataset: see above. (templated)
+    :param tokenizer: a ``tokenizer.json``, or a model directory / ``s3://`` prefix holding one
+        (the ``init_from`` model); empty: byte-level. (templated)
+    :param text_field: the JSON field or parquet/``datasets`` column holding the text. (templated)
+    :param output_root: where prepared stores go (a directory or ``s3://`` prefix; on Kubernetes one
+        the pods can read). Default: ``$DTRAIN_PREPARED_DATA_ROOT``, else
+        ``$AIRFLOW_HOME/dtrain/data``. (templated)
+    :param val_fraction: share of the text held out for evaluation.
+    :param shard_tokens: tokens per shard file (default: the store's).
+    """
+
+    template_fields: Sequence[str] = ("dataset", "tokenizer", "text_field", "output_root")
+    ui_color = "#fdf1d6"
+
+    def __init__(
+        self,
+        *,
+        dataset: str = BUILTIN,
+        tokenizer: str | None = "",
+        text_field: str = "text",
+        output_root: str | None = None,
+        val_fraction: float = 0.05,
+        shard_tokens: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dataset = dataset
+        self.tokenizer = tokenizer
+        self.text_field = text_field
+        self.output_root = output_root
+        self.val_fraction = val_fraction
+        self.shard_tokens = shard_tokens
+
+    def execute(self, context: Context) -> str:
+        dataset = str(self.dataset or BUILTIN).strip()
+        tokenizer_spec = str(self.tokenizer or "").strip()
+        text_field = str(self.text_field or "text")
+        if dataset == BUILTIN and not tokenizer_spec:
+            self.log.info("dataset: the built-in demo corpus, byte-level (the trainer builds it)")
+            return BUILTIN
+
+        from trainer.prepare_data import PrepareError, load_tokenizer
+
+        with tempfile.TemporaryDirectory(prefix="dtrain-tokenizer-") as scratch:
+            local_spec = _local_tokenizer(tokenizer_spec, scratch) if tokenizer_spec else None
+            try:
+                tok = load_tokenizer(local_spec)
+            except PrepareError as e:
+                raise DataError(_named(e)) from None
+            store = _read_store_meta(dataset) if dataset != BUILTIN else None
+            if store is not None:
+                return self._use_store(dataset, store, tok, tokenizer_spec)
+            return self._prepare(dataset, tok, local_spec, text_field, scratch)
+
+    def _use_store(self, dataset: str, meta: dict, tok, tokenizer_spec: str) -> str:
+        from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
+
+        saved = meta.get("tokenizer")
+        saved = BYTES_TOKENIZER if saved in (None, "bytes") else saved
+        if tokenizer_spec and not same_tokenizer(saved, tok.identity):
+            raise DataError(
+                f"dataset: {dataset!r} was prepared with tokenizer {describe_tokenizer(saved)}, but the model's "
+                f"tokenizer ({tokenizer_spec!r}) is {describe_tokenizer(tok.identity)}: prepare the data with the "
+                "model's tokenizer, or give the text itself as dataset and this task prepares it"
+            )
+        self.log.info("dataset: %s is a token store already (%s tokens, tokenizer %s)", dataset,
+                      _tokens(meta), describe_tokenizer(saved))
+        return dataset
+
+    def _prepare(self, dataset: str, tok, local_spec: str | None, text_field: str, scratch: str) -> str:
+        from trainer.prepare_data import DEFAULT_SHARD_TOKENS, PrepareError, input_kind, prepare
+
+        shard_tokens = int(self.shard_tokens or DEFAULT_SHARD_TOKENS)
+        if dataset == BUILTIN:
+            from trainer.builtin_text import BUILTIN_NAME, builtin_documents
+
+            inputs = [os.path.join(scratch, f"{BUILTIN_NAME}.jsonl")]
+            with open(inputs[0], "w") as f:
+                for doc in builtin_documents():
+                    f.write(json.dumps({"text": doc}) + "\n")
+            source, text_field, name = BUILTIN_NAME, "text", BUILTIN_NAME
+        else:
+            try:
+                input_kind(dataset)
+            except PrepareError as e:
+                hint = ("" if os.path.exists(dataset) or "://" in dataset else
+                        " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it with "
+                        "datasets' save_to_disk and give that directory)")
+                raise DataError(_named(e) + hint) from None
+            inputs, source = [dataset], _fingerprint(dataset)
+            name = os.path.splitext(os.path.basename(dataset.rstrip("/")))[0] or "data"
+        key = hashlib.sha256(json.dumps(
+            [source, tok.identity, text_field, self.val_fraction, shard_tokens], sort_keys=True
+        ).encode()).hexdigest()[:16]  # fmt: skip
+        tok_name = tok.identity.get("name") or tok.identity.get("kind")
+        out = f"{self._root().rstrip('/')}/{name}-{tok_name}-{key}"
+        existing = _read_store_meta(out)
+        if existing is not None:
+            self.log.info("dataset: %s was prepared before with the same input and tokenizer: %s (%s tokens)",
+                          dataset, out, _tokens(existing))
+            return out
+        self.log.info("dataset: preparing %s with tokenizer %s into %s", dataset, tok_name, out)
+        try:
+            prepare(inputs, out, tokenizer=local_spec, text_field=text_field, val_fraction=self.val_fraction, shard_tokens=shard_tokens,
+                    log=self.log.info)
+        except PrepareError as e:
+            if "already exists" in str(e) or "appeared while preparing" in str(e):
+                # Another run prepared the same store meanwhile: the same input and tokenizer, so the same data.
+                if _read_store_meta(out) is not None:
+                    return out
+            raise DataError(_named(e)) from None
+        return out
+
+    def _root(self) -> str:
+        if self.output_root:
+            return str(self.output_root)
+        if os.environ.get(DEFAULT_ROOT_ENV):
+            return os.environ[DEFAULT_ROOT_ENV]
+        home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+        return os.path.join(home, "dtrain", "data")
+
+
+def _named(error: Exception) -> str:
+    """trainer.prepare_data's message with its command-line option renamed to this task's argument."""
+    message = str(error)
+    for option, argument in (("--input", "dataset"), ("--text-field", "text_field"), ("--tokenizer", "tokenizer"),
+                             ("--out", "output_root")):
+        if message.startswith(option):
+            return argument + message[len(option):]
+    return message
+
+
+def _tokens(meta: dict) -> str:
+    splits = meta.get("splits") or {}
+    train = splits.get("train")
+    n = train.get("tokens") if isinstance(train, dict) else train
+    return f"{n:,}" if isinstance(n, int) else "?"
+
+
+def _read_store_meta(location: str) -> dict | None:
+    """The meta.json of a complete token store at `location` (a directory or remote prefix); None if none."""
+    from trainer.token_store import FORMAT, is_remote, remote_fs
+
+    try:
+        if is_remote(location):
+            fs, root = remote_fs(location)
+            meta = json.loads(fs.cat_file(f"{root.rstrip('/')}/meta.json"))
+        else:
+            path = location.removeprefix("file://")
+            if not os.path.isdir(path):
+                return None
+            with open(os.path.join(path, "meta.json")) as f:
+                meta = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return meta if meta.get("format") == FORMAT else None
+
+
+def _fingerprint(dataset: str) -> list:
+    """What identifies the input's content cheaply: its location, size and modification time
+    (the ETag for object storage); a datasets directory by its files'."""
+    from trainer.token_store import is_remote, remote_fs
+
+    if is_remote(dataset):
+        fs, path = remote_fs(dataset)
+        info = fs.info(path)
+        return [dataset, info.get("size"), str(info.get("ETag") or info.get("LastModified") or "")]
+    path = os.path.abspath(dataset)
+    if os.path.isdir(path):
+        return [path, sorted((os.path.relpath(os.path.join(d, n), path), os.path.getsize(os.path.join(d, n)),
+                              os.path.getmtime(os.path.join(d, n))) for d, _, names in os.walk(path) for n in names)]
+    return [path, os.path.getsize(path), os.path.getmtime(path)]
+
+
+def _local_tokenizer(spec: str, scratch: str) -> str:
+    """A local path for the tokenizer `spec`: itself, or its files copied from object storage into
+    `scratch` (the tokenizer files only, never the model's weights)."""
+    from trainer.token_store import TOKENIZER_FILES, is_remote, remote_fs
+
+    if not is_remote(spec):
+        path = spec.removeprefix("file://")
+        if not os.path.exists(path):
+            raise DataError(f"tokenizer: {spec!r} does not exist (a tokenizer.json, or the model directory "
+                            "holding it)")
+        return path
+    fs, root = remote_fs(spec)
+    root = root.rstrip("/")
+    local = os.path.join(scratch, os.path.basename(root) or "tokenizer")
+    os.makedirs(local, exist_ok=True)
+    if root.endswith(".json"):
+        fs.get_file(root, os.path.join(local, "tokenizer.json"))
+        return os.path.join(local, "tokenizer.json")
+    found = [name for name in TOKENIZER_FILES if fs.exists(f"{root}/{name}")]
+    if "tokenizer.json" not in found:
+        raise DataError(f"tokenizer: {spec!r} holds no tokenizer.json")
+    for name in found:
+        fs.get_file(f"{root}/{name}", os.path.join(local, name))
+    return local
+

@@ -1,0 +1,64 @@
+"""The built-in demo corpus: English-like text from a small grammar, generated (no download).
+
+Standard library only, so that a DAG task can tokenise it with a real tokenizer without
+importing torch (``airflow_dtrain.operators.prepare_data``); the trainer stores it byte-level
+(``trainer.data.ensure_builtin``).
+"""
+
+import random
+
+BUILTIN_NAME = "builtin-v1"  # bump when the generator below changes, so caches are rebuilt
+BUILTIN_TRAIN_BYTES = 2_000_000
+BUILTIN_VAL_BYTES = 100_000
+DOC_SEPARATOR = b"\n\n"
+
+
+def generate_builtin_text(n_bytes: int, seed: int) -> bytes:
+    """English-like text from a small grammar: learnable structure (spelling, agreement,
+    punctuation, recurring names) so that the loss falls clearly within a few hundred steps."""
+    rng = random.Random(seed)
+    names = ["Ada", "Ben", "Clara", "Dev", "Ella", "Finn", "Grace", "Hugo", "Iris", "Jon"]
+    adjs = ["small", "red", "quiet", "bright", "old", "young", "happy", "tired", "clever", "green", "heavy", "warm"]
+    nouns = ["cat", "dog", "bird", "tree", "river", "house", "garden", "train", "book", "lamp", "horse", "child"]
+    verbs = [("sees", "see", "saw"), ("finds", "find", "found"), ("likes", "like", "liked"),
+             ("follows", "follow", "followed"), ("watches", "watch", "watched"), ("paints", "paint", "painted")]
+    preps = ["near", "under", "behind", "beside", "above", "inside"]
+    advs = ["slowly", "quickly", "happily", "today", "again", "at night"]
+    numbers = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+    def np_(plural: bool) -> str:
+        noun = rng.choice(nouns)
+        noun = noun + ("ren" if noun == "child" else "es" if noun.endswith("s") else "s") if plural else noun
+        return f"the {rng.choice(adjs)} {noun}" if rng.random() < 0.6 else f"the {noun}"
+
+    def sentence() -> str:
+        kind = rng.randrange(6)
+        v = rng.choice(verbs)
+        if kind == 0:  # subject-verb agreement
+            plural = rng.random() < 0.5
+            return f"{np_(plural).capitalize()} {v[1] if plural else v[0]} {np_(rng.random() < 0.3)} {rng.choice(preps)} {np_(False)}."
+        if kind == 1:
+            return f"{rng.choice(names)} {v[2]} {np_(False)} {rng.choice(advs)}."
+        if kind == 2:  # question and its answer repeat the words
+            a, b = rng.choice(nouns), rng.choice(nouns)
+            return f"Did the {a} {v[1]} the {b}? Yes, the {a} {v[2]} the {b}."
+        if kind == 3:  # counting
+            start = rng.randrange(7)
+            return "We count " + ", ".join(numbers[start:start + 4]) + "."
+        if kind == 4:
+            n = rng.choice(names)
+            return f"{n} has {rng.choice(numbers[1:])} {rng.choice(nouns[:6])}s, and {n} is {rng.choice(adjs)}."
+        return f"There is a {rng.choice(nouns)} {rng.choice(preps)} {np_(False)}."
+
+    out, size = [], 0
+    while size < n_bytes:
+        doc = " ".join(sentence() for _ in range(rng.randint(3, 8)))
+        out.append(doc)
+        size += len(doc) + len(DOC_SEPARATOR)
+    return DOC_SEPARATOR.join(d.encode() for d in out)[:n_bytes]
+
+
+def builtin_documents(seed: int = 1234) -> list[str]:
+    """The built-in corpus (train then held-out bytes, as ``trainer.data`` splits it) as documents."""
+    text = generate_builtin_text(BUILTIN_TRAIN_BYTES + BUILTIN_VAL_BYTES, seed=seed)
+    return [doc for doc in text.decode().split("\n\n") if doc]
