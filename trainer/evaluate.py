@@ -24,6 +24,7 @@ from trainer.checkpoint import storage_reader
 from trainer.checkpoint_dir import CheckpointDir, step_dir_name
 from trainer.config import TrainConfig
 from trainer.data import default_data_dir, ensure_builtin, eval_batches
+from trainer.token_store import cache_remote, is_remote
 from trainer.model import Llama, ModelArgs
 
 
@@ -58,6 +59,16 @@ def evaluate(model: Llama, data_dir: str, seq_len: int, batches: int, batch_size
     return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens}
 
 
+def local_dataset(dataset: str) -> str:
+    """The local directory of a checkpoint's dataset: the built-in corpus (built here if need be), an
+    ``s3://`` store copied once to the node-local cache, or the directory itself."""
+    if dataset == "builtin":
+        return ensure_builtin(default_data_dir())
+    if is_remote(dataset):
+        return cache_remote(dataset, default_data_dir(), log=lambda m: print(m, file=sys.stderr, flush=True))
+    return dataset
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint-uri", required=True)
@@ -84,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         model, manifest = load_model(found[s], device)
         cfg = TrainConfig.from_dict(manifest["config"])
-        data_dir = ensure_builtin(default_data_dir()) if cfg.data.dataset == "builtin" else cfg.data.dataset
+        data_dir = local_dataset(cfg.data.dataset)
         result = evaluate(model, data_dir, cfg.data.seq_len, args.batches, args.batch_size, device)
         seconds = time.perf_counter() - start
         result = {"step": s, **result, "tokens_per_s": result["tokens"] / seconds, "path": found[s],

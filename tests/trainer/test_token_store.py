@@ -219,5 +219,9 @@ def test_a_store_on_s3_is_cached_node_locally_and_read_by_the_trainer(s3, tmp_pa
     assert local["tokenizer"] == meta["tokenizer"]
     # Another process of the node (not the leader) finds the copy; nothing is downloaded again.
     assert resolve_dataset(DataConfig(dataset=uri), False, lambda: None) == path
+    # The evaluation of a checkpoint trained on it reads the same node-local copy.
+    from trainer.evaluate import local_dataset
+
+    assert local_dataset(uri) == path
     ld = TrainBatches(path, 16, 4, 2, 0, 1, seed=0, device=torch.device("cpu"))
     assert ld.next_batch()[0][0].shape == (2, 16)
