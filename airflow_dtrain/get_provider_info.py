@@ -101,6 +101,20 @@ def get_provider_info() -> dict:
                         "example": "https://grafana.example.com",
                         "default": "http://localhost:3000",
                     },
+                    "kubernetes": {
+                        "description": (
+                            "Pod settings of the bundled DAGs (train_llama, sweep_llama) on the kubernetes "
+                            "backend, as JSON (airflow_dtrain.kubernetes.spec.KubernetesSpec): image, namespace, "
+                            "service_account, volumes, secret_env, pod_template, allowed_images, "
+                            "allowed_namespaces... Set by whoever deploys those DAGs; a trigger form only "
+                            "chooses an image and a namespace within it."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": '{"image": "ghcr.io/acme/dtrain:1.0", "allowed_images": ["ghcr.io/acme/dtrain:"], '
+                        '"volumes": [{"claim": "ckpt", "mount_path": "/mnt/ckpt"}]}',
+                        "default": "",
+                    },
                 },
             }
         },

@@ -26,6 +26,7 @@ from typing import Any
 from trainer.config import CHECKPOINTS, MODEL_AND_DATA, URI_PATTERN, TrainConfig
 from trainer.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
 
+from airflow_dtrain.kubernetes.spec import TRIGGER_KEYS
 from airflow_dtrain.spec import BUDGET_AND_SPOT, GROUP, KUBERNETES, JobSpec
 
 SECTIONS = (MODEL_AND_DATA, GROUP, CHECKPOINTS, BUDGET_AND_SPOT, KUBERNETES)
@@ -68,6 +69,12 @@ class RunSettings:
         None, arg="registry_uri", section=CHECKPOINTS, title="Model registry", pattern=URI_PATTERN,
         help="Where the best model is recorded and exported (a path or s3://); empty: the DAG's default.",
     )  # fmt: skip
+    kubernetes: dict[str, str] = setting(
+        factory=dict, arg="kubernetes", section=KUBERNETES, title="Kubernetes: image and namespace",
+        help="What a run may choose of the kubernetes backend's pods: image (one this DAG allows) and namespace "
+        "(one this DAG allows). Everything else about the pods (volumes, secrets, service account, pod "
+        "template) is the DAG author's and the platform admin's.",
+    )  # fmt: skip
     interruption_queue_url: str | None = setting(
         None, arg="interruption_queue_url", section=KUBERNETES, title="Interruption queue (SQS URL)",
         pattern=r"^https://sqs\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[0-9]{12}/[A-Za-z0-9_-]+(\.fifo)?$",
@@ -89,6 +96,20 @@ class SweepSettings:
         None, arg="sweep_root", section=CHECKPOINTS, title="Sweep root", pattern=URI_PATTERN,
         help="Where the sweep's checkpoints go, one directory per member; empty: under $AIRFLOW_HOME.",
     )  # fmt: skip
+
+
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    # A run chooses only these of the pods (KubernetesSpec.choose checks them again, against the DAG's allowlists).
+    "kubernetes": {
+        "additionalProperties": False,
+        "properties": {
+            "image": {"type": "string", "pattern": r"^[^\s]+$", "maxLength": 512},
+            "namespace": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+        },
+    },
+}
+"""JSON Schema a field's declaration cannot express, by argument name."""
+assert set(_SCHEMAS["kubernetes"]["properties"]) == set(TRIGGER_KEYS)
 
 
 @functools.cache
@@ -137,6 +158,7 @@ def param_schema(name: str, *, default: Any = dataclasses.MISSING, section: str 
         out["type"] = ["null", out["type"]]
         if "enum" in out:
             out["enum"] = [None, *out["enum"]]
+    out.update(_SCHEMAS.get(name, {}))
     out.update(schema or {})
     out["title"] = title_of(f)
     out["description"] = description or m.help
@@ -206,3 +228,24 @@ def reject_unknown_conf(conf: Mapping[str, Any] | None, params: Iterable[str]) -
         raise UnknownConfKeys(
             f"dag_run.conf: unknown key(s) {', '.join(map(repr, unknown))}; this DAG takes: {', '.join(sorted(known))}"
         )
+
+
+def deployed_kubernetes() -> dict[str, Any]:
+    """The bundled DAGs' pod settings: ``[dtrain] kubernetes`` (``AIRFLOW__DTRAIN__KUBERNETES``), a JSON
+    ``KubernetesSpec`` set by whoever deploys the DAGs; ``{}`` when unset. A bad value fails the DAG's
+    parse, naming the option."""
+    import json
+
+    from airflow.sdk import conf
+
+    raw = conf.get("dtrain", "kubernetes", fallback="") or ""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as err:
+        raise ValueError(f"[dtrain] kubernetes: not JSON ({err}), got {raw!r}") from None
+    from airflow_dtrain.kubernetes.spec import KubernetesSpec
+
+    KubernetesSpec.from_value(value)  # a bad setting fails here, naming the field
+    return value

@@ -127,9 +127,10 @@ class JobSpec:
         "last checkpoint; counted apart from max_preemptions.",
     )  # fmt: skip
     kubernetes: KubernetesSpec = setting(
-        factory=KubernetesSpec, arg="kubernetes", section=KUBERNETES, title="Kubernetes pods", cli=False,
+        factory=KubernetesSpec, cli=False,
         help="Pods of the kubernetes backend: image, namespace, volumes, secret_env, kueue_queue, ... "
-        "(airflow_dtrain.kubernetes.spec.KubernetesSpec).",
+        "(airflow_dtrain.kubernetes.spec.KubernetesSpec), set by the DAG's author; a trigger form only "
+        "chooses within them (airflow_dtrain.params.RunSettings.kubernetes).",
     )  # fmt: skip
     entrypoint: tuple[str, ...] = setting(
         (), cli=False,
@@ -335,6 +336,18 @@ def _kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec,
             except ValueError as err:
                 raise SpecError(str(err)) from None
     return KubernetesSpec.from_value(value), capacity
+
+
+def kubernetes_for_run(kubernetes: Any, overrides: Any) -> Any:
+    """The DAG author's pod settings (``kubernetes``) with what a run chose (``overrides``: the trigger
+    form's ``kubernetes``, checked by ``KubernetesSpec.choose``), as ``JobSpec.from_arguments`` takes them."""
+    if kubernetes is None and overrides in (None, {}):
+        return None
+    spec, legacy_capacity = _kubernetes_and_capacity(kubernetes, None)
+    chosen = spec.choose(overrides)
+    if legacy_capacity is not None:  # the older kubernetes={"capacity_type": ...}: from_arguments reads it again
+        return {**chosen.to_dict(), "capacity_type": kubernetes["capacity_type"]}
+    return chosen
 
 
 def _name_argument(message: str) -> str:

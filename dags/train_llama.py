@@ -47,7 +47,7 @@ from airflow_dtrain import (
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
-from airflow_dtrain.params import reject_unknown_conf, trigger_params
+from airflow_dtrain.params import deployed_kubernetes, reject_unknown_conf, trigger_params
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
@@ -58,6 +58,13 @@ BEST_MODEL = Asset(name="train_llama_best_model")
 # What this DAG's author allows a run to ask for: the trigger form's maxima, enforced again by the
 # train tasks (a trigger can choose within them, never widen them).
 LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000}
+
+# The pods of the kubernetes backend: whoever deploys this DAG sets them ([dtrain] kubernetes, JSON:
+# image, volumes, service account, pod template, allowed_images, allowed_namespaces...). A trigger
+# chooses only an image and a namespace within them; the platform admin's policy (the Kubernetes
+# connection's dtrain_policy extra) bounds them all.
+KUBERNETES = deployed_kubernetes()
+KUBERNETES_CHOICE = "{{ params.kubernetes if params.backend == 'kubernetes' else None }}"
 
 # One checkpoint directory per job, unless the trigger form names one: every run of a job (the next
 # scheduled one after a `wait`, a re-trigger after a budget stop) continues it, with its ledger.
@@ -179,7 +186,8 @@ with DAG(
             # EC2 never bills spot above on-demand: the cap projects spot time at the on-demand price.
             price_ceiling_per_node_hour=ceiling,
             budget_usd="{{ params.budget_usd }}",
-            kubernetes="{{ params.kubernetes if params.backend == 'kubernetes' else None }}",
+            kubernetes=KUBERNETES or None,
+            kubernetes_overrides=KUBERNETES_CHOICE,
             limits=LIMITS,
             log_every=10,
             poll_interval=1.0,
@@ -195,7 +203,7 @@ with DAG(
         task_id="spot_watch",
         train_task_id="train_spot",
         backend="{{ params.backend }}",
-        namespace="{{ params.kubernetes.get('namespace') or '' }}",
+        namespace="{{ params.kubernetes.get('namespace') or '" + (KUBERNETES.get("namespace") or "") + "' }}",
         sqs_queue_url="{{ params.interruption_queue_url or None }}",
         deferrable=True,
         poke_interval=5,
@@ -230,7 +238,8 @@ with DAG(
         registry_uri="{{ params.registry_uri or '" + REGISTRY + "' }}",
         asset=BEST_MODEL,
         backend="{{ params.backend }}",
-        kubernetes="{{ params.kubernetes or None }}",
+        kubernetes=KUBERNETES or None,
+        kubernetes_overrides=KUBERNETES_CHOICE,
         batches=10,
     )
 

@@ -39,6 +39,7 @@ from airflow_dtrain.kubernetes.objects import (
     render_group,
     task_name,
 )
+from airflow_dtrain.kubernetes.policy import KubernetesPolicy
 from airflow_dtrain.kubernetes.status import pod_index
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, PredecessorStillRunning
 
@@ -149,9 +150,15 @@ class KubernetesLauncher(PodGroupLauncher):
         return sorted(pods, key=lambda p: (pod_index(p), p["metadata"].get("creationTimestamp", "")))
 
     # -- launch -----------------------------------------------------------------------------------
+    @cached_property
+    def policy(self) -> KubernetesPolicy:
+        """The platform admin's policy, from the connection's extra (``dtrain_policy``)."""
+        return KubernetesPolicy.from_extra(self.hook.conn_extras)
+
     def launch(self, name: str, spec: JobSpec) -> GroupStatus:
         if spec.kubernetes.namespace:
             self.namespace = spec.kubernetes.namespace  # overrides the cached default
+        self.policy.check(spec, namespace=self.namespace, log=self.log)  # before any API call
         if self._job(name) is not None:
             raise ValueError(f"group {name!r} already exists in namespace {self.namespace}")
         self._wait_for_predecessors(name)

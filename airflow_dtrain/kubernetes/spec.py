@@ -7,11 +7,15 @@ not here: it is the group's ``JobSpec.capacity``, shared with the budget and the
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_dtrain.errors import SpecError, positive_int as _positive_int
+
+TRIGGER_KEYS = ("image", "namespace")
+"""What a run (the trigger form, ``dag_run.conf``) may choose of the pods, within what the DAG allows."""
 
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -45,6 +49,24 @@ def _dict_list(name: str, value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, dict) for v in value):
         raise SpecError(f"{name}: expected a list of mappings, got {value!r}")
     return [dict(v) for v in value]
+
+
+def _image_patterns(name: str, value: Any) -> tuple[str, ...]:
+    patterns = tuple(value or ())
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern.strip() or any(c.isspace() for c in pattern):
+            raise SpecError(f"{name}: not an image reference or prefix, got {pattern!r}")
+    return patterns
+
+
+def image_allowed(image: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """``image`` is one of ``patterns`` or starts with one that ends in ``/``, ``:`` or ``@`` (a registry
+    or repository prefix: ``"ghcr.io/acme/"``, ``"ghcr.io/acme/dtrain:"``, ``"ghcr.io/acme/dtrain@"``).
+    A prefix without that separator matches exactly only, so ``ghcr.io/acme`` never admits ``ghcr.io/acme-evil/x``."""
+    if not image or any(c.isspace() for c in image) or ".." in image:
+        return False
+    return any(image == p or (p.endswith(("/", ":", "@")) and image.startswith(p) and len(image) > len(p))
+               for p in patterns)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,12 +113,17 @@ class KubernetesSpec:
     """Port of the c10d rendezvous store on pod 0."""
     ttl_seconds_after_finished: int | None = None
     """Delete finished Jobs after this long; None keeps them (the operator counts preemptions from them)."""
+    allowed_images: tuple[str, ...] = ()
+    """Images a run may choose instead of ``image`` (``TRIGGER_KEYS``): exact references, or prefixes
+    ending in ``/``, ``:`` or ``@`` (``"ghcr.io/acme/dtrain:"``: any tag of that repository)."""
+    allowed_namespaces: tuple[str, ...] = ()
+    """Namespaces a run may choose instead of ``namespace``."""
 
     _FIELDS = (
         "image", "image_pull_policy", "image_pull_secrets", "namespace", "service_account",
         "node_selector", "tolerations", "topology_spread", "kueue_queue", "priority_class", "pod_template",
         "env", "secret_env", "volumes", "shm_size", "pending_timeout_s", "statsd_host", "statsd_port",
-        "rdzv_port", "ttl_seconds_after_finished",
+        "rdzv_port", "ttl_seconds_after_finished", "allowed_images", "allowed_namespaces",
     )  # fmt: skip
 
     @classmethod
@@ -183,9 +210,10 @@ class KubernetesSpec:
         statsd_host = v.get("statsd_host", "")
         if not isinstance(statsd_host, str):
             raise SpecError(f"kubernetes.statsd_host: expected a string, got {statsd_host!r}")
-        for key in ("image_pull_secrets",):
+        for key in ("image_pull_secrets", "allowed_namespaces"):
             for name in v.get(key) or ():
                 _k8s_name(f"kubernetes.{key}", name, optional=False)
+        allowed_images = _image_patterns("kubernetes.allowed_images", v.get("allowed_images"))
         return cls(
             image=image,
             image_pull_policy=pull_policy,
@@ -211,11 +239,52 @@ class KubernetesSpec:
             ttl_seconds_after_finished=None
             if ttl is None
             else _positive_int("kubernetes.ttl_seconds_after_finished", ttl, 0),
+            allowed_images=allowed_images,
+            allowed_namespaces=tuple(v.get("allowed_namespaces") or ()),
         )
+
+    def choose(self, choice: Any) -> KubernetesSpec:
+        """This spec with what a run chose (``FSDPTrainOperator(kubernetes_overrides=...)``, the trigger
+        form's ``kubernetes`` field): only ``TRIGGER_KEYS``, each within what this spec allows.
+
+        Raises SpecError naming the key and the value: a key a run may not set at all (pod template,
+        volumes, service account, ...: the DAG's author sets those), or an image or namespace
+        outside ``allowed_images`` / ``allowed_namespaces``.
+        """
+        if choice is None or choice == {}:
+            return self
+        if not isinstance(choice, dict):
+            raise SpecError(f"kubernetes: expected a mapping of {', '.join(TRIGGER_KEYS)}, got {choice!r}")
+        for key in sorted(choice):
+            if key not in TRIGGER_KEYS:
+                raise SpecError(
+                    f"kubernetes.{key}: a run may not set this (got {choice[key]!r}); the DAG's author sets it in "
+                    f"FSDPTrainOperator(kubernetes=...). A run may choose: {', '.join(TRIGGER_KEYS)}"
+                )
+        changes: dict[str, Any] = {}
+        image = choice.get("image")
+        if image not in (None, "", self.image):
+            if not isinstance(image, str) or not image_allowed(image, self.allowed_images):
+                raise SpecError(
+                    f"kubernetes.image: {image!r} is not allowed by this DAG (allowed: "
+                    f"{', '.join(repr(p) for p in (self.image, *self.allowed_images) if p) or 'none'}; "
+                    "kubernetes.allowed_images)"
+                )
+            changes["image"] = image
+        namespace = choice.get("namespace")
+        if namespace not in (None, "", self.namespace):
+            if namespace not in self.allowed_namespaces:
+                raise SpecError(
+                    f"kubernetes.namespace: {namespace!r} is not allowed by this DAG (allowed: "
+                    f"{', '.join(repr(n) for n in (self.namespace, *self.allowed_namespaces) if n) or 'none'}; "
+                    "kubernetes.allowed_namespaces)"
+                )
+            changes["namespace"] = namespace
+        return dataclasses.replace(self, **changes) if changes else self
 
     def to_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self._FIELDS}
-        for key in ("image_pull_secrets", "tolerations", "volumes"):
+        for key in ("image_pull_secrets", "tolerations", "volumes", "allowed_images", "allowed_namespaces"):
             out[key] = list(out[key])
         return out
 

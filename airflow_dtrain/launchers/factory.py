@@ -47,7 +47,7 @@ def local_state_dir(configured: str | None = None) -> Path:
 def launcher_kwargs(
     backend: str,
     *,
-    kubernetes: dict[str, Any] | None = None,
+    kubernetes: Any = None,
     kubernetes_conn_id: str = "kubernetes_default",
     local_state_dir_setting: str | None = None,
 ) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def launcher_kwargs(
     ``kubernetes`` dict and its connection, or the local state directory. JSON-serialisable,
     so that a trigger can carry them."""
     if backend == "kubernetes":
-        namespace = kubernetes.get("namespace") if isinstance(kubernetes, dict) else None
+        namespace = kubernetes.get("namespace") if isinstance(kubernetes, dict) else getattr(kubernetes, "namespace", None)
         return {"kubernetes_conn_id": kubernetes_conn_id, "namespace": namespace}
     if backend == "local":
         return {"state_dir": str(local_state_dir(local_state_dir_setting))}

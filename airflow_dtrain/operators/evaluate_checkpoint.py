@@ -12,7 +12,8 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs
 from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import JobSpec, SpecError, group_base_name
+from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, kubernetes_for_run
+from airflow_dtrain.templating import check_author_template
 from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir, step_dir_name
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ class EvaluateCheckpointOperator(BaseOperator):
     :param export: export a promoted checkpoint as safetensors. (templated)
     :param min_improvement: promote only if the loss improves by more than this. (templated)
     :param backend: ``local`` or ``kubernetes``, as for training. (templated)
-    :param kubernetes: pod settings of the ``kubernetes`` backend (see FSDPTrainOperator). (templated)
+    :param kubernetes: the DAG author's pod settings of the ``kubernetes`` backend (see FSDPTrainOperator;
+        a template here may not read ``params`` or ``dag_run``). (templated)
+    :param kubernetes_overrides: what a run chooses of the pods: ``image``, ``namespace``, within
+        ``kubernetes.allowed_images`` / ``allowed_namespaces`` (see FSDPTrainOperator). (templated)
     :param kubernetes_conn_id: the Kubernetes connection.
     :param node_resources: the evaluation pod's ``{"cpu", "memory", "gpus_per_node"}``. (templated)
     :param poll_interval: seconds between looks at the evaluation job.
@@ -55,7 +59,7 @@ class EvaluateCheckpointOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "checkpoint_uri", "step", "registry_uri", "batches", "batch_size", "eval_all", "export", "min_improvement",
-        "backend", "kubernetes", "node_resources",
+        "backend", "kubernetes", "kubernetes_overrides", "node_resources",
     )  # fmt: skip
     template_fields_renderers = {"kubernetes": "json", "node_resources": "json"}
     ui_color = "#e4f4ff"
@@ -74,6 +78,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         min_improvement: float | str = 0.0,
         backend: str = "local",
         kubernetes: dict[str, Any] | None = None,
+        kubernetes_overrides: dict[str, Any] | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         node_resources: dict[str, Any] | None = None,
         poll_interval: float = 2.0,
@@ -95,7 +100,9 @@ class EvaluateCheckpointOperator(BaseOperator):
         self.export = export
         self.min_improvement = min_improvement
         self.backend = backend
+        check_author_template(f"{type(self).__name__}(task_id={self.task_id!r}): kubernetes", kubernetes)
         self.kubernetes = kubernetes
+        self.kubernetes_overrides = kubernetes_overrides
         self.kubernetes_conn_id = kubernetes_conn_id
         self.node_resources = node_resources
         self.poll_interval = poll_interval
@@ -109,6 +116,7 @@ class EvaluateCheckpointOperator(BaseOperator):
     # -- jobs ----------------------------------------------------------------------------------
     def _job_spec(self, *entrypoint: str) -> JobSpec:
         try:
+            self._pods = kubernetes_for_run(self.kubernetes, self.kubernetes_overrides)
             spec = JobSpec.from_arguments(
                 checkpoint_uri=self.checkpoint_uri,
                 num_nodes=1,
@@ -116,7 +124,7 @@ class EvaluateCheckpointOperator(BaseOperator):
                 global_batch_size=1,
                 micro_batch_size=1,
                 backend=self.backend,
-                kubernetes=self.kubernetes,
+                kubernetes=self._pods,
                 resources=self.node_resources,
             )
         except SpecError as err:
@@ -128,7 +136,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         ti = context["ti"]
         base = group_base_name(ti.dag_id, ti.run_id, f"{ti.task_id}-{purpose}", getattr(ti, "map_index", -1))
         launcher = get_launcher(spec.backend, **launcher_kwargs(
-            spec.backend, kubernetes=self.kubernetes, kubernetes_conn_id=self.kubernetes_conn_id,
+            spec.backend, kubernetes=self._pods, kubernetes_conn_id=self.kubernetes_conn_id,
             local_state_dir_setting=self.local_state_dir))  # fmt: skip
         self._session = GroupSession(launcher, base, spec, log=self.log, error=EvaluationFailed, purpose=purpose)
         # A finished job of an earlier try may have evaluated another step: run it again.

@@ -11,8 +11,8 @@ from airflow.sdk import BaseOperator, BaseOperatorLink, conf
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
 from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobLimits, JobSpec, SpecError, group_base_name
-from airflow_dtrain.templating import is_template
+from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobLimits, JobSpec, SpecError, group_base_name, kubernetes_for_run
+from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from trainer.checkpoint_dir import CheckpointDir
 
@@ -27,7 +27,7 @@ DASHBOARD_UID = "dtrain-training"
 _TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
 _GROUP_ARGUMENTS = (
     "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "price_ceiling_per_node_hour",
-    "budget_usd", "node_resources", "max_preemptions", "max_failures", "config", "kubernetes",
+    "budget_usd", "node_resources", "max_preemptions", "max_failures", "config", "kubernetes", "kubernetes_overrides",
 )  # fmt: skip
 
 
@@ -98,9 +98,16 @@ class FSDPTrainOperator(BaseOperator):
     :param max_preemptions: relaunches after preemption before the task fails. (templated)
     :param max_failures: relaunches after a training process was killed (OOM killer, kill -9), from
         the last checkpoint, before the task fails. (templated)
-    :param kubernetes: pods of the ``kubernetes`` backend: ``image``, ``namespace``, ``capacity_type``,
-        ``kueue_queue``, ``volumes``, ``secret_env``, ``pod_template``, ... (see
-        ``airflow_dtrain.spec.KubernetesSpec``). (templated)
+    :param kubernetes: pods of the ``kubernetes`` backend, set by the DAG's author: ``image``,
+        ``namespace``, ``service_account``, ``kueue_queue``, ``volumes``, ``secret_env``, ``pod_template``,
+        and what a run may choose (``allowed_images``, ``allowed_namespaces``)... (see
+        ``airflow_dtrain.kubernetes.spec.KubernetesSpec``). These carry privilege: templated, but a template
+        here may not read ``params`` or ``dag_run`` (a trigger chooses through ``kubernetes_overrides``).
+        The platform admin bounds them further (the connection's ``dtrain_policy`` extra,
+        ``airflow_dtrain.kubernetes.policy``). (templated)
+    :param kubernetes_overrides: what a run chooses of the pods (the trigger form's ``kubernetes``):
+        only ``image`` (one of ``kubernetes.allowed_images``) and ``namespace`` (one of
+        ``kubernetes.allowed_namespaces``); any other key is refused naming it. (templated)
     :param limits: what a run may ask for, set by the DAG author (not templated, so a trigger form
         cannot widen it): ``{"max_nodes", "max_procs_per_node", "max_steps", "backends"}``.
     :param kubernetes_conn_id: the Kubernetes connection of the ``kubernetes`` backend.
@@ -148,6 +155,7 @@ class FSDPTrainOperator(BaseOperator):
         max_preemptions: int = 3,
         max_failures: int | None = None,
         kubernetes: dict[str, Any] | None = None,
+        kubernetes_overrides: dict[str, Any] | None = None,
         limits: dict[str, Any] | JobLimits | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         poll_interval: float = 5.0,
@@ -186,7 +194,9 @@ class FSDPTrainOperator(BaseOperator):
         self.node_resources = node_resources
         self.max_preemptions = max_preemptions
         self.max_failures = max_failures
+        check_author_template(f"{type(self).__name__}(task_id={self.task_id!r}): kubernetes", kubernetes)
         self.kubernetes = kubernetes
+        self.kubernetes_overrides = kubernetes_overrides
         self.limits = JobLimits.from_value(limits)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.poll_interval = poll_interval
@@ -207,19 +217,30 @@ class FSDPTrainOperator(BaseOperator):
                 k: (defaults.get(k) if is_template(v) else v) for k, v in arguments.items()
             }
             if arguments["backend"] != "local" and (
-                is_template(self.kubernetes) or is_template(self.checkpoint_uri)
+                is_template(self.kubernetes) or is_template(self.kubernetes_overrides)
+                or is_template(self.checkpoint_uri)
             ):
                 # what the backend requires of these is checked once they are rendered
                 arguments["backend"] = "local"
         if not arguments.get("checkpoint_uri") and not skip_templates:
             arguments["checkpoint_uri"] = self._default_checkpoint_uri(arguments.get("backend"))
         arguments["resources"] = arguments.pop("node_resources")
+        arguments["kubernetes"] = self._kubernetes(arguments.pop("kubernetes_overrides"))
         if not skip_templates:
             arguments["config"] = _with_statsd_defaults(arguments.get("config"))
         try:
             spec = JobSpec.from_arguments(**arguments)
             self.limits.check(spec)
             return spec
+        except SpecError as err:
+            raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
+
+    def _kubernetes(self, overrides: Any) -> Any:
+        """The DAG author's pod settings with what the run chose (checked against them)."""
+        if is_template(self.kubernetes):
+            return None  # checked once rendered
+        try:
+            return kubernetes_for_run(self.kubernetes, None if is_template(overrides) else overrides)
         except SpecError as err:
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
 
@@ -231,7 +252,8 @@ class FSDPTrainOperator(BaseOperator):
 
     # -- the session ---------------------------------------------------------------------------
     def _launcher_kwargs(self, backend: str) -> dict[str, Any]:
-        return launcher_kwargs(backend, kubernetes=self.kubernetes, kubernetes_conn_id=self.kubernetes_conn_id,
+        return launcher_kwargs(backend, kubernetes=self._kubernetes(self.kubernetes_overrides),
+                               kubernetes_conn_id=self.kubernetes_conn_id,
                                local_state_dir_setting=self.local_state_dir)
 
     def _open_session(self, context: Context) -> GroupSession:

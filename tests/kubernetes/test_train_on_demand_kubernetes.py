@@ -25,15 +25,23 @@ ON_DEMAND_NODES = {("karpenter.sh/capacity-type", "on-demand"), ("eks.amazonaws.
 
 
 class BudgetTI(RecordingTI):
-    """The task instance, with the budget task's decision to pull (the on-demand offer's price)."""
+    """The task instance, with the budget task's decision to pull (the on-demand offer's price) and the
+    prepare_data task's dataset."""
 
     def xcom_pull(self, task_ids: str | None = None, key: str | None = None) -> Any:
+        if (task_ids, key) == ("prepare_data", None):
+            return "builtin"  # what prepare_data returns for the default dataset
         assert (task_ids, key) == ("budget", "decision")
         return {"offer": {"on_demand_price": ON_DEMAND_PRICE}}
 
 
-def _train_on_demand(tmp_path: Path, ti: RecordingTI) -> FSDPTrainOperator:
-    """dags/train_llama.py's train_on_demand, its templates rendered for backend=kubernetes."""
+def _train_on_demand(tmp_path: Path, ti: RecordingTI, monkeypatch) -> FSDPTrainOperator:
+    """dags/train_llama.py's train_on_demand, its templates rendered for backend=kubernetes; its pods as
+    whoever deploys the DAG sets them ([dtrain] kubernetes)."""
+    monkeypatch.setenv("AIRFLOW__DTRAIN__KUBERNETES", json.dumps({
+        "image": "ghcr.io/acme/dtrain:test",
+        "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],  # the worker mounts it too (tmp dir)
+    }))  # fmt: skip
     loader = importlib.util.spec_from_file_location("train_llama_under_test", REPO / "dags" / "train_llama.py")
     module = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(module)
@@ -41,11 +49,8 @@ def _train_on_demand(tmp_path: Path, ti: RecordingTI) -> FSDPTrainOperator:
     params = {
         **module.dag.params.dump(),
         "backend": "kubernetes",
-        "checkpoint_uri": str(tmp_path / "ckpt"),  # on a PVC the worker mounts too (the test's tmp dir)
-        "kubernetes": {
-            "image": "ghcr.io/acme/dtrain:test",
-            "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],
-        },
+        "checkpoint_uri": str(tmp_path / "ckpt"),  # on the PVC
+        "kubernetes": {},
     }
     task.render_template_fields({"params": params, "run_id": ti.run_id, "ti": ti})
     task.poll_interval = 0.05  # the DAG's 1 s, shortened for the test
@@ -87,9 +92,9 @@ def _finish(fake, name: str, ckpt: Path, nodes: int, steps: int) -> None:
         fake.exit(name, index, 0)
 
 
-def test_train_on_demand_runs_its_pods_on_on_demand_nodes_only(fake, tmp_path):
+def test_train_on_demand_runs_its_pods_on_on_demand_nodes_only(fake, tmp_path, monkeypatch):
     ti = BudgetTI(dag_id="train_llama", run_id="manual__on-demand", task_id="train_on_demand")
-    op = _train_on_demand(tmp_path, ti)
+    op = _train_on_demand(tmp_path, ti, monkeypatch)
     task = Background(op.execute, {"ti": ti})
     name = _wait(lambda: ti.xcoms.get("group"), "the group", task)
 
@@ -111,7 +116,7 @@ def test_train_on_demand_runs_its_pods_on_on_demand_nodes_only(fake, tmp_path):
     assert summary["final_step"] == STEPS and summary["group"] == name
 
 
-def test_a_gpu_groups_summary_counts_gpu_hours(fake, tmp_path):
+def test_a_gpu_groups_summary_counts_gpu_hours(fake, tmp_path, monkeypatch):
     """GPU nodes (the DAG has no param for them: set on the rendered task): the trainer's config
     carries resources.gpus_per_node as cost.gpus_per_node, so its ledger counts GPU-hours.
 
@@ -122,7 +127,7 @@ def test_a_gpu_groups_summary_counts_gpu_hours(fake, tmp_path):
     from trainer.cost import CostLedger
 
     ti = BudgetTI(dag_id="train_llama", run_id="manual__gpus", task_id="train_on_demand")
-    op = _train_on_demand(tmp_path, ti)
+    op = _train_on_demand(tmp_path, ti, monkeypatch)
     op.procs_per_node, op.node_resources = 2, {"gpus_per_node": 2}
     task = Background(op.execute, {"ti": ti})
     name = _wait(lambda: ti.xcoms.get("group"), "the group", task)
