@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.spec import group_name, relaunch_index
+from airflow_dtrain.status_line import StatusLine, log_lines
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
 from trainer.cost import billed
@@ -39,6 +40,16 @@ SAVE_GUESS_S = 5.0
 
 EVENT_STATUS = {GroupState.SUCCEEDED: "success", GroupState.PREEMPTED: "preempted"}
 """How a group's end state reads in a trigger event (anything else is "error")."""
+
+
+def report(log: Any, lines: list[str], status_line: StatusLine | None) -> None:
+    """One poll's output of a group into the task log, batched, then the status line when it is due."""
+    log_lines(log, lines)
+    if status_line is not None:
+        status_line.feed(lines)
+        due = status_line.due()
+        if due:
+            log.info("status: %s", due)
 
 
 class GroupFailed(RuntimeError):
@@ -169,11 +180,11 @@ class GroupSession:
     def watch(self, name: str, *, poll_interval: float, timeout_s: float | None = None) -> dict[str, Any]:
         """Follow ``name`` from this process until it ends, its output into the log; its end event."""
         watch = GroupWatch(self.launcher, name, recovering_since=self.recovering_since)
+        status_line = self.status_line()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             status, lines = watch.poll()
-            for line in lines:
-                self.log.info("%s", line)
+            report(self.log, lines, status_line)
             if watch.ended(status):
                 self.recovering_since = watch.recovering_since
                 return watch.event(status)
@@ -248,6 +259,16 @@ class GroupSession:
         raise self.error(
             f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\nLast lines of its log:\n{tail}"
         )
+
+    def status_line(self) -> StatusLine | None:
+        """The one-line status of a training job (None for other purposes: an evaluation)."""
+        if self.purpose != "training":
+            return None
+        train, ledger = self.spec.train, self._ledger_dir()
+        return StatusLine(
+            steps=train.steps, tokens_per_step=train.global_batch_size * train.data.seq_len,
+            budget_usd=train.cost.budget_usd or None, ledger_uri=ledger.storage.uri if ledger is not None else None,
+        )  # fmt: skip
 
     # -- the spend ledger and the cap ------------------------------------------------------------
     def _ledger_dir(self) -> CheckpointDir | None:

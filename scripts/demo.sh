@@ -29,7 +29,7 @@ if [ "$status" -ne 0 ] || [ -z "$summary" ]; then
 fi
 echo
 echo "==> What happened (from the task logs):"
-grep -E 'Decision: |simulating preemption|"reason": "preemption"|"event": "preempted"|relaunching from|"event": "resume"|Held-out loss|Promoted|Not promoted' \
+grep -E 'status: step|Decision: |simulating preemption|"reason": "preemption"|"event": "preempted"|relaunching from|"event": "resume"|Held-out loss|Promoted|Not promoted' \
   "$DEMO_HOME/train_llama.log" | sed -E 's/^[0-9TZ:.-]+ \[[a-z ]+\] //; s/ \[airflow[^]]*\].*$//' | cut -c1-200 | sed 's/^/    /' || true
 echo
 echo "==> train_llama succeeded in ${elapsed}s"

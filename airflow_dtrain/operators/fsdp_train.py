@@ -286,6 +286,7 @@ class FSDPTrainOperator(BaseOperator):
                 launcher_kwargs=self._launcher_kwargs(session.spec.backend),
                 poll_interval=self.poll_interval,
                 recovering_since=session.recovering_since,
+                status=(line := session.status_line()) and line.to_dict(),
             ),
             method_name="execute_complete",
         )

@@ -14,7 +14,8 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_dtrain.launchers import get_launcher
-from airflow_dtrain.session import GroupWatch
+from airflow_dtrain.session import GroupWatch, report
+from airflow_dtrain.status_line import StatusLine
 
 
 class FSDPTrainTrigger(BaseTrigger):
@@ -28,6 +29,8 @@ class FSDPTrainTrigger(BaseTrigger):
     :param log_cursor: where the log was left off (from a previous trigger or the worker).
     :param recovering_since: unix time a preemption of the previous group was noticed, if this
         group is its relaunch (reported as ``group.recovery_seconds`` once it trains again).
+    :param status: the job's ``StatusLine`` as a dict: a status line in the triggerer's log every
+        ``status.every_s`` seconds (None: no status line).
     """
 
     def __init__(
@@ -39,6 +42,7 @@ class FSDPTrainTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         log_cursor: Any = None,
         recovering_since: float | None = None,
+        status: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -47,6 +51,7 @@ class FSDPTrainTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.log_cursor = log_cursor
         self.recovering_since = recovering_since
+        self.status = status
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -58,6 +63,7 @@ class FSDPTrainTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "log_cursor": self.log_cursor,
                 "recovering_since": self.recovering_since,
+                "status": self.status,
             },
         )
 
@@ -66,11 +72,12 @@ class FSDPTrainTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         watch = GroupWatch(self._launcher(), self.name, self.log_cursor, self.recovering_since)
+        status_line = StatusLine.from_dict(self.status)
         try:
             while True:
                 status, lines = await asyncio.to_thread(watch.poll)
-                for line in lines:
-                    self.log.info("%s", line)
+                # the status line reads the spend ledger (a file or an S3 GET): off the event loop
+                await asyncio.to_thread(report, self.log, lines, status_line)
                 if watch.ended(status):
                     self.log.info("Group %s is %s: %s", self.name, status.state.value, status.message)
                     yield TriggerEvent(watch.event(status))

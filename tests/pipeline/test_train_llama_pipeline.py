@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,13 @@ def _states(run) -> dict[str, str]:
     return {ti.task_id: ti.state for ti in run.get_task_instances()}
 
 
-def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(dags, tmp_path, monkeypatch):
+STATUS = re.compile(
+    r"^(\S+Z) .*status: step (\d+)/60 · (?:[\d.]+ s/step · [\d.]+k? tok/s · ETA \w+|s/step – · tok/s – · ETA –) · "
+    r"\$[\d.]+ of \$5\.00 · (?:last ckpt step \d+ \(\w+ ago\)|no checkpoint yet)"
+)
+
+
+def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(dags, tmp_path, monkeypatch, capfd):
     listener = StatsdListener()
     monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_HOST", "127.0.0.1")
     monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_PORT", str(listener.port))
@@ -38,6 +46,14 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     states = _states(run)
     assert run.state == DagRunState.SUCCESS, states
     assert states["train_spot"] == TaskInstanceState.SUCCESS
+
+    # The task log says where the job stands in one line, with every field, at least every 30 s.
+    out = capfd.readouterr().out
+    status = [m for m in map(STATUS.match, out.splitlines()) if m]
+    assert len(status) >= 2, [line for line in out.splitlines() if "status:" in line]
+    times = [datetime.fromisoformat(m.group(1).replace("Z", "+00:00")) for m in status]
+    assert max((b - a).total_seconds() for a, b in zip(times, times[1:])) <= 30
+    assert any(" s/step · " in m.group(0) and "last ckpt step" in m.group(0) for m in status)
     assert states["train_on_demand"] == TaskInstanceState.SKIPPED
     assert states["wait"] == states["stop"] == TaskInstanceState.SKIPPED
     assert states["spot_watch"] == TaskInstanceState.SKIPPED  # local backend: no instances to watch

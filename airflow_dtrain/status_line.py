@@ -1,0 +1,147 @@
+"""Where a training job stands, in one line of the task log, and the group's output batched.
+
+``StatusLine`` reads the trainer's own event lines as they arrive (``trainer/metrics.py``: "train",
+"checkpoint", "resume", "preempted") and the job's spend ledger, and every ``every_s`` seconds
+(not every step) gives one line::
+
+    step 1200/5000 · 3.1 s/step · 41k tok/s · ETA 3h17m · $12.40 of $50.00 · last ckpt step 1000 (2m ago)
+
+``log_lines`` writes one poll's worth of group output as one log record (with many ranks and
+nodes a record per line floods the task log and the triggerer), at most ``MAX_LINES`` of them,
+always keeping the lines that report an error.
+
+Plain values only (the trigger carries a ``StatusLine`` as a dict): nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STATUS_EVERY_S = 15.0
+"""Seconds between two status lines."""
+MAX_LINES = 200
+"""Most group output lines in one log record; the rest are counted (errors are always kept)."""
+_ERROR = re.compile(r"Traceback|Error|error:|exit [1-9]|FAILED|Killed|\[trainer\] (?!rank |writer lease)", re.I)
+
+
+def _compact(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def duration(seconds: float) -> str:
+    """3h17m, 4m12s, 9s."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+@dataclass
+class StatusLine:
+    """The job's status from its event lines; ``due()`` gives the line every ``every_s`` seconds."""
+
+    steps: int
+    tokens_per_step: int
+    budget_usd: float | None = None
+    ledger_uri: str | None = None
+    every_s: float = STATUS_EVERY_S
+    step: int = 0
+    tokens_per_s: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_at: float | None = None
+    last_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any] | None) -> StatusLine | None:
+        return cls(**value) if value else None
+
+    def feed(self, lines: list[str], now: float | None = None) -> None:
+        """Take in the trainer's event lines among ``lines`` (prefixed or not)."""
+        now = time.time() if now is None else now
+        for line in lines:
+            start = line.find('{"event"')
+            if start < 0:
+                continue
+            try:
+                event = json.loads(line[start:])
+            except ValueError:
+                continue
+            kind = event.get("event")
+            if kind == "train":
+                self.step = int(event.get("step") or self.step)
+                if event.get("tokens_per_s"):
+                    self.tokens_per_s = float(event["tokens_per_s"])
+            elif kind == "checkpoint":
+                self.checkpoint_step, self.checkpoint_at = int(event.get("step") or 0), now
+            elif kind == "resume":
+                self.step = int(event.get("from_step") or self.step)
+                self.checkpoint_step = self.checkpoint_step or int(event.get("from_step") or 0)
+
+    def spent(self) -> float | None:
+        """Dollars spent by the job so far (every attempt), from its ledger; None without one."""
+        if not self.ledger_uri:
+            return None
+        try:
+            from trainer.checkpoint_dir import CheckpointDir
+
+            return CheckpointDir(self.ledger_uri).spend().total_dollars
+        except (OSError, ValueError):
+            return None
+
+    def line(self, now: float | None = None) -> str:
+        now = time.time() if now is None else now
+        parts = [f"step {self.step}/{self.steps}"]
+        if self.tokens_per_s:
+            seconds_per_step = self.tokens_per_step / self.tokens_per_s
+            parts += [f"{seconds_per_step:.3g} s/step", f"{_compact(self.tokens_per_s)} tok/s",
+                      f"ETA {duration(max(0, self.steps - self.step) * seconds_per_step)}"]  # fmt: skip
+        else:
+            parts += ["s/step –", "tok/s –", "ETA –"]
+        spent = self.spent()
+        if spent is not None:
+            parts.append(f"${spent:,.2f} of ${self.budget_usd:,.2f}" if self.budget_usd else f"${spent:,.2f} spent")
+        elif self.budget_usd:
+            parts.append(f"$? of ${self.budget_usd:,.2f}")
+        if self.checkpoint_step is not None:
+            ago = f" ({duration(now - self.checkpoint_at)} ago)" if self.checkpoint_at is not None else ""
+            parts.append(f"last ckpt step {self.checkpoint_step}{ago}")
+        else:
+            parts.append("no checkpoint yet")
+        return " · ".join(parts)
+
+    def due(self, now: float | None = None) -> str | None:
+        """The status line if ``every_s`` has passed since the last one (the first: at once)."""
+        now = time.time() if now is None else now
+        if self.last_at is not None and now - self.last_at < self.every_s:
+            return None
+        self.last_at = now
+        return self.line(now)
+
+
+def log_lines(log: Any, lines: list[str], *, limit: int = MAX_LINES) -> None:
+    """One log record for ``lines`` (one poll's output of the group), at most ``limit`` of them: the
+    first and the last ones, and every line that reports an error."""
+    if not lines:
+        return
+    if len(lines) > limit:
+        head, tail = lines[: limit // 4], lines[-(limit - limit // 4):]
+        middle = lines[limit // 4: len(lines) - len(tail)]
+        errors = [line for line in middle if _ERROR.search(line)]
+        skipped = len(middle) - len(errors)
+        lines = [*head, f"... {skipped} lines not shown (the group's own logs keep them) ...", *errors, *tail]
+    log.info("%s", "\n".join(lines))
