@@ -174,8 +174,9 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", torch.empty(args.max_seq_len, args.head_dim), persistent=False)
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
-        """Fill every parameter and buffer; call after to_empty().
+    def init_weights(self, seed: int, *, parameters: bool = True) -> None:
+        """Fill every parameter and buffer; call after to_empty(). ``parameters=False``: the buffers
+        only (the rotary tables), for a model whose every parameter is loaded next.
 
         Each parameter is drawn whole from its own generator, seeded by `seed` and its
         name, then cut to this rank's shard: the weights are the same for every world
@@ -188,6 +189,8 @@ class Llama(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # (max_seq_len, head_dim), rotate-half layout
         self.rope_cos.copy_(emb.cos())
         self.rope_sin.copy_(emb.sin())
+        if not parameters:
+            return
 
         std = 0.02
         # The projections that write into the residual stream get a depth-scaled std so

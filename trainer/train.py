@@ -121,14 +121,15 @@ INIT_EVAL_BATCHES = 4
 """Held-out micro-batches evaluated at step 0 of a job that starts from an init_from model."""
 
 
-def build_model(cfg: TrainConfig, d: Dist, args: ModelArgs | None = None) -> Llama:
-    """The sharded model of shape ``args`` (default: the flavour's), randomly initialised."""
+def build_model(cfg: TrainConfig, d: Dist, args: ModelArgs | None = None, *, random_init: bool = True) -> Llama:
+    """The sharded model of shape ``args`` (default: the flavour's), randomly initialised (``random_init``;
+    else only its buffers: every parameter is loaded next, from a checkpoint or a Hugging Face model)."""
     with torch.device("meta"):  # no memory until sharded
         model = Llama(args or ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
     parallelize(model, d.mesh, cfg.parallel)
     offload = cfg.parallel.cpu_offload and d.device.type == "cuda"
     model.to_empty(device="cpu" if offload else d.device)  # each rank allocates only its shards
-    model.init_weights(cfg.seed)
+    model.init_weights(cfg.seed, parameters=random_init)
     if offload:  # FSDP keeps the parameters in host memory; the rotary tables are used on the GPU
         model.rope_cos, model.rope_sin = model.rope_cos.to(d.device), model.rope_sin.to(d.device)
     return model
@@ -346,7 +347,8 @@ class Job:
             for skipped in point[2] if d.rank == 0 else ():
                 log(d, f"checkpoint {skipped['checkpoint']} fails verification ({skipped['check']}: "
                        f"{skipped['file']}: {skipped['detail']}); resuming from an older one")
-        model = build_model(cfg, d, args)
+        # A model that is loaded whole next skips the random draw (on a large model, most of a start-up).
+        model = build_model(cfg, d, args, random_init=point is None and hf_dir is None)
         if hf_dir is not None and point is None:  # a fresh job starts from the source's weights
             n = hf.load_weights(model, hf_dir, cfg.model.init_from)
             if d.rank == 0:
