@@ -35,6 +35,7 @@ last, both in the store and in the cache: a directory without it is incomplete a
 import functools
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import uuid
@@ -124,7 +125,13 @@ class TokenStream:
         self._shard = functools.lru_cache(maxsize=open_shards)(self._open)
 
     def _open(self, i: int) -> np.ndarray:
-        return np.memmap(os.path.join(self.directory, self.files[i]), dtype=self.dtype, mode="r")
+        array = np.memmap(os.path.join(self.directory, self.files[i]), dtype=self.dtype, mode="r")
+        # Batches read scattered sequences: the kernel's read-ahead around each fault (MBs on some
+        # disks) would read mostly unused pages from a store that is not in the page cache.
+        mapping = getattr(array, "_mmap", None)
+        if mapping is not None and hasattr(mmap, "MADV_RANDOM"):
+            mapping.madvise(mmap.MADV_RANDOM)
+        return array
 
     def __len__(self) -> int:
         return int(self.starts[-1])
