@@ -40,7 +40,7 @@ s = json.load(open(sys.argv[1]))
 print("    checkpoint:   %s" % s["latest_checkpoint"])
 print("    final step %s, final loss %.4f, tokens seen %s, preemptions %s, steps lost %s, cost $%.4f"
       % (s["final_step"], s["final_loss"], s["tokens_seen"], s["preemptions"], s["steps_lost"], s.get("dollars", 0)))
-print("    loss curves:  %s" % os.path.join(os.path.dirname(sys.argv[1]), "report.png"))
+print("    report:       %s (and report.html beside it)" % os.path.join(os.path.dirname(sys.argv[1]), "report.png"))
 if os.path.exists(sys.argv[2]):
     best = json.load(open(sys.argv[2]))
     print("    best model:   held-out loss %.4f (perplexity %.2f) at step %s" % (best["loss"], best["perplexity"], best["step"]))

@@ -8,6 +8,7 @@ the train and held-out loss curves.
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -105,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     latest = next(r for r in results if r["step"] == step)
     train_curve = _train_curve(root)
     if args.report:
-        _put(args.report, lambda local: _plot(local, train_curve, [(r["step"], r["loss"]) for r in results], latest))
+        run = RunRecord.read(root, cfg)
+        evals = [(r["step"], r["loss"]) for r in results]
+        _put(args.report, lambda local: _plot(local, run, evals, latest))
+        html = os.path.splitext(args.report)[0] + ".html"
+        _put(html, lambda local: _html(local, run, evals, latest, os.path.basename(args.report)))
     if args.out:
         payload = {**latest, "eval_curve": [[r["step"], r["loss"]] for r in results], "train_curve": train_curve,
                    "report": args.report}  # fmt: skip
@@ -121,9 +126,172 @@ def main(argv: list[str] | None = None) -> int:
 def _train_curve(root: CheckpointDir) -> list[list[float]]:
     """[[step, loss], ...] of the training run, from progress.json's history (empty if none)."""
     try:
-        return [list(point) for point in root.progress().get("history", [])]
+        return [list(point[:2]) for point in root.progress().get("history", [])]
     except (OSError, ValueError, KeyError):
         return []
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """What the report shows of a training run besides the evaluations: its curves (progress.json's
+    history), its events (checkpoints, preemptions, relaunches) and its spend (the ledger)."""
+
+    history: list[list]
+    events: list[dict]
+    spend: list[tuple[float, float, float]]  # (launched_at, billed_s, dollars) of each attempt, by launch
+    budget_usd: float
+    tokens_per_step: int
+    progress: dict
+
+    @classmethod
+    def read(cls, root: CheckpointDir, cfg: TrainConfig) -> "RunRecord":
+        try:
+            progress = root.progress() or {}
+        except (OSError, ValueError):
+            progress = {}
+        attempts: dict = {}
+        try:
+            ledger = CheckpointDir(cfg.cost.ledger_uri) if cfg.cost.ledger_uri else root
+            attempts = ledger.spend().attempts
+        except (OSError, ValueError):
+            pass
+        spend = sorted((float(e.get("launched_at") or 0), float(e.get("billed_s") or 0), float(e.get("dollars") or 0))
+                       for e in attempts.values())  # fmt: skip
+        return cls(history=[list(p) for p in progress.get("history", [])], events=list(progress.get("events") or []),
+                   spend=spend, budget_usd=float(cfg.cost.budget_usd or 0),
+                   tokens_per_step=cfg.global_batch_size * cfg.data.seq_len, progress=progress)  # fmt: skip
+
+    def tokens_per_s(self) -> list[tuple[int, float]]:
+        """(step, tokens/s of the whole group over the log interval ending there), at the logged steps."""
+        return [(p[0], p[4]) for p in self.history if len(p) >= 5 and p[4]]
+
+    def spend_curve(self) -> list[tuple[float, float]]:
+        """(minutes since the first launch, cumulative dollars): each attempt bills linearly while it runs."""
+        if not self.spend:
+            return []
+        start, total, points = self.spend[0][0], 0.0, []
+        for launched, billed, dollars in self.spend:
+            points.append(((launched - start) / 60, total))
+            total += dollars
+            points.append(((launched + billed - start) / 60, total))
+        return points
+
+
+_MARKERS = {"preempted": ("tab:red", "--", "preemption"), "relaunch": ("tab:green", ":", "relaunch"),
+            "stopped_at_budget": ("black", "-", "stopped at the budget"), "failed": ("tab:purple", "--", "failure")}
+
+
+def _plot(path: str, run: RunRecord, evals: list, latest: dict) -> None:
+    """report.png: loss (train and held-out) vs step and tokens with the run's events, the learning rate,
+    tokens/s, and the spend against the budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training nodes
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), dpi=100)
+    (loss_ax, lr_ax), (speed_ax, spend_ax) = axes
+    train = run.history
+    if train:
+        loss_ax.plot([p[0] for p in train], [p[1] for p in train], label="train loss", color="tab:blue", lw=1)
+    if evals:
+        loss_ax.plot([p[0] for p in evals], [p[1] for p in evals], "o-", label="held-out loss", color="tab:orange")
+    ckpts = sorted({e["step"] for e in run.events if e.get("kind") == "checkpoint"})
+    for step in ckpts:
+        loss_ax.axvline(step, color="0.6", lw=0.6, alpha=0.6)
+    seen: set[str] = set()
+    for event in run.events:
+        style = _MARKERS.get(event.get("kind"))
+        if style is None:
+            continue
+        color, line, label = style
+        for ax in (loss_ax, lr_ax, speed_ax):
+            ax.axvline(event["step"], color=color, ls=line, lw=1.4,
+                       label=label if ax is loss_ax and label not in seen else None)  # fmt: skip
+        seen.add(label)
+    if ckpts:
+        loss_ax.plot([], [], color="0.6", lw=0.6, label="checkpoints")
+    loss_ax.set_xlabel("step")
+    loss_ax.set_ylabel("loss (nats/token)")
+    tokens_per_step = max(run.tokens_per_step, 1)
+    top = loss_ax.secondary_xaxis("top", functions=(lambda s: s * tokens_per_step / 1e6,
+                                                    lambda t: t * 1e6 / tokens_per_step))  # fmt: skip
+    top.set_xlabel("tokens (millions)")
+    loss_ax.set_title(f"{latest['flavor']}: held-out loss {latest['loss']:.3f} at step {latest['step']}", fontsize=10)
+    loss_ax.legend(fontsize=8)
+
+    lrs = [(p[0], p[2]) for p in train if len(p) >= 3 and p[2] is not None]
+    if lrs:
+        lr_ax.plot([p[0] for p in lrs], [p[1] for p in lrs], color="tab:brown")
+    lr_ax.set_xlabel("step")
+    lr_ax.set_ylabel("learning rate")
+    lr_ax.set_title("learning-rate schedule", fontsize=10)
+
+    speed = run.tokens_per_s()
+    if speed:
+        speed_ax.plot([p[0] for p in speed], [p[1] for p in speed], color="tab:cyan")
+    speed_ax.set_xlabel("step")
+    speed_ax.set_ylabel("tokens/s (whole group)")
+    speed_ax.set_title("throughput", fontsize=10)
+
+    curve = run.spend_curve()
+    total = curve[-1][1] if curve else 0.0
+    if curve:
+        spend_ax.plot([p[0] for p in curve], [p[1] for p in curve], color="tab:green", label="spent")
+        for launched, _, _ in run.spend[1:]:
+            spend_ax.axvline((launched - run.spend[0][0]) / 60, color="tab:green", ls=":", lw=1,
+                             label="relaunch" if launched == run.spend[1][0] else None)  # fmt: skip
+    title = f"spend \\${total:,.4f}"
+    if run.budget_usd:
+        title += f" of the \\${run.budget_usd:,.2f} budget ({100 * total / run.budget_usd:.1f} %)"
+        if total >= 0.2 * run.budget_usd or not curve:  # else the budget line would flatten the curve
+            spend_ax.axhline(run.budget_usd, color="tab:red", label="budget")
+    spend_ax.set_xlabel("minutes since the first launch")
+    spend_ax.set_ylabel("US$ (cumulative)")
+    spend_ax.set_title(title, fontsize=10)
+    if curve or run.budget_usd:
+        spend_ax.legend(fontsize=8)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _html(path: str, run: RunRecord, evals: list, latest: dict, image: str) -> None:
+    """report.html beside report.png: the image and the run's summary table."""
+    import html
+
+    progress = run.progress
+    kinds = [e.get("kind") for e in run.events]
+    spent = run.spend_curve()[-1][1] if run.spend else 0.0
+    rows = [
+        ("model", latest.get("flavor")),
+        ("step", f"{progress.get('step', latest['step'])} of {progress.get('steps', '?')}"),
+        ("tokens seen", f"{progress.get('tokens_seen', 0):,}"),
+        ("train loss (last)", progress.get("loss")),
+        ("held-out loss", f"{latest['loss']:.4f} at step {latest['step']} (perplexity {math.exp(latest['loss']):.2f})"),
+        ("status", progress.get("status")),
+        ("attempts", progress.get("attempt")),
+        ("preemptions", kinds.count("preempted")),
+        ("steps lost", progress.get("steps_lost")),
+        ("checkpoints committed", kinds.count("checkpoint")),
+        ("latest checkpoint", progress.get("latest_checkpoint")),
+        ("spent", f"${spent:,.4f}" + (f" of ${run.budget_usd:,.2f}" if run.budget_usd else "")),
+        ("training wall time", f"{float(progress.get('wall_time_s') or 0):,.0f} s"),
+    ]
+    body = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    evaluated = "".join(f"<tr><td>{s}</td><td>{loss:.4f}</td></tr>" for s, loss in evals)
+    with open(path, "w") as f:
+        f.write(f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Training report: step {latest['step']}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
+th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}}th{{background:#f4f4f4}}</style></head>
+<body><h1>Training report</h1><img src="{html.escape(image)}" alt="loss, learning rate, throughput and spend" width="100%">
+<h2>Summary</h2><table>{body}</table>
+<h2>Held-out loss by checkpoint</h2><table><tr><th>step</th><th>loss</th></tr>{evaluated}</table>
+</body></html>
+""")
 
 
 def _put(path: str, write) -> None:
@@ -137,26 +305,6 @@ def _put(path: str, write) -> None:
         fs.makedirs(fs._parent(target), exist_ok=True)
         fs.put_file(local, target + ".tmp")
         fs.mv(target + ".tmp", target)  # readers never see half a file (a rename locally)
-
-
-def _plot(path: str, train: list, evals: list, latest: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on training nodes
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    if train:
-        ax.plot([p[0] for p in train], [p[1] for p in train], label="train loss", color="tab:blue")
-    ax.plot([p[0] for p in evals], [p[1] for p in evals], "o-", label="held-out loss", color="tab:orange")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title(f"{latest['flavor']}: held-out loss {latest['loss']:.3f} at step {latest['step']}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

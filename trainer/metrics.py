@@ -201,10 +201,11 @@ class Metrics:
     def count_tokens(self, n: int) -> None:
         self._window_tokens += n
 
-    def log_step(self, *, step: int, loss: float, grad_norm: float, lr: float, force: bool) -> None:
-        """Every log_every steps (or when forced): the train event and its gauges, averaged over the window."""
+    def log_step(self, *, step: int, loss: float, grad_norm: float, lr: float, force: bool) -> float | None:
+        """Every log_every steps (or when forced): the train event and its gauges, averaged over the window;
+        returns the window's tokens/s (None between logged steps)."""
         if not (force or step % self.cfg.log_every == 0):
-            return
+            return None
         elapsed = time.perf_counter() - self._window_start
         tokens_per_s = self._window_tokens / elapsed if elapsed > 0 else 0.0
         mfu = None
@@ -222,6 +223,7 @@ class Metrics:
         for key, value in gpu.items():  # "gpu_power_w" -> "gpu.power_w"
             self.gauge(key.replace("gpu_", "gpu.", 1), value)
         self._window_start, self._window_tokens = time.perf_counter(), 0
+        return tokens_per_s
 
     def close(self) -> None:
         if self._sock is not None:

@@ -12,11 +12,18 @@ write is a request. Fields::
     resumed_from_step  checkpoint step this attempt started from, or null
     steps_lost         cumulative: steps trained by earlier attempts past their last checkpoint
     latest_checkpoint  path (or s3:// URL) of the newest committed checkpoint, or null
+    checkpoint_step    its step
     attempt            1 for the first start, +1 for each restart
     wall_time_s        training wall time summed over attempts
-    history            [[step, loss], ...]: the loss curve for the evaluation report: the first
-                       step, every k-th step and the latest one, at most HISTORY_POINTS points
+    history            [[step, loss, lr, unix time, tokens/s], ...]: the curves of the evaluation report
+                       (tokens/s over the metrics' log interval, null between logged steps): the
+                       first step, every k-th step and the latest one, at most HISTORY_POINTS points
                        (k doubles as the run grows), without the steps a resume trains again
+                       (files of earlier versions hold [step, loss] points)
+    events             [{"kind", "step", "time"}, ...]: "checkpoint" (committed), and at a restart
+                       the previous attempt's end ("preempted", "failed", "stopped_at_budget", ...,
+                       at its last step) and "relaunch" (at the step it resumes from); the newest
+                       MAX_EVENTS
     updated_at         unix time
 """
 
@@ -28,6 +35,7 @@ from trainer.checkpoint_dir import PROGRESS, CheckpointDir
 from trainer.storage import Storage
 
 HISTORY_POINTS = 1000
+MAX_EVENTS = 2000
 
 
 class Progress:
@@ -42,6 +50,7 @@ class Progress:
         self.attempt, self.steps_lost, self.prior_wall_s = 1, 0, 0.0
         self.resumed_from_step: int | None = None
         self.history: list[list[float]] = []
+        self.events: list[dict] = []
         self._history_json: list[str] = []  # each point serialized once: the per-step write stays cheap
         self._stride = 1  # the curve keeps every _stride-th step (see _record)
         self.start_time = time.monotonic()
@@ -61,17 +70,30 @@ class Progress:
             if previous.get("step") == start_step:
                 self.state["loss"] = previous.get("loss")
             self.history = [p for p in previous.get("history", []) if p[0] <= start_step]
+            self.events = list(previous.get("events") or [])
+            ended = previous.get("status")
+            if ended and ended != "completed":
+                self.events.append({"kind": "preempted" if ended == "running" else ended,
+                                    "step": int(previous.get("step", 0)), "time": previous.get("updated_at")})
+            self.events.append({"kind": "relaunch", "step": start_step, "time": time.time()})
             self._history_json = [json.dumps(p) for p in self.history]
             interior = [b[0] - a[0] for a, b in zip(self.history[1:-1], self.history[2:-1])]
             self._stride = min(interior, default=1)  # go on at the previous attempt's sampling
         self.state.update(step=start_step, tokens_seen=tokens_seen, latest_checkpoint=latest_checkpoint)
         self.update()
 
-    def update(self, *, flush: bool = True, **fields) -> None:
-        """Record fields; write the file now unless flush=False and the root is remote."""
+    def update(self, *, flush: bool = True, lr: float | None = None, tokens_per_s: float | None = None,
+               **fields) -> None:
+        """Record fields; write the file now unless flush=False and the root is remote. ``lr``, ``tokens_per_s``:
+        the step's learning rate and (at logged steps) throughput, for the curves only."""
+        if fields.get("latest_checkpoint") and fields["latest_checkpoint"] != self.state.get("latest_checkpoint"):
+            step = fields.get("checkpoint_step", self.state.get("step"))
+            self.events.append({"kind": "checkpoint", "step": int(step or 0), "time": time.time()})
+            if len(self.events) > MAX_EVENTS:
+                self.events = self.events[-MAX_EVENTS:]
         self.state.update(fields)
         if "step" in fields and fields.get("loss") is not None:
-            self._record(int(fields["step"]), float(fields["loss"]))
+            self._record(int(fields["step"]), float(fields["loss"]), lr, tokens_per_s)
         if self.storage is None or (not flush and self.storage.remote):
             return
         # Only a status change is worth an fsync; the per-step rewrite is only for the live view.
@@ -84,6 +106,7 @@ class Progress:
             "attempt": self.attempt,
             "wall_time_s": round(self.wall_time_s, 3),
             "updated_at": time.time(),
+            "events": self.events,
         })
         history = ", ".join(self._history_json)
         try:
@@ -95,13 +118,14 @@ class Progress:
                 self._write_error = str(err)
                 print(f"[trainer] could not update {self.path}: {err}", file=sys.stderr, flush=True)
 
-    def _record(self, step: int, loss: float) -> None:
+    def _record(self, step: int, loss: float, lr: float | None = None, tokens_per_s: float | None = None) -> None:
         """Add a point to the curve: the first step, every `stride`-th step and the latest step;
         past HISTORY_POINTS the stride doubles, so the whole run stays evenly sampled."""
         if len(self.history) > 1 and self.history[-1][0] % self._stride:
             self.history.pop()  # the previous latest point, off the grid
             self._history_json.pop()
-        point = [step, round(loss, 6)]
+        point = [step, round(loss, 6), None if lr is None else float(f"{lr:.6g}"), round(time.time(), 3),
+                 None if tokens_per_s is None else round(tokens_per_s, 1)]
         self.history.append(point)
         self._history_json.append(json.dumps(point))
         if len(self.history) > HISTORY_POINTS:

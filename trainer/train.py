@@ -315,8 +315,9 @@ class Job:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise FloatingPointError(f"step {step}, rank {self.d.rank}: non-finite loss {loss} or grad norm {grad_norm}")
         logged = step % self.cfg.metrics.log_every == 0 or step == self.cfg.steps
-        self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == self.cfg.steps)
-        self.progress.update(step=step, loss=loss, tokens_seen=self.tokens(step), flush=logged)
+        speed = self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == self.cfg.steps)
+        self.progress.update(step=step, loss=loss, lr=lr, tokens_per_s=speed, tokens_seen=self.tokens(step),
+                             flush=logged)  # fmt: skip
         if logged:
             self.gauge_cost()
 
@@ -421,7 +422,7 @@ class Job:
             self.metrics.gauge("checkpoint.blocked_seconds", c["blocked_s"])
             if self.budget is not None:
                 self.budget.observe_save(c["seconds"])
-            self.progress.update(latest_checkpoint=c["path"])
+            self.progress.update(latest_checkpoint=c["path"], checkpoint_step=c["step"])
             self.gauge_cost()
 
     def gauge_cost(self) -> None:

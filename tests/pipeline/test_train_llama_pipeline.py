@@ -67,6 +67,10 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     best = json.loads((registry / "best.json").read_text())
     assert best["step"] == 60 and best["loss"] < 3.0
     assert (ckpt / "report.png").stat().st_size > 10_000
+    # beside it, the HTML report: the image and the run's summary, the preemption counted
+    report = (ckpt / "report.html").read_text()
+    assert '<img src="report.png"' in report and "<th>preemptions</th><td>1</td>" in report
+    assert "<th>step</th><td>60 of 60</td>" in report and " of $5.00</td>" in report
     evaluation = json.loads((ckpt / "evals" / "latest.json").read_text())
     train_steps = [point[0] for point in evaluation["train_curve"]]
     # the whole run's loss curve, across the preemption, each step once
