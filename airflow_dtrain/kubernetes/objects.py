@@ -134,7 +134,7 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
             },
         },
         {"name": "DTRAIN_GROUP_NAME", "value": name},
-        {"name": "DTRAIN_CHECKPOINT_URI", "value": spec.train.checkpoint.uri},
+        # DTRAIN_CHECKPOINT_URI, DTRAIN_STEPS, ...: the contract with a program of your own (trainer/contract.py)
         *({"name": key, "value": value} for key, value in torchrun.agent_env(spec).items()),
         # the root filesystem is read-only: caches and the built-in corpus go to the /tmp emptyDir
         {"name": "HOME", "value": "/tmp/home"},
