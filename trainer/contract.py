@@ -56,7 +56,7 @@ __all__ = [
     "simulate_preemption", "step_path", "take_lease",
 ]  # fmt: skip
 
-# -- exit codes (trainer/config.py's; tests/unit/test_contract.py holds this copy to them) -------------------
+# -- exit codes (trainer/config.py's; tests/trainer/test_contract.py holds this copy to them) -------------------
 PREEMPTED_EXIT_CODE = 75
 """Saved the step it was on after SIGTERM: the operator relaunches the group from that checkpoint."""
 STORAGE_EXIT_CODE = 74
