@@ -146,7 +146,7 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
         env.append({"name": "DTRAIN_STATSD_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}})
     elif k8s.statsd_host:
         env.append({"name": "DTRAIN_STATSD_HOST", "value": k8s.statsd_host})
-    if k8s.statsd_host and not spec.entrypoint:  # the --set flags are the trainer's
+    if k8s.statsd_host:  # for the trainer's --set flags, and for a program of your own that reports there too
         env.append({"name": "DTRAIN_STATSD_PORT", "value": str(k8s.statsd_port)})
     env += [{"name": key, "value": value} for key, value in sorted(k8s.env.items())]
     env += [
