@@ -29,7 +29,8 @@ from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import KubernetesSpec
 
 __all__ = [
-    "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Resources", "SpecError", "TRAIN_ARGUMENTS", "parse_entrypoint",
+    "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Resources", "SpecError", "TRAIN_ARGUMENTS",
+    "parse_entrypoint",
 ]  # fmt: skip
 
 BACKENDS = ("local", "kubernetes")
@@ -52,7 +53,8 @@ _QUANTITY = r"[0-9]+(\.[0-9]+)?([mkMGTPE]i?)?"
 _TRAINER_MODULE = re.compile(r"trainer(\.[a-z_][a-z0-9_]*)*")
 """The bundled trainer package and its modules (``trainer``, ``trainer.evaluate``)."""
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_ENTRYPOINT_FORMS = "a Python script (['train.py', ...]), '-m' and a module (['-m', 'my_pkg.train', ...]) or a module of the bundled trainer"
+_ENTRYPOINT_FORMS = ("a Python script (['train.py', ...]), '-m' and a module (['-m', 'my_pkg.train', ...]) or a "
+                     "module of the bundled trainer")
 
 
 def parse_entrypoint(value: Any) -> tuple[str, ...]:
@@ -81,7 +83,8 @@ def parse_entrypoint(value: Any) -> tuple[str, ...]:
     head, args = value[0], tuple(value[1:])
     if head == "-m":
         if not args or not _MODULE.fullmatch(args[0]):
-            raise SpecError(f"entrypoint: '-m' must be followed by a module name such as 'my_pkg.train', got {list(value)!r}")
+            raise SpecError(f"entrypoint: '-m' must be followed by a module name such as 'my_pkg.train', "
+                            f"got {list(value)!r}")
         if not _TRAINER_MODULE.fullmatch(args[0]):
             return ("-m", *args)
         head, args = args[0], args[1:]  # the bundled trainer, spelled with -m
@@ -240,7 +243,8 @@ class JobSpec:
         """True when every process runs a program of your own (a script, or a module outside the bundled
         ``trainer``): the trainer's config is then only where the job's settings come from (the DTRAIN_*
         environment, see trainer/contract.py), and the trainer's own checks of it are skipped."""
-        return bool(self.entrypoint) and (self.entrypoint[0] == "-m" or not _TRAINER_MODULE.fullmatch(self.entrypoint[0]))
+        head = self.entrypoint[0] if self.entrypoint else "trainer"
+        return head == "-m" or not _TRAINER_MODULE.fullmatch(head)
 
     def entrypoint_argv(self, config_path: str, trainer_args: Sequence[str] = ()) -> list[str]:
         """What torchrun runs after its own flags, on every process.

@@ -496,7 +496,9 @@ def _record_spend(root: str, attempt: str, now: float, *, force: bool, step_time
             entry = json.load(f)
     except (FileNotFoundError, ValueError):
         return
-    if entry.get("ended") or (not force and now - float(entry.get("updated_at") or 0) < _SPEND_WRITE_S):
+    if "launched_at" not in entry or entry.get("ended"):
+        return
+    if not force and now - float(entry.get("updated_at") or 0) < _SPEND_WRITE_S:
         return
     seconds = max(0.0, now - float(entry["launched_at"]))
     node_hours = float(entry.get("nodes", 1)) * seconds / 3600
