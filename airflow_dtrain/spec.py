@@ -69,6 +69,9 @@ def parse_entrypoint(value: Any) -> tuple[str, ...]:
     if value is None or (isinstance(value, (list, tuple)) and not value):
         return ()
     if isinstance(value, str):
+        if value != value.strip() or len(value.split()) > 1:
+            raise SpecError(f"entrypoint: {value!r} holds spaces: give the program and its arguments as a list, "
+                            "e.g. ['train.py', '--lr', '3e-4'] (no shell ever sees it)")
         value = (value,)
     if not isinstance(value, (list, tuple)):
         raise SpecError(f"entrypoint: expected a list of strings such as ['train.py', '--lr', '3e-4'], got {value!r}")

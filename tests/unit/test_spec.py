@@ -23,7 +23,7 @@ BAD = [
     ({"global_batch_size": 8, "micro_batch_size": 2, "num_nodes": 3}, ["global_batch_size", "8", "3", "2"]),
     ({"steps": "fifty"}, ["steps", "'fifty'"]),
     ({"entrypoint": ["foo.sh"]}, ["entrypoint: 'foo.sh' is not a Python script"]),
-    ({"entrypoint": "bash -c 'rm -rf /'"}, ["entrypoint:", "is not a Python script"]),
+    ({"entrypoint": "train.py --lr 3e-4"}, ["entrypoint: 'train.py --lr 3e-4' holds spaces", "as a list"]),
     ({"entrypoint": ["-m"]}, ["entrypoint: '-m' must be followed by a module name", "['-m']"]),
     ({"entrypoint": ["-m", "my-pkg.train"]}, ["entrypoint: '-m'", "'my-pkg.train'"]),
     ({"entrypoint": ["/opt/train.py", "--steps", 5]}, ["entrypoint[2]: expected a string, got 5"]),
