@@ -140,6 +140,9 @@ def param_schema(name: str, *, default: Any = dataclasses.MISSING, section: str 
     """The ``Param`` keyword arguments for field ``name``: its JSON Schema, title, description,
     section and default (``default`` and ``section`` override the declaration's)."""
     fields = form_fields()
+    if name in AUTHOR_ONLY:
+        raise KeyError(f"{name}: {AUTHOR_ONLY[name]} is set by the DAG author (an operator argument), never a "
+                       "trigger-form param")
     if name not in fields:
         raise KeyError(f"{name}: not a form field (known: {', '.join(sorted(fields))})")
     f, tp = fields[name]
@@ -212,6 +215,13 @@ def markdown_table(params: Mapping[str, Any]) -> str:
     return "\n".join(rows)
 
 
+AUTHOR_ONLY = {
+    "entrypoint": "the program every process runs",
+    "limits": "what a run may ask for",
+}
+"""Operator arguments only the DAG author sets (in the DAG file, never templated): a run can never choose them."""
+
+
 class UnknownConfKeys(ValueError):
     """``dag_run.conf`` holds keys that are not params of the DAG."""
 
@@ -220,8 +230,16 @@ def reject_unknown_conf(conf: Mapping[str, Any] | None, params: Iterable[str]) -
     """Raise ``UnknownConfKeys`` naming every key of ``conf`` that is not one of ``params``.
 
     Airflow passes unknown ``dag_run.conf`` keys through silently, so a typo (``"stepz": 10``) would
-    train with the default instead; a DAG's first task calls this, before anything is spent.
+    train with the default instead; a DAG's first task calls this, before anything is spent. A key
+    only the DAG author may set (``AUTHOR_ONLY``: ``entrypoint``, ``limits``) is refused as such.
     """
+    author_only = sorted(set(conf or {}) & set(AUTHOR_ONLY))
+    if author_only:
+        key = author_only[0]
+        raise UnknownConfKeys(
+            f"dag_run.conf: key {key!r} is refused: {AUTHOR_ONLY[key]} is set by the DAG author in the DAG "
+            f"file (an operator argument), never by a run"
+        )
     known = set(params)
     unknown = sorted(set(conf or {}) - known)
     if unknown:

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,10 @@ from trainer.fields import check, coerce, field_types, flatten, meta, setting, w
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import KubernetesSpec
 
-__all__ = ["BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Resources", "SpecError", "TRAIN_ARGUMENTS"]
+__all__ = [
+    "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Resources", "SpecError", "TRAIN_ARGUMENTS",
+    "parse_entrypoint",
+]  # fmt: skip
 
 BACKENDS = ("local", "kubernetes")
 """Backends this version can launch."""
@@ -44,6 +48,54 @@ _ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
 _MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
 _QUANTITY = r"[0-9]+(\.[0-9]+)?([mkMGTPE]i?)?"
+
+
+_TRAINER_MODULE = re.compile(r"trainer(\.[a-z_][a-z0-9_]*)*")
+"""The bundled trainer package and its modules (``trainer``, ``trainer.evaluate``)."""
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_ENTRYPOINT_FORMS = ("a Python script (['train.py', ...]), '-m' and a module (['-m', 'my_pkg.train', ...]) or a "
+                     "module of the bundled trainer")
+
+
+def parse_entrypoint(value: Any) -> tuple[str, ...]:
+    """An ``entrypoint`` as the spec keeps it; ``SpecError`` naming the field and the value for anything else.
+
+    * ``()`` (or ``None``, ``["trainer"]``): the bundled trainer with the job's config;
+    * ``("trainer.evaluate", arg, ...)``: another module of the bundled trainer (also spelled ``-m trainer.x``);
+    * ``("-m", "my_pkg.train", arg, ...)`` or ``("path/to/train.py", arg, ...)``: your own program.
+
+    A single string is a program without arguments (``"train.py"``); arguments are separate strings.
+    """
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return ()
+    if isinstance(value, str):
+        if value != value.strip() or len(value.split()) > 1:
+            raise SpecError(f"entrypoint: {value!r} holds spaces: give the program and its arguments as a list, "
+                            "e.g. ['train.py', '--lr', '3e-4'] (no shell ever sees it)")
+        value = (value,)
+    if not isinstance(value, (list, tuple)):
+        raise SpecError(f"entrypoint: expected a list of strings such as ['train.py', '--lr', '3e-4'], got {value!r}")
+    for i, arg in enumerate(value):
+        if not isinstance(arg, str):
+            raise SpecError(f"entrypoint[{i}]: expected a string, got {arg!r} (entrypoint {list(value)!r})")
+        if "{{" in arg or "{%" in arg:
+            raise SpecError(f"entrypoint[{i}]: {arg!r} is a template: the program is set in the DAG file (an "
+                            "operator argument, never rendered from a run's params or conf)")  # fmt: skip
+        if "\0" in arg:
+            raise SpecError(f"entrypoint[{i}]: holds a NUL character, got {arg!r}")
+    head, args = value[0], tuple(value[1:])
+    if head == "-m":
+        if not args or not _MODULE.fullmatch(args[0]):
+            raise SpecError(f"entrypoint: '-m' must be followed by a module name such as 'my_pkg.train', "
+                            f"got {list(value)!r}")
+        if not _TRAINER_MODULE.fullmatch(args[0]):
+            return ("-m", *args)
+        head, args = args[0], args[1:]  # the bundled trainer, spelled with -m
+    if _TRAINER_MODULE.fullmatch(head):
+        return () if head == "trainer" and not args else (head, *args)
+    if head.endswith(".py") and head.strip() == head and len(head) > len(".py") and not head.startswith("-"):
+        return (head, *args)
+    raise SpecError(f"entrypoint: {head!r} is not {_ENTRYPOINT_FORMS} (entrypoint {list(value)!r})")
 
 
 def _checked(build, *args: Any, **kwargs: Any) -> Any:
@@ -134,25 +186,26 @@ class JobSpec:
     )  # fmt: skip
     entrypoint: tuple[str, ...] = setting(
         (), cli=False,
-        help="What each process runs instead of -m trainer --config <the train config>: a trainer module and "
-        "its arguments, e.g. ('trainer.evaluate', '--checkpoint-uri', uri).",
+        help="What each process runs instead of the bundled trainer (-m trainer --config <the train config>): "
+        "your own script and its arguments ('train.py', '--lr', '3e-4'), a module ('-m', 'my_pkg.train', ...), "
+        "or another module of the bundled trainer ('trainer.evaluate', '--checkpoint-uri', uri). Set by the "
+        "DAG author only (an operator argument, never templated, never a trigger-form param).",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "entrypoint", parse_entrypoint(self.entrypoint))
         _checked(check, self, "")
-        if self.entrypoint:
-            module = self.entrypoint[0]
-            if not re.fullmatch(r"trainer(\.[a-z_]+)*", str(module)) or not all(
-                isinstance(a, str) for a in self.entrypoint
-            ):
-                raise SpecError(f"entrypoint: must be a trainer module and string arguments, got {self.entrypoint!r}")
+        if self.backend == "local" and self.own_program and self.entrypoint[0] != "-m":
+            # what the local backend runs is on this machine: one spelling, absolute
+            object.__setattr__(self, "entrypoint", (os.path.abspath(self.entrypoint[0]), *self.entrypoint[1:]))
         if self.resources.gpus_per_node and self.resources.gpus_per_node != self.procs_per_node:
             raise SpecError(
                 f"procs_per_node: {self.procs_per_node} processes per node, but "
                 f"resources.gpus_per_node is {self.resources.gpus_per_node}: run one process per GPU"
             )
         try:
-            self.train.validate_world_size(self.world_size)
+            if not self.own_program:  # a program of your own owns its config (and its batch arithmetic)
+                self.train.validate_world_size(self.world_size)
         except ConfigError as err:
             raise SpecError(
                 f"{err} (world size = num_nodes {self.num_nodes} × procs_per_node {self.procs_per_node})"
@@ -189,6 +242,26 @@ class JobSpec:
     def world_size(self) -> int:
         return self.num_nodes * self.procs_per_node
 
+    @property
+    def own_program(self) -> bool:
+        """True when every process runs a program of your own (a script, or a module outside the bundled
+        ``trainer``): the trainer's config is then only where the job's settings come from (the DTRAIN_*
+        environment, see trainer/contract.py), and the trainer's own checks of it are skipped."""
+        head = self.entrypoint[0] if self.entrypoint else "trainer"
+        return head == "-m" or not _TRAINER_MODULE.fullmatch(head)
+
+    def entrypoint_argv(self, config_path: str, trainer_args: Sequence[str] = ()) -> list[str]:
+        """What torchrun runs after its own flags, on every process.
+
+        :param config_path: the trainer's config file as the node sees it (the bundled trainer reads it).
+        :param trainer_args: extra flags of the bundled trainer (``--set k=v``); only it gets them.
+        """
+        if not self.entrypoint or self.entrypoint[0] == "trainer":
+            return ["-m", "trainer", "--config", config_path, *self.entrypoint[1:], *trainer_args]
+        if self.own_program:
+            return list(self.entrypoint)  # ("-m", module, ...) or (script.py, ...): as torchrun takes them
+        return ["-m", *self.entrypoint]  # another module of the bundled trainer, e.g. trainer.evaluate
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (for the render CLI and for humans); ``from_dict`` reads it back."""
         return {
@@ -213,7 +286,7 @@ class JobSpec:
         train = _checked(TrainConfig.from_dict, data.pop("train", {}))
         resources = Resources.from_value(data.pop("resources", None))
         kubernetes, capacity = _kubernetes_and_capacity(data.pop("kubernetes", None), data.pop("capacity", None))
-        entrypoint = tuple(data.pop("entrypoint", None) or ())
+        entrypoint = data.pop("entrypoint", None)
         unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
                                       "max_failures", "price_per_node_hour", "price_ceiling_per_node_hour",
                                       "budget_usd"})  # fmt: skip
@@ -234,13 +307,15 @@ class JobSpec:
         config: dict[str, Any] | None = None,
         resources: Any = None,
         kubernetes: Any = None,
+        entrypoint: Any = None,
         **arguments: Any,
     ) -> JobSpec:
         """Build a spec from operator-style arguments (``flavor=``, ``steps=``, ``num_nodes=``, ...).
 
         Strings (rendered templates) are coerced to the field's type. ``config`` is a full or
         partial trainer config (nested or dotted keys) for everything the flat arguments do not
-        cover; the flat arguments win. None means "the default".
+        cover; the flat arguments win. None means "the default". ``entrypoint`` is taken as it is
+        (``parse_entrypoint``): the DAG author's, never a rendered value.
         """
         group_types = {f.name: t for f, t in zip(dataclasses.fields(cls), field_types(cls).values())
                        if meta(f).arg}  # fmt: skip
@@ -278,7 +353,8 @@ class JobSpec:
             group["capacity"] = capacity
         if "price_per_node_hour" not in group and legacy_price not in (None, ""):
             group["price_per_node_hour"] = _checked(coerce, "price_per_node_hour", float, legacy_price)
-        return cls(train=train, resources=Resources.from_value(resources), kubernetes=kubernetes, **group)
+        return cls(train=train, resources=Resources.from_value(resources), kubernetes=kubernetes,
+                   entrypoint=entrypoint, **group)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

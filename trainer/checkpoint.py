@@ -58,8 +58,8 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.config import CheckpointConfig, ConfigError
 from trainer.fields import flatten
-from trainer.checkpoint_dir import (CheckpointDir, CheckpointStorageError, Lease, WriterFenced, step_dir_name,
-                                   step_of, storage_cause)
+from trainer.checkpoint_dir import (FORMAT_DCP, CheckpointDir, CheckpointStorageError, Lease, WriterFenced,
+                                   step_dir_name, step_of, storage_cause)
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
@@ -529,6 +529,7 @@ class Checkpointer:
         if self.rank == 0 and newer is None:
             manifest = {
                 "step": step,
+                "format": FORMAT_DCP,
                 "job": self.job,
                 "lease": self.lease.token,
                 "world_size": self.world_size,

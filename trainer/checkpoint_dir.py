@@ -217,6 +217,15 @@ class Ledger:
 
 MANIFEST_REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
 """Fields every committed manifest has."""
+FORMAT_DCP = "dcp"
+"""A manifest's ``format`` when its step directory is a torch.distributed.checkpoint save: the bundled trainer's
+(a manifest without the field was written by it before the field existed). A program of your own names its own
+format (trainer/contract.py's ``commit_checkpoint``) and only a ``"dcp"`` one gets the DCP checks."""
+
+
+def manifest_format(manifest: dict[str, Any]) -> str:
+    """What a committed checkpoint's files are (``FORMAT_DCP`` for the bundled trainer's)."""
+    return str(manifest.get("format") or FORMAT_DCP)
 
 
 class CheckpointInvalid(ValueError):

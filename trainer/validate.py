@@ -5,10 +5,15 @@ Checks, in order (the names are those a failure reports):
 * ``manifest``      manifest.json exists, parses, has the commit fields, and its step is the directory's
 * ``presence``      every file the manifest lists exists
 * ``size``          ... has the size the manifest records
-* ``checksum``      ... and the checksum it records (xxh3_128; sha256 in older manifests)
+* ``checksum``      ... and the checksum it records (xxh3_128; sha256 in older manifests and your own)
 * ``dcp_metadata``  DCP's .metadata loads and every file it points into is in the manifest
 * ``step_forward``  the step is past the previous checkpoint's (or ``previous_step``)
 * ``finite``        a sample of floating-point tensors holds no NaN/Inf
+
+The DCP checks (``dcp_metadata``, ``finite``) are for a manifest whose ``format`` is ``"dcp"``: the
+bundled trainer's (also when it has no ``format``: older ones). A checkpoint of a program of your own
+(trainer/contract.py, another format) is checked by its manifest and its files: presence always,
+size and checksum where the manifest records them; its report says the DCP checks were skipped.
 
 A failure raises CheckpointInvalid, whose message names the checkpoint, the check and
 the file (or tensor). Standard library only at module level: torch is imported for the
@@ -20,7 +25,8 @@ import json
 import sys
 import warnings
 
-from trainer.checkpoint_dir import MANIFEST, STEP_DIR_GLOB, CheckpointDir, CheckpointInvalid, step_of
+from trainer.checkpoint_dir import (FORMAT_DCP, MANIFEST, STEP_DIR_GLOB, CheckpointDir, CheckpointInvalid,
+                                   manifest_format, step_of)
 from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
 
 def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, sample_tensors: int | None = 8,
@@ -74,26 +80,42 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
     manifest = root.checked_manifest(path)
     checks["manifest"] = "ok"
 
-    # -- files: presence, size, checksum
+    fmt = manifest_format(manifest)
+    dcp_format = fmt == FORMAT_DCP
+    checks["format"] = fmt
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise CheckpointInvalid(path, "manifest", MANIFEST, f"files: expected an object, got {files!r}")
+
+    # -- files: presence, size, checksum (the bundled trainer records both for every file; your own may not)
     total = 0
-    for file, entry in sorted(manifest["files"].items()):
+    for file, entry in sorted(files.items()):
+        entry = entry if isinstance(entry, dict) else {}
         size = storage.size(storage.path(name, file))
         if size is None:
             raise CheckpointInvalid(path, "presence", file, "listed in the manifest but missing")
-        if size != entry["size"]:
-            raise CheckpointInvalid(path, "size", file, f"{size} bytes, the manifest says {entry['size']}")
+        if (dcp_format or "size" in entry) and size != entry.get("size"):
+            raise CheckpointInvalid(path, "size", file, f"{size} bytes, the manifest says {entry.get('size')}")
         recorded = manifest_checksum(entry)
-        if recorded is None:
+        if recorded is None and dcp_format:
             raise CheckpointInvalid(path, "manifest", file,
                                     f"its entry records no checksum (one of {', '.join(CHECKSUM_ALGORITHMS)})")
-        algorithm, expected = recorded
-        with storage.open(storage.path(name, file), "rb") as f:
-            actual = checksum_stream(f, algorithm)
-        if actual != expected:
-            raise CheckpointInvalid(path, "checksum", file,
-                                    f"{algorithm} {actual[:16]}..., the manifest says {str(expected)[:16]}...")
+        if recorded is not None:
+            algorithm, expected = recorded
+            with storage.open(storage.path(name, file), "rb") as f:
+                actual = checksum_stream(f, algorithm)
+            if actual != expected:
+                raise CheckpointInvalid(path, "checksum", file,
+                                        f"{algorithm} {actual[:16]}..., the manifest says {str(expected)[:16]}...")
         total += size
-    checks["files"] = {"count": len(manifest["files"]), "bytes": total}
+    checks["files"] = {"count": len(files), "bytes": total}
+
+    if not dcp_format:
+        checks["step_forward"] = _step_forward(path, manifest, previous_step)
+        skipped = f"skipped: format {fmt!r} is not a torch.distributed.checkpoint save"
+        checks["dcp_metadata"] = checks["finite"] = skipped
+        return {"checkpoint": path, "step": manifest["step"], "valid": True, "checks": checks,
+                "tokens_seen": manifest.get("tokens_seen"), "world_size": manifest.get("world_size")}
 
     # -- DCP metadata
     from trainer.checkpoint import storage_reader  # torch from here on
@@ -109,18 +131,21 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
     checks["dcp_metadata"] = {"entries": len(metadata.state_dict_metadata)}
 
     # -- progress
-    if previous_step is not None:
-        if manifest["step"] <= previous_step:
-            raise CheckpointInvalid(path, "step_forward", MANIFEST,
-                                    f"step {manifest['step']} did not move past the previous checkpoint's {previous_step}")
-        checks["step_forward"] = {"previous_step": previous_step}
-    else:
-        checks["step_forward"] = "first checkpoint"
+    checks["step_forward"] = _step_forward(path, manifest, previous_step)
 
     # -- finite tensors
     checks["finite"] = {"sampled": _check_finite(storage, path, metadata, sample_tensors)}
     return {"checkpoint": path, "step": manifest["step"], "valid": True, "checks": checks,
             "tokens_seen": manifest.get("tokens_seen"), "world_size": manifest.get("world_size")}
+
+
+def _step_forward(path: str, manifest: dict, previous_step: int | None) -> dict | str:
+    if previous_step is None:
+        return "first checkpoint"
+    if manifest["step"] <= previous_step:
+        raise CheckpointInvalid(path, "step_forward", MANIFEST,
+                                f"step {manifest['step']} did not move past the previous checkpoint's {previous_step}")
+    return {"previous_step": previous_step}
 
 
 def _check_finite(storage: Storage, path: str, metadata, sample_tensors: int | None) -> list[str]:

@@ -42,6 +42,7 @@ from airflow_dtrain.kubernetes.objects import (
 from airflow_dtrain.kubernetes.policy import KubernetesPolicy
 from airflow_dtrain.kubernetes.status import pod_index
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, PredecessorStillRunning
+from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
@@ -49,22 +50,33 @@ if TYPE_CHECKING:
 _MERGE_PATCH = "application/merge-patch+json"
 # Log lines are fetched from slightly before the last one seen: the kubelet's clock is not ours.
 _LOG_OVERLAP_S = 30
-# SIGUSR1 to the training processes (not their torchrun agent, for which it is fatal), stdlib only.
+# SIGUSR1 to the training processes: every child of the group's torchrun agent, whatever program it runs
+# (the bundled trainer or your own), never the agent itself (for which it is fatal) nor the workers' own
+# children (data loader workers would die of it). Stdlib only: it runs in the pod, under the image's python.
 _SIGNAL_WORKERS = """
 import os, signal, sys
 tag = b"DTRAIN_GROUP_NAME=" + sys.argv[1].encode()
-asked = 0
+procs = {}
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
         argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-        mine = tag in open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
-        if mine and b"-m" in argv and b"trainer" in argv and b"trainer.launch" not in argv:
-            os.kill(int(pid), signal.SIGUSR1)
-            asked += 1
-    except OSError:
+        if tag in open(f"/proc/{pid}/environ", "rb").read().split(b"\\0"):
+            status = open(f"/proc/{pid}/status", "rb").read().split(b"\\n")
+            ppid = next(int(line.split()[1]) for line in status if line.startswith(b"PPid:"))
+            procs[int(pid)] = (argv, ppid)
+    except (OSError, StopIteration, ValueError, IndexError):
         pass
+agents = {pid for pid, (argv, _) in procs.items() if b"%s" in argv}
+asked = 0
+for pid, (_, ppid) in procs.items():
+    if ppid in agents:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+            asked += 1
+        except OSError:
+            pass
 print(asked)
-"""
+""" % LAUNCH_MODULE
 
 
 class Conflict(Exception):

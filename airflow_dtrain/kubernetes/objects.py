@@ -134,7 +134,7 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
             },
         },
         {"name": "DTRAIN_GROUP_NAME", "value": name},
-        {"name": "DTRAIN_CHECKPOINT_URI", "value": spec.train.checkpoint.uri},
+        # DTRAIN_CHECKPOINT_URI, DTRAIN_STEPS, ...: the contract with a program of your own (trainer/contract.py)
         *({"name": key, "value": value} for key, value in torchrun.agent_env(spec).items()),
         # the root filesystem is read-only: caches and the built-in corpus go to the /tmp emptyDir
         {"name": "HOME", "value": "/tmp/home"},
@@ -146,7 +146,7 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
         env.append({"name": "DTRAIN_STATSD_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}})
     elif k8s.statsd_host:
         env.append({"name": "DTRAIN_STATSD_HOST", "value": k8s.statsd_host})
-    if k8s.statsd_host and not spec.entrypoint:  # the --set flags are the trainer's
+    if k8s.statsd_host:  # for the trainer's --set flags, and for a program of your own that reports there too
         env.append({"name": "DTRAIN_STATSD_PORT", "value": str(k8s.statsd_port)})
     env += [{"name": key, "value": value} for key, value in sorted(k8s.env.items())]
     env += [

@@ -32,7 +32,7 @@ import psutil
 from airflow_dtrain.launchers._local_supervisor import kill_tree, write_json_atomic
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher
 from airflow_dtrain.launchers.factory import default_state_dir
-from airflow_dtrain.launchers.torchrun import agent_env, node_command
+from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE, agent_env, node_command
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
@@ -258,20 +258,33 @@ class LocalLauncher(PodGroupLauncher):
         return self.status(name)
 
     def checkpoint_now(self, name: str) -> int:
+        """SIGUSR1 to every worker of every node: each torchrun agent's children, whatever program they run
+        (the bundled trainer or your own), never the agents themselves (for which it is fatal) nor what the
+        workers start in turn (data loader workers would die of it)."""
         asked = 0
-        for proc in self.processes(name):
+        for agent in self._agents(name):
             try:
-                cmdline = proc.cmdline()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                workers = agent.children()
+            except psutil.NoSuchProcess:
                 continue
-            # the training workers, not their torchrun agents (which would treat SIGUSR1 as fatal)
-            if "-m" in cmdline and "trainer" in cmdline and "trainer.launch" not in cmdline:
+            for worker in workers:
                 try:
-                    proc.send_signal(signal.SIGUSR1)
+                    worker.send_signal(signal.SIGUSR1)
                     asked += 1
                 except psutil.NoSuchProcess:
                     continue
         return asked
+
+    def _agents(self, name: str) -> list[psutil.Process]:
+        """The torchrun agents (``python -m trainer.launch``) of group ``name``."""
+        agents = []
+        for proc in self.processes(name):
+            try:
+                if LAUNCH_MODULE in proc.cmdline():
+                    agents.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return agents
 
     def _sweep(self, name: str) -> None:
         """Kill whatever is left of the group: the supervisor, its nodes and every tagged process."""

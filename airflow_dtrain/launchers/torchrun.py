@@ -40,12 +40,25 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
     window is the job's ``checkpoint.grace_period_s`` (the platform's own grace period, which
     the pods' ``terminationGracePeriodSeconds`` covers with a margin, is the outer bound). Your
     own entrypoint gets the same window.
+
+    And the job's contract with a program of your own (``trainer/contract.py``, docs/own_training_code.md):
+    where its checkpoints go, the job's name, its steps, how often to save, how long a preemption save
+    may take and, for tests and demos, the step at which to simulate one.
     """
-    return {
+    train = spec.train
+    env = {
         "PYTHONUNBUFFERED": "1",
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(spec.train.checkpoint.grace_period_s)),
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(train.checkpoint.grace_period_s)),
+        "DTRAIN_CHECKPOINT_URI": train.checkpoint.uri,
+        "DTRAIN_JOB": train.job,
+        "DTRAIN_STEPS": str(train.steps),
+        "DTRAIN_CHECKPOINT_EVERY": str(train.checkpoint.every),
+        "DTRAIN_GRACE_PERIOD_S": f"{train.checkpoint.grace_period_s:g}",
     }
+    if train.simulate_preemption_at_step:
+        env["DTRAIN_SIMULATE_PREEMPTION_AT_STEP"] = str(train.simulate_preemption_at_step)
+    return env
 
 
 def node_command(
@@ -71,7 +84,7 @@ def node_command(
     :param log_dir: torchrun's per-rank log directory, with ``--tee 3`` so the lines also reach
         the node's stdout; None: stdout only.
     :param trainer_args: extra arguments of the trainer (``--set k=v``), only when it runs the
-        default entrypoint (``-m trainer --config ...``).
+        bundled trainer (``-m trainer --config ...``); what else a node may run: ``JobSpec.entrypoint_argv``.
     """
     args = [
         "--nnodes", str(spec.num_nodes),
@@ -87,8 +100,5 @@ def node_command(
     args += ["--max-restarts", "0"]
     if log_dir is not None:
         args += ["--tee", "3", "--log-dir", log_dir]
-    if spec.entrypoint:
-        args += ["-m", *spec.entrypoint]
-    else:
-        args += ["-m", "trainer", "--config", config_path, *trainer_args]
+    args += spec.entrypoint_argv(config_path, trainer_args)
     return NodeCommand(executable=(python, "-m", LAUNCH_MODULE), args=tuple(args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,11 @@ class FSDPTrainOperator(BaseOperator):
         ``kubernetes.allowed_namespaces``); any other key is refused naming it. (templated)
     :param limits: what a run may ask for, set by the DAG author (not templated, so a trigger form
         cannot widen it): ``{"max_nodes", "max_procs_per_node", "max_steps", "backends"}``.
+    :param entrypoint: run your own training program instead of the bundled trainer, under the same group,
+        relaunches and spend ledger: ``["/opt/train.py", "--lr", "3e-4"]`` or ``["-m", "my_pkg.train", ...]``.
+        It gets the job's settings as DTRAIN_* environment variables and keeps the contract of
+        docs/own_training_code.md (``trainer/contract.py``). Set by the DAG author (not templated, never a
+        trigger-form param); on the local backend a script must exist on this machine.
     :param kubernetes_conn_id: the Kubernetes connection of the ``kubernetes`` backend.
     :param poll_interval: seconds between looks at the group.
     :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
@@ -157,6 +163,7 @@ class FSDPTrainOperator(BaseOperator):
         kubernetes: dict[str, Any] | None = None,
         kubernetes_overrides: dict[str, Any] | None = None,
         limits: dict[str, Any] | JobLimits | None = None,
+        entrypoint: Sequence[str] | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         poll_interval: float = 5.0,
         stop_grace_period_s: float = 30.0,
@@ -198,6 +205,7 @@ class FSDPTrainOperator(BaseOperator):
         self.kubernetes = kubernetes
         self.kubernetes_overrides = kubernetes_overrides
         self.limits = JobLimits.from_value(limits)
+        self.entrypoint = entrypoint
         self.kubernetes_conn_id = kubernetes_conn_id
         self.poll_interval = poll_interval
         self.stop_grace_period_s = stop_grace_period_s
@@ -229,8 +237,10 @@ class FSDPTrainOperator(BaseOperator):
         if not skip_templates:
             arguments["config"] = _with_statsd_defaults(arguments.get("config"))
         try:
-            spec = JobSpec.from_arguments(**arguments)
+            spec = JobSpec.from_arguments(**arguments, entrypoint=self.entrypoint)
             self.limits.check(spec)
+            if not skip_templates and spec.backend == "local" and spec.own_program:
+                _check_local_program(spec.entrypoint)
             return spec
         except SpecError as err:
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
@@ -355,6 +365,12 @@ class FSDPTrainOperator(BaseOperator):
     def on_kill(self) -> None:
         if self._session is not None:
             self._session.stop(grace_period_s=self.stop_grace_period_s)
+
+
+def _check_local_program(entrypoint: tuple[str, ...]) -> None:
+    """The local backend runs a script from this machine: it must be there (a module is the interpreter's to find)."""
+    if entrypoint[0] != "-m" and not os.path.isfile(entrypoint[0]):
+        raise SpecError(f"entrypoint: {entrypoint[0]!r} is not a file on this machine (the local backend runs it here)")
 
 
 def _with_statsd_defaults(config: dict[str, Any] | None) -> dict[str, Any] | None:

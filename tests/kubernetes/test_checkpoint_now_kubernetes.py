@@ -4,6 +4,7 @@ machine as the pod's container would (beside stand-ins for a pod's processes).""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -11,18 +12,23 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.kubernetes.conftest import launch_debug_group
 
 GROUP = "ckpt-now-r0"
-# A stand-in process: counts the SIGUSR1s it gets in the file named by its last argument.
-COUNTER = """
-import pathlib, signal, sys, time
+# A stand-in process: counts the SIGUSR1s it gets in the file named by its last argument, after starting
+# the stand-ins its second-to-last argument lists (JSON: [{"argv": [...], "children": [...], "marker": path}]).
+STANDIN = """
+import json, os, pathlib, signal, subprocess, sys, time
 marker = pathlib.Path(sys.argv[-1])
 def count(*_):
     marker.write_text(str(int(marker.read_text() or 0) + 1))
 signal.signal(signal.SIGUSR1, count)
+for child in json.loads(sys.argv[-2]):
+    subprocess.Popen([sys.executable, "-c", os.environ["STANDIN"], *child["argv"], json.dumps(child["children"]),
+                      child["marker"]])
 marker.write_text("0")
 time.sleep(120)
 """
@@ -30,24 +36,37 @@ time.sleep(120)
 
 @pytest.fixture
 def pod_processes(tmp_path):
-    """Two training processes (`... -m trainer ...`) and a torchrun agent (`-m trainer.launch`) of the
-    group, and a training process of another group on the same machine (which must not be signalled)."""
-    markers = {"rank0": tmp_path / "rank0", "rank1": tmp_path / "rank1", "agent": tmp_path / "agent",
-               "other": tmp_path / "other"}
-    argv = {"rank0": ["-m", "trainer", "--config", "c.toml"], "rank1": ["-m", "trainer", "--config", "c.toml"],
-            "agent": ["-m", "trainer.launch", "--nproc-per-node", "2", "-m", "trainer"],
-            "other": ["-m", "trainer", "--config", "c.toml"]}
-    group = {k: GROUP for k in markers} | {"other": "another-group-r0"}
-    procs = [subprocess.Popen([sys.executable, "-c", COUNTER, *argv[k], str(m)],
-                              env={**os.environ, "DTRAIN_GROUP_NAME": group[k]}) for k, m in markers.items()]
-    deadline = time.monotonic() + 30
-    while not all(m.exists() for m in markers.values()):
-        assert time.monotonic() < deadline, "the stand-in processes did not start"
-        time.sleep(0.05)
-    yield markers
-    for p in procs:
-        p.kill()
-        p.wait()
+    """A pod's process tree: the group's torchrun agent (`-m trainer.launch`) and its two workers -- one the
+    bundled trainer (`-m trainer`), one a program of your own (`/opt/own/train.py`) -- and a data loader worker
+    the first started (a grandchild of the agent, which SIGUSR1 would kill); beside it, another group's agent
+    and worker on the same machine. Only the group's workers may be signalled."""
+    markers = {k: tmp_path / k for k in ("agent", "rank0", "rank1", "loader", "other_agent", "other")}
+
+    def standin(argv, marker, children=()):
+        return {"argv": argv, "children": list(children), "marker": str(markers[marker])}
+
+    loader = standin(["-c", "data loader worker"], "loader")
+    rank0 = standin(["-m", "trainer", "--config", "c.toml"], "rank0", [loader])
+    rank1 = standin(["/opt/own/train.py", "--lr", "3e-4"], "rank1")
+    trees = {
+        GROUP: standin(["-m", "trainer.launch", "--nproc-per-node", "2", "/opt/own/train.py"], "agent", [rank0, rank1]),
+        "another-group-r0": standin(["-m", "trainer.launch", "-m", "trainer"], "other_agent",
+                                    [standin(["-m", "trainer", "--config", "c.toml"], "other")]),
+    }  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", STANDIN, *top["argv"], json.dumps(top["children"]), top["marker"]],
+                              env={**os.environ, "DTRAIN_GROUP_NAME": group, "STANDIN": STANDIN}) for group, top in trees.items()]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not all(m.exists() for m in markers.values()):
+            assert time.monotonic() < deadline, "the stand-in processes did not start"
+            time.sleep(0.05)
+        yield markers
+    finally:
+        for p in procs:
+            for child in psutil.Process(p.pid).children(recursive=True):
+                child.kill()
+            p.kill()
+            p.wait()
 
 
 def _signals(markers: dict[str, Path], want: dict[str, int]) -> dict[str, int]:
@@ -60,6 +79,8 @@ def _signals(markers: dict[str, Path], want: dict[str, int]) -> dict[str, int]:
 
 
 def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake, tmp_path, pod_processes):
+    """Every worker of the agent, the bundled trainer and a program of your own alike; not the agent, not
+    what a worker started, not another group's."""
     launcher = launch_debug_group(GROUP, tmp_path)
 
     def container(namespace, pod, name, command):  # the image's python, on this machine
@@ -71,8 +92,8 @@ def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake
     fake.run(GROUP, [0])  # node 1 is still pending: nothing to signal there
     assert launcher.checkpoint_now(GROUP) == 2
     assert [(ns, pod) for ns, pod, _, _ in fake.execs] == [("default", fake.pod(GROUP, 0)["metadata"]["name"])]
-    assert _signals(pod_processes, {"rank0": 1, "rank1": 1, "agent": 0, "other": 0}) == {
-        "rank0": 1, "rank1": 1, "agent": 0, "other": 0}
+    want = {"agent": 0, "rank0": 1, "rank1": 1, "loader": 0, "other_agent": 0, "other": 0}
+    assert _signals(pod_processes, want) == want
 
     # Node 1 runs too, but its image has no python: that pod is reported, node 0 is still signalled.
     fake.run(GROUP, [1])
@@ -90,5 +111,5 @@ def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake
     log = "\n".join(warnings)
     assert f"checkpoint-now in pod default/{pod1} failed (exit code 127)" in log
     assert "executable file not found" in log
-    assert _signals(pod_processes, {"rank0": 2, "rank1": 2, "agent": 0, "other": 0}) == {
-        "rank0": 2, "rank1": 2, "agent": 0, "other": 0}
+    want = {"agent": 0, "rank0": 2, "rank1": 2, "loader": 0, "other_agent": 0, "other": 0}
+    assert _signals(pod_processes, want) == want

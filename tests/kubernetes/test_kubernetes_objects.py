@@ -272,3 +272,34 @@ def test_every_node_agent_waits_out_a_preemption_save_before_killing_its_workers
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(int(grace))
     assert agent_env(spec)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(int(grace))  # what the local backend uses
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_a_program_of_your_own_runs_under_every_pods_agent_with_the_jobs_contract_in_its_env(version):
+    spec = JobSpec.from_arguments(
+        entrypoint=["/opt/own/train.py", "--lr", "3e-4"], job="own-llm", steps=500, checkpoint_every=50,
+        simulate_preemption_at_step=100, num_nodes=2, procs_per_node=8, resources={"gpus_per_node": 8},
+        global_batch_size=6, micro_batch_size=2,  # not the bundled trainer's batch arithmetic: your program's
+        checkpoint_uri="s3://ml-checkpoints/own", backend="kubernetes",
+        kubernetes={"image": "registry.example.com/own-trainer:1", "statsd_host": "node"},
+        config={"checkpoint": {"grace_period_s": 240}},
+    )  # fmt: skip
+    objects = render_group("own-llm-train-0123456789-r1", spec, namespace="ml")
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+    container = _by_kind(objects)["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "trainer.launch"]  # the same agent: exit codes, relaunches
+    args = container["args"]
+    assert args[args.index("--max-restarts") + 2:] == ["/opt/own/train.py", "--lr", "3e-4"]
+    assert "--config" not in args and "--set" not in args, "the bundled trainer's flags are not your program's"
+    names = [e["name"] for e in container["env"]]
+    assert len(names) == len(set(names)), "each variable once"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DTRAIN_STATSD_PORT"] == "8125"  # beside DTRAIN_STATSD_HOST (the node's IP): yours to report to
+    assert {k: env[k] for k in env if k.startswith("DTRAIN_") and k not in ("DTRAIN_NODE_RANK", "DTRAIN_STATSD_HOST",
+                                                                                "DTRAIN_STATSD_PORT", "DTRAIN_DATA_DIR")} == {
+        "DTRAIN_GROUP_NAME": "own-llm-train-0123456789-r1", "DTRAIN_CHECKPOINT_URI": "s3://ml-checkpoints/own",
+        "DTRAIN_JOB": "own-llm", "DTRAIN_STEPS": "500", "DTRAIN_CHECKPOINT_EVERY": "50", "DTRAIN_GRACE_PERIOD_S": "240",
+        "DTRAIN_SIMULATE_PREEMPTION_AT_STEP": "100",
+    }  # fmt: skip
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "240"

@@ -184,6 +184,24 @@ def test_unknown_dag_run_conf_keys_are_rejected_before_anything_launches(dags, t
         reject_unknown_conf({"stepz": 10, "num_nodes": 1}, dags["train_llama"].params)
 
 
+def test_a_run_cannot_choose_the_program_the_group_runs(dags, tmp_path, monkeypatch):
+    """entrypoint is the DAG author's (an operator argument, never templated, never a form param): a
+    dag_run.conf that tries to set it fails the run by name before anything is launched."""
+    state_dir = tmp_path / "groups"
+    monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(state_dir))
+    run = dags["train_llama"].test(run_conf={"entrypoint": ["/tmp/not-the-authors.py"], "steps": 10})
+    states = _states(run)
+    assert run.state == DagRunState.FAILED, states
+    assert states["check_conf"] == TaskInstanceState.FAILED
+    assert states["train_spot"] != TaskInstanceState.SUCCESS and states["train_on_demand"] != TaskInstanceState.SUCCESS
+    assert not state_dir.exists(), "no group may be launched"
+    from airflow_dtrain.params import UnknownConfKeys, reject_unknown_conf
+
+    # what check_conf raised: the key by name, and why
+    with pytest.raises(UnknownConfKeys, match=r"key 'entrypoint' is refused: .* set by the DAG author"):
+        reject_unknown_conf({"entrypoint": ["/tmp/not-the-authors.py"], "steps": 10}, dags["train_llama"].params)
+
+
 def test_a_trigger_cannot_ask_for_more_nodes_than_the_dag_allows(dags, tmp_path, monkeypatch):
     state_dir = tmp_path / "groups"
     monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(state_dir))

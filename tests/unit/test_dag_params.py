@@ -110,3 +110,16 @@ def test_every_param_has_a_section(dags):
         if not (isinstance(param.schema.get("section"), str) and param.schema["section"].strip())
     ]
     _fail(problems, "without a section (they would all land in the form's default 'Run Parameters')")
+
+
+def test_no_dag_offers_the_program_on_its_trigger_form_and_a_run_cannot_set_it(dags):
+    """The program every process runs (FSDPTrainOperator's entrypoint) is the DAG author's alone."""
+    from airflow_dtrain.params import UnknownConfKeys, param_schema, reject_unknown_conf
+
+    assert not [dag_id for dag_id, name, _ in _params(dags) if name in ("entrypoint", "limits")]
+    for dag_id in ("train_llama", "sweep_llama"):  # the DAGs that check their conf
+        with pytest.raises(UnknownConfKeys, match=r"dag_run.conf: key 'entrypoint' is refused: the program every "
+                                                  r"process runs is set by the DAG author"):
+            reject_unknown_conf({"steps": 10, "entrypoint": ["/tmp/not-the-authors.py"]}, dags[dag_id].params)
+    with pytest.raises(KeyError, match=r"entrypoint: .* never a trigger-form param"):
+        param_schema("entrypoint")

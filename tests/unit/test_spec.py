@@ -22,6 +22,13 @@ BAD = [
     ({"node_resources": {"disk": "1Gi"}}, ["resources", "'disk'"]),
     ({"global_batch_size": 8, "micro_batch_size": 2, "num_nodes": 3}, ["global_batch_size", "8", "3", "2"]),
     ({"steps": "fifty"}, ["steps", "'fifty'"]),
+    ({"entrypoint": ["foo.sh"]}, ["entrypoint: 'foo.sh' is not a Python script"]),
+    ({"entrypoint": "train.py --lr 3e-4"}, ["entrypoint: 'train.py --lr 3e-4' holds spaces", "as a list"]),
+    ({"entrypoint": ["-m"]}, ["entrypoint: '-m' must be followed by a module name", "['-m']"]),
+    ({"entrypoint": ["-m", "my-pkg.train"]}, ["entrypoint: '-m'", "'my-pkg.train'"]),
+    ({"entrypoint": ["/opt/train.py", "--steps", 5]}, ["entrypoint[2]: expected a string, got 5"]),
+    ({"entrypoint": ["{{ params.program }}"]}, ["entrypoint[0]: '{{ params.program }}' is a template"]),
+    ({"entrypoint": {"script": "train.py"}}, ["entrypoint: expected a list of strings", "{'script': 'train.py'}"]),
 ]
 
 
@@ -91,3 +98,49 @@ def test_a_local_checkpoint_path_is_normalised_once_for_every_reader():
     spec = JobSpec.from_arguments(checkpoint_uri="/tmp/runs/a/../b/./ckpt")
     assert spec.train.checkpoint.uri == "/tmp/runs/b/ckpt"
     assert JobSpec.from_arguments(checkpoint_uri="s3://bucket/a/../b").train.checkpoint.uri == "s3://bucket/a/../b"
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "argv", "own"),
+    [
+        (None, ["-m", "trainer", "--config", "/etc/c.json"], False),
+        (["trainer"], ["-m", "trainer", "--config", "/etc/c.json"], False),
+        (["-m", "trainer.evaluate", "--x"], ["-m", "trainer.evaluate", "--x"], False),
+        (["trainer.evaluate", "--x"], ["-m", "trainer.evaluate", "--x"], False),
+        (["-m", "my_pkg.train", "--lr", "3e-4"], ["-m", "my_pkg.train", "--lr", "3e-4"], True),
+        (["-m", "trainer_utils.train"], ["-m", "trainer_utils.train"], True),
+        (["/opt/own/train.py", "--lr", "3e-4"], ["/opt/own/train.py", "--lr", "3e-4"], True),
+        ("/opt/own/train.py", ["/opt/own/train.py"], True),
+    ],
+)  # fmt: skip
+def test_what_torchrun_runs_after_its_own_flags(entrypoint, argv, own):
+    spec = JobSpec.from_arguments(entrypoint=entrypoint, backend="kubernetes", checkpoint_uri="s3://bkt/run",
+                                  kubernetes={"image": "img:1"})  # fmt: skip
+    assert spec.entrypoint_argv("/etc/c.json") == argv
+    assert spec.own_program is own
+    assert JobSpec.from_dict(spec.to_dict()) == spec
+    # only the bundled trainer gets its own flags
+    assert ("--set" in spec.entrypoint_argv("/etc/c.json", ["--set", "a=b"])) is (argv[:2] == ["-m", "trainer"])
+
+
+def test_your_own_program_owns_its_config_the_trainers_checks_are_skipped(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    # 8 sequences do not split over 3 ranks x 2: the bundled trainer's rule, not a program of your own's
+    op = FSDPTrainOperator(task_id="train", entrypoint=[str(script)], num_nodes=3, global_batch_size=8,
+                           micro_batch_size=2, local_state_dir=str(tmp_path / "state"))  # fmt: skip
+    assert op.job_spec(skip_templates=True).own_program
+    assert "entrypoint" not in FSDPTrainOperator.template_fields, "a run must never render the program"
+
+
+def test_a_local_script_that_is_not_there_is_refused_before_anything_is_launched(tmp_path):
+    op = FSDPTrainOperator(task_id="train", entrypoint=["own/missing.py", "--lr", "1"],
+                           local_state_dir=str(tmp_path / "state"))  # fmt: skip
+    with pytest.raises(SpecError, match=r"entrypoint: '/.*/own/missing.py' is not a file on this machine"):
+        op.execute({"ti": RecordingTI()})
+    assert not (tmp_path / "state").exists(), "nothing may be launched or written"
+    # relative: the worker's working directory, spelled absolute once for the local backend
+    assert op.job_spec(skip_templates=True).entrypoint[0].startswith("/")
+    kubernetes = JobSpec.from_arguments(entrypoint=["own/train.py"], backend="kubernetes",
+                                        checkpoint_uri="s3://bkt/run", kubernetes={"image": "img:1"})  # fmt: skip
+    assert kubernetes.entrypoint == ("own/train.py",), "in the image: relative to its WORKDIR"

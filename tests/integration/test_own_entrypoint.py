@@ -1,0 +1,111 @@
+"""Your own training program under FSDPTrainOperator: examples/own_trainer/train.py on the local backend, two
+real torchrun workers (gloo, CPU), preempted once, relaunched by the operator, resumed from its own checkpoint,
+billed per attempt in the job's ledger; and SIGUSR1 / SIGTERM reaching every one of its processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_dtrain import FSDPTrainOperator
+from airflow_dtrain.launchers.base import GroupState
+from airflow_dtrain.launchers.local import LocalLauncher
+from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.spot.ledger import read_ledger
+from tests.conftest import REPO, RecordingTI
+from tests.integration.helpers import progress, wait_for, wait_for_step
+from trainer.contract import latest_checkpoint
+from trainer.validate import validate_checkpoint
+
+pytestmark = pytest.mark.torchrun
+
+EXAMPLE = str(REPO / "examples" / "own_trainer" / "train.py")
+STEPS, EVERY, PREEMPT_AT = 12, 4, 6
+
+
+def _train(tmp_path: Path, run_id: str, **overrides) -> tuple[dict, Path]:
+    """Run the example through the operator to the end (synchronously); its summary and checkpoint directory."""
+    ckpt = tmp_path / run_id / "ckpt"
+    op = FSDPTrainOperator(
+        task_id="train", entrypoint=[EXAMPLE, "--lr", "1e-2"], job="own-mlp", steps=STEPS, checkpoint_every=EVERY,
+        num_nodes=1, procs_per_node=2, checkpoint_uri=str(ckpt), local_state_dir=str(tmp_path / "groups"),
+        capacity="spot", price_per_node_hour=36.0, poll_interval=0.5, deferrable=False, **overrides,
+    )  # fmt: skip
+    return op.execute({"ti": RecordingTI(run_id=run_id)}), ckpt
+
+
+def _manifest(checkpoint: str) -> dict:
+    return json.loads((Path(checkpoint) / "manifest.json").read_text())
+
+
+def test_your_program_is_preempted_relaunched_resumes_its_own_checkpoint_and_is_billed_per_attempt(tmp_path):
+    summary, ckpt = _train(tmp_path, "preempted", simulate_preemption_at_step=PREEMPT_AT)
+
+    # The operator relaunched the preempted group once and the job finished: nothing lost.
+    assert summary["final_step"] == STEPS and summary["latest_checkpoint"] == str(ckpt / "step-00000012")
+    assert summary["preemptions"] == 1 and summary["relaunches"] == 1 and summary["steps_lost"] == 0
+    launcher = LocalLauncher(tmp_path / "groups")
+    first, second = launcher.find("")
+    status = launcher.status(first)
+    assert status.state == GroupState.PREEMPTED and status.node_exit_codes == {0: 75}, status
+
+    # The relaunch resumed from the checkpoint the preempted attempt saved at the step it was on.
+    saved = _manifest(str(ckpt / f"step-{PREEMPT_AT:08d}"))
+    assert saved["reason"] == "preemption" and saved["format"] == "torch" and saved["job"] == "own-mlp"
+    log = (tmp_path / "groups" / second / "group.log").read_text()
+    assert f'"event": "resume", "from_step": {PREEMPT_AT}' in log, log[-2000:]
+    state = progress(ckpt)
+    assert (state["status"], state["attempt"], state["resumed_from_step"]) == ("completed", 2, PREEMPT_AT)
+
+    # ... and trained exactly what an uninterrupted run trains: the same weights, the same loss curve.
+    reference, reference_ckpt = _train(tmp_path, "reference")
+    assert reference["preemptions"] == 0
+    final = _manifest(summary["latest_checkpoint"])
+    assert final["params_sha256"] == _manifest(reference["latest_checkpoint"])["params_sha256"]
+    assert state["history"] == progress(reference_ckpt)["history"]
+    assert [s for s, _ in state["history"]] == list(range(1, STEPS + 1))
+
+    # Its spend is in the job's ledger: one entry per attempt, each billed to its end.
+    spend = {p.stem: json.loads(p.read_text()) for p in (ckpt / "spend").glob("*.json")}
+    assert sorted(spend) == [first, second]
+    assert all(e["ended"] and e["dollars"] > 0 and e["capacity"] == "spot" for e in spend.values()), spend
+    ledger = read_ledger(str(ckpt))
+    assert ledger.total_dollars == pytest.approx(sum(e["dollars"] for e in spend.values()))
+    assert summary["dollars"] == pytest.approx(ledger.total_dollars)
+    assert ledger.step == STEPS and ledger.step_time_s and ledger.step_time_s > 0  # from its manifest
+
+    # CheckpointValidationOperator's checks pass on it: its manifest and its files' hashes.
+    report = validate_checkpoint(str(ckpt))
+    assert report["step"] == STEPS and report["checks"]["files"]["count"] == 3  # model.pt, rank0.pt, rank1.pt
+    assert report["checks"]["dcp_metadata"].startswith("skipped")
+
+
+def test_checkpoint_now_and_stop_reach_every_process_of_your_program(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    spec = JobSpec.from_arguments(
+        entrypoint=[EXAMPLE, "--step-sleep", "0.2"], steps=100_000, num_nodes=1, procs_per_node=2,
+        checkpoint_uri=str(ckpt),
+    )  # fmt: skip
+    launcher = LocalLauncher(tmp_path / "groups")
+    name = "own-signals-r0"
+    launcher.launch(name, spec)
+    try:
+        wait_for_step(ckpt, 3)
+        assert launcher.checkpoint_now(name) == 2  # both workers, not their agent
+
+        saved = wait_for(lambda: latest_checkpoint(str(ckpt)), 120, "the checkpoint-now save")
+        assert _manifest(saved.path)["reason"] == "checkpoint_now"
+        wait_for_step(ckpt, saved.step + 2)  # and training goes on
+        log = lambda: (tmp_path / "groups" / name / "group.log").read_text()  # noqa: E731
+        wait_for(lambda: all(f"rank {r}: SIGUSR1" in log() for r in (0, 1)), 30, "both ranks to see SIGUSR1")
+
+        status = launcher.stop(name, grace_period_s=60)
+        assert status.state == GroupState.STOPPED, status
+        last = latest_checkpoint(str(ckpt))
+        assert last.step > saved.step and _manifest(last.path)["reason"] == "preemption"
+        assert progress(ckpt)["status"] == "preempted"
+        assert launcher.processes(name) == []
+    finally:
+        launcher.stop(name, grace_period_s=5)

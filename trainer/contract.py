@@ -1,0 +1,513 @@
+"""The contract between FSDPTrainOperator and a training program of your own.
+
+``FSDPTrainOperator(entrypoint=["/opt/train.py", ...])`` runs your program on every process of
+the pod group, under the same torchrun agent, relaunches and spend ledger as the bundled
+trainer. This module is what the program needs to keep its side (docs/own_training_code.md
+tells the whole of it). Standard library only and no import from this package: import it
+(``from trainer.contract import ...``) or copy the file next to your program.
+
+What every process gets (both backends), read by ``job_env()``::
+
+    DTRAIN_CHECKPOINT_URI              where checkpoints, progress.json and the spend ledger go
+    DTRAIN_JOB                         the job's name ("" for none); a manifest records it
+    DTRAIN_STEPS                       optimizer steps of the whole job (a resumed run goes on to it)
+    DTRAIN_CHECKPOINT_EVERY            save every N steps (0: only at the end and when asked)
+    DTRAIN_GRACE_PERIOD_S              seconds a preemption save may take before SIGKILL
+    DTRAIN_SIMULATE_PREEMPTION_AT_STEP only when set: tests and demos (``simulate_preemption``)
+    DTRAIN_GROUP_NAME                  this attempt's pod group: its name in the spend ledger
+
+torchrun's RANK, LOCAL_RANK and WORLD_SIZE come with them.
+
+Signals (``Signals``): SIGTERM (a preemption, or the group being stopped) means "save the step
+you are on and exit ``PREEMPTED_EXIT_CODE``": the operator then relaunches the group, which
+resumes from that checkpoint. SIGUSR1 (an interruption warning: checkpoint now) means "save at
+the next step boundary and carry on". Act on them at a step boundary, every rank together.
+
+Checkpoints (``step_path``, ``commit_checkpoint``, ``latest_checkpoint``): one directory per
+save, ``<uri>/step-00000050/``, written by every rank, then committed by rank 0 writing its
+``manifest.json`` last. A step directory without one is an interrupted save and never the latest.
+
+Progress (``progress``): rank 0 keeps ``<uri>/progress.json`` (status, step, loss, ...), which the
+operator reads for its summary and to tell a finished job (``status: "completed"`` at the last
+step) from one that stopped early; it also keeps this attempt's spend file current.
+
+The helpers handle local paths and ``file://`` URIs (a shared filesystem, a volume of the pods);
+for ``s3://`` keep the same layout with your own storage library: the manifest is the commit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = [
+    "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "STORAGE_EXIT_CODE", "Checkpoint", "Fenced",
+    "JobEnv", "Signals", "commit_checkpoint", "die_with_agent", "job_env", "latest_checkpoint", "progress",
+    "simulate_preemption", "step_path", "take_lease",
+]  # fmt: skip
+
+# -- exit codes (trainer/config.py's; tests/trainer/test_contract.py holds this copy to them) -------------------
+PREEMPTED_EXIT_CODE = 75
+"""Saved the step it was on after SIGTERM: the operator relaunches the group from that checkpoint."""
+STORAGE_EXIT_CODE = 74
+"""A checkpoint could not be written (a full disk, no permission): the task fails, nothing is relaunched."""
+BUDGET_EXIT_CODE = 77
+"""Stopped at the job's dollar cap with the step saved: the task succeeds with ``stopped: "budget"``."""
+FENCED_EXIT_CODE = 78
+"""Another group took over the checkpoint directory (a newer writer lease): the task fails, never relaunched."""
+# 76 (a worker was lost) is the torchrun agent's to report for a process killed by a signal, never a program's.
+
+# -- the checkpoint directory's layout (trainer/checkpoint_dir.py's) -------------------------------------------
+MANIFEST = "manifest.json"
+PROGRESS = "progress.json"
+SPEND = "spend"
+LEASES = "lease"
+BEST = "BEST"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+LEASE_FILE = re.compile(r"^(\d{10})\.json$")
+_HISTORY_POINTS = 1000
+_SPEND_WRITE_S = 5.0
+
+
+def _step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _local(uri: str) -> str:
+    """The local path of a checkpoint URI; ValueError for anything these helpers cannot write."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    if "://" in uri:
+        raise ValueError(f"checkpoint uri: these helpers write local paths and file:// only, got {uri!r} "
+                         "(keep the same layout with your own storage library)")
+    if not uri:
+        raise ValueError("checkpoint uri: empty (DTRAIN_CHECKPOINT_URI is not set: the job keeps no checkpoints)")
+    return uri
+
+
+# -- the job's environment -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobEnv:
+    """What the operator tells every process (``job_env()``)."""
+
+    checkpoint_uri: str
+    """Where checkpoints, progress.json and this attempt's spend file go ("" when the job keeps none)."""
+    steps: int
+    """Optimizer steps of the whole job; a resumed attempt trains on up to it."""
+    job: str = ""
+    """The job's name; manifests record it."""
+    checkpoint_every: int = 0
+    """Save every N steps; 0: only at the end, on SIGTERM and on SIGUSR1."""
+    grace_period_s: float = 110.0
+    """Seconds from SIGTERM to SIGKILL: a preemption save must fit in them."""
+    simulate_preemption_at_step: int = 0
+    """Tests and demos: rank 0 SIGTERMs the group once after this step (0: never)."""
+    attempt: str = ""
+    """This attempt's name in the spend ledger (its pod group's)."""
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``step`` is one to save at: every ``checkpoint_every`` steps, and the last."""
+        return step == self.steps or (self.checkpoint_every > 0 and step % self.checkpoint_every == 0)
+
+
+def _int(environ: Any, name: str, default: int | None = None) -> int:
+    value = environ.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise ValueError(f"{name}: not set (FSDPTrainOperator sets it; under a plain torchrun set it yourself)")
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name}: must be >= 0, got {value!r}")
+    return number
+
+
+def job_env(environ: Any = None) -> JobEnv:
+    """The job's settings from the DTRAIN_* environment (``os.environ`` by default).
+
+    Raises ValueError naming the variable and the value when one is missing or malformed.
+    """
+    environ = os.environ if environ is None else environ
+    grace = environ.get("DTRAIN_GRACE_PERIOD_S") or "110"
+    try:
+        grace_s = float(grace)
+    except ValueError:
+        raise ValueError(f"DTRAIN_GRACE_PERIOD_S: expected a number of seconds, got {grace!r}") from None
+    return JobEnv(
+        checkpoint_uri=environ.get("DTRAIN_CHECKPOINT_URI", ""),
+        steps=_int(environ, "DTRAIN_STEPS"),
+        job=environ.get("DTRAIN_JOB", ""),
+        checkpoint_every=_int(environ, "DTRAIN_CHECKPOINT_EVERY", 0),
+        grace_period_s=grace_s,
+        simulate_preemption_at_step=_int(environ, "DTRAIN_SIMULATE_PREEMPTION_AT_STEP", 0),
+        attempt=environ.get("DTRAIN_GROUP_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        rank=_int(environ, "RANK", 0),
+        local_rank=_int(environ, "LOCAL_RANK", 0),
+        world_size=_int(environ, "WORLD_SIZE", 1),
+    )
+
+
+# -- signals ---------------------------------------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_agent() -> None:
+    """Under torchrun on Linux: get SIGTERM when the agent that started this process dies, even by SIGKILL,
+    so an orphaned worker saves and stops instead of training on beside the group that replaces it."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    agent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != agent or agent == 1:  # the agent died before the prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Signals:
+    """Flags set by the signals the operator sends; act on them at a step boundary.
+
+    ``stop`` (SIGTERM, SIGINT): save the step reached and exit ``PREEMPTED_EXIT_CODE``.
+    ``checkpoint_now`` (SIGUSR1): save at the next boundary and carry on (``take_checkpoint_now``
+    clears it). A signal may reach only some ranks (one node's): agree over your process group
+    (an all-reduce of the flags with MAX) before acting, so every rank saves the same step.
+
+    Install it first thing, before importing torch: a signal that comes before its handler kills
+    the process (SIGUSR1's default action is to terminate).
+
+    :param stop_when_orphaned: also get SIGTERM when the torchrun agent dies (``die_with_agent()``).
+    """
+
+    def __init__(self, *, stop_when_orphaned: bool = True) -> None:
+        self.stop = False
+        self.checkpoint_now = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_checkpoint_now)
+        if stop_when_orphaned:
+            die_with_agent()
+
+    def _on_stop(self, signum, frame) -> None:
+        self.stop = True
+
+    def _on_checkpoint_now(self, signum, frame) -> None:
+        self.checkpoint_now = True
+
+    @property
+    def requested(self) -> bool:
+        """Whether a save was asked for (to stop, or to carry on)."""
+        return self.stop or self.checkpoint_now
+
+    def take_checkpoint_now(self) -> bool:
+        """Whether SIGUSR1 came since the last call (taken before your all-reduce: one that lands during it
+        is kept for the next boundary)."""
+        asked, self.checkpoint_now = self.checkpoint_now, False
+        return asked
+
+    def ignore_further(self) -> None:
+        """Once stopping: ignore further SIGTERMs. When the first rank exits, torchrun SIGTERMs the rest, and
+        Python restores the fatal default while it shuts down, which would turn their exit 75 into a death."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def simulate_preemption(step: int, *, resumed_from: int | None = None, signals: Signals | None = None,
+                        env: JobEnv | None = None) -> bool:
+    """For tests and demos: after step DTRAIN_SIMULATE_PREEMPTION_AT_STEP, rank 0 sends the SIGTERM a spot
+    reclaim would, to the torchrun agent (which forwards it to every worker), once: never again in an
+    attempt resumed at or past that step. Returns whether it did; ``signals.stop`` is set at once, so this
+    rank stops at this boundary rather than whenever the forwarded signal lands."""
+    env = env or job_env()
+    k = env.simulate_preemption_at_step
+    if env.rank != 0 or k == 0 or step != k or (resumed_from is not None and resumed_from >= k):
+        return False
+    if signals is not None:
+        signals.stop = True
+    target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
+    print(f"[contract] step {step}: simulating preemption, SIGTERM to pid {target}", file=sys.stderr, flush=True)
+    os.kill(target, signal.SIGTERM)
+    return True
+
+
+# -- checkpoints -----------------------------------------------------------------------------------------------
+class Checkpoint(NamedTuple):
+    step: int
+    path: str
+
+
+def step_path(uri: str, step: int, *, create: bool = False) -> str:
+    """The step directory of ``step`` under ``uri`` (``create``: make it, as every rank may before writing)."""
+    path = os.path.join(os.path.abspath(_local(uri)), _step_dir_name(step))
+    if create:
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _step_dirs(root: str) -> list[Checkpoint]:
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(Checkpoint(int(m.group(1)), os.path.join(root, n)) for n in names if (m := STEP_DIR.match(n)))
+
+
+def latest_checkpoint(uri: str) -> Checkpoint | None:
+    """The newest committed checkpoint (a step directory with a manifest) under ``uri``, or None.
+    An interrupted save above it is skipped."""
+    for checkpoint in reversed(_step_dirs(os.path.abspath(_local(uri)))):
+        if os.path.isfile(os.path.join(checkpoint.path, MANIFEST)):
+            return checkpoint
+    return None
+
+
+def _write_json(path: str, obj: Any, durable: bool = True, indent: int | None = 2) -> None:
+    """Whole or not at all for readers: a temporary file, renamed (fsynced first when ``durable``)."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=indent)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(step_dir: str) -> dict[str, dict[str, Any]]:
+    """{relative path: {"size", "sha256"}} of every file in a step directory but the commit's own."""
+    found = {}
+    for where, _, names in os.walk(step_dir):
+        for name in names:
+            path = os.path.join(where, name)
+            rel = os.path.relpath(path, step_dir).replace(os.sep, "/")
+            # temporary files start with a dot; DCP's index (.metadata) is part of the checkpoint
+            if rel in (MANIFEST, BEST) or (name.startswith(".") and name != ".metadata"):
+                continue
+            found[rel] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+    return dict(sorted(found.items()))
+
+
+class Fenced(RuntimeError):
+    """Another group took over the checkpoint directory (its writer lease is newer): commit nothing more,
+    exit ``FENCED_EXIT_CODE``."""
+
+
+def take_lease(uri: str, *, job: str = "", attempts: int = 100) -> int:
+    """Become the directory's one writer: create ``lease/<token>.json`` with 1 + the highest token there
+    (exclusively: two writers racing get one token each) and return the token. Every earlier writer is
+    fenced off from then on (``commit_checkpoint(lease=...)`` refuses to commit for it). Rank 0, at start."""
+    root = os.path.abspath(_local(uri))
+    leases = os.path.join(root, LEASES)
+    os.makedirs(leases, exist_ok=True)
+
+    def tokens() -> list[int]:
+        return sorted(int(m.group(1)) for n in os.listdir(leases) if (m := LEASE_FILE.match(n)))
+
+    token = (tokens() or [0])[-1] + 1
+    for _ in range(attempts):
+        body = {"token": token, "job": job, "group": os.environ.get("DTRAIN_GROUP_NAME"), "host": socket.gethostname(),
+                "pid": os.getpid(), "acquired_at": time.time()}  # fmt: skip
+        try:
+            fd = os.open(os.path.join(leases, f"{token:010d}.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            token = max(token + 1, (tokens() or [0])[-1] + 1)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, indent=2)
+        newest = tokens()[-1]
+        if newest > token:  # read from a stale listing: give it back, take one past the newest
+            os.remove(os.path.join(leases, f"{token:010d}.json"))
+            token = newest + 1
+            continue
+        for old in tokens()[:-4]:  # the newest four tell the history; ours is never among the removed
+            if old < token:
+                os.remove(os.path.join(leases, f"{old:010d}.json"))
+        return token
+    raise RuntimeError(f"could not take a writer lease in {leases} after {attempts} attempts")
+
+
+def _newer_lease(root: str, token: int) -> int | None:
+    try:
+        names = os.listdir(os.path.join(root, LEASES))
+    except FileNotFoundError:
+        return None
+    newest = max((int(m.group(1)) for n in names if (m := LEASE_FILE.match(n))), default=0)
+    return newest if newest > token else None
+
+
+def commit_checkpoint(uri: str, step: int, *, format: str = "torch", world_size: int | None = None,
+                      job: str | None = None, lease: int | None = None, files: dict[str, dict] | None = None,
+                      tokens_seen: int = 0, wall_time_s: float = 0.0, keep: int | None = None,
+                      **fields: Any) -> str:
+    """Commit ``step``: write its ``manifest.json``, last; returns the step directory.
+
+    Call it on rank 0 once every rank has written its files (a barrier first). The manifest records
+    the step, the format, the job, the world size and every file's size and sha256 (``files``, default:
+    every file in the step directory), which ``CheckpointValidationOperator`` checks; ``fields`` go
+    in as they are (``step_time_s``: measured seconds per step, which the budget's relaunch decision
+    uses; ``config_hash``; anything of yours). ``format="dcp"`` (a torch.distributed.checkpoint save)
+    also has the validation load DCP's metadata and check a sample of tensors for NaN/Inf.
+
+    :param lease: your token from ``take_lease``: raises ``Fenced`` instead of committing when a newer one
+        exists (exit ``FENCED_EXIT_CODE`` then).
+    :param keep: retention: keep the newest ``keep`` committed checkpoints (and any marked best), remove older
+        ones and interrupted saves below this one; None: remove nothing.
+    """
+    root = os.path.abspath(_local(uri))
+    path = step_path(root, step)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"commit_checkpoint: {path} does not exist: write the step's files first")
+    if lease is not None and (newer := _newer_lease(root, lease)) is not None:
+        raise Fenced(f"another group took over the checkpoint directory {root}: writer lease {newer} is newer than "
+                     f"this one's {lease}; step {step} is not committed")
+    env = dict(os.environ)
+    manifest = {
+        "step": step,
+        "format": format,
+        "job": env.get("DTRAIN_JOB", "") if job is None else job,
+        **({"lease": lease} if lease is not None else {}),
+        "world_size": int(env.get("WORLD_SIZE", "1")) if world_size is None else world_size,
+        "flavor": fields.pop("flavor", "own"),
+        "config_hash": fields.pop("config_hash", ""),
+        "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+        "group": env.get("DTRAIN_GROUP_NAME"),
+        "tokens_seen": tokens_seen,
+        "wall_time_s": round(wall_time_s, 3),
+        **fields,
+        "files": _files(path) if files is None else files,
+        "created_at": time.time(),
+    }
+    _write_json(os.path.join(path, MANIFEST), manifest)  # the commit point
+    if keep is not None:
+        _prune(root, keep, step)
+    return path
+
+
+def _prune(root: str, keep: int, committed_step: int) -> None:
+    steps = _step_dirs(root)
+    committed = [c for c in steps if os.path.isfile(os.path.join(c.path, MANIFEST))]
+    drop = [c for c in committed[:-keep] if not os.path.exists(os.path.join(c.path, BEST))] if keep > 0 else []
+    drop += [c for c in steps if c.step < committed_step and c not in committed]
+    for c in drop:
+        try:  # the manifest first: a half-removed checkpoint never looks committed
+            os.remove(os.path.join(c.path, MANIFEST))
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(c.path, ignore_errors=True)
+
+
+# -- progress and spend ------------------------------------------------------------------------------------------
+def progress(step: int, *, status: str = "running", loss: float | None = None, tokens_seen: int | None = None,
+             latest_checkpoint: str | None = None, step_time_s: float | None = None,
+             env: JobEnv | None = None) -> dict[str, Any] | None:
+    """Record the job's live status in ``<uri>/progress.json`` (rank 0; other ranks' calls do nothing).
+
+    Call it once right after resuming (``step``: the checkpoint's step, 0 for a fresh start), then at
+    steps you like, after every commit (``latest_checkpoint``), and at the end: ``status="completed"``
+    at the last step (what the operator requires of a finished job), or ``"preempted"`` after a
+    preemption save. Counters carry over from the previous attempt (it is another DTRAIN_GROUP_NAME):
+    ``attempt``, ``wall_time_s``, and ``steps_lost`` (steps it trained past the checkpoint resumed from).
+    It also keeps this attempt's spend file (``spend/<attempt>.json``, opened by the operator at the
+    launch) billed up to now, every few seconds and at every status change.
+
+    :param step_time_s: measured seconds per optimizer step, for the budget's relaunch decision.
+    :return: what was written (None on ranks other than 0, or without a checkpoint URI).
+    """
+    env = env or job_env()
+    if env.rank != 0 or not env.checkpoint_uri:
+        return None
+    root = os.path.abspath(_local(env.checkpoint_uri))
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, PROGRESS)
+    try:
+        with open(path) as f:
+            previous = json.load(f)
+    except (FileNotFoundError, ValueError):
+        previous = {}
+    now = time.time()
+    if previous.get("group") == env.attempt:
+        state = dict(previous)
+    else:  # this attempt's first call: carry the previous attempt's counters over
+        state = {
+            "group": env.attempt,
+            "attempt": int(previous.get("attempt", 0)) + 1,
+            "resumed_from_step": step or None,
+            "steps_lost": int(previous.get("steps_lost", 0)) + max(0, int(previous.get("step", 0)) - step),
+            "prior_wall_time_s": float(previous.get("wall_time_s", 0.0)),
+            "attempt_started_at": now,
+            "latest_checkpoint": previous.get("latest_checkpoint"),
+            "loss": previous.get("loss") if previous.get("step") == step else None,
+            "tokens_seen": previous.get("tokens_seen", 0),
+            "history": [p for p in previous.get("history", []) if p[0] <= step],
+        }
+    changed = state.get("status") != status
+    history = state.get("history", [])
+    if loss is not None:
+        history = [p for p in history if p[0] < step] + [[step, round(float(loss), 6)]]
+        if len(history) > _HISTORY_POINTS:  # keep the curve's shape: every other point, the ends kept
+            history = history[:1] + history[1:-1:2] + history[-1:]
+    state.update(
+        status=status, step=step, steps=env.steps, history=history, updated_at=now,
+        wall_time_s=round(state["prior_wall_time_s"] + now - state["attempt_started_at"], 3),
+        **({"loss": loss} if loss is not None else {}),
+        **({"tokens_seen": tokens_seen} if tokens_seen is not None else {}),
+        **({"latest_checkpoint": latest_checkpoint} if latest_checkpoint is not None else {}),
+    )  # fmt: skip
+    _write_json(path, state, durable=changed, indent=None)
+    _record_spend(root, env.attempt, now, force=changed, step_time_s=step_time_s)
+    return state
+
+
+def _record_spend(root: str, attempt: str, now: float, *, force: bool, step_time_s: float | None) -> None:
+    """Bill this attempt's spend file up to ``now`` (as the operator does when the group ends): only a file
+    the operator opened, never one it closed; never less than it already says."""
+    path = os.path.join(root, SPEND, f"{attempt}.json")
+    try:
+        with open(path) as f:
+            entry = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return
+    if "launched_at" not in entry or entry.get("ended"):
+        return
+    if not force and now - float(entry.get("updated_at") or 0) < _SPEND_WRITE_S:
+        return
+    seconds = max(0.0, now - float(entry["launched_at"]))
+    node_hours = float(entry.get("nodes", 1)) * seconds / 3600
+    entry.update(
+        billed_s=max(float(entry.get("billed_s", 0.0)), round(seconds, 3)),
+        node_hours=max(float(entry.get("node_hours", 0.0)), round(node_hours, 9)),
+        gpu_hours=max(float(entry.get("gpu_hours", 0.0)), round(node_hours * float(entry.get("gpus_per_node", 0)), 9)),
+        dollars=max(float(entry.get("dollars", 0.0)), round(node_hours * float(entry.get("price_per_node_hour", 0)), 9)),
+        updated_at=now,
+        **({"step_time_s": round(step_time_s, 6)} if step_time_s else {}),
+    )  # fmt: skip
+    _write_json(path, entry, durable=False)
