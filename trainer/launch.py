@@ -12,10 +12,17 @@ from "crashed". This maps the outcome to the node's exit code:
 * the agent itself got SIGTERM/SIGINT/SIGHUP (SignalException): torchrun has already
   forwarded SIGTERM to its workers and waited for them to save               -> 75
 * anything else                                           -> 1
+
+On Kubernetes it also delivers "checkpoint now" without ``pods/exec``: the launcher sets the pod
+annotation ``dtrain.io/checkpoint-now``, the kubelet writes the pod's annotations into a downward-API
+volume (``$DTRAIN_REQUESTS_FILE``), and a thread here sends each new request to the workers as SIGUSR1.
 """
 
 import os
+import signal
 import sys
+import threading
+import time
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -26,12 +33,73 @@ from trainer.config import (BUDGET_EXIT_CODE, FENCED_EXIT_CODE, PREEMPTED_EXIT_C
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
+REQUESTS_FILE_ENV = "DTRAIN_REQUESTS_FILE"
+"""The pod's annotations as the kubelet writes them (a downward-API volume): where "checkpoint now" arrives."""
+CHECKPOINT_NOW_ANNOTATION = "dtrain.io/checkpoint-now"
+
+
+def read_annotation(path: str, key: str) -> str | None:
+    """``key``'s value in a downward-API annotations file (``key="value"`` lines, the value JSON-quoted)."""
+    import json
+
+    try:
+        with open(path) as f:
+            for line in f:
+                name, sep, value = line.rstrip("\n").partition("=")
+                if sep and name == key:
+                    try:
+                        return json.loads(value)
+                    except ValueError:
+                        return value.strip('"')
+    except OSError:
+        return None
+    return None
+
+
+def signal_workers(sig: int = signal.SIGUSR1) -> int:
+    """Send ``sig`` to this process's children: torchrun's workers (the agent runs in this process). Their
+    own children (data loader workers) are left alone. Returns how many were signalled."""
+    me, asked = os.getpid(), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == me:
+                os.kill(int(pid), sig)
+                asked += 1
+        except (OSError, ValueError, IndexError):
+            pass
+    return asked
+
+
+def watch_checkpoint_requests(path: str, poll_s: float = 1.0, stop: threading.Event | None = None) -> threading.Thread:
+    """Follow the annotations file at ``path``: each new value of ``dtrain.io/checkpoint-now`` (the launcher's
+    request, set on the pod) sends the workers SIGUSR1, "checkpoint at the next step boundary and carry on".
+    The value when the watch starts is an old request (a relaunched pod keeps none; this one may): ignored."""
+    stop = stop or threading.Event()
+
+    def run() -> None:
+        seen = read_annotation(path, CHECKPOINT_NOW_ANNOTATION)
+        while not stop.wait(poll_s):
+            value = read_annotation(path, CHECKPOINT_NOW_ANNOTATION)
+            if value is not None and value != seen:
+                seen = value
+                asked = signal_workers()
+                print(f"[trainer.launch] checkpoint-now request {value}: SIGUSR1 to {asked} worker(s)",
+                      file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=run, name="checkpoint-now-watch", daemon=True)
+    thread.start()
+    return thread
+
 
 def main(argv: list[str] | None = None) -> int:
     # torchrun SIGKILLs workers this long after forwarding SIGTERM (its default is 30 s):
     # leave them the time a preemption save needs; the platform's own grace period is the real bound.
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec needed
+        watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])
     try:
         run(args)
         code, why = 0, "all workers succeeded"
