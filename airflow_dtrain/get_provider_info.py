@@ -101,6 +101,16 @@ def get_provider_info() -> dict:
                         "example": "https://grafana.example.com",
                         "default": "http://localhost:3000",
                     },
+                    "storage_roots": {
+                        "description": (
+                            "Comma-separated directories or s3:// prefixes that the bundled DAGs' checkpoint_uri, "
+                            "dataset and init_from (trigger-form fields) must lie under; empty: anywhere."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "/mnt/ckpt, s3://ml-data/, s3://ml-checkpoints/",
+                        "default": "",
+                    },
                     "kubernetes": {
                         "description": (
                             "Pod settings of the bundled DAGs (train_llama, sweep_llama) on the kubernetes "

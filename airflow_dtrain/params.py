@@ -267,3 +267,13 @@ def deployed_kubernetes() -> dict[str, Any]:
 
     KubernetesSpec.from_value(value)  # a bad setting fails here, naming the field
     return value
+
+
+def deployed_storage_roots() -> tuple[str, ...] | None:
+    """``[dtrain] storage_roots`` (``AIRFLOW__DTRAIN__STORAGE_ROOTS``): comma-separated directories or s3://
+    prefixes the bundled DAGs' checkpoint_uri, dataset and init_from must lie under; unset: anywhere."""
+    from airflow.sdk import conf
+
+    raw = conf.get("dtrain", "storage_roots", fallback="") or ""
+    roots = tuple(r.strip() for r in raw.split(",") if r.strip())
+    return roots or None

@@ -366,9 +366,18 @@ class JobLimits:
     max_procs_per_node: int | None = setting(None, ge=1, help="Most processes (GPUs) per node.")
     max_steps: int | None = setting(None, ge=1, help="Most optimizer steps a job may train.")
     backends: tuple[str, ...] | None = setting(None, help="Backends a run may choose (default: any).")
+    storage_roots: tuple[str, ...] | None = setting(
+        None, help="Where a run's checkpoint_uri, dataset and init_from may point: directories or s3:// prefixes "
+        "(default: anywhere). A trigger form can then not read or write other places of the worker or the bucket.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _checked(check, self, "limits")
+        if self.storage_roots is not None:
+            object.__setattr__(self, "storage_roots", tuple(self.storage_roots))
+            for root in self.storage_roots:
+                if not isinstance(root, str) or not (root.startswith(("/", "s3://", "file://"))):
+                    raise SpecError(f"limits.storage_roots: expected absolute paths or s3:// prefixes, got {root!r}")
         if self.backends is not None:
             object.__setattr__(self, "backends", tuple(self.backends))
             for backend in self.backends:
@@ -396,8 +405,36 @@ class JobLimits:
             limit = getattr(self, limit_name)
             if limit is not None and value > limit:
                 raise SpecError(f"{name}: {value} is above this DAG's limit of {limit} (limits.{limit_name})")
+        if self.storage_roots is not None:
+            train = spec.train
+            for name, uri in (("checkpoint_uri", train.checkpoint.uri), ("dataset", train.data.dataset),
+                              ("init_from", train.model.init_from)):  # fmt: skip
+                if uri and uri != "builtin" and not within_roots(uri, self.storage_roots):
+                    raise SpecError(f"{name}: {uri!r} is outside the places this DAG allows "
+                                    f"(limits.storage_roots: {', '.join(self.storage_roots)})")
         if self.backends is not None and spec.backend not in self.backends:
             raise SpecError(f"backend: {spec.backend!r} is not allowed here (limits.backends: {', '.join(self.backends)})")
+
+
+def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
+    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first (``..``,
+    symbolic links), so it cannot climb out."""
+    def local(u: str) -> str | None:
+        if u.startswith("file://"):
+            u = u[len("file://"):]
+        return os.path.realpath(u) if "://" not in u else None
+
+    path = local(uri)
+    for root in roots:
+        base = local(root)
+        if path is not None and base is not None:
+            if path == base or path.startswith(base.rstrip("/") + "/"):
+                return True
+        elif path is None and base is None:
+            prefix = root.rstrip("/") + "/"
+            if (uri.rstrip("/") + "/").startswith(prefix) and ".." not in uri.split("/"):
+                return True
+    return False
 
 
 def _kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec, Any]:

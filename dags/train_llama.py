@@ -47,17 +47,22 @@ from airflow_dtrain import (
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
-from airflow_dtrain.params import deployed_kubernetes, reject_unknown_conf, trigger_params
+from airflow_dtrain.params import deployed_kubernetes, deployed_storage_roots, reject_unknown_conf, trigger_params
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
 REGISTRY = os.path.join(_HOME, "dtrain", "models", "train_llama")
+# Where the prepare_data task writes token stores (a directory, or an s3:// prefix the pods can read).
+DATA_ROOT = os.environ.get("DTRAIN_PREPARED_DATA_ROOT") or os.path.join(_HOME, "dtrain", "data")
 # Name only: a URI with a scheme makes Airflow load every provider's URI handlers (boto3 among
 # them) while parsing this file.
 BEST_MODEL = Asset(name="train_llama_best_model")
 # What this DAG's author allows a run to ask for: the trigger form's maxima, enforced again by the
-# train tasks (a trigger can choose within them, never widen them).
-LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000}
+# train tasks (a trigger can choose within them, never widen them); and where a trigger's checkpoint_uri,
+# dataset and init_from may point: [dtrain] storage_roots plus this DAG's own directories (unset: anywhere).
+_ROOTS = deployed_storage_roots()
+LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000,
+          "storage_roots": _ROOTS and (*_ROOTS, CHECKPOINT_ROOT, DATA_ROOT)}  # fmt: skip
 
 # The pods of the kubernetes backend: whoever deploys this DAG sets them ([dtrain] kubernetes, JSON:
 # image, volumes, service account, pod template, allowed_images, allowed_namespaces...). A trigger
@@ -70,8 +75,6 @@ KUBERNETES_CHOICE = "{{ params.kubernetes if params.backend == 'kubernetes' else
 # scheduled one after a `wait`, a re-trigger after a budget stop) continues it, with its ledger.
 CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ (params.job or 'default') }}"
 LOCAL = "params.backend == 'local'"
-# Where the prepare_data task writes token stores (a directory, or an s3:// prefix the pods can read).
-DATA_ROOT = os.environ.get("DTRAIN_PREPARED_DATA_ROOT") or os.path.join(_HOME, "dtrain", "data")
 DATASET_PATTERN = r"^builtin$|" + URI_PATTERN.removeprefix("^$|")
 
 with DAG(
@@ -130,6 +133,7 @@ with DAG(
         tokenizer="{{ params.init_from or '' }}",  # the model's own tokenizer
         text_field="{{ params.text_field or 'text' }}",
         output_root=DATA_ROOT,
+        allowed_roots=LIMITS["storage_roots"],
     )
 
     spot_price = SpotPriceSensor(

@@ -51,6 +51,9 @@ class PrepareDataOperator(BaseOperator):
     :param output_root: where prepared stores go (a directory or ``s3://`` prefix; on Kubernetes one
         the pods can read). Default: ``$DTRAIN_PREPARED_DATA_ROOT``, else
         ``$AIRFLOW_HOME/dtrain/data``. (templated)
+    :param allowed_roots: directories or ``s3://`` prefixes that ``dataset`` and ``tokenizer`` must lie
+        under (set by the DAG's author; default: anywhere), so that a trigger form cannot have the worker
+        read another place.
     :param val_fraction: share of the text held out for evaluation.
     :param shard_tokens: tokens per shard file (default: the store's).
     """
@@ -65,6 +68,7 @@ class PrepareDataOperator(BaseOperator):
         tokenizer: str | None = "",
         text_field: str = "text",
         output_root: str | None = None,
+        allowed_roots: list[str] | tuple[str, ...] | None = None,
         val_fraction: float = 0.05,
         shard_tokens: int | None = None,
         **kwargs: Any,
@@ -74,6 +78,7 @@ class PrepareDataOperator(BaseOperator):
         self.tokenizer = tokenizer
         self.text_field = text_field
         self.output_root = output_root
+        self.allowed_roots = tuple(allowed_roots) if allowed_roots is not None else None
         self.val_fraction = val_fraction
         self.shard_tokens = shard_tokens
 
@@ -81,6 +86,13 @@ class PrepareDataOperator(BaseOperator):
         dataset = str(self.dataset or BUILTIN).strip()
         tokenizer_spec = str(self.tokenizer or "").strip()
         text_field = str(self.text_field or "text")
+        if self.allowed_roots is not None:
+            from airflow_dtrain.spec import within_roots
+
+            for name, value in (("dataset", dataset), ("tokenizer", tokenizer_spec)):
+                if value and value != BUILTIN and not within_roots(value, self.allowed_roots):
+                    raise DataError(f"{name}: {value!r} is outside the places this DAG allows "
+                                    f"(allowed_roots: {', '.join(self.allowed_roots)})")
         if dataset == BUILTIN and not tokenizer_spec:
             self.log.info("dataset: the built-in demo corpus, byte-level (the trainer builds it)")
             return BUILTIN
