@@ -132,6 +132,7 @@ class GroupSession:
         self.current: str | None = None
         self.stopped_at_budget: dict[str, Any] | None = None
         """Set when the job ended at its dollar cap (the group stopped itself, or a relaunch was not affordable)."""
+        self._status: StatusLine | None = None
 
     # -- the groups of this task -------------------------------------------------------------
     def groups(self) -> list[str]:
@@ -261,14 +262,25 @@ class GroupSession:
         )
 
     def status_line(self) -> StatusLine | None:
-        """The one-line status of a training job (None for other purposes: an evaluation)."""
+        """The one-line status of a training job (None for other purposes: an evaluation): one for the
+        session, carried over relaunches, and started from the job's progress.json (a relaunch, a resumed
+        job, a reattached or deferred task do not start again from step 0)."""
         if self.purpose != "training":
             return None
-        train, ledger = self.spec.train, self._ledger_dir()
-        return StatusLine(
-            steps=train.steps, tokens_per_step=train.global_batch_size * train.data.seq_len,
-            budget_usd=train.cost.budget_usd or None, ledger_uri=ledger.storage.uri if ledger is not None else None,
-        )  # fmt: skip
+        if self._status is None:
+            train, ledger = self.spec.train, self._ledger_dir()
+            self._status = StatusLine(
+                steps=train.steps, tokens_per_step=train.global_batch_size * train.data.seq_len,
+                budget_usd=train.cost.budget_usd or None, ledger_uri=ledger.storage.uri if ledger is not None else None,
+            )  # fmt: skip
+            try:
+                progress = CheckpointDir(train.checkpoint.uri).progress() if train.checkpoint.uri else {}
+            except (OSError, ValueError):
+                progress = {}
+            self._status.step = int((progress or {}).get("step") or 0)
+            if (progress or {}).get("checkpoint_step") is not None:
+                self._status.checkpoint_step = int(progress["checkpoint_step"])
+        return self._status
 
     # -- the spend ledger and the cap ------------------------------------------------------------
     def _ledger_dir(self) -> CheckpointDir | None:
