@@ -29,7 +29,9 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_dtrain.kubernetes import status as group_status
 from airflow_dtrain.kubernetes.objects import (
+    ANNOTATION_CHECKPOINT_DELIVERY,
     ANNOTATION_OUTCOME,
+    CHECKPOINT_NOW_ANNOTATION,
     CONTAINER,
     LABEL_GROUP,
     LABEL_MANAGED_BY,
@@ -327,6 +329,30 @@ class KubernetesLauncher(PodGroupLauncher):
 
     # -- checkpoint_now / stop -------------------------------------------------------------------
     def checkpoint_now(self, name: str) -> int:
+        """Ask every running pod of ``name`` to checkpoint at its next step and carry on.
+
+        By default (the Job's ``checkpoint-now`` annotation says ``annotation``) a new value of the pod
+        annotation ``dtrain.io/checkpoint-now``: the kubelet writes the pod's annotations into its
+        downward-API volume and the node agent (trainer/launch.py) sends its workers SIGUSR1; returns how
+        many pods were asked. Needs only ``pods: patch``. With ``exec``: SIGUSR1 through ``pods/exec`` at
+        once; returns how many processes were signalled."""
+        job = self._job(name)
+        delivery = ((job or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_CHECKPOINT_DELIVERY)
+        if delivery == "exec":
+            return self._checkpoint_now_exec(name)
+        request = str(time.time_ns())
+        asked = 0
+        for pod in self._pods(f"{LABEL_GROUP}={name}"):
+            if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+                continue
+            patch = {"metadata": {"annotations": {CHECKPOINT_NOW_ANNOTATION: request}}}
+            self._api(self._core.patch_namespaced_pod, pod["metadata"]["name"], self.namespace, patch,
+                      _content_type=_MERGE_PATCH)  # fmt: skip
+            asked += 1
+        self.log.info("checkpoint-now %s: annotated %d running pod(s) of %s", request, asked, name)
+        return asked
+
+    def _checkpoint_now_exec(self, name: str) -> int:
         """SIGUSR1 to the training processes of every running pod (``pods/exec``); returns how many
         were signalled. A pod where the exec fails is logged (with the command's stderr) and skipped."""
         from kubernetes.stream import stream

@@ -32,6 +32,12 @@ MANAGED_BY = "airflow-dtrain"
 ANNOTATION_PENDING_TIMEOUT = "airflow-dtrain/pending-timeout-s"
 ANNOTATION_OUTCOME = "airflow-dtrain/outcome"
 """Set by the launcher when it ends a group itself (preempted node, no capacity)."""
+ANNOTATION_CHECKPOINT_DELIVERY = "airflow-dtrain/checkpoint-now"
+"""On the Job: how checkpoint-now reaches its pods, "annotation" (default) or "exec"."""
+# Kept equal to trainer/launch.py's names (which imports torch: not importable here); a test checks it.
+CHECKPOINT_NOW_ANNOTATION = "dtrain.io/checkpoint-now"
+REQUESTS_FILE_ENV = "DTRAIN_REQUESTS_FILE"
+PODINFO_DIR = "/etc/dtrain/podinfo"
 
 CONTAINER = "trainer"
 CONFIG_DIR = "/etc/dtrain"
@@ -139,6 +145,8 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
         # the root filesystem is read-only: caches and the built-in corpus go to the /tmp emptyDir
         {"name": "HOME", "value": "/tmp/home"},
         {"name": "DTRAIN_DATA_DIR", "value": "/tmp/dtrain-data"},
+        # the pod's annotations, kept current by the kubelet: checkpoint-now arrives there (trainer/launch.py)
+        {"name": REQUESTS_FILE_ENV, "value": f"{PODINFO_DIR}/annotations"},
     ]
     if spec.resources.gpus_per_node == 0:
         env.append({"name": "OMP_NUM_THREADS", "value": "1"})
@@ -261,11 +269,14 @@ def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map_name(name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}},
         {"name": "tmp", "emptyDir": {}},
+        {"name": "podinfo", "downwardAPI": {"items": [
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}},
     ]
     for i, volume in enumerate(k8s.volumes):
         volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": volume["claim"]}})
@@ -344,7 +355,8 @@ def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
             "name": name,
             "namespace": namespace,
             "labels": job_labels,
-            "annotations": {ANNOTATION_PENDING_TIMEOUT: str(k8s.pending_timeout_s)},
+            "annotations": {ANNOTATION_PENDING_TIMEOUT: str(k8s.pending_timeout_s),
+                            ANNOTATION_CHECKPOINT_DELIVERY: k8s.checkpoint_now},
         },
         "spec": job_spec,
     }

@@ -113,6 +113,10 @@ class KubernetesSpec:
     """Port of the c10d rendezvous store on pod 0."""
     ttl_seconds_after_finished: int | None = None
     """Delete finished Jobs after this long; None keeps them (the operator counts preemptions from them)."""
+    checkpoint_now: str = "annotation"
+    """How "checkpoint now" reaches the pods: ``annotation`` (a pod annotation the kubelet writes into a
+    downward-API file the node agent follows: no ``pods/exec``, but the kubelet refreshes it on its sync,
+    up to about a minute) or ``exec`` (SIGUSR1 through ``pods/exec`` at once; the Role needs pods/exec)."""
     allowed_images: tuple[str, ...] = ()
     """Images a run may choose instead of ``image`` (``TRIGGER_KEYS``): exact references, or prefixes
     ending in ``/``, ``:`` or ``@`` (``"ghcr.io/acme/dtrain:"``: any tag of that repository)."""
@@ -123,7 +127,7 @@ class KubernetesSpec:
         "image", "image_pull_policy", "image_pull_secrets", "namespace", "service_account",
         "node_selector", "tolerations", "topology_spread", "kueue_queue", "priority_class", "pod_template",
         "env", "secret_env", "volumes", "shm_size", "pending_timeout_s", "statsd_host", "statsd_port",
-        "rdzv_port", "ttl_seconds_after_finished", "allowed_images", "allowed_namespaces",
+        "rdzv_port", "ttl_seconds_after_finished", "checkpoint_now", "allowed_images", "allowed_namespaces",
     )  # fmt: skip
 
     @classmethod
@@ -214,6 +218,9 @@ class KubernetesSpec:
             for name in v.get(key) or ():
                 _k8s_name(f"kubernetes.{key}", name, optional=False)
         allowed_images = _image_patterns("kubernetes.allowed_images", v.get("allowed_images"))
+        delivery = v.get("checkpoint_now", "annotation")
+        if delivery not in ("annotation", "exec"):
+            raise SpecError(f"kubernetes.checkpoint_now: choose annotation or exec, got {delivery!r}")
         return cls(
             image=image,
             image_pull_policy=pull_policy,
@@ -239,6 +246,7 @@ class KubernetesSpec:
             ttl_seconds_after_finished=None
             if ttl is None
             else _positive_int("kubernetes.ttl_seconds_after_finished", ttl, 0),
+            checkpoint_now=delivery,
             allowed_images=allowed_images,
             allowed_namespaces=tuple(v.get("allowed_namespaces") or ()),
         )

@@ -1,6 +1,12 @@
-"""KubernetesLauncher.checkpoint_now: SIGUSR1 through ``pods/exec``, the real client speaking the
-WebSocket exec protocol to the fake API server, which runs the launcher's command on this
-machine as the pod's container would (beside stand-ins for a pod's processes)."""
+"""KubernetesLauncher.checkpoint_now, both ways.
+
+By default a pod annotation: the fake API server receives the PATCH, a stand-in kubelet writes the pod's
+annotations into the file the downward-API volume would hold, and a real ``python -m trainer.launch``
+(torchrun) sends its workers SIGUSR1 -- with no ``pods/exec`` in the Role.
+
+Opt-in (``kubernetes={"checkpoint_now": "exec"}``): SIGUSR1 through ``pods/exec``, the real client speaking
+the WebSocket exec protocol to the fake API server, which runs the launcher's command on this machine as
+the pod's container would (beside stand-ins for a pod's processes)."""
 
 from __future__ import annotations
 
@@ -81,7 +87,7 @@ def _signals(markers: dict[str, Path], want: dict[str, int]) -> dict[str, int]:
 def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake, tmp_path, pod_processes):
     """Every worker of the agent, the bundled trainer and a program of your own alike; not the agent, not
     what a worker started, not another group's."""
-    launcher = launch_debug_group(GROUP, tmp_path)
+    launcher = launch_debug_group(GROUP, tmp_path, checkpoint_now="exec")
 
     def container(namespace, pod, name, command):  # the image's python, on this machine
         assert name == "trainer" and command[0] == "python"
@@ -113,3 +119,71 @@ def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake
     assert "executable file not found" in log
     want = {"agent": 0, "rank0": 2, "rank1": 2, "loader": 0, "other_agent": 0, "other": 0}
     assert _signals(pod_processes, want) == want
+
+
+WORKER = """
+import os, pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1]) / f"rank{os.environ['RANK']}"
+out.write_text("0")
+signal.signal(signal.SIGUSR1, lambda *_: out.write_text(str(int(out.read_text()) + 1)))
+while not (pathlib.Path(sys.argv[1]) / "done").exists():
+    time.sleep(0.05)
+"""
+
+
+def test_checkpoint_now_by_annotation_reaches_a_real_agents_workers_without_exec(fake, tmp_path):
+    """The launcher patches the pod; the kubelet (here: a thread copying the pod's annotations into the
+    file, as the downward-API volume does) refreshes the file; trainer.launch signals its two workers."""
+    import threading
+
+    from airflow_dtrain.kubernetes.objects import CHECKPOINT_NOW_ANNOTATION, PODINFO_DIR, REQUESTS_FILE_ENV
+
+    launcher = launch_debug_group(GROUP, tmp_path)
+    job = fake.get("jobs", GROUP)
+    pod_spec = job["spec"]["template"]["spec"]
+    [container] = pod_spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[REQUESTS_FILE_ENV] == f"{PODINFO_DIR}/annotations"
+    assert {"name": "podinfo", "downwardAPI": {"items": [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}} in pod_spec["volumes"]
+    fake.run(GROUP, [0])
+    pod = fake.pod(GROUP, 0)["metadata"]["name"]
+    annotations = tmp_path / "annotations"
+    stop = threading.Event()
+
+    def kubelet():
+        while not stop.wait(0.2):
+            values = (fake.get("pods", pod) or {}).get("metadata", {}).get("annotations") or {}
+            tmp = annotations.with_suffix(".tmp")
+            tmp.write_text("\n".join(f"{k}={json.dumps(v)}" for k, v in sorted(values.items())))
+            os.replace(tmp, annotations)
+
+    threading.Thread(target=kubelet, daemon=True).start()
+    (tmp_path / "worker.py").write_text(WORKER)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", str(tmp_path / "worker.py"),
+         str(tmp_path)],
+        env={**os.environ, REQUESTS_FILE_ENV: str(annotations), "PYTHONPATH": str(Path(__file__).parents[2])},
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    counts = lambda: [(tmp_path / f"rank{r}").read_text() if (tmp_path / f"rank{r}").exists() else None  # noqa: E731
+                      for r in (0, 1)]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while counts() != ["0", "0"]:
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        time.sleep(1.5)  # the agent has read the file as it was
+        assert launcher.checkpoint_now(GROUP) == 1  # node 1 is still pending: one pod asked
+        deadline = time.monotonic() + 30
+        while counts() != ["1", "1"]:
+            assert time.monotonic() < deadline, f"the request did not reach both workers: {counts()}"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        (tmp_path / "done").write_text("")
+        _, stderr = agent.communicate(timeout=60)
+    assert agent.returncode == 0, stderr
+    patched = [r for r in fake.requests if r[0] == "PATCH" and "/pods/" in r[1]]
+    assert patched and not [r for r in fake.requests if r[0] == "EXEC"]
+    assert CHECKPOINT_NOW_ANNOTATION in fake.get("pods", pod)["metadata"]["annotations"]
