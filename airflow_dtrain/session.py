@@ -212,7 +212,8 @@ class GroupSession:
             self.current = name
             self.stopped_at_budget = {"group": name, "reason": event.get("message")}
             self.log.warning("Group %s %s at the job's dollar cap (%s): not relaunched", name,
-                             "stopped itself" if by_itself else "was stopped by the platform", event.get("message"))
+                             "stopped itself" if by_itself else "was stopped by the platform",
+                             event.get("message"))  # fmt: skip
             return None
         if event["status"] == "preempted":
             metrics.incr("group.preemptions")

@@ -326,7 +326,9 @@ class KubernetesLauncher(PodGroupLauncher):
                                                        self.placement(other))  # fmt: skip
         return earlier
 
-    def _record_placement(self, name: str, job: dict[str, Any], pods: list[dict[str, Any]], *, ended: bool) -> None:
+    def _record_placement(
+        self, name: str, job: dict[str, Any], pods: list[dict[str, Any]], *, ended: bool
+    ) -> None:
         """Write where the pods run on the Job, once: when every node index is bound to a node (or the group
         ended with some bound)."""
         if ANNOTATION_PLACEMENT in (job["metadata"].get("annotations") or {}):
@@ -350,10 +352,10 @@ class KubernetesLauncher(PodGroupLauncher):
             if err.status != 403:
                 raise
             self.log.warning(
-                "Cannot read node %s (403 Forbidden): the group's placement names its nodes without their zone and "
-                "instance type; grant get on nodes (the ClusterRole airflow-dtrain-node-reader in docker/rbac.yaml)",
-                node,
-            )
+                "Cannot read node %s (403 Forbidden): the group's placement names its nodes without their "
+                "zone and instance type; grant get on nodes (ClusterRole airflow-dtrain-node-reader in "
+                "docker/rbac.yaml)", node,
+            )  # fmt: skip
             return None
         return None if found is None else dict(found["metadata"].get("labels") or {})
 

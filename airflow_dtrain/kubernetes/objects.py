@@ -188,9 +188,10 @@ def node_resources(spec: JobSpec) -> dict[str, str]:
     a ResourceQuota admits it. Ask for (nearly) the node's allocatable CPUs on a dedicated GPU node.
     """
     res, gpus = spec.resources, spec.resources.gpus_per_node
+    procs = spec.procs_per_node
     out = {
-        "cpu": res.cpu or str(DEFAULT_CPU_PER_GPU * gpus if gpus else spec.procs_per_node),
-        "memory": res.memory or (f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi" if gpus else f"{4 * spec.procs_per_node}Gi"),
+        "cpu": res.cpu or str(DEFAULT_CPU_PER_GPU * gpus if gpus else procs),
+        "memory": res.memory or (f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi" if gpus else f"{4 * procs}Gi"),
         "ephemeral-storage": res.ephemeral_storage or ("100Gi" if gpus else "20Gi"),
     }
     if gpus:
@@ -411,7 +412,8 @@ def _lock_down(pod_spec: dict[str, Any]) -> None:
             own = container.get("securityContext") or {}
             capabilities = dict(own.get("capabilities") or {})
             capabilities["drop"] = list(dict.fromkeys(["ALL", *(capabilities.get("drop") or ())]))
-            container["securityContext"] = {**copy.deepcopy(_CONTAINER_SECURITY), **own, "capabilities": capabilities}
+            container["securityContext"] = {**copy.deepcopy(_CONTAINER_SECURITY), **own,
+                                            "capabilities": capabilities}  # fmt: skip
             resources = container.setdefault("resources", {})
             requests, limits = resources.setdefault("requests", {}), resources.setdefault("limits", {})
             for key, default in _EXTRA_CONTAINER_RESOURCES.items():

@@ -348,11 +348,9 @@ class FSDPTrainOperator(BaseOperator):
             **self._cost(spec),
         }
         if spec.backend == "kubernetes":
-            # what the budget decision chose, and where each group's pods ran (node, zone, instance and capacity type)
-            summary["placement"] = {
-                "chosen": {"zone": spec.zone, "instance_type": spec.instance_type, "capacity": spec.capacity.value},
-                "groups": session.placement(names),
-            }
+            # what the budget decision chose, and where each group's pods ran (node, zone, instance, capacity)
+            chosen = {"zone": spec.zone, "instance_type": spec.instance_type, "capacity": spec.capacity.value}
+            summary["placement"] = {"chosen": chosen, "groups": session.placement(names)}
         if at_cap is not None:
             summary.update(stopped="budget", budget_usd=spec.train.cost.budget_usd,
                            budget_stop={**(progress.get("budget") or {}), **at_cap})
