@@ -153,22 +153,26 @@ class GroupSession:
                 f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, checkpoints in {spec.train.checkpoint.uri}"
             ),
         )  # fmt: skip
+        spent = self._spent()  # before this group's own spend file: what the job spent until now
         self._open_spend(name)  # billing starts before the first pod or process exists
-        self.launcher.launch(name, self.spec)
+        self.launcher.launch(name, self.spec, spent_usd=spent)
         metrics.incr("group.launches")
         self.current = name
         return name
 
     def attach_or_launch(self, *, reuse_succeeded: bool = True) -> str:
         """The group to watch: the newest one if it is still pending or running (or, with
-        ``reuse_succeeded``, already succeeded), else a new launch numbered after it."""
+        ``reuse_succeeded``, already succeeded), or if it ended at the job's dollar cap (its end
+        says so again: another group would only be stopped there too); else a new launch numbered
+        after it."""
         names = self.groups()
         if not names:
             return self.launch(0)
         last = names[-1]
         status = self.launcher.status(last)
-        keep = {GroupState.PENDING, GroupState.RUNNING} | ({GroupState.SUCCEEDED} if reuse_succeeded else set())
-        if status.state in keep:
+        keep = {GroupState.PENDING, GroupState.RUNNING, GroupState.AT_BUDGET}
+        keep |= {GroupState.SUCCEEDED} if reuse_succeeded else set()
+        if status.state in keep or BUDGET_EXIT_CODE in status.node_exit_codes.values():
             self.log.info("Reattaching to %s group %s (%s), launched by an earlier try", self.purpose, last,
                           status.state.value)  # fmt: skip
             self.current = last
@@ -202,10 +206,14 @@ class GroupSession:
         if event["status"] == "success":
             self.current = name
             return None
-        if BUDGET_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
+        # At the job's dollar cap: the trainer stopped itself (exit 77), or the platform stopped it there
+        # (Kubernetes: the Job's activeDeadlineSeconds, derived from the budget). Either way, not relaunched.
+        by_itself = BUDGET_EXIT_CODE in (event.get("node_exit_codes") or {}).values()
+        if by_itself or event.get("state") == GroupState.AT_BUDGET.value:
             self.current = name
             self.stopped_at_budget = {"group": name, "reason": event.get("message")}
-            self.log.warning("Group %s stopped itself at the job's dollar cap (%s): not relaunched", name,
+            self.log.warning("Group %s %s at the job's dollar cap (%s): not relaunched", name,
+                             "stopped itself" if by_itself else "was stopped by the platform",
                              event.get("message"))  # fmt: skip
             return None
         if event["status"] == "preempted":
@@ -288,6 +296,18 @@ class GroupSession:
         train = self.spec.train
         uri = train.cost.ledger_uri or train.checkpoint.uri
         return CheckpointDir(uri) if self.purpose == "training" and uri else None
+
+    def _spent(self) -> float:
+        """Dollars the job has spent so far (every attempt's spend file; 0 without a ledger or a budget)."""
+        ledger = self._ledger_dir()
+        if ledger is None or not self.spec.budget_usd:
+            return 0.0
+        return ledger.spend().total_dollars
+
+    def placement(self, names: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """Where each of ``names`` ran, as its launcher recorded it (groups it knows nothing of are left out)."""
+        found = {name: self.launcher.placement(name) for name in names}
+        return {name: where for name, where in found.items() if where}
 
     def _open_spend(self, name: str) -> None:
         """Open ``name``'s spend file at its launch; its trainer keeps it current, ``_close_spend`` ends it."""

@@ -48,6 +48,11 @@ _ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
 _MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
 _QUANTITY = r"[0-9]+(\.[0-9]+)?([mkMGTPE]i?)?"
+_LABEL_VALUE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+"""The well-known node label of a node's availability zone (``JobSpec.zone``)."""
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""The well-known node label of a node's instance type (``JobSpec.instance_type``)."""
 
 
 _TRAINER_MODULE = re.compile(r"trainer(\.[a-z_][a-z0-9_]*)*")
@@ -112,14 +117,26 @@ def _checked(build, *args: Any, **kwargs: Any) -> Any:
 class Resources:
     """What each node of the group asks for."""
 
-    cpu: str | None = setting(None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-                              help='CPU request per node, a Kubernetes quantity ("8", "7500m").')
-    memory: str | None = setting(None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-                                 help='Memory request per node, a Kubernetes quantity ("64Gi").')
+    cpu: str | None = setting(
+        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
+        help='CPU per node, a Kubernetes quantity ("8", "7500m"): on Kubernetes the trainer container\'s request and '
+        "limit. Empty: 4 per GPU, else 1 per process.",
+    )  # fmt: skip
+    memory: str | None = setting(
+        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
+        help='Memory per node, a Kubernetes quantity ("64Gi"): on Kubernetes the request and limit (the '
+        "memory-backed /dev/shm counts against it). Empty: 32Gi per GPU, else 4Gi per process.",
+    )  # fmt: skip
+    ephemeral_storage: str | None = setting(
+        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
+        help='Node-local disk per node, a Kubernetes quantity ("200Gi"): on Kubernetes the request and limit of '
+        "ephemeral-storage, which the writable /tmp holds (caches, the token-store cache, the staging of s3:// "
+        "checkpoints). A pod over it is evicted. Empty: 100Gi with GPUs, else 20Gi.",
+    )  # fmt: skip
     gpus_per_node: int = setting(0, ge=0, help="GPUs per node; 0 trains on CPU with gloo.")
 
     def __post_init__(self) -> None:
-        for name in ("cpu", "memory"):
+        for name in ("cpu", "memory", "ephemeral_storage"):
             if isinstance(getattr(self, name), (int, float)) and not isinstance(getattr(self, name), bool):
                 object.__setattr__(self, name, str(getattr(self, name)))
         _checked(check, self, "resources")
@@ -170,6 +187,16 @@ class JobSpec:
         help="Dollar cap of the whole job, over every relaunch, retry and run of it (empty: none). The group "
         "saves and stops before its projected spend passes it.",
     )  # fmt: skip
+    zone: str | None = setting(
+        None, arg="zone", pattern=_LABEL_VALUE, rule="not an availability zone (a Kubernetes label value)",
+        help="The availability zone the price was chosen for (the budget decision's offer, e.g. us-east-1a): on "
+        "Kubernetes the pods require nodes labelled topology.kubernetes.io/zone with it. Empty: any zone.",
+    )  # fmt: skip
+    instance_type: str | None = setting(
+        None, arg="instance_type", pattern=_LABEL_VALUE, rule="not an instance type (a Kubernetes label value)",
+        help="The instance type the price was chosen for (e.g. p5.48xlarge): on Kubernetes the pods require nodes "
+        "labelled node.kubernetes.io/instance-type with it. Empty: any type.",
+    )  # fmt: skip
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(3, ge=0, arg="max_preemptions", section=GROUP, title="Max preemptions",
                                    help="How many times a preempted group is relaunched from its checkpoint.")
@@ -194,6 +221,9 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entrypoint", parse_entrypoint(self.entrypoint))
+        for name in ("zone", "instance_type"):  # a template that rendered nothing: no placement
+            if getattr(self, name) in ("", "None"):
+                object.__setattr__(self, name, None)
         _checked(check, self, "")
         if self.backend == "local" and self.own_program and self.entrypoint[0] != "-m":
             # what the local backend runs is on this machine: one spelling, absolute
@@ -219,6 +249,13 @@ class JobSpec:
                     f"checkpoint.uri (argument checkpoint_uri): backend 'kubernetes' {problem}, "
                     f"got {self.train.checkpoint.uri!r}"
                 )
+            for name, label in (("zone", ZONE_LABEL), ("instance_type", INSTANCE_TYPE_LABEL)):
+                chosen, required = getattr(self, name), self.kubernetes.node_selector.get(label)
+                if chosen and required and chosen != required:
+                    raise SpecError(
+                        f"{name}: {chosen!r} was chosen, but kubernetes.node_selector requires {label}={required!r}: "
+                        "no node could run the group"
+                    )
         # One spelling of a local checkpoint directory for every reader: absolute, no "..".
         uri = self.train.checkpoint.uri
         if uri and ("://" not in uri or uri.startswith("file://")):
@@ -278,6 +315,8 @@ class JobSpec:
             "max_failures": self.max_failures,
             "kubernetes": self.kubernetes.to_dict(),
             "entrypoint": list(self.entrypoint),
+            "zone": self.zone,
+            "instance_type": self.instance_type,
         }
 
     @classmethod
@@ -289,7 +328,7 @@ class JobSpec:
         entrypoint = data.pop("entrypoint", None)
         unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
                                       "max_failures", "price_per_node_hour", "price_ceiling_per_node_hour",
-                                      "budget_usd"})  # fmt: skip
+                                      "budget_usd", "zone", "instance_type"})  # fmt: skip
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
         if capacity is None:

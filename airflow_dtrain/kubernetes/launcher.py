@@ -27,10 +27,13 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
 from kubernetes.client.exceptions import ApiException
 
+from airflow_dtrain.kubernetes import placement as group_placement
 from airflow_dtrain.kubernetes import status as group_status
 from airflow_dtrain.kubernetes.objects import (
     ANNOTATION_CHECKPOINT_DELIVERY,
+    ANNOTATION_EARLIER,
     ANNOTATION_OUTCOME,
+    ANNOTATION_PLACEMENT,
     CHECKPOINT_NOW_ANNOTATION,
     CONTAINER,
     LABEL_GROUP,
@@ -169,17 +172,29 @@ class KubernetesLauncher(PodGroupLauncher):
         """The platform admin's policy, from the connection's extra (``dtrain_policy``)."""
         return KubernetesPolicy.from_extra(self.hook.conn_extras)
 
-    def launch(self, name: str, spec: JobSpec) -> GroupStatus:
+    def launch(self, name: str, spec: JobSpec, *, spent_usd: float = 0.0) -> GroupStatus:
+        """Create the group's ConfigMap, headless Service and Indexed Job.
+
+        :param spent_usd: what the job has spent so far (its ledger): the Job's activeDeadlineSeconds is
+            what the rest of the budget buys at the group's price (``objects.active_deadline``).
+        """
         if spec.kubernetes.namespace:
             self.namespace = spec.kubernetes.namespace  # overrides the cached default
         self.policy.check(spec, namespace=self.namespace, log=self.log)  # before any API call
         if self._job(name) is not None:
             raise ValueError(f"group {name!r} already exists in namespace {self.namespace}")
         self._wait_for_predecessors(name)
-        config_map, service, job = render_group(name, spec, namespace=self.namespace)
+        config_map, service, job = render_group(name, spec, namespace=self.namespace, spent_usd=spent_usd)
+        earlier = self._earlier_outcomes(name)
+        if earlier:
+            job["metadata"]["annotations"][ANNOTATION_EARLIER] = json.dumps(earlier, sort_keys=True)
+        deadline = job["spec"].get("activeDeadlineSeconds")
         self.log.info(
-            "Creating group %s in namespace %s: Indexed Job of %d pod(s), image %s, %s capacity",
+            "Creating group %s in namespace %s: Indexed Job of %d pod(s), image %s, %s capacity%s%s; %s",
             name, self.namespace, spec.num_nodes, spec.kubernetes.image, spec.capacity,
+            f" in {spec.zone}" if spec.zone else "", f" on {spec.instance_type}" if spec.instance_type else "",
+            f"the cluster stops it after {deadline}s (the budget left at its price)" if deadline
+            else "no deadline (no budget, or no price)",
         )  # fmt: skip
         created: list[tuple[Any, str]] = []
         try:
@@ -242,24 +257,109 @@ class KubernetesLauncher(PodGroupLauncher):
 
     # -- find / status ---------------------------------------------------------------------------
     def find(self, prefix: str) -> list[str]:
+        """The groups whose Jobs exist, and the earlier groups their Jobs remember (TTL-deleted ones)."""
         jobs = self._api(
             self._batch.list_namespaced_job, self.namespace, label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}"
         )["items"]
-        found = [j for j in jobs if j["metadata"]["name"].startswith(prefix)]
-        found.sort(key=lambda j: (j["metadata"].get("creationTimestamp", ""), j["metadata"]["name"]))
-        return [j["metadata"]["name"] for j in found]
+        created: dict[str, str] = {}
+        for job in jobs:
+            for other, entry in group_status.earlier(job).items():
+                if other.startswith(prefix):
+                    created.setdefault(other, entry.get("created", ""))
+        for job in jobs:
+            if job["metadata"]["name"].startswith(prefix):
+                created[job["metadata"]["name"]] = job["metadata"].get("creationTimestamp", "")
+        return sorted(created, key=lambda n: (created[n], n))
 
     def status(self, name: str) -> GroupStatus:
         job = self._job(name)
         if job is None:
+            entry = self._remembered(name)
+            if entry is not None:  # its Job is gone (TTL), a later group of the task remembers its outcome
+                return group_status.status_of_entry(name, entry)
             return GroupStatus(name, GroupState.NOT_FOUND, f"no Job {name!r} in namespace {self.namespace}")
         recorded = group_status.recorded(name, job)
         if recorded is not None:
             return recorded
-        seen = group_status.observe(name, job, self._pods(f"{LABEL_GROUP}={name}"), self._log_tail)
+        pods = self._pods(f"{LABEL_GROUP}={name}")
+        seen = group_status.observe(name, job, pods, self._log_tail)
+        self._record_placement(name, job, pods, ended=seen.settle or seen.status.state.terminal)
         if seen.settle:
             return self._settle(name, seen.status, end_pods=seen.end_pods)
         return seen.status
+
+    def placement(self, name: str) -> list[dict[str, Any]] | None:
+        job = self._job(name)
+        if job is None:
+            return (self._remembered(name) or {}).get("placement")
+        recorded = (job["metadata"].get("annotations") or {}).get(ANNOTATION_PLACEMENT)
+        return json.loads(recorded) if recorded else None
+
+    # -- what a group's Job remembers ----------------------------------------------------------------
+    def _task_jobs(self, name: str) -> list[dict[str, Any]]:
+        """The Jobs of every group of ``name``'s task, oldest first."""
+        jobs = self._api(self._batch.list_namespaced_job, self.namespace,
+                         label_selector=f"{LABEL_TASK}={task_name(name)}")["items"]  # fmt: skip
+        return sorted(jobs, key=lambda j: (j["metadata"].get("creationTimestamp", ""), j["metadata"]["name"]))
+
+    def _remembered(self, name: str) -> dict[str, Any] | None:
+        """What a later Job of the task remembers of group ``name`` (None: nothing)."""
+        for job in reversed(self._task_jobs(name)):
+            entry = group_status.earlier(job).get(name)
+            if entry is not None:
+                return entry
+        return None
+
+    def _earlier_outcomes(self, name: str) -> dict[str, dict[str, Any]]:
+        """The outcomes of the task's earlier groups, for the Job of ``name`` to carry: the operator counts
+        preemptions and failures from them, and the summary names where each ran, after the earlier Jobs'
+        ttlSecondsAfterFinished deleted them."""
+        earlier: dict[str, dict[str, Any]] = {}
+        jobs = self._task_jobs(name)
+        for job in jobs:
+            earlier.update(group_status.earlier(job))
+        for job in jobs:
+            other = job["metadata"]["name"]
+            if other == name:
+                continue
+            status = self.status(other)
+            if status.state.terminal:
+                earlier[other] = group_status.entry_of(status, job["metadata"].get("creationTimestamp", ""),
+                                                       self.placement(other))  # fmt: skip
+        return earlier
+
+    def _record_placement(
+        self, name: str, job: dict[str, Any], pods: list[dict[str, Any]], *, ended: bool
+    ) -> None:
+        """Write where the pods run on the Job, once: when every node index is bound to a node (or the group
+        ended with some bound)."""
+        if ANNOTATION_PLACEMENT in (job["metadata"].get("annotations") or {}):
+            return
+        nodes = group_placement.node_names(pods)
+        if not nodes or (len(nodes) < (job["spec"].get("completions") or 1) and not ended):
+            return
+        where = group_placement.placement(nodes, self._node_labels)
+        self.log.info("Group %s runs on %s", name, ", ".join(
+            f"node {p['node_index']}: {p['node']} ({p['zone'] or '?'}, {p['instance_type'] or '?'}, "
+            f"{p['capacity_type'] or '?'})" for p in where))  # fmt: skip
+        patch = {"metadata": {"annotations": {ANNOTATION_PLACEMENT: json.dumps(where)}}}
+        self._api(self._batch.patch_namespaced_job, name, self.namespace, patch, _content_type=_MERGE_PATCH,
+                  missing_ok=True)  # fmt: skip
+
+    def _node_labels(self, node: str) -> dict[str, str] | None:
+        """A node's labels; None when it is gone or the launcher may not read nodes (a ClusterRole)."""
+        try:
+            found = self._api(self._core.read_node, node, missing_ok=True)
+        except ApiException as err:
+            if err.status != 403:
+                raise
+            self.log.warning(
+                "Cannot read node %s (403 Forbidden): the group's placement names its nodes without their "
+                "zone and instance type; grant get on nodes (ClusterRole airflow-dtrain-node-reader in "
+                "docker/rbac.yaml)", node,
+            )  # fmt: skip
+            return None
+        return None if found is None else dict(found["metadata"].get("labels") or {})
 
     def _log_tail(self, pod_name: str) -> str | None:
         return self._api(

@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow_dtrain.launchers import torchrun
 from airflow_dtrain.launchers.torchrun import NodeCommand
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.spec import INSTANCE_TYPE_LABEL, ZONE_LABEL, JobSpec
 from trainer.config import PREEMPTED_EXIT_CODE
 
 LABEL_GROUP = "airflow-dtrain/group"
@@ -39,11 +39,31 @@ CHECKPOINT_NOW_ANNOTATION = "dtrain.io/checkpoint-now"
 REQUESTS_FILE_ENV = "DTRAIN_REQUESTS_FILE"
 PODINFO_DIR = "/etc/dtrain/podinfo"
 
+ANNOTATION_DEADLINE = "airflow-dtrain/deadline"
+"""How the Job's activeDeadlineSeconds was derived from the budget (JSON; see ``active_deadline``)."""
+ANNOTATION_PLACEMENT = "airflow-dtrain/placement"
+"""Where the group's pods ran: node, zone, instance type and capacity per node index (JSON, by the launcher)."""
+ANNOTATION_EARLIER = "airflow-dtrain/earlier-groups"
+"""The outcomes of the task's earlier groups (JSON), so they are known after their Jobs' TTL deleted them."""
+
 CONTAINER = "trainer"
 CONFIG_DIR = "/etc/dtrain"
 CONFIG_FILE = "train_config.json"
 # Leave torchrun's agent time after the workers' save to exit on its own, before SIGKILL.
 _GRACE_MARGIN_S = 15
+DEFAULT_CPU_PER_GPU = 4
+"""CPUs per GPU when ``node_resources`` gives no ``cpu``."""
+DEFAULT_MEMORY_GI_PER_GPU = 32
+"""GiB of memory per GPU when ``node_resources`` gives no ``memory``."""
+# A container a pod template adds (a sidecar, an init container) without resources of its own gets these.
+_EXTRA_CONTAINER_RESOURCES = {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "1Gi"}
+# Every container of the pod starts from this context (Pod Security "restricted"); a container's own wins.
+_CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 def task_name(group: str) -> str:
     """``<base>-r3`` -> ``<base>``: what every relaunch of one task instance shares."""
@@ -70,14 +90,17 @@ def rendezvous_endpoint(name: str, port: int) -> str:
     return f"{name}-0.{name}:{port}"
 
 
-def render_group(name: str, spec: JobSpec, *, namespace: str) -> list[dict[str, Any]]:
-    """The ConfigMap, headless Service and Indexed Job of group ``name``, in creation order."""
+def render_group(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0.0) -> list[dict[str, Any]]:
+    """The ConfigMap, headless Service and Indexed Job of group ``name``, in creation order.
+
+    :param spent_usd: what the job has spent before this group, for the Job's deadline (``active_deadline``).
+    """
     if len(name) > 52:  # "<name>-<index>" is the pods' hostname, a 63-character DNS label
         raise ValueError(f"name: group names must be at most 52 characters, got {name!r}")
     return [
         render_config_map(name, spec, namespace=namespace),
         render_service(name, spec, namespace=namespace),
-        render_job(name, spec, namespace=namespace),
+        render_job(name, spec, namespace=namespace, spent_usd=spent_usd),
     ]
 
 
@@ -164,21 +187,29 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(spec: JobSpec) -> dict[str, Any]:
-    requests: dict[str, str] = {}
-    limits: dict[str, str] = {}
-    if spec.resources.cpu:
-        requests["cpu"] = spec.resources.cpu  # no CPU limit: throttling a rank stalls every rank
-    if spec.resources.memory:
-        requests["memory"] = limits["memory"] = spec.resources.memory
-    if spec.resources.gpus_per_node:
-        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(spec.resources.gpus_per_node)
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
+def node_resources(spec: JobSpec) -> dict[str, str]:
+    """What the trainer container of each pod requests and is limited to (the same: Guaranteed QoS).
+
+    ``node_resources`` where it says, else a default (see ``Resources``). A CPU limit equal to the
+    request does not throttle a rank that uses what it asked for; with requests equal to limits the
+    pod is Guaranteed, so the kubelet's static CPU manager gives it whole cores, and a namespace with
+    a ResourceQuota admits it. Ask for (nearly) the node's allocatable CPUs on a dedicated GPU node.
+    """
+    res, gpus = spec.resources, spec.resources.gpus_per_node
+    procs = spec.procs_per_node
+    out = {
+        "cpu": res.cpu or str(DEFAULT_CPU_PER_GPU * gpus if gpus else procs),
+        "memory": res.memory or (f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi" if gpus else f"{4 * procs}Gi"),
+        "ephemeral-storage": res.ephemeral_storage or ("100Gi" if gpus else "20Gi"),
+    }
+    if gpus:
+        out["nvidia.com/gpu"] = str(gpus)
     return out
+
+
+def _resources(spec: JobSpec) -> dict[str, Any]:
+    sizes = node_resources(spec)
+    return {"requests": dict(sizes), "limits": dict(sizes)}
 
 
 def _scheduling(name: str, spec: JobSpec) -> dict[str, Any]:
@@ -188,18 +219,16 @@ def _scheduling(name: str, spec: JobSpec) -> dict[str, Any]:
         pod["nodeSelector"] = dict(k8s.node_selector)
     tolerations: list[dict[str, Any]] = []
     capacity_labels = spec.capacity.node_labels
-    if capacity_labels:
-        # Node selector terms are ORed: a Karpenter node or an EKS managed node group node.
-        pod["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
-                        for key, value in capacity_labels
-                    ]
-                }
-            }
-        }
+    # Where the price was chosen: the zone and instance type of the budget decision's offer.
+    chosen = [{"key": key, "operator": "In", "values": [value]}
+              for key, value in ((ZONE_LABEL, spec.zone), (INSTANCE_TYPE_LABEL, spec.instance_type)) if value]
+    if capacity_labels or chosen:
+        # Node selector terms are ORed (a Karpenter node or an EKS managed node group node), the
+        # expressions of one term ANDed: the capacity, and the chosen zone and type, in every term.
+        terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}, *copy.deepcopy(chosen)]}
+                 for key, value in capacity_labels] or [{"matchExpressions": chosen}]  # fmt: skip
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": terms}}}  # fmt: skip
         tolerations += [
             {"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"}
             for key, value in capacity_labels
@@ -221,6 +250,29 @@ def _scheduling(name: str, spec: JobSpec) -> dict[str, Any]:
     if k8s.priority_class:
         pod["priorityClassName"] = k8s.priority_class
     return pod
+
+
+def active_deadline(spec: JobSpec, spent_usd: float = 0.0) -> dict[str, Any] | None:
+    """The Job's ``activeDeadlineSeconds``, derived from the money left, and how (None: no deadline).
+
+    The cluster stops the group when the ledger would pass the budget at the price being paid:
+    (budget - ``spent_usd``) / (price per node-hour x nodes) hours after the Job started, plus the
+    checkpoint grace period for a final save. The trainer's own guard stops it earlier, saving its
+    step; this is what still stops it when the Airflow side (worker, triggerer, scheduler) is gone.
+    No budget, or no price (nothing billed): no deadline.
+
+    :param spent_usd: what the job has spent before this group (its spend ledger).
+    """
+    if not spec.budget_usd or spec.price_per_node_hour <= 0:
+        return None
+    usd_per_hour = spec.price_per_node_hour * spec.num_nodes
+    left = max(0.0, spec.budget_usd - spent_usd)
+    grace = math.ceil(spec.train.checkpoint.grace_period_s)
+    return {
+        "seconds": max(1, math.ceil(left / usd_per_hour * 3600) + grace),
+        "budget_usd": spec.budget_usd, "spent_usd": round(spent_usd, 6), "usd_per_hour": usd_per_hour,
+        "grace_s": grace,
+    }  # fmt: skip
 
 
 def termination_grace_period_s(spec: JobSpec) -> int:
@@ -261,7 +313,7 @@ def pod_failure_policy() -> dict[str, Any]:
     }
 
 
-def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
+def render_job(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0.0) -> dict[str, Any]:
     k8s = spec.kubernetes
     command = node_command(name, spec)
     labels = group_labels(name)
@@ -296,18 +348,12 @@ def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
         "env": _env(name, spec),
         "ports": [{"name": "rdzv", "containerPort": k8s.rdzv_port, "protocol": "TCP"}],
         "volumeMounts": volume_mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-        },
+        # Pod Security "restricted"; the trainer writes only to its emptyDirs (/tmp, /dev/shm)
+        "securityContext": {**copy.deepcopy(_CONTAINER_SECURITY), "readOnlyRootFilesystem": True},
         # the last lines of a crashed trainer are the pod's termination message
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    resources = _resources(spec)
-    if resources:
-        container["resources"] = resources
+    container["resources"] = _resources(spec)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # required by podFailurePolicy; the operator owns relaunches
         "subdomain": name,  # with the headless Service: <job>-<i>.<service> resolves to pod i
@@ -330,6 +376,7 @@ def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
     template = {"metadata": {"labels": dict(labels)}, "spec": pod_spec}
     if k8s.pod_template:
         template = merge_pod_template(template, k8s.pod_template)
+        _lock_down(template["spec"])
 
     job_labels = dict(labels)
     job_spec: dict[str, Any] = {
@@ -346,6 +393,12 @@ def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
         job_labels["kueue.x-k8s.io/queue-name"] = k8s.kueue_queue
         # Kueue admits the whole group at once (gang admission) by unsuspending the Job.
         job_spec["suspend"] = True
+    annotations = {ANNOTATION_PENDING_TIMEOUT: str(k8s.pending_timeout_s)}
+    deadline = active_deadline(spec, spent_usd)
+    if deadline is not None:
+        # The cluster stops the group at the budget even with nobody watching (status: "at_budget").
+        job_spec["activeDeadlineSeconds"] = deadline["seconds"]
+        annotations[ANNOTATION_DEADLINE] = json.dumps(deadline, sort_keys=True)
     if k8s.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = k8s.ttl_seconds_after_finished
     return {
@@ -355,11 +408,28 @@ def render_job(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
             "name": name,
             "namespace": namespace,
             "labels": job_labels,
-            "annotations": {ANNOTATION_PENDING_TIMEOUT: str(k8s.pending_timeout_s),
-                            ANNOTATION_CHECKPOINT_DELIVERY: k8s.checkpoint_now},
+            "annotations": {**annotations, ANNOTATION_CHECKPOINT_DELIVERY: k8s.checkpoint_now},
         },
         "spec": job_spec,
     }
+
+
+def _lock_down(pod_spec: dict[str, Any]) -> None:
+    """Every container and init container a pod template added (or changed) gets the pod's locked-down
+    securityContext and requests and limits, where it does not set them itself. What it does set wins:
+    a privileged setting there is refused unless the platform admin's policy allows it (``policy``)."""
+    for kind in ("containers", "initContainers"):
+        for container in pod_spec.get(kind) or ():
+            own = container.get("securityContext") or {}
+            capabilities = dict(own.get("capabilities") or {})
+            capabilities["drop"] = list(dict.fromkeys(["ALL", *(capabilities.get("drop") or ())]))
+            container["securityContext"] = {**copy.deepcopy(_CONTAINER_SECURITY), **own,
+                                            "capabilities": capabilities}  # fmt: skip
+            resources = container.setdefault("resources", {})
+            requests, limits = resources.setdefault("requests", {}), resources.setdefault("limits", {})
+            for key, default in _EXTRA_CONTAINER_RESOURCES.items():
+                requests.setdefault(key, limits.get(key, default))
+                limits.setdefault(key, requests[key])
 
 
 # Lists of a PodSpec that merge element by element on "name", as kubectl's strategic merge does.

@@ -14,6 +14,9 @@ from typing import Any
 
 from airflow_dtrain.errors import SpecError, positive_int as _positive_int
 
+DEFAULT_TTL_S = 86_400
+"""How long a finished group's Job is kept by default (``ttlSecondsAfterFinished``): a day."""
+
 TRIGGER_KEYS = ("image", "namespace")
 """What a run (the trigger form, ``dag_run.conf``) may choose of the pods, within what the DAG allows."""
 
@@ -111,8 +114,10 @@ class KubernetesSpec:
     """statsd UDP port."""
     rdzv_port: int = 29400
     """Port of the c10d rendezvous store on pod 0."""
-    ttl_seconds_after_finished: int | None = None
-    """Delete finished Jobs after this long; None keeps them (the operator counts preemptions from them)."""
+    ttl_seconds_after_finished: int | None = DEFAULT_TTL_S
+    """Delete a finished Job (and its pods, Service, ConfigMap) this long after it ended; None keeps it. The
+    operator reads a group's outcome right after it ends, and each Job carries its task's earlier outcomes,
+    so counting preemptions survives the deletion of the earlier Jobs."""
     checkpoint_now: str = "annotation"
     """How "checkpoint now" reaches the pods: ``annotation`` (a pod annotation the kubelet writes into a
     downward-API file the node agent follows: no ``pods/exec``, but the kubelet refreshes it on its sync,
@@ -205,7 +210,7 @@ class KubernetesSpec:
             raise SpecError(
                 f"kubernetes.pending_timeout_s: must be a number >= 0 (0: no timeout), got {timeout!r}"
             )
-        ttl = v.get("ttl_seconds_after_finished")
+        ttl = v.get("ttl_seconds_after_finished", DEFAULT_TTL_S)
         spread = v.get("topology_spread")
         if spread is not None and (not isinstance(spread, str) or not spread):
             raise SpecError(

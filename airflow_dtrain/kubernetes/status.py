@@ -7,6 +7,8 @@ cannot express is decided here, and the launcher writes it on the Job:
 * a disrupted pod (``DisruptionTarget``), or one the controller replaced, ends the whole
   group as *preempted*;
 * a group not running after its pending timeout fails with "no capacity";
+* a Job that ran into the activeDeadlineSeconds derived from its budget stopped *at the budget*
+  (the operator ends there, as when the trainer stops itself at the cap), not failed;
 * when several things went wrong, the first one is the cause (a peer's crash after a node
   vanished is collateral).
 
@@ -24,7 +26,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from airflow_dtrain.kubernetes.objects import ANNOTATION_OUTCOME, ANNOTATION_PENDING_TIMEOUT, CONTAINER
+from airflow_dtrain.kubernetes.objects import (
+    ANNOTATION_DEADLINE,
+    ANNOTATION_EARLIER,
+    ANNOTATION_OUTCOME,
+    ANNOTATION_PENDING_TIMEOUT,
+    CONTAINER,
+)
 from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState, GroupStatus
 
 TAIL_LINES = 20
@@ -97,6 +105,29 @@ def recorded(name: str, job: dict[str, Any]) -> GroupStatus | None:
     return None
 
 
+def earlier(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The outcomes of its task's earlier groups that ``job`` carries (``ANNOTATION_EARLIER``), by group name."""
+    text = (job["metadata"].get("annotations") or {}).get(ANNOTATION_EARLIER)
+    return json.loads(text) if text else {}
+
+
+def entry_of(status: GroupStatus, created: str, placement: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What a later Job remembers of an ended group: its outcome (the first line of its message), when its
+    Job was created, and where it ran. Small: a Job's annotations hold at most 256 KiB in all."""
+    return {
+        "state": status.state.value, "message": status.message.splitlines()[0][:300] if status.message else "",
+        "node_exit_codes": {str(k): v for k, v in status.node_exit_codes.items()}, "created": created,
+        "placement": placement,
+    }  # fmt: skip
+
+
+def status_of_entry(name: str, entry: dict[str, Any]) -> GroupStatus:
+    """The status of a group whose Job is gone, from what a later Job of its task remembers."""
+    codes = {int(k): v for k, v in (entry.get("node_exit_codes") or {}).items()}
+    return GroupStatus(name, GroupState(entry["state"]), f"{entry.get('message', '')} (its Job was deleted; "
+                       "remembered by a later group of the task)", codes)  # fmt: skip
+
+
 def observe(
     name: str, job: dict[str, Any], pods: list[dict[str, Any]], log_tail: Callable[[str], str | None]
 ) -> Observation:
@@ -112,6 +143,9 @@ def observe(
     if condition(job, "Complete") or condition(job, "SuccessCriteriaMet"):
         return Observation(GroupStatus(name, GroupState.SUCCEEDED, f"all {nodes} node(s) exited 0", codes))
     failed = condition(job, "Failed") or condition(job, "FailureTarget")
+    at_budget = budget_deadline_passed(job, failed)
+    if at_budget is not None:  # before the pods' exit codes: their SIGTERM came from the deadline
+        return Observation(GroupStatus(name, GroupState.AT_BUDGET, at_budget, codes), settle=True)
     found = verdict(job, pods)
     if found is not None:
         state, message, blamed = found
@@ -122,6 +156,22 @@ def observe(
         message = f"{failed.get('reason')}: {failed.get('message')}"
         return Observation(GroupStatus(name, GroupState.FAILED, message, codes), settle=True)
     return pending_or_running(name, job, pods, codes)
+
+
+def budget_deadline_passed(job: dict[str, Any], failed: dict[str, Any] | None) -> str | None:
+    """Why the group stopped at the budget, if the Job controller ended it at the activeDeadlineSeconds that
+    the launcher derived from the budget (``objects.active_deadline``); None otherwise."""
+    deadline = (job["metadata"].get("annotations") or {}).get(ANNOTATION_DEADLINE)
+    if not failed or failed.get("reason") != "DeadlineExceeded" or not deadline:
+        return None
+    d = json.loads(deadline)
+    left = max(0.0, d["budget_usd"] - d["spent_usd"])
+    return (
+        f"stopped at the job's dollar cap by the cluster: the Job reached its activeDeadlineSeconds="
+        f"{d['seconds']} (${left:.4f} left of the ${d['budget_usd']:.2f} budget at ${d['usd_per_hour']:.4f}/h, plus "
+        f"{d['grace_s']}s for a final save), so the Job controller stopped its pods (SIGTERM: each saves its step "
+        f"within the grace period)"
+    )
 
 
 def verdict(job: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[GroupState, str, str | None] | None:

@@ -43,6 +43,9 @@ class GroupState(str, enum.Enum):
     """A node failed for another reason; relaunching would fail again."""
     STOPPED = "stopped"
     """Stopped on request (``stop()``, e.g. from ``on_kill``)."""
+    AT_BUDGET = "at_budget"
+    """Stopped by the platform at the job's dollar cap (on Kubernetes: the Job's activeDeadlineSeconds,
+    derived from the budget, ran out); like a trainer's own stop at the cap (exit 77), not relaunched."""
     NOT_FOUND = "not_found"
 
     @property
@@ -51,7 +54,7 @@ class GroupState(str, enum.Enum):
 
 
 TERMINAL_STATES = frozenset(
-    {GroupState.SUCCEEDED, GroupState.PREEMPTED, GroupState.FAILED, GroupState.STOPPED}
+    {GroupState.SUCCEEDED, GroupState.PREEMPTED, GroupState.FAILED, GroupState.STOPPED, GroupState.AT_BUDGET}
 )
 
 
@@ -85,8 +88,12 @@ class PodGroupLauncher(abc.ABC):
     backend: str
 
     @abc.abstractmethod
-    def launch(self, name: str, spec: JobSpec) -> GroupStatus:
-        """Start group ``name`` running ``spec``; raises ValueError if it already exists."""
+    def launch(self, name: str, spec: JobSpec, *, spent_usd: float = 0.0) -> GroupStatus:
+        """Start group ``name`` running ``spec``; raises ValueError if it already exists.
+
+        :param spent_usd: what the job has spent before this group (its spend ledger), for a backend
+            that enforces the budget itself (Kubernetes: the Job's activeDeadlineSeconds).
+        """
 
     @abc.abstractmethod
     def find(self, prefix: str) -> list[str]:
@@ -110,6 +117,11 @@ class PodGroupLauncher(abc.ABC):
     @abc.abstractmethod
     def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
         """Ask every process to checkpoint and exit, kill what is left after the grace period."""
+
+    def placement(self, name: str) -> list[dict[str, Any]] | None:
+        """Where the group's nodes ran, one dict per node index (``node``, ``zone``, ``instance_type``,
+        ``capacity_type``); None when the backend does not know (the local backend: this machine)."""
+        return None
 
 
 def poll_group(launcher: PodGroupLauncher, name: str, cursor: Any) -> tuple[GroupStatus, LogChunk]:

@@ -82,7 +82,8 @@ class LocalLauncher(PodGroupLauncher):
             raise ValueError(f"name: not a group name: {name!r}")
         return self.state_dir / name
 
-    def launch(self, name: str, spec: JobSpec) -> GroupStatus:
+    def launch(self, name: str, spec: JobSpec, *, spent_usd: float = 0.0) -> GroupStatus:
+        # spent_usd is not used: the trainer's own guard is the cap; the group's processes are this machine's
         if self.python == sys.executable and importlib.util.find_spec("torch") is None:
             raise RuntimeError(
                 "the local backend runs the trainer on this machine and needs the trainer extra: "

@@ -28,7 +28,8 @@ DASHBOARD_UID = "dtrain-training"
 _TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
 _GROUP_ARGUMENTS = (
     "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "price_ceiling_per_node_hour",
-    "budget_usd", "node_resources", "max_preemptions", "max_failures", "config", "kubernetes", "kubernetes_overrides",
+    "budget_usd", "zone", "instance_type", "node_resources", "max_preemptions", "max_failures", "config",
+    "kubernetes", "kubernetes_overrides",
 )  # fmt: skip
 
 
@@ -55,7 +56,9 @@ class FSDPTrainOperator(BaseOperator):
     reattaches instead of launching a second one. A group that ends preempted is
     relaunched from its latest checkpoint, up to ``max_preemptions`` times,
     without spending Airflow retries. Returns a summary (XCom): final step,
-    tokens seen, final loss, latest checkpoint, wall time, preemptions, steps lost.
+    tokens seen, final loss, latest checkpoint, wall time, preemptions, steps lost
+    (on Kubernetes also ``placement``: the chosen zone and instance type, and where
+    each group's pods ran).
 
     :param flavor: model flavour: ``debug``, ``llama3_1b``, ``llama3_3b``, ``llama3_8b``. (templated)
     :param init_from: a Hugging Face Llama model (config.json + safetensors): a directory or an ``s3://``
@@ -89,13 +92,20 @@ class FSDPTrainOperator(BaseOperator):
     :param budget_usd: the job's dollar cap over every relaunch, retry and run of it (None or 0: none). The
         trainer saves and stops before its projected spend passes it; a relaunch happens only if the money
         left pays for a start-up and the next checkpoint. The task then succeeds with ``stopped: "budget"``
-        in its summary. (templated)
+        in its summary. On Kubernetes the cluster enforces it too: each group's Job gets an
+        ``activeDeadlineSeconds`` of what the money left buys at ``price_per_node_hour`` (plus the
+        checkpoint grace period), recomputed from the ledger at every relaunch. (templated)
+    :param zone: the availability zone the price was chosen for (the budget decision's offer): on
+        Kubernetes the pods require nodes in it (``topology.kubernetes.io/zone``). None: any. (templated)
+    :param instance_type: the instance type the price was chosen for: on Kubernetes the pods require
+        nodes of it (``node.kubernetes.io/instance-type``). None: any. (templated)
     :param num_nodes: nodes in the group. (templated)
     :param procs_per_node: training processes per node. (templated)
     :param backend: ``local`` (processes on this machine) or ``kubernetes`` (an Indexed Job and a
         headless Service per group). (templated)
-    :param node_resources: per-node ``{"cpu", "memory", "gpus_per_node"}`` (``resources`` is
-        Airflow's own task argument). (templated)
+    :param node_resources: per-node ``{"cpu", "memory", "ephemeral_storage", "gpus_per_node"}``, on
+        Kubernetes the trainer container's requests and limits (``resources`` is Airflow's own task
+        argument). (templated)
     :param max_preemptions: relaunches after preemption before the task fails. (templated)
     :param max_failures: relaunches after a training process was killed (OOM killer, kill -9), from
         the last checkpoint, before the task fails. (templated)
@@ -157,6 +167,8 @@ class FSDPTrainOperator(BaseOperator):
         price_per_node_hour: float | None = None,
         price_ceiling_per_node_hour: float | None = None,
         budget_usd: float | None = None,
+        zone: str | None = None,
+        instance_type: str | None = None,
         node_resources: dict[str, Any] | None = None,
         max_preemptions: int = 3,
         max_failures: int | None = None,
@@ -198,6 +210,8 @@ class FSDPTrainOperator(BaseOperator):
         self.price_per_node_hour = price_per_node_hour
         self.price_ceiling_per_node_hour = price_ceiling_per_node_hour
         self.budget_usd = budget_usd
+        self.zone = zone
+        self.instance_type = instance_type
         self.node_resources = node_resources
         self.max_preemptions = max_preemptions
         self.max_failures = max_failures
@@ -323,7 +337,7 @@ class FSDPTrainOperator(BaseOperator):
             )
         summary = {
             "group": name,
-            "final_step": progress["step"],
+            "final_step": progress.get("step", 0),  # 0: stopped at the cap before the trainer reported
             "tokens_seen": progress.get("tokens_seen"),
             "final_loss": progress.get("loss"),
             "latest_checkpoint": progress.get("latest_checkpoint"),
@@ -333,6 +347,10 @@ class FSDPTrainOperator(BaseOperator):
             "steps_lost": progress.get("steps_lost", 0),
             **self._cost(spec),
         }
+        if spec.backend == "kubernetes":
+            # what the budget decision chose, and where each group's pods ran (node, zone, instance, capacity)
+            chosen = {"zone": spec.zone, "instance_type": spec.instance_type, "capacity": spec.capacity.value}
+            summary["placement"] = {"chosen": chosen, "groups": session.placement(names)}
         if at_cap is not None:
             summary.update(stopped="budget", budget_usd=spec.train.cost.budget_usd,
                            budget_stop={**(progress.get("budget") or {}), **at_cap})

@@ -13,6 +13,13 @@ the nodes they run on (``add_node``, ``taint``)
 and the fake applies the Job's ``podFailurePolicy`` rules, completion, suspension and
 replacement pods the way the real controller does for the fields the launcher uses.
 
+It acts on its own, as a cluster does with nobody calling it (a thread, and before every
+request): a Job past its ``activeDeadlineSeconds`` since its ``startTime`` fails with reason
+``DeadlineExceeded`` and its running pods are deleted, and a finished Job past its
+``ttlSecondsAfterFinished`` is deleted with its dependents (the TTL controller's foreground
+deletion). ``advance(seconds)`` moves the fake's clock forward for both. Its scheduler check:
+``run(nodes=...)`` refuses a node that the pod's nodeSelector or required node affinity excludes.
+
 ``pods/exec`` speaks the real protocol (a WebSocket upgrade, then ``v4.channel.k8s.io``
 frames: stdout on channel 1, stderr on 2, the exit status on 3). Nothing is executed: the
 test's ``exec_handler(namespace, pod, container, command) -> (stdout, stderr, exit_code)``
@@ -57,6 +64,35 @@ _KIND = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "configmaps": ("v
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _time(stamp: str | None) -> float | None:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+
+def _selects(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A nodeSelectorTerm's expressions (ANDed) against a node's labels."""
+    for expression in term.get("matchExpressions") or ():
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        present = key in labels
+        if not {"In": present and labels.get(key) in values, "NotIn": not present or labels[key] not in values,
+                "Exists": present, "DoesNotExist": not present}[operator]:  # fmt: skip
+            return False
+    return True
+
+
+def scheduling_problem(pod: dict[str, Any], node: dict[str, Any]) -> str | None:
+    """Why the scheduler would not bind ``pod`` to ``node`` (its nodeSelector, its required node affinity)."""
+    labels = node["metadata"].get("labels") or {}
+    for key, value in (pod["spec"].get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return f"nodeSelector {key}={value}: the node has {labels.get(key)!r}"
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})  # fmt: skip
+    terms = required.get("nodeSelectorTerms") or []
+    if terms and not any(_selects(term, labels) for term in terms):
+        return f"no required node affinity term matches the node's labels {labels}: {terms}"
+    return None
 
 
 def _nano(at: float) -> str:
@@ -129,6 +165,8 @@ class FakeKubernetesApiServer:
         self._accounted: dict[str, set[str]] = {}  # failed pods the Job controller has counted, per Job uid
         self._version = 0
         self._server: ThreadingHTTPServer | None = None
+        self.clock_offset = 0.0  # seconds the fake's controllers run ahead of the wall clock (advance)
+        self._stopped = threading.Event()
 
     # -- server ------------------------------------------------------------------------------
     def start(self) -> FakeKubernetesApiServer:
@@ -179,8 +217,44 @@ class FakeKubernetesApiServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._controllers, daemon=True).start()
         self.reset()
         return self
+
+    def _controllers(self) -> None:
+        """The cluster's own clockwork, whether or not anybody calls the API."""
+        while not self._stopped.wait(0.1):
+            self.tick()
+
+    def _clock(self) -> str:
+        """Now on the fake's clock: the Job controller's own times (start, completion, failure) follow ``advance``."""
+        return datetime.fromtimestamp(time.time() + self.clock_offset, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake's clock ``seconds`` forward (deadlines and TTLs fall due), and act on it now."""
+        with self.lock:
+            self.clock_offset += seconds
+            self.tick()
+
+    def tick(self) -> None:
+        """The Job controller's activeDeadlineSeconds and the TTL-after-finished controller, at the fake's time."""
+        with self.lock:
+            now = time.time() + self.clock_offset
+            for (kind, ns, name), job in list(self.objects.items()):
+                if kind != "jobs" or (kind, ns, name) not in self.objects or job["metadata"].get("deletionTimestamp"):
+                    continue
+                status = job.get("status") or {}
+                ended = {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
+                deadline, started = job["spec"].get("activeDeadlineSeconds"), _time(status.get("startTime"))
+                if (deadline and started and not job["spec"].get("suspend")
+                        and not ({"Complete", "Failed"} & set(ended)) and now >= started + deadline):  # fmt: skip
+                    self._fail_job(ns, job, "DeadlineExceeded", "Job was active longer than specified deadline")
+                    continue
+                ttl = job["spec"].get("ttlSecondsAfterFinished")
+                end = ended.get("Complete") or ended.get("Failed")
+                finished = _time(status.get("completionTime")) or _time((end or {}).get("lastTransitionTime"))
+                if ttl is not None and end and finished is not None and now >= finished + ttl:
+                    self._delete("jobs", ns, name, "Foreground")
 
     _EXEC = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/exec$")
 
@@ -224,6 +298,7 @@ class FakeKubernetesApiServer:
         handler.close_connection = True
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._server:
             self._server.shutdown()
             self._server.server_close()
@@ -251,6 +326,7 @@ class FakeKubernetesApiServer:
             self.exec_handler = None
             self.faults.clear()
             self._accounted.clear()
+            self.clock_offset = 0.0
             self._create("namespaces", "", {"metadata": {"name": "default"}})
 
     # -- the API -------------------------------------------------------------------------------
@@ -272,6 +348,7 @@ class FakeKubernetesApiServer:
 
     def handle(self, method: str, path: str, query: dict, body: bytes, content_type: str) -> tuple[int, Any]:
         with self.lock:
+            self.tick()  # what the controllers did since the last look, as a cluster would have
             self.requests.append((method, path))
             self._inject_fault(method, path)
             for pattern, fixed_kind, namespaced in _ROUTES:
@@ -352,7 +429,7 @@ class FakeKubernetesApiServer:
         obj.setdefault("status", {})
         self.objects[(kind, ns, name)] = obj
         if kind == "jobs":
-            obj["status"] = {"startTime": _now()} if not obj["spec"].get("suspend") else {}
+            obj["status"] = {"startTime": self._clock()} if not obj["spec"].get("suspend") else {}
             self._sync_job(ns, name)
         return copy.deepcopy(obj)
 
@@ -474,10 +551,10 @@ class FakeKubernetesApiServer:
         completions = job["spec"].get("completions", 1)
         if len(succeeded) >= completions:
             status["conditions"] = [
-                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": _now()},
-                {"type": "Complete", "status": "True", "lastTransitionTime": _now()},
+                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": self._clock()},
+                {"type": "Complete", "status": "True", "lastTransitionTime": self._clock()},
             ]
-            status["completionTime"] = _now()
+            status["completionTime"] = self._clock()
             status["active"] = 0
             return
         active = {self._index(p) for p in pods if p["status"].get("phase") in ("Pending", "Running")}
@@ -507,8 +584,8 @@ class FakeKubernetesApiServer:
 
     def _fail_job(self, ns: str, job: dict[str, Any], reason: str, message: str) -> None:
         job["status"]["conditions"] = [
-            {"type": "FailureTarget", "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()},
-            {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": _now()},
+            {"type": "FailureTarget", "status": "True", "reason": reason, "message": message, "lastTransitionTime": self._clock()},
+            {"type": "Failed", "status": "True", "reason": reason, "message": message, "lastTransitionTime": self._clock()},
         ]  # fmt: skip
         job["status"]["active"] = 0
         for pod in self._job_pods(ns, job):  # the controller deletes the pods still running
@@ -517,6 +594,8 @@ class FakeKubernetesApiServer:
 
     def _on_suspend(self, ns: str, name: str, suspended: bool) -> None:
         job = self.objects[("jobs", ns, name)]
+        if {c["type"] for c in job["status"].get("conditions", []) if c.get("status") == "True"} & {"Complete", "Failed"}:
+            return  # the controller leaves a finished Job alone: suspending it changes nothing
         if suspended:
             for pod in self._job_pods(ns, job):
                 if pod["status"].get("phase") in ("Pending", "Running"):
@@ -527,7 +606,7 @@ class FakeKubernetesApiServer:
             job["status"]["active"] = 0
         else:
             job["status"]["conditions"] = []
-            job["status"]["startTime"] = _now()
+            job["status"]["startTime"] = self._clock()
             self._sync_job(ns, name)
 
     @staticmethod
@@ -537,6 +616,7 @@ class FakeKubernetesApiServer:
     # -- what tests drive ----------------------------------------------------------------------
     def jobs(self, namespace: str = "default") -> list[str]:
         with self.lock:
+            self.tick()
             return sorted(n for k, ns, n in self.objects if k == "jobs" and ns == namespace)
 
     def names(self, kind: str, namespace: str = "default") -> list[str]:
@@ -545,6 +625,7 @@ class FakeKubernetesApiServer:
 
     def get(self, kind: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
         with self.lock:
+            self.tick()
             obj = self.objects.get((kind, namespace, name))
             return copy.deepcopy(obj) if obj else None
 
@@ -573,10 +654,17 @@ class FakeKubernetesApiServer:
 
         self._update_pod(job, index, namespace, change)
 
-    def add_node(self, name: str, instance_id: str, zone: str = "us-east-1a") -> None:
-        """An EC2-backed Node (``spec.providerID`` ``aws:///<zone>/<instance id>``)."""
+    def add_node(self, name: str, instance_id: str, zone: str = "us-east-1a", *, instance_type: str | None = None,
+                 capacity: str | None = None) -> None:
+        """An EC2-backed Node (``spec.providerID`` ``aws:///<zone>/<instance id>``), labelled with its zone and,
+        if given, its instance type and Karpenter capacity type (``spot``, ``on-demand``)."""
+        labels = {"topology.kubernetes.io/zone": zone, "kubernetes.io/hostname": name}
+        if instance_type:
+            labels["node.kubernetes.io/instance-type"] = instance_type
+        if capacity:
+            labels["karpenter.sh/capacity-type"] = capacity
         with self.lock:
-            self._create("nodes", "", {"metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
+            self._create("nodes", "", {"metadata": {"name": name, "labels": labels},
                                        "spec": {"providerID": f"aws:///{zone}/{instance_id}"}})  # fmt: skip
 
     def taint(self, node: str, key: str, effect: str = "NoSchedule") -> None:
@@ -595,6 +683,10 @@ class FakeKubernetesApiServer:
 
             def change(pod, index=index):
                 if nodes and index in nodes:
+                    node = self.objects.get(("nodes", "", nodes[index]))
+                    problem = scheduling_problem(pod, node) if node else None
+                    if problem:  # what the real scheduler would never do
+                        raise ValueError(f"pod {pod['metadata']['name']} cannot run on node {nodes[index]}: {problem}")
                     pod["spec"]["nodeName"] = nodes[index]
                 pod["status"].update(
                     phase="Running", startTime=_now(), podIP=f"10.0.0.{index + 10}",

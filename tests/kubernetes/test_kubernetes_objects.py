@@ -197,7 +197,12 @@ def test_pod_template_overrides_merge_by_name():
     assert trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}, "the rest of the context stays"
     env = {e["name"] for e in trainer["env"]}
     assert {"NCCL_DEBUG", "DTRAIN_NODE_RANK"} <= env
-    assert sidecar == {"name": "sidecar", "image": "busybox"}
+    assert (sidecar["name"], sidecar["image"]) == ("sidecar", "busybox")
+    # an added container gets the pod's locked-down context and small requests and limits of its own
+    assert sidecar["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                          "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert sidecar["resources"]["requests"] == sidecar["resources"]["limits"] == {
+        "cpu": "100m", "memory": "256Mi", "ephemeral-storage": "1Gi"}
     assert template["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
     assert template["metadata"]["labels"][LABEL_GROUP] == "g-r0"
     assert template["spec"]["nodeSelector"] == {"topology.kubernetes.io/zone": "us-east-1a"}
