@@ -187,6 +187,10 @@ with DAG(
             job="{{ params.job }}",
             capacity=capacity.value,
             price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
+            # the pods land where the price was chosen (spot prices are per zone; on-demand ones are not)
+            zone=("{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('availability_zone') if params.backend == 'kubernetes' else None }}"
+                  if capacity == Capacity.SPOT else None),
+            instance_type="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('instance_type') if params.backend == 'kubernetes' else None }}",
             # EC2 never bills spot above on-demand: the cap projects spot time at the on-demand price.
             price_ceiling_per_node_hour=ceiling,
             budget_usd="{{ params.budget_usd }}",
