@@ -9,12 +9,11 @@ in ``trainer/config.py``. Flags override the config file; ``--set`` overrides an
 """
 
 import argparse
-import ctypes
 import os
-import signal
 import sys
 
 from trainer.checkpoint_dir import CheckpointStorageError, WriterFenced
+from trainer.contract import die_with_agent  # stdlib only; shared with programs of your own
 from trainer.config import FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE, ConfigError, TrainConfig
 from trainer.fields import add_arguments
 
@@ -34,29 +33,6 @@ def parse_config(argv: list[str]) -> TrainConfig:
             raise ConfigError(f"--set: expected dotted.key=value, got {item!r}")
         overrides[key.strip()] = value
     return cfg.with_overrides(overrides)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_agent() -> None:
-    """Under torchrun: get SIGTERM when the agent that started this worker dies, even by SIGKILL.
-
-    A torchrun agent that is killed outright cannot forward anything; its workers would train
-    on, orphaned, and keep writing the checkpoint directory beside the group that replaces
-    them. SIGTERM is the preemption signal: the worker saves its step and exits 75 (its peers
-    lost, the save may fail; the writer lease fences it off either way). Checking the parent
-    afterwards closes the race with an agent that died before the prctl.
-    """
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    agent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != agent or agent == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:

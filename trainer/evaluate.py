@@ -220,19 +220,16 @@ def _plot(path: str, run: RunRecord, evals: list, latest: dict) -> None:
     loss_ax.set_title(f"{latest['flavor']}: held-out loss {latest['loss']:.3f} at step {latest['step']}", fontsize=10)
     loss_ax.legend(fontsize=8)
 
-    lrs = [(p[0], p[2]) for p in train if len(p) >= 3 and p[2] is not None]
-    if lrs:
-        lr_ax.plot([p[0] for p in lrs], [p[1] for p in lrs], color="tab:brown")
-    lr_ax.set_xlabel("step")
-    lr_ax.set_ylabel("learning rate")
-    lr_ax.set_title("learning-rate schedule", fontsize=10)
+    def panel(ax, points, color: str, ylabel: str, title: str) -> None:
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], color=color)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
 
-    speed = run.tokens_per_s()
-    if speed:
-        speed_ax.plot([p[0] for p in speed], [p[1] for p in speed], color="tab:cyan")
-    speed_ax.set_xlabel("step")
-    speed_ax.set_ylabel("tokens/s (whole group)")
-    speed_ax.set_title("throughput", fontsize=10)
+    lrs = [(p[0], p[2]) for p in train if len(p) >= 3 and p[2] is not None]
+    panel(lr_ax, lrs, "tab:brown", "learning rate", "learning-rate schedule")
+    panel(speed_ax, run.tokens_per_s(), "tab:cyan", "tokens/s (whole group)", "throughput")
 
     curve = run.spend_curve()
     total = curve[-1][1] if curve else 0.0
