@@ -52,6 +52,11 @@ def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(clust
     assert sensor().poke({}).is_done is False
 
 
+def _asked(cluster) -> list[str]:
+    """The pods asked to checkpoint now, in order: each PATCH of a pod (its dtrain.io/checkpoint-now annotation)."""
+    return [path.rsplit("/", 1)[-1] for method, path in cluster.requests if method == "PATCH" and "/pods/" in path]
+
+
 def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until_training_ends(cluster, tmp_path):
     """The bundled DAG's set-up: the sensor names the train task, not a group, and has no queue
     and no instance list; it watches the nodes of that task's groups through their taints."""
@@ -62,7 +67,6 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
     base = group_base_name(ti.dag_id, ti.run_id, "train_spot", -1)
     for i in (1, 2, 3):
         cluster.add_node(f"ip-10-0-0-{i}", f"i-00000000000000{i:03d}")
-    cluster.exec_handler = lambda ns, pod, container, command: ("1\n", "", 0)  # one trainer per pod signalled
 
     sensor = SpotInterruptionSensor(task_id="spot_watch", train_task_id="train_spot", backend="kubernetes",
                                     namespace=NAMESPACE, sqs_queue_url="{{ params.interruption_queue_url or None }}")
@@ -75,13 +79,13 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
     assert poke().is_done is False  # the train task has not launched yet
     launch_debug_group(f"{base}-r0", tmp_path, namespace=NAMESPACE)
     cluster.run(f"{base}-r0", namespace=NAMESPACE, nodes={0: "ip-10-0-0-1", 1: "ip-10-0-0-2"})
-    assert poke().is_done is False and cluster.execs == []
+    assert poke().is_done is False and _asked(cluster) == []
 
     cluster.taint("ip-10-0-0-2", "aws-node-termination-handler/spot-itn")
     assert poke().is_done is False  # acted on, and the watch goes on
     pods_r0 = sorted(cluster.pod(f"{base}-r0", i, namespace=NAMESPACE)["metadata"]["name"] for i in (0, 1))
-    assert sorted(pod for _, pod, _, _ in cluster.execs) == pods_r0  # every pod of the group, once
-    assert poke().is_done is False and len(cluster.execs) == 2  # the taint stays; it is not acted on twice
+    assert sorted(_asked(cluster)) == pods_r0  # every pod of the group, once
+    assert poke().is_done is False and len(_asked(cluster)) == 2  # the taint stays; it is not acted on twice
 
     # The node goes: the group ends preempted; the train task relaunches it on another node.
     cluster.exit(f"{base}-r0", 1, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
@@ -90,7 +94,7 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
     cluster.run(f"{base}-r1", namespace=NAMESPACE, nodes={0: "ip-10-0-0-1", 1: "ip-10-0-0-3"})
     assert poke().is_done is False
     cluster.taint("ip-10-0-0-3", "aws-node-termination-handler/rebalance-recommendation")
-    assert poke().is_done is False and len(cluster.execs) == 4
+    assert poke().is_done is False and len(_asked(cluster)) == 4
 
     for index in (0, 1):
         cluster.exit(f"{base}-r1", index, 0, namespace=NAMESPACE)
@@ -119,18 +123,17 @@ def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(cl
     Karpenter's taint; the default kinds act on it. Scheduled maintenance (days away) is not."""
     cluster.add_node("ip-10-0-0-7", "i-00000000000000007")
     cluster.add_node("ip-10-0-0-8", "i-00000000000000008")
-    cluster.exec_handler = lambda ns, pod, container, command: ("1\n", "", 0)
     launch_debug_group("karp-r0", tmp_path, namespace=NAMESPACE)
     cluster.run("karp-r0", namespace=NAMESPACE, nodes={0: "ip-10-0-0-7", 1: "ip-10-0-0-8"})
     sensor = SpotInterruptionSensor(task_id="w", group="karp", backend="kubernetes", namespace=NAMESPACE)
 
     cluster.taint("ip-10-0-0-7", "aws-node-termination-handler/scheduled-maintenance")
-    assert sensor.poke({}).is_done is False and cluster.execs == []
+    assert sensor.poke({}).is_done is False and _asked(cluster) == []
     cluster.taint("ip-10-0-0-8", "karpenter.sh/disrupted")
     record = sensor.poke({}).xcom_value
     assert (record["interrupted"], record["checkpoint_requested"]) == (True, 2)
     assert [(n["kind"], n["node_name"]) for n in record["notices"]] == [("disruption", "ip-10-0-0-8")]
-    assert len(cluster.execs) == 2
+    assert len(_asked(cluster)) == 2
     statsd_listener.wait_for("dtrain.spot.node_disruption:1|c")  # its own counter, not a spot warning
     assert "dtrain.spot.interruption_warning" not in statsd_listener.names()
 
