@@ -6,19 +6,24 @@
 Both drive the same model (the debug flavour, FSDP2-sharded by the trainer) with the same
 AdamW and schedule:
 
+* plain:   (one process only) the same Llama as a plain ``nn.Module`` -- no FSDP2 wrapper --
+           with the same weights, AdamW and schedule, in the same bare loop: what a
+           single-device PyTorch script would run.
 * bare:    forward, cross-entropy, backward, clip, optimizer.step(), on batches prepared up
-           front. No data loader, telemetry, progress file, stop agreement or checkpoint.
+           front, on the FSDP2-sharded model. No data loader, telemetry, progress file, stop
+           agreement or checkpoint.
 * trainer: ``trainer.train.Job.step()``, the body of the real training loop, with
            everything it does every step: the data loader, the loss all-reduce, the
            non-finite check, metrics and a JSON line every log interval, the progress.json
            rewrite, the stop-flag all-reduce, the cost ledger. A checkpoint directory is
            set, but no interval saves (their cost is benchmarks/checkpoint.py's question).
 
-The two alternate step by step (bare-trainer, then trainer-bare, ...), so drift and load
+They alternate step by step (bare-trainer, then trainer-bare, ..., plain among them), so drift and load
 from other processes hit both alike; on a shared 2-core machine whole-second stalls are
 common and a block-wise comparison mostly measures them. Each step is timed on its own
 (after a barrier across ranks). Prints steps/s of each, trainer/bare over all steps, and the
-median and range of the ratio per round of --steps pairs; the target is >= 0.98.
+median and range of the ratio per round of --steps pairs; the target is >= 0.98. With one
+process it also prints FSDP2/plain (what the wrapper costs on one rank) and trainer/plain.
 Start-up (resume, the first progress.json) is not per step and is not counted.
 """
 
@@ -66,6 +71,27 @@ def main() -> None:
         job = Job.build(cfg, d)
         model, optimizer, scheduler = job.model, job.optimizer, job.scheduler
         batches = [job.data.next_batch() for _ in range(8)]  # the bare loop's data, prepared up front
+        variants = {}
+        if world == 1:  # the same model unwrapped: what a plain single-device script runs
+            from trainer.model import Llama
+            from trainer.parallelize import build_optimizer, build_scheduler
+
+            with torch.device(d.device):
+                plain_model = Llama(model.args)
+            plain_model.init_weights(cfg.seed)
+            plain_opt = build_optimizer(plain_model, cfg.optim)
+            plain_sched = build_scheduler(plain_opt, cfg.optim, cfg.steps)
+
+            def plain_step(i: int) -> None:
+                [(inputs, targets)] = batches[i % len(batches)]
+                loss = F.cross_entropy(plain_model(inputs).flatten(0, 1).float(), targets.flatten())
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(plain_model.parameters(), cfg.optim.grad_clip, foreach=True)
+                plain_opt.step()
+                plain_sched.step()
+                plain_opt.zero_grad(set_to_none=True)
+
+            variants["plain"] = plain_step
 
         def bare_step(i: int) -> None:
             [(inputs, targets)] = batches[i % len(batches)]
@@ -87,12 +113,13 @@ def main() -> None:
             quiet.seek(0)
             quiet.truncate()
 
+        variants.update(bare=bare_step, trainer=trainer_step)
         for i in range(3):  # warm-up: allocator, first-iteration FSDP set-up
-            bare_step(i)
-            trainer_step(i)
-        times = {"bare": [], "trainer": []}
+            for fn in variants.values():
+                fn(i)
+        times = {name: [] for name in variants}
         for i in range(args.steps * args.rounds):
-            order = (("bare", bare_step), ("trainer", trainer_step))
+            order = list(variants.items())
             for name, fn in order if i % 2 == 0 else reversed(order):
                 dist.barrier()
                 start = time.perf_counter()
@@ -114,6 +141,13 @@ def main() -> None:
             print(f"trainer:           {trainer_sps:8.3f} steps/s")
             print(f"trainer/bare:      {trainer_sps / bare_sps:8.3f}  (target >= 0.98; per round: "
                   f"median {statistics.median(per_round):.3f}, min {min(per_round):.3f}, max {max(per_round):.3f})")
+            if "plain" in times:
+                plain_sps = len(times["plain"]) / sum(times["plain"])
+                for label, other in (("FSDP2 bare/plain", "bare"), ("trainer/plain", "trainer")):
+                    ratios = [sum(times["plain"][r]) / sum(times[other][r]) for r in rounds]
+                    print(f"{label + ':':19}{(len(times[other]) / sum(times[other])) / plain_sps:8.3f}  (per round: "
+                          f"median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; "
+                          f"plain {plain_sps:.3f} steps/s)")
         dist.destroy_process_group()
     finally:
         if os.environ.get("RANK", "0") == "0":
