@@ -16,6 +16,7 @@ from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobLimits, JobSpec, SpecError, 
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from trainer.checkpoint_dir import CheckpointDir
+from trainer.statsd import format_tags, parse_tags
 
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
@@ -249,7 +250,7 @@ class FSDPTrainOperator(BaseOperator):
         arguments["resources"] = arguments.pop("node_resources")
         arguments["kubernetes"] = self._kubernetes(arguments.pop("kubernetes_overrides"))
         if not skip_templates:
-            arguments["config"] = _with_statsd_defaults(arguments.get("config"))
+            arguments["config"] = _with_statsd_defaults(arguments.get("config"), getattr(self, "_statsd_tags", ""))
         try:
             spec = JobSpec.from_arguments(**arguments, entrypoint=self.entrypoint)
             self.limits.check(spec)
@@ -283,6 +284,8 @@ class FSDPTrainOperator(BaseOperator):
     def _open_session(self, context: Context) -> GroupSession:
         ti = context["ti"]
         self._base = group_base_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        # what tells this task instance's series from every other's, on both sides of statsd
+        self._statsd_tags = format_tags(metrics.task_tags(context, job=self.job or self._base))
         spec = self.job_spec()
         launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
         self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed)
@@ -311,6 +314,7 @@ class FSDPTrainOperator(BaseOperator):
                 poll_interval=self.poll_interval,
                 recovering_since=session.recovering_since,
                 status=(line := session.status_line()) and line.to_dict(),
+                tags=session.tags,
             ),
             method_name="execute_complete",
         )
@@ -376,8 +380,9 @@ class FSDPTrainOperator(BaseOperator):
         except Exception:  # the summary must not fail on a ledger it cannot read
             self.log.warning("Could not read the cost ledger under %s", spec.train.checkpoint.uri, exc_info=True)
             return {}
-        metrics.gauge("cost.dollars_spent", ledger.total_dollars)
-        metrics.gauge("cost.gpu_hours", ledger.gpu_hours)
+        tags = metrics.job_tags(spec)
+        metrics.gauge("cost.dollars", ledger.total_dollars, tags=tags)
+        metrics.gauge("cost.gpu_hours", ledger.gpu_hours, tags=tags)
         return {"dollars": ledger.total_dollars, "gpu_hours": ledger.gpu_hours}
 
     def on_kill(self) -> None:
@@ -391,21 +396,24 @@ def _check_local_program(entrypoint: tuple[str, ...]) -> None:
         raise SpecError(f"entrypoint: {entrypoint[0]!r} is not a file on this machine (the local backend runs it here)")
 
 
-def _with_statsd_defaults(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The trainer reports to the provider's statsd (``[dtrain] statsd_*``) unless told otherwise."""
+def _with_statsd_defaults(config: dict[str, Any] | None, tags: str = "") -> dict[str, Any] | None:
+    """The trainer reports to the provider's statsd (``[dtrain] statsd_*``) unless told otherwise, and
+    tags every metric with ``tags`` (the task instance and the job: ``metrics.statsd_tags``; tags of the
+    config's own are kept beside them)."""
     host = conf.get("dtrain", "statsd_host", fallback="")
-    if not host:
+    if not host and not tags:
         return config
     config = dict(config or {})
-    flat = {k for k in config if "." in k}
     metrics_section = dict(config.get("metrics") or {})
-    if "metrics.statsd_host" in flat or metrics_section.get("statsd_host"):
-        return config
-    metrics_section.update(
-        statsd_host=host,
-        statsd_port=conf.getint("dtrain", "statsd_port", fallback=8125),
-        statsd_prefix=conf.get("dtrain", "statsd_prefix", fallback="dtrain") or "dtrain",
-    )
+    if tags:
+        own = config.pop("metrics.statsd_tags", None) or metrics_section.get("statsd_tags") or ""
+        metrics_section["statsd_tags"] = format_tags({**parse_tags(str(own)), **parse_tags(tags)})
+    if host and not ("metrics.statsd_host" in config or metrics_section.get("statsd_host")):
+        metrics_section.update(
+            statsd_host=host,
+            statsd_port=conf.getint("dtrain", "statsd_port", fallback=8125),
+            statsd_prefix=conf.get("dtrain", "statsd_prefix", fallback="dtrain") or "dtrain",
+        )
     config["metrics"] = metrics_section
     return config
 
