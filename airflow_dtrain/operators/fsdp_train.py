@@ -459,6 +459,17 @@ class FSDPTrainOperator(BaseOperator):
         metrics.gauge("cost.gpu_hours", ledger.gpu_hours, tags=tags)
         return {"dollars": ledger.total_dollars, "gpu_hours": ledger.gpu_hours}
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (called only where its provider is installed): the token store and the ``init_from``
+        model in, the checkpoint directory out (``airflow_dtrain.lineage``)."""
+        from airflow_dtrain.lineage import training_lineage
+
+        if self._session is not None:
+            return training_lineage(self._session.spec)
+        ti = task_instance  # not run in this process: the spec the task builds
+        self._base = group_base_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        return training_lineage(self.job_spec())
+
     def on_kill(self) -> None:
         if self._session is not None:
             self._session.stop(grace_period_s=self.stop_grace_period_s)
