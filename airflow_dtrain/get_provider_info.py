@@ -56,8 +56,8 @@ def get_provider_info() -> dict:
             },
         ],
         "extra-links": [
-            "airflow_dtrain.operators.fsdp_train.TrainingDashboardLink",
-            "airflow_dtrain.operators.fsdp_train.TrainingReportLink",
+            "airflow_dtrain.links.TrainingDashboardLink",
+            "airflow_dtrain.links.TrainingReportLink",
         ],
         # `airflow dtrain render` (also `python -m airflow_dtrain render`)
         "cli": ["airflow_dtrain.cli.get_dtrain_cli_commands"],

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.get_provider_info import get_provider_info
-from airflow_dtrain.operators.fsdp_train import DASHBOARD_UID, TrainingDashboardLink, TrainingReportLink, browsable_url
+from airflow_dtrain.links import DASHBOARD_UID, TrainingDashboardLink, TrainingReportLink, browsable_url
 from airflow_dtrain.spec import group_base_name
 from tests.conftest import REPO
 
@@ -84,8 +84,8 @@ def test_the_report_link_opens_the_checkpoint_directory(tmp_path):
 
 def test_the_provider_registers_both_links():
     links = get_provider_info()["extra-links"]
-    assert "airflow_dtrain.operators.fsdp_train.TrainingDashboardLink" in links
-    assert "airflow_dtrain.operators.fsdp_train.TrainingReportLink" in links
+    assert "airflow_dtrain.links.TrainingDashboardLink" in links
+    assert "airflow_dtrain.links.TrainingReportLink" in links
 
 
 @pytest.mark.torchrun
