@@ -16,7 +16,7 @@ DEFAULT_CHECKPOINT = "s3://change-me/dtrain/{name}"
 RENDER_HELP = "Print a pod group's Kubernetes objects as YAML (what FSDPTrainOperator creates for the spec)"
 
 RENDER_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--backend",), {"required": True, "choices": ["kubernetes"], "help": "the backend (only kubernetes renders)"}),
+    (("--backend",), {"required": True, "choices": ["kubernetes"], "help": "the backend (kubernetes only)"}),
     (("--nodes",), {"type": int, "help": "num_nodes"}),
     (("--gpus-per-node",), {"type": int, "help": "GPUs (and training processes) per node"}),
     (("--image",), {"help": "the trainer image (kubernetes.image)"}),
@@ -40,7 +40,7 @@ def get_dtrain_cli_commands() -> list:
         func=lazy_load_command("airflow_dtrain.cli.render_command"),
         args=[Arg(flags, **kwargs) for flags, kwargs in RENDER_ARGS],
     )
-    return [GroupCommand(name="dtrain", help="airflow-dtrain: distributed training pod groups", subcommands=[render])]
+    return [GroupCommand(name="dtrain", help="airflow-dtrain: training pod groups", subcommands=[render])]
 
 
 def render_command(args: Any) -> None:

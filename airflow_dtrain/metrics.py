@@ -80,11 +80,13 @@ def task_tags(context: Mapping[str, Any] | None = None, *, job: str | None = Non
             context = {}
     ti = context.get("ti")
     tags = dict.fromkeys(RUN_TAGS, UNKNOWN)
-    if ti is not None:
-        tags.update(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=str(getattr(ti, "map_index", -1)))
+    if ti is not None:  # (a stand-in without some of them: those stay unknown; a metric never fails a task)
+        tags.update({key: str(getattr(ti, key)) for key in ("dag_id", "run_id", "task_id") if hasattr(ti, key)})
+        tags["map_index"] = str(getattr(ti, "map_index", -1))
     if job is None:
         params = context.get("params") or {}
-        job = getattr(context.get("task"), "job", None) or (params.get("job") if hasattr(params, "get") else None)
+        job = getattr(context.get("task"), "job", None)
+        job = job or (params.get("job") if hasattr(params, "get") else None)
     if job:
         tags["job"] = str(job)
     return tags

@@ -63,7 +63,7 @@ TRAINING_METRICS: tuple[str, ...] = (
 PER_RANK_METRICS: frozenset[str] = frozenset(
     {"train.peak_memory_bytes", "gpu.utilization_pct", "gpu.memory_used_bytes", "gpu.power_w", "gpu.temperature_c"}
 )
-"""The series every rank sends for itself, tagged ``node`` and ``rank`` as well (the rest: rank 0, for the group)."""
+"""The series every rank sends for itself, tagged ``node`` and ``rank`` too (the rest: rank 0, for the group)."""
 
 # Dense (no 2:4 sparsity) bf16 tensor-core peak per GPU, by device-name substring; the first
 # match wins, so specific names come before the families that contain them. Sources: NVIDIA

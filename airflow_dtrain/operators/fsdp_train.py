@@ -237,7 +237,8 @@ class FSDPTrainOperator(BaseOperator):
         arguments["resources"] = arguments.pop("node_resources")
         arguments["kubernetes"] = self._kubernetes(arguments.pop("kubernetes_overrides"))
         if not skip_templates:
-            arguments["config"] = _with_statsd_defaults(arguments.get("config"), getattr(self, "_statsd_tags", ""))
+            tags = getattr(self, "_statsd_tags", "")  # set once the task instance is known (_open_session)
+            arguments["config"] = _with_statsd_defaults(arguments.get("config"), tags)
         try:
             spec = JobSpec.from_arguments(**arguments, entrypoint=self.entrypoint)
             self.limits.check(spec)
