@@ -1,4 +1,4 @@
-"""``python -m airflow_dtrain render``: print a pod group's Kubernetes objects as YAML.
+"""``python -m airflow_dtrain render`` (``airflow dtrain render``): a pod group's Kubernetes objects as YAML.
 
     python -m airflow_dtrain render --backend kubernetes --nodes 2 --gpus-per-node 8 \\
         --image ghcr.io/acme/dtrain:0.1.0 --checkpoint-uri s3://bucket/run [--spec spec.yaml] | kubectl apply -f -
@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
+from airflow_dtrain.cli import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT
+from airflow_dtrain.cli import RENDER_ARGS
 from airflow_dtrain.spec import JobSpec, SpecError
-
-_DEFAULT_CHECKPOINT = "s3://change-me/dtrain/{name}"
 
 
 class _Dumper(yaml.SafeDumper):
@@ -74,19 +74,13 @@ def render(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m airflow_dtrain render", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--backend", required=True, choices=["kubernetes"])
-    parser.add_argument("--nodes", type=int, help="num_nodes")
-    parser.add_argument("--gpus-per-node", type=int, help="GPUs (and training processes) per node")
-    parser.add_argument("--image", help="the trainer image (kubernetes.image)")
-    parser.add_argument("--spec", help="a JobSpec as JSON or YAML")
-    parser.add_argument("--checkpoint-uri", help=f"checkpoint.uri (default {_DEFAULT_CHECKPOINT})")
-    parser.add_argument("--flavor", help="model.flavor")
-    parser.add_argument(
-        "--name", default="dtrain-manual-r0", help="the group's name (default dtrain-manual-r0)"
-    )
-    parser.add_argument("--namespace", help="kubernetes.namespace (default: default)")
-    args = parser.parse_args(argv)
+    for flags, kwargs in RENDER_ARGS:
+        parser.add_argument(*flags, **kwargs)
+    return run_render(parser.parse_args(argv))
 
+
+def run_render(args: argparse.Namespace) -> int:
+    """Print the objects of ``args`` (``RENDER_ARGS``'s); 2 with the reason on stderr for a refused spec."""
     from airflow_dtrain.kubernetes.objects import render_group
 
     try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 INTEGRATION = "Distributed Training"
+DOCUMENTATION_URL = "https://pypi.org/project/airflow-dtrain/"
+"""Where the README (the provider's documentation) is published: the package's page."""
 
 
 def get_provider_info() -> dict:
@@ -16,10 +18,12 @@ def get_provider_info() -> dict:
             "torchrun) on this machine or on Kubernetes, with checkpoints that survive spot preemption."
         ),
         "versions": [__version__],
+        # shown by the Providers page (the API reads it for every provider) and `airflow providers get --full`
+        "documentation-url": DOCUMENTATION_URL,
         "integrations": [
             {
                 "integration-name": INTEGRATION,
-                "external-doc-url": "https://pypi.org/project/airflow-dtrain/",
+                "external-doc-url": DOCUMENTATION_URL,
                 "tags": ["software"],
             }
         ],
@@ -51,7 +55,14 @@ def get_provider_info() -> dict:
                 ],
             },
         ],
-        "extra-links": ["airflow_dtrain.operators.fsdp_train.TrainingDashboardLink"],
+        "extra-links": [
+            "airflow_dtrain.links.TrainingDashboardLink",
+            "airflow_dtrain.links.TrainingReportLink",
+        ],
+        # `airflow dtrain render` (also `python -m airflow_dtrain render`)
+        "cli": ["airflow_dtrain.cli.get_dtrain_cli_commands"],
+        # No "connection-types": the provider defines no hook. It uses the cncf.kubernetes provider's
+        # connection (kubernetes_conn_id) and the amazon provider's (aws_conn_id), which list theirs.
         "config": {
             "dtrain": {
                 "description": "Settings of the airflow-dtrain provider.",
@@ -94,12 +105,13 @@ def get_provider_info() -> dict:
                     "grafana_url": {
                         "description": (
                             "Base URL of the Grafana that shows docker/grafana/dtrain-dashboard.json; "
-                            "the train task's 'Training dashboard' link points there."
+                            "the train task's 'Training dashboard' link opens it filtered to the task's run "
+                            "and job over the run's time range. Empty: no such link."
                         ),
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "https://grafana.example.com",
-                        "default": "http://localhost:3000",
+                        "default": "",
                     },
                     "storage_roots": {
                         "description": (

@@ -46,6 +46,8 @@ class InterruptionWatch:
         ``aws_conn_id`` / ``region_name``, long-polling ``wait_time_seconds``.
     :param kinds: which notices are acted on.
     :param follow_relaunches_s: 0 for a single-shot watch, else how long to wait for a relaunch.
+    :param tags: the statsd tags of the counters it sends (``airflow_dtrain.metrics.task_tags`` of the
+        sensor's task: in the triggerer there is no task context to read them from).
     """
 
     def __init__(
@@ -61,11 +63,13 @@ class InterruptionWatch:
         kinds: Iterable[str] = DEFAULT_KINDS,
         wait_time_seconds: int = 0,
         follow_relaunches_s: float = 0.0,
+        tags: dict[str, str] | None = None,
     ) -> None:
         self.group, self.source, self.backend, self.launcher_kwargs = group, source, backend, launcher_kwargs
         self.sqs_queue_url, self.aws_conn_id, self.region_name = sqs_queue_url, aws_conn_id, region_name
         self.kinds, self.wait_time_seconds = tuple(kinds), wait_time_seconds
         self.state = WatchState(follow_relaunches_s=follow_relaunches_s)
+        self.tags = tags
 
     @functools.cached_property
     def launcher(self) -> Any:
@@ -103,13 +107,13 @@ class InterruptionWatch:
         log.warning("Asked %d process(es) of group %s to checkpoint now", asked, name)
         delete_messages(queue_url=self.sqs_queue_url or "", receipts=receipts, aws_conn_id=self.aws_conn_id,
                         region_name=self.region_name)  # fmt: skip
-        _count(fresh)
+        _count(fresh, self.tags)
         return self.state.acted(name, status, fresh, asked)
 
 
-def _count(notices: list[InterruptionNotice]) -> None:
+def _count(notices: list[InterruptionNotice], tags: dict[str, str] | None) -> None:
     from airflow_dtrain import metrics
 
     names = {"spot-interruption": "spot.interruption_warning", "rebalance-recommendation": "spot.rebalance_recommendation"}
     for notice in notices:
-        metrics.incr(names.get(notice.kind, "spot.node_disruption"))
+        metrics.incr(names.get(notice.kind, "spot.node_disruption"), tags=tags)

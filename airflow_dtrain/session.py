@@ -80,6 +80,7 @@ class GroupWatch:
     cursor: Any = None
     recovering_since: float | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    tags: dict[str, str] | None = None  # the job's statsd tags (metrics.job_tags)
 
     def poll(self) -> tuple[GroupStatus, list[str]]:
         """One look: the state, then the lines since the last look (complete once the state is terminal)."""
@@ -89,7 +90,7 @@ class GroupWatch:
         if self.recovering_since is not None and any(
             '"event": "resume"' in line or '"event": "train"' in line for line in chunk.lines
         ):
-            metrics.timing("group.recovery_seconds", time.time() - self.recovering_since)
+            metrics.timing("group.recovery_seconds", time.time() - self.recovering_since, tags=self.tags)
             self.recovering_since = None
         return status, chunk.lines
 
@@ -133,6 +134,8 @@ class GroupSession:
         self.stopped_at_budget: dict[str, Any] | None = None
         """Set when the job ended at its dollar cap (the group stopped itself, or a relaunch was not affordable)."""
         self._status: StatusLine | None = None
+        self.tags = metrics.job_tags(spec)
+        """The statsd tags of the job's metrics, as its trainer sends them (None: the task's context's)."""
 
     # -- the groups of this task -------------------------------------------------------------
     def groups(self) -> list[str]:
@@ -156,7 +159,7 @@ class GroupSession:
         spent = self._spent()  # before this group's own spend file: what the job spent until now
         self._open_spend(name)  # billing starts before the first pod or process exists
         self.launcher.launch(name, self.spec, spent_usd=spent)
-        metrics.incr("group.launches")
+        metrics.incr("group.launches", tags=self.tags)
         self.current = name
         return name
 
@@ -184,7 +187,7 @@ class GroupSession:
     # -- watching --------------------------------------------------------------------------------
     def watch(self, name: str, *, poll_interval: float, timeout_s: float | None = None) -> dict[str, Any]:
         """Follow ``name`` from this process until it ends, its output into the log; its end event."""
-        watch = GroupWatch(self.launcher, name, recovering_since=self.recovering_since)
+        watch = GroupWatch(self.launcher, name, recovering_since=self.recovering_since, tags=self.tags)
         status_line = self.status_line()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -217,7 +220,7 @@ class GroupSession:
                              event.get("message"))  # fmt: skip
             return None
         if event["status"] == "preempted":
-            metrics.incr("group.preemptions")
+            metrics.incr("group.preemptions", tags=self.tags)
             self.recovering_since = time.time()
             preemptions = self.preemptions()
             if preemptions > self.spec.max_preemptions:
@@ -232,7 +235,7 @@ class GroupSession:
                 name, event["message"], preemptions, self.spec.max_preemptions,
             )  # fmt: skip
             return self.launch(relaunch_index(self.base, name) + 1)
-        metrics.incr("group.failures")
+        metrics.incr("group.failures", tags=self.tags)
         if FENCED_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             raise self.error(
                 f"{self.purpose} group {name} stopped (exit {FENCED_EXIT_CODE}): another group took over the "

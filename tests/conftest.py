@@ -84,11 +84,11 @@ class StatsdListener:
         return {line.split(":", 1)[0] for line in self.lines}
 
     def wait_for(self, line: str, timeout: float = 10.0) -> None:
-        """Until ``line`` has arrived (UDP: the sender does not wait for it)."""
+        """Until ``line`` has arrived, with any tags after it (UDP: the sender does not wait for it)."""
         import time
 
         deadline = time.monotonic() + timeout
-        while line not in self.lines:
+        while not any(got == line or got.startswith(f"{line}|#") for got in self.lines):
             assert time.monotonic() < deadline, f"statsd never got {line!r}; got {self.lines}"
             time.sleep(0.05)
 

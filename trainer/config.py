@@ -38,6 +38,7 @@ from typing import Any
 from trainer.capacity import Capacity
 from trainer.fields import ConfigError, check, coerce, field_types, setting
 from trainer.flavors import FLAVORS
+from trainer.statsd import TAGS_PATTERN
 
 __all__ = [
     "ACTIVATION_CHECKPOINTING", "FLAVORS", "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "STORAGE_EXIT_CODE", "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig",
@@ -239,7 +240,7 @@ class CostConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MetricsConfig:
-    """Stdout JSON lines and optional statsd gauges."""
+    """Stdout JSON lines and optional statsd gauges (DogStatsD-tagged, trainer/statsd.py)."""
 
     _section = "metrics"
 
@@ -248,6 +249,12 @@ class MetricsConfig:
     statsd_port: int = setting(8125, ge=1, le=65535, help="statsd UDP port.")
     statsd_prefix: str = setting("dtrain", pattern=r"[A-Za-z0-9_.\-]*", rule="may only hold letters, digits, '_', '.', '-'",
                                  help="Prefix of every statsd metric name.")
+    statsd_tags: str = setting(
+        "", pattern=TAGS_PATTERN, rule="must be comma-separated key:value pairs (no '|', '#' or spaces)",
+        help="DogStatsD tags on every metric, key:value,key:value (trainer/statsd.py). FSDPTrainOperator sets "
+        "dag_id, run_id, task_id, map_index and job, so concurrent runs are separate series; per-rank series "
+        "add node and rank.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check(self, self._section)

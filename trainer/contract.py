@@ -15,6 +15,7 @@ What every process gets (both backends), read by ``job_env()``::
     DTRAIN_GRACE_PERIOD_S              seconds a preemption save may take before SIGKILL
     DTRAIN_SIMULATE_PREEMPTION_AT_STEP only when set: tests and demos (``simulate_preemption``)
     DTRAIN_GROUP_NAME                  this attempt's pod group: its name in the spend ledger
+    DTRAIN_STATSD_TAGS                 only when set: DogStatsD tags (task instance, job) for your metrics
 
 torchrun's RANK, LOCAL_RANK and WORLD_SIZE come with them.
 

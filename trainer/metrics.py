@@ -15,21 +15,25 @@ allocator, else the process's max RSS). The gpu_* fields are rank 0's GPU as NVM
 they are absent (not null) without a GPU or without a working NVML.
 
 statsd: the same values as gauges named ``<metrics.statsd_prefix>.<name>`` for each name of
-TRAINING_METRICS, sent by rank 0 only. This module imports no torch at module level, so the
-Airflow side (dashboards, tests) can import TRAINING_METRICS cheaply.
+TRAINING_METRICS, every one tagged with ``metrics.statsd_tags`` (DogStatsD, trainer/statsd.py: the
+operator puts the task instance and the job there). The group's series are sent by rank 0; the
+per-rank ones (PER_RANK_METRICS: memory and the GPU's readings) by every rank, tagged ``node`` and
+``rank`` too. Units are in the names: bytes, seconds, dollars. This module imports no torch at
+module level, so the Airflow side (dashboards, tests) can import TRAINING_METRICS cheaply.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import resource
-import socket
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from trainer.config import MetricsConfig
+from trainer.statsd import RANK_TAGS, RUN_TAGS, UNKNOWN, Sender, parse_tags
 
 if TYPE_CHECKING:
     import torch
@@ -42,19 +46,24 @@ TRAINING_METRICS: tuple[str, ...] = (
     "train.lr",                # learning rate the logged step used
     "train.tokens_per_s",      # tokens per second of the whole group over the interval
     "train.mfu",               # model FLOPs utilisation, 0..1 (GPUs with a known peak only)
-    "train.peak_mem_mb",       # peak memory of rank 0 (CUDA allocator, else max RSS), MiB
     "train.step",              # the logged step
-    "gpu.utilization_pct",     # NVML: % of time a kernel ran, rank 0's GPU
-    "gpu.memory_used_mb",      # NVML: used device memory, MiB (all processes)
-    "gpu.power_w",             # NVML: board power draw, W
-    "gpu.temperature_c",       # NVML: GPU core temperature, °C
+    "train.peak_memory_bytes",  # per rank: peak memory (CUDA allocator, else max RSS), bytes
+    "gpu.utilization_pct",     # per rank, NVML: % of time a kernel ran on the rank's GPU
+    "gpu.memory_used_bytes",   # per rank, NVML: used device memory, bytes (all processes)
+    "gpu.power_w",             # per rank, NVML: board power draw, W
+    "gpu.temperature_c",       # per rank, NVML: GPU core temperature, °C
     "checkpoint.seconds",      # wall time of the last checkpoint save
     "checkpoint.blocked_seconds",  # of which training was held up (async: the copy to host memory)
-    "cost.dollars",            # cumulative spend of the job over all attempts (manifest cost ledger)
-    "cost.gpu_hours",          # cumulative GPU-hours of the job over all attempts
+    "cost.dollars",            # the job's spend over all attempts (the provider sends the same series)
+    "cost.gpu_hours",          # the job's GPU-hours over all attempts
+    "cost.budget_dollars",     # the job's dollar cap (cost.budget_usd), when it has one
 )
 """Every statsd metric the trainer emits, relative to the prefix: the full name is
 ``f"{prefix}.{name}"`` (prefix "dtrain" by default: ``dtrain.train.loss``). All are gauges."""
+PER_RANK_METRICS: frozenset[str] = frozenset(
+    {"train.peak_memory_bytes", "gpu.utilization_pct", "gpu.memory_used_bytes", "gpu.power_w", "gpu.temperature_c"}
+)
+"""The series every rank sends for itself, tagged ``node`` and ``rank`` too (the rest: rank 0, for the group)."""
 
 # Dense (no 2:4 sparsity) bf16 tensor-core peak per GPU, by device-name substring; the first
 # match wins, so specific names come before the families that contain them. Sources: NVIDIA
@@ -156,18 +165,30 @@ def _finite_or_none(v):
     return v if not isinstance(v, float) or math.isfinite(v) else None
 
 
+_GPU_GAUGES = {  # GpuTelemetry's key -> (gauge, factor to the gauge's unit)
+    "gpu_utilization_pct": ("gpu.utilization_pct", 1),
+    "gpu_memory_used_mb": ("gpu.memory_used_bytes", 2**20),
+    "gpu_power_w": ("gpu.power_w", 1),
+    "gpu_temperature_c": ("gpu.temperature_c", 1),
+}
+
+
 class Metrics:
     def __init__(self, cfg: MetricsConfig, *, is_rank0: bool, world_size: int, device: torch.device,
-                 flops_per_token: float):
+                 flops_per_token: float, rank: int = 0):
         self.cfg, self.is_rank0, self.device = cfg, is_rank0, device
         self.world_size = world_size
         self.flops_per_token = flops_per_token
         peak = peak_flops(device)
         self.peak = peak[1] if peak else None
-        self.gpu = GpuTelemetry(device) if is_rank0 else None
-        self._sock = None
-        if is_rank0 and cfg.statsd_host:
-            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sender = Sender(cfg.statsd_host, cfg.statsd_port) if cfg.statsd_host else None
+        # rank 0's readings go into its JSON lines; every rank's into its own statsd series
+        self.gpu = GpuTelemetry(device) if is_rank0 or self._sender is not None else None
+        # the same keys on every line (one label set per metric), whatever the config names
+        self.tags = {**dict.fromkeys(RUN_TAGS, UNKNOWN), **parse_tags(cfg.statsd_tags)}
+        # torchrun's GROUP_RANK: the node's index in the group (rank = node x procs per node + local rank)
+        self.rank_tags = {**self.tags, RANK_TAGS[0]: os.environ.get("GROUP_RANK", "0"),
+                          RANK_TAGS[1]: str(0 if is_rank0 else rank)}  # fmt: skip
         if is_rank0 and device.type == "cuda":
             said = (f"{peak[0]}: {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU" if peak
                     else f"{torch_device_name(device)}: peak unknown, mfu will be null")
@@ -183,16 +204,16 @@ class Metrics:
         print(line, file=sys.stdout, flush=True)
 
     def gauge(self, name: str, value: float, kind: str = "g") -> None:
-        """Send ``<prefix>.<name>``; name must be one of TRAINING_METRICS (one scheme, one list)."""
+        """Send ``<prefix>.<name>``, tagged; name must be one of TRAINING_METRICS (one scheme, one list).
+        A per-rank series goes from every rank with its node and rank; the group's from rank 0 only."""
         if name not in TRAINING_METRICS:
             raise ValueError(f"{name!r} is not in trainer.metrics.TRAINING_METRICS; add it there first")
-        if self._sock is None or value is None:
+        if self._sender is None or value is None:
             return
-        payload = f"{self.cfg.statsd_prefix}.{name}:{value}|{kind}".encode()
-        try:
-            self._sock.sendto(payload, (self.cfg.statsd_host, self.cfg.statsd_port))
-        except OSError:
-            pass  # metrics must never stop training
+        if name in PER_RANK_METRICS:
+            self._sender.send(f"{self.cfg.statsd_prefix}.{name}", value, kind, self.rank_tags)
+        elif self.is_rank0:
+            self._sender.send(f"{self.cfg.statsd_prefix}.{name}", value, kind, self.tags)
 
     def start_window(self) -> None:
         """Start timing throughput from now (call when the training loop starts)."""
@@ -211,23 +232,26 @@ class Metrics:
         mfu = None
         if self.peak:
             mfu = tokens_per_s * self.flops_per_token / (self.peak * self.world_size)
+        peak_mb = peak_mem_mb(self.device)
         fields = {
             "step": step, "loss": round(loss, 6), "grad_norm": round(grad_norm, 6), "lr": lr,
             "tokens_per_s": round(tokens_per_s, 1), "mfu": None if mfu is None else round(mfu, 4),
-            "peak_mem_mb": round(peak_mem_mb(self.device), 1),
+            "peak_mem_mb": round(peak_mb, 1),
         }
         gpu = self.gpu.read() if self.gpu is not None else {}
         self.emit("train", **fields, **gpu)
-        for name in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"):
+        for name in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu"):
             self.gauge(f"train.{name}", fields[name])
-        for key, value in gpu.items():  # "gpu_power_w" -> "gpu.power_w"
-            self.gauge(key.replace("gpu_", "gpu.", 1), value)
+        self.gauge("train.peak_memory_bytes", round(peak_mb * 2**20))
+        for key, value in gpu.items():
+            name, factor = _GPU_GAUGES[key]
+            self.gauge(name, round(value * factor) if factor != 1 else value)
         self._window_start, self._window_tokens = time.perf_counter(), 0
         return tokens_per_s
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
+        if self._sender is not None:
+            self._sender.close()
 
 
 def torch_device_name(device: torch.device) -> str:

@@ -371,7 +371,7 @@ class Job:
             cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, data_dir=data_dir, model=model, optimizer=optimizer,
             resume_point=None if point is None else (point[0], point[1]),
             scheduler=build_scheduler(optimizer, cfg.optim, cfg.steps),
-            metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, world_size=d.world_size, device=d.device,
+            metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, rank=d.rank, world_size=d.world_size, device=d.device,
                             flops_per_token=fpt),
             progress=Progress(ckpt.root, cfg.steps, enabled=d.rank == 0),
             cost=cost,
@@ -426,12 +426,14 @@ class Job:
             self.gauge_cost()
 
     def gauge_cost(self) -> None:
-        """The spend so far (statsd): <prefix>.cost.dollars and <prefix>.cost.gpu_hours."""
+        """The spend so far (statsd): <prefix>.cost.dollars and <prefix>.cost.gpu_hours, and the cap beside it."""
         ledger = self.cost.snapshot()
         # the job's spend as the budget counts it: every attempt's spend file, this one live
         dollars = self.budget.spent() if self.budget is not None and self.budget.dir is not None else None
         self.metrics.gauge("cost.dollars", ledger["total_dollars"] if dollars is None else round(dollars, 9))
         self.metrics.gauge("cost.gpu_hours", round(sum(ledger[c]["gpu_hours"] for c in CAPACITY_TYPES), 6))
+        if self.cfg.cost.budget_usd:
+            self.metrics.gauge("cost.budget_dollars", self.cfg.cost.budget_usd)
 
     def preempted(self, step: int) -> int:
         self.stops.ignore_further_signals()

@@ -43,7 +43,8 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
 
     And the job's contract with a program of your own (``trainer/contract.py``, docs/own_training_code.md):
     where its checkpoints go, the job's name, its steps, how often to save, how long a preemption save
-    may take and, for tests and demos, the step at which to simulate one.
+    may take, for tests and demos the step at which to simulate one, and the DogStatsD tags its metrics
+    carry (``DTRAIN_STATSD_TAGS``: the task instance and the job).
     """
     train = spec.train
     env = {
@@ -58,6 +59,8 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
     }
     if train.simulate_preemption_at_step:
         env["DTRAIN_SIMULATE_PREEMPTION_AT_STEP"] = str(train.simulate_preemption_at_step)
+    if train.metrics.statsd_tags:  # the task instance and job (the trainer reads its config's copy)
+        env["DTRAIN_STATSD_TAGS"] = train.metrics.statsd_tags
     return env
 
 

@@ -189,12 +189,13 @@ class BudgetBranchOperator(BaseBranchOperator):
         )
         decision = decide(inputs)
         self.log.info("Decision: %s. %s", decision.choice.value, decision.reason)
-        metrics.incr(f"budget.decision.{decision.choice.value}")
+        tags = metrics.task_tags(context)
+        metrics.incr(f"budget.decision.{decision.choice.value}", tags=tags)
         if decision.remaining_budget is not None:
-            metrics.gauge("budget.remaining_usd", decision.remaining_budget)
+            metrics.gauge("budget.remaining_dollars", decision.remaining_budget, tags=tags)
         estimate = {Choice.SPOT: decision.spot_cost, Choice.ON_DEMAND: decision.on_demand_cost}.get(decision.choice)
         if estimate is not None:
-            metrics.gauge("budget.estimate_usd", estimate)
+            metrics.gauge("budget.estimate_dollars", estimate, tags=tags)
         context["ti"].xcom_push(
             key="decision",
             value={**decision.to_dict(), "ledger": ledger.to_dict(), "offer": offer, "steps_remaining": steps_remaining},

@@ -66,10 +66,11 @@ class CheckpointValidationOperator(BaseOperator):
                 fallback_to_valid=self.fallback_to_valid,
             )
         except Exception:
-            metrics.incr("checkpoint.validation_failures")
+            metrics.incr("checkpoint.validation_failures", tags=metrics.task_tags(context))
             raise
         if report["fell_back_from"]:
-            metrics.incr("checkpoint.validation_failures", len(report["fell_back_from"]))
+            metrics.incr("checkpoint.validation_failures", len(report["fell_back_from"]),
+                         tags=metrics.task_tags(context))
         for skipped in report["fell_back_from"]:
             self.log.warning(
                 "Skipped %s: check %s failed for %s: %s",

@@ -161,9 +161,10 @@ class EvaluateCheckpointOperator(BaseOperator):
             "Held-out loss %.4f (perplexity %.2f) at step %d, %.0f tokens/s; loss curves: %s",
             result["loss"], result["perplexity"], result["step"], result["tokens_per_s"], report,
         )  # fmt: skip
-        metrics.gauge("eval.loss", result["loss"])
-        metrics.gauge("eval.perplexity", result["perplexity"])
-        metrics.gauge("eval.tokens_per_s", result["tokens_per_s"])
+        tags = metrics.task_tags(context)
+        metrics.gauge("eval.loss", result["loss"], tags=tags)
+        metrics.gauge("eval.perplexity", result["perplexity"], tags=tags)
+        metrics.gauge("eval.tokens_per_s", result["tokens_per_s"], tags=tags)
 
         best = registry.read_json(REGISTRY_BEST)
         summary = {
@@ -203,7 +204,7 @@ class EvaluateCheckpointOperator(BaseOperator):
             {**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export", "report")},
              "run_id": context["ti"].run_id, "promoted_at": time.time()},
         )  # fmt: skip
-        metrics.incr("checkpoint.promotions")
+        metrics.incr("checkpoint.promotions", tags=metrics.task_tags(context))
         self.log.info("Promoted %s (loss %.4f, before: %s); export: %s", checkpoint, summary["loss"],
                       summary["best_loss_before"], export_dir)  # fmt: skip
         if self.asset is not None:

@@ -7,22 +7,20 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator, BaseOperatorLink, conf
+from airflow.sdk import BaseOperator, conf
 
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
+from airflow_dtrain.links import TrainingDashboardLink, TrainingReportLink
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobLimits, JobSpec, SpecError, group_base_name, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from trainer.checkpoint_dir import CheckpointDir
+from trainer.statsd import format_tags, parse_tags
 
 if TYPE_CHECKING:
-    from airflow.models.taskinstancekey import TaskInstanceKey
     from airflow.sdk import Context
-
-DASHBOARD_UID = "dtrain-training"
-"""uid of docker/grafana/dtrain-dashboard.json."""
 
 # Operator arguments that go into the trainer's config (declared in trainer/config.py).
 _TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
@@ -35,16 +33,6 @@ _GROUP_ARGUMENTS = (
 
 class TrainingFailed(GroupFailed):
     """The pod group failed (not preempted) or ran out of relaunches."""
-
-
-class TrainingDashboardLink(BaseOperatorLink):
-    """The train task's link to the Grafana dashboard (``[dtrain] grafana_url``)."""
-
-    name = "Training dashboard"
-
-    def get_link(self, operator, *, ti_key: TaskInstanceKey) -> str:
-        base = conf.get("dtrain", "grafana_url", fallback="http://localhost:3000").rstrip("/")
-        return f"{base}/d/{DASHBOARD_UID}/airflow-dtrain?orgId=1&from=now-6h&to=now"
 
 
 class FSDPTrainOperator(BaseOperator):
@@ -135,7 +123,7 @@ class FSDPTrainOperator(BaseOperator):
 
     template_fields: Sequence[str] = (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)
     template_fields_renderers = {"config": "json", "node_resources": "json", "kubernetes": "json"}
-    operator_extra_links = (TrainingDashboardLink(),)
+    operator_extra_links = (TrainingDashboardLink(), TrainingReportLink())
     ui_color = "#f0e4ff"
 
     def __init__(
@@ -249,7 +237,8 @@ class FSDPTrainOperator(BaseOperator):
         arguments["resources"] = arguments.pop("node_resources")
         arguments["kubernetes"] = self._kubernetes(arguments.pop("kubernetes_overrides"))
         if not skip_templates:
-            arguments["config"] = _with_statsd_defaults(arguments.get("config"))
+            tags = getattr(self, "_statsd_tags", "")  # set once the task instance is known (_open_session)
+            arguments["config"] = _with_statsd_defaults(arguments.get("config"), tags)
         try:
             spec = JobSpec.from_arguments(**arguments, entrypoint=self.entrypoint)
             self.limits.check(spec)
@@ -283,9 +272,13 @@ class FSDPTrainOperator(BaseOperator):
     def _open_session(self, context: Context) -> GroupSession:
         ti = context["ti"]
         self._base = group_base_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        # what tells this task instance's series from every other's, on both sides of statsd
+        self._statsd_tags = format_tags(metrics.task_tags(context, job=self.job or self._base))
         spec = self.job_spec()
         launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
         self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed)
+        for link in self.operator_extra_links:  # while it trains; Airflow writes them again when it ends
+            ti.xcom_push(key=link.xcom_key, value=link.get_link(self, ti_key=ti))
         return self._session
 
     # -- execution ----------------------------------------------------------------------------
@@ -311,6 +304,7 @@ class FSDPTrainOperator(BaseOperator):
                 poll_interval=self.poll_interval,
                 recovering_since=session.recovering_since,
                 status=(line := session.status_line()) and line.to_dict(),
+                tags=session.tags,
             ),
             method_name="execute_complete",
         )
@@ -376,9 +370,21 @@ class FSDPTrainOperator(BaseOperator):
         except Exception:  # the summary must not fail on a ledger it cannot read
             self.log.warning("Could not read the cost ledger under %s", spec.train.checkpoint.uri, exc_info=True)
             return {}
-        metrics.gauge("cost.dollars_spent", ledger.total_dollars)
-        metrics.gauge("cost.gpu_hours", ledger.gpu_hours)
+        tags = metrics.job_tags(spec)
+        metrics.gauge("cost.dollars", ledger.total_dollars, tags=tags)
+        metrics.gauge("cost.gpu_hours", ledger.gpu_hours, tags=tags)
         return {"dollars": ledger.total_dollars, "gpu_hours": ledger.gpu_hours}
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (called only where its provider is installed): the token store and the ``init_from``
+        model in, the checkpoint directory out (``airflow_dtrain.lineage``)."""
+        from airflow_dtrain.lineage import training_lineage
+
+        if self._session is not None:
+            return training_lineage(self._session.spec)
+        ti = task_instance  # not run in this process: the spec the task builds
+        self._base = group_base_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        return training_lineage(self.job_spec())
 
     def on_kill(self) -> None:
         if self._session is not None:
@@ -391,21 +397,24 @@ def _check_local_program(entrypoint: tuple[str, ...]) -> None:
         raise SpecError(f"entrypoint: {entrypoint[0]!r} is not a file on this machine (the local backend runs it here)")
 
 
-def _with_statsd_defaults(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The trainer reports to the provider's statsd (``[dtrain] statsd_*``) unless told otherwise."""
+def _with_statsd_defaults(config: dict[str, Any] | None, tags: str = "") -> dict[str, Any] | None:
+    """The trainer reports to the provider's statsd (``[dtrain] statsd_*``) unless told otherwise, and
+    tags every metric with ``tags`` (the task instance and the job: ``metrics.statsd_tags``; tags of the
+    config's own are kept beside them)."""
     host = conf.get("dtrain", "statsd_host", fallback="")
-    if not host:
+    if not host and not tags:
         return config
     config = dict(config or {})
-    flat = {k for k in config if "." in k}
     metrics_section = dict(config.get("metrics") or {})
-    if "metrics.statsd_host" in flat or metrics_section.get("statsd_host"):
-        return config
-    metrics_section.update(
-        statsd_host=host,
-        statsd_port=conf.getint("dtrain", "statsd_port", fallback=8125),
-        statsd_prefix=conf.get("dtrain", "statsd_prefix", fallback="dtrain") or "dtrain",
-    )
+    if tags:
+        own = config.pop("metrics.statsd_tags", None) or metrics_section.get("statsd_tags") or ""
+        metrics_section["statsd_tags"] = format_tags({**parse_tags(str(own)), **parse_tags(tags)})
+    if host and not ("metrics.statsd_host" in config or metrics_section.get("statsd_host")):
+        metrics_section.update(
+            statsd_host=host,
+            statsd_port=conf.getint("dtrain", "statsd_port", fallback=8125),
+            statsd_prefix=conf.get("dtrain", "statsd_prefix", fallback="dtrain") or "dtrain",
+        )
     config["metrics"] = metrics_section
     return config
 

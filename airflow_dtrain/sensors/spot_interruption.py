@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_dtrain import metrics
 from airflow_dtrain.launchers.factory import launcher_kwargs
 from airflow_dtrain.spot.events import KINDS
 from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
@@ -196,6 +197,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
             "kinds": list(self.kinds),
             "wait_time_seconds": self.wait_time_seconds,
             "follow_relaunches_s": self.follow_relaunches_s,
+            "tags": metrics.task_tags(context),
         }
 
     def execute(self, context: Context) -> Any:

@@ -211,6 +211,6 @@ def _report(choice: dict[str, Any]) -> None:
     from airflow_dtrain import metrics
 
     if choice.get("spot_price") is not None:
-        metrics.gauge("spot.price_per_hour", float(choice["spot_price"]))
+        metrics.gauge("spot.price_dollars_per_hour", float(choice["spot_price"]))
     if choice.get("on_demand_price") is not None:
-        metrics.gauge("spot.on_demand_price_per_hour", float(choice["on_demand_price"]))
+        metrics.gauge("spot.on_demand_price_dollars_per_hour", float(choice["on_demand_price"]))

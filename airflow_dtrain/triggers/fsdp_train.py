@@ -31,6 +31,7 @@ class FSDPTrainTrigger(BaseTrigger):
         group is its relaunch (reported as ``group.recovery_seconds`` once it trains again).
     :param status: the job's ``StatusLine`` as a dict: a status line in the triggerer's log every
         ``status.every_s`` seconds (None: no status line).
+    :param tags: the job's statsd tags (``GroupSession.tags``) for the metrics sent from here.
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class FSDPTrainTrigger(BaseTrigger):
         log_cursor: Any = None,
         recovering_since: float | None = None,
         status: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -52,6 +54,7 @@ class FSDPTrainTrigger(BaseTrigger):
         self.log_cursor = log_cursor
         self.recovering_since = recovering_since
         self.status = status
+        self.tags = tags
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -64,6 +67,7 @@ class FSDPTrainTrigger(BaseTrigger):
                 "log_cursor": self.log_cursor,
                 "recovering_since": self.recovering_since,
                 "status": self.status,
+                "tags": self.tags,
             },
         )
 
@@ -71,7 +75,7 @@ class FSDPTrainTrigger(BaseTrigger):
         return get_launcher(self.backend, **self.launcher_kwargs)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = GroupWatch(self._launcher(), self.name, self.log_cursor, self.recovering_since)
+        watch = GroupWatch(self._launcher(), self.name, self.log_cursor, self.recovering_since, tags=self.tags)
         status_line = StatusLine.from_dict(self.status)
         try:
             while True:

@@ -272,3 +272,19 @@ def test_pod_logs_reach_the_task_log_while_the_group_runs(fake, tmp_path, capfd)
     _finish(fake, name, tmp_path / "ckpt")
     assert task.result()["final_step"] == STEPS
     assert "".join(output).count("step 1 loss 5.51") == 1, "no line is logged twice"
+
+
+def test_the_task_instance_and_job_reach_the_pods_as_statsd_tags(fake, tmp_path):
+    """What tells this run's metrics from every other's: in the trainer's config (ConfigMap) and the pods' env."""
+    from trainer.statsd import parse_tags
+
+    run_id = "manual__2026-05-01T09:30:00+00:00"
+    op = _operator(tmp_path, job="demo", kubernetes={"statsd_host": "node"})
+    name = _defer(op, RecordingTI(dag_id="train_llama", run_id=run_id)).trigger.name
+    config = json.loads(fake.get("configmaps", f"{name}-config")["data"]["train_config.json"])
+    expected = {"dag_id": "train_llama", "run_id": run_id, "task_id": "train", "map_index": "-1", "job": "demo"}
+    assert parse_tags(config["metrics"]["statsd_tags"]) == expected
+    container = fake.get("jobs", name)["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert parse_tags(env["DTRAIN_STATSD_TAGS"]) == expected  # for a program of your own
+    op.on_kill()

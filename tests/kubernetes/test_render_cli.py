@@ -101,3 +101,19 @@ def test_nothing_imports_the_kubernetes_client_at_dag_parse_time():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_airflow_dtrain_render_is_an_airflow_cli_command_printing_the_same(airflow_home):
+    """The provider info's ``cli`` entry puts ``render`` in Airflow's own CLI: same arguments, same YAML."""
+    args = ("--backend", "kubernetes", "--nodes", "2", "--gpus-per-node", "1", "--image", "img:1",
+            "--checkpoint-uri", "s3://ml-ckpt/run9")  # fmt: skip
+    airflow = subprocess.run([sys.executable, "-m", "airflow", "dtrain", "render", *args],
+                             capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=120)  # fmt: skip
+    assert airflow.returncode == 0, airflow.stderr[-3000:]
+    assert airflow.stdout == _render(*args).stdout
+    assert [d["kind"] for d in yaml.safe_load_all(airflow.stdout) if d] == ["ConfigMap", "Service", "Job"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "airflow", "dtrain", "render", *args[:-2], "--spec", "/nonexistent.yaml"],
+        capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "/nonexistent.yaml" in refused.stderr

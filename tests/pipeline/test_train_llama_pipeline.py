@@ -16,6 +16,7 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 from airflow_dtrain import metrics as orchestration
 from tests.conftest import StatsdListener
 from trainer.checkpoint_dir import CheckpointDir
+from trainer.statsd import parse_line
 
 pytestmark = pytest.mark.torchrun
 
@@ -86,9 +87,13 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     seen = listener.names()
     # (train.mfu and the gpu.* gauges need a GPU with a known peak: absent on this CPU run)
     for name in ("train.loss", "train.tokens_per_s", "train.grad_norm", "checkpoint.seconds", "cost.dollars",
-                 "spot.price_per_hour", "budget.decision.spot", "group.launches", "group.preemptions",
-                 "group.recovery_seconds", "cost.dollars_spent", "eval.loss", "checkpoint.promotions"):  # fmt: skip
+                 "cost.budget_dollars", "spot.price_dollars_per_hour", "budget.decision.spot", "group.launches",
+                 "group.preemptions", "group.recovery_seconds", "eval.loss", "checkpoint.promotions"):  # fmt: skip
         assert f"dtrain.{name}" in seen, f"dtrain.{name} never arrived; got {sorted(seen)}"
+    # every line, the trainer's and every task's, says which run and job it belongs to
+    for line in listener.lines:
+        name, _, _, tags = parse_line(line)
+        assert (tags["dag_id"], tags["run_id"], tags["job"]) == ("train_llama", run.run_id, "train-llama"), line
 
 
 def test_budget_too_small_ends_in_the_stop_branch_without_training(dags, tmp_path):

@@ -240,3 +240,8 @@ def test_the_documented_environment_is_the_one_the_launchers_set():
     for name in [*contract_vars, "DTRAIN_GROUP_NAME"]:
         assert name in contract.__doc__ and name in docs, name
     assert "DTRAIN_SIMULATE_PREEMPTION_AT_STEP" not in agent_env(JobSpec.from_arguments(checkpoint_uri="/ckpt"))
+    # the statsd tags FSDPTrainOperator puts in the config (the task instance and the job) reach the program too
+    tags = "dag_id:d,run_id:manual__2026-01-01T00:00:00+00:00,task_id:t,map_index:-1,job:llm"
+    tagged = agent_env(JobSpec.from_arguments(checkpoint_uri="/ckpt", config={"metrics": {"statsd_tags": tags}}))
+    assert tagged["DTRAIN_STATSD_TAGS"] == tags
+    assert "DTRAIN_STATSD_TAGS" in contract.__doc__ and "DTRAIN_STATSD_TAGS" in docs

@@ -58,6 +58,7 @@ def test_importing_config_does_not_import_torch_or_numpy():
         ({"metrics": {"statsd_port": 0}}, "metrics.statsd_port: must be in 1..65535, got 0"),
         ({"metrics": {"statsd_port": 70000}}, "metrics.statsd_port: must be in 1..65535, got 70000"),
         ({"metrics": {"log_every": 0}}, "metrics.log_every: must be >= 1, got 0"),
+        ({"metrics": {"statsd_tags": "run id:x|y"}}, "metrics.statsd_tags: must be comma-separated key:value pairs"),
         ({"steps": 0}, "steps: must be >= 1, got 0"),
         ({"micro_batch_size": 0}, "micro_batch_size: must be >= 1, got 0"),
         ({"global_batch_size": 7, "micro_batch_size": 2},

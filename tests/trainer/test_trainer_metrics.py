@@ -1,4 +1,4 @@
-"""trainer.metrics: the names dashboards rely on, MFU, and GPU telemetry that is absent without a GPU."""
+"""trainer.metrics: the names dashboards rely on, their tags, MFU, and GPU telemetry that is absent without a GPU."""
 
 import json
 import socket
@@ -11,8 +11,9 @@ import torch
 
 from trainer import metrics as m
 from trainer.config import MetricsConfig
-from trainer.metrics import TRAINING_METRICS, GpuTelemetry, Metrics, flops_per_token
+from trainer.metrics import PER_RANK_METRICS, TRAINING_METRICS, GpuTelemetry, Metrics, flops_per_token
 from trainer.model import ModelArgs
+from trainer.statsd import RANK_TAGS, RUN_TAGS, parse_line
 
 
 def test_importing_metrics_does_not_import_torch():
@@ -23,10 +24,11 @@ def test_importing_metrics_does_not_import_torch():
 
 
 def test_training_metrics_are_one_dotted_scheme():
-    assert {"train.loss", "train.grad_norm", "train.lr", "train.tokens_per_s", "train.mfu", "train.peak_mem_mb",
-            "train.step", "gpu.utilization_pct", "gpu.memory_used_mb", "gpu.power_w", "gpu.temperature_c",
-            "checkpoint.seconds"} <= set(TRAINING_METRICS)
+    assert {"train.loss", "train.grad_norm", "train.lr", "train.tokens_per_s", "train.mfu", "train.peak_memory_bytes",
+            "train.step", "gpu.utilization_pct", "gpu.memory_used_bytes", "gpu.power_w", "gpu.temperature_c",
+            "checkpoint.seconds", "cost.dollars", "cost.budget_dollars"} <= set(TRAINING_METRICS)
     assert len(set(TRAINING_METRICS)) == len(TRAINING_METRICS)
+    assert PER_RANK_METRICS <= set(TRAINING_METRICS)
     assert all(n.count(".") == 1 and n.split(".")[0] in ("train", "gpu", "checkpoint", "cost") for n in TRAINING_METRICS)
 
 
@@ -37,15 +39,19 @@ def _listen():
     return sock
 
 
-def _received(sock) -> dict[str, float]:
+def _lines(sock) -> list[tuple[str, float, str, dict[str, str]]]:
+    """Every datagram received, parsed: (name, value, type, tags)."""
     sock.setblocking(False)
-    out = {}
+    out = []
     while True:
         try:
-            name, rest = sock.recv(1024).decode().split(":")
+            out.append(parse_line(sock.recv(1024).decode()))
         except BlockingIOError:
             return out
-        out[name] = float(rest.split("|")[0])
+
+
+def _received(sock) -> dict[str, float]:
+    return {name: value for name, value, _, _ in _lines(sock)}
 
 
 def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(capsys):
@@ -62,8 +68,46 @@ def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(ca
     assert set(event) == {"event", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"}
     assert event["mfu"] is None  # no known peak on CPU
     gauges = _received(sock)
-    assert set(gauges) == {f"job7.train.{n}" for n in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "peak_mem_mb")}
+    assert set(gauges) == {f"job7.train.{n}" for n in ("step", "loss", "grad_norm", "lr", "tokens_per_s",
+                                                       "peak_memory_bytes")}
     assert gauges["job7.train.loss"] == 2.5
+
+
+def test_every_line_carries_the_configured_tags_and_per_rank_series_their_node_and_rank(monkeypatch, capsys):
+    tags = "dag_id:train_llama,run_id:manual__2026-05-01T09:30:00+00:00,task_id:train,map_index:-1,job:demo"
+    monkeypatch.setenv("GROUP_RANK", "1")  # torchrun's node index of the process
+    sock = _listen()
+    cfg = MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1], statsd_tags=tags)
+    rank0 = Metrics(cfg, is_rank0=True, world_size=4, device=torch.device("cpu"), flops_per_token=1e6)
+    rank3 = Metrics(cfg, is_rank0=False, rank=3, world_size=4, device=torch.device("cpu"), flops_per_token=1e6)
+    for metrics in (rank0, rank3):
+        metrics.count_tokens(1000)
+        metrics.log_step(step=1, loss=2.5, grad_norm=0.5, lr=1e-3, force=True)
+        metrics.close()
+    capsys.readouterr()
+    lines = _lines(sock)
+    run = {"dag_id": "train_llama", "run_id": "manual__2026-05-01T09:30:00+00:00", "task_id": "train",
+           "map_index": "-1", "job": "demo"}
+    assert lines and all({k: t.get(k) for k in RUN_TAGS} == run for _, _, _, t in lines)  # the run_id's ':' kept
+    by_series = {(name, t.get("node"), t.get("rank")) for name, _, _, t in lines}
+    # the group's series once, from rank 0, without node/rank; memory from each rank with them
+    assert ("dtrain.train.loss", None, None) in by_series
+    assert not any(name == "dtrain.train.loss" and rank for name, _, rank in by_series)
+    assert {("dtrain.train.peak_memory_bytes", "1", "0"), ("dtrain.train.peak_memory_bytes", "1", "3")} <= by_series
+    for name, _, _, t in lines:
+        per_rank = name.removeprefix("dtrain.") in PER_RANK_METRICS
+        assert (set(t) == set(RUN_TAGS) | set(RANK_TAGS)) if per_rank else (set(t) == set(RUN_TAGS)), (name, t)
+
+
+def test_without_configured_tags_every_line_still_has_the_same_keys():
+    sock = _listen()
+    metrics = Metrics(MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1]),
+                      is_rank0=True, world_size=1, device=torch.device("cpu"), flops_per_token=1e6)
+    metrics.gauge("checkpoint.seconds", 1.5)
+    metrics.close()
+    [(name, value, kind, tags)] = _lines(sock)
+    assert (name, value, kind) == ("dtrain.checkpoint.seconds", 1.5, "g")
+    assert tags == dict.fromkeys(RUN_TAGS, "none")  # one label set per metric, whoever started the trainer
 
 
 class FakeNvml(types.SimpleNamespace):
@@ -106,6 +150,9 @@ def test_on_a_gpu_mfu_and_nvml_readings_are_reported_in_the_documented_units(mon
         "gpu_utilization_pct": 87, "gpu_memory_used_mb": 40960.0, "gpu_power_w": 612.3, "gpu_temperature_c": 71}
     gauges = _received(sock)
     assert gauges["dtrain.gpu.power_w"] == 612.3 and gauges["dtrain.train.mfu"] == event["mfu"]
+    # memory in bytes on statsd (the JSON line keeps MiB)
+    assert gauges["dtrain.gpu.memory_used_bytes"] == 40 * 2**30
+    assert gauges["dtrain.train.peak_memory_bytes"] == 3 * 2**30
     assert set(gauges) == {f"dtrain.{n}" for n in TRAINING_METRICS if n.startswith(("train.", "gpu."))}
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from trainer.metrics import TRAINING_METRICS
+from trainer.statsd import RUN_TAGS, parse_line
 from conftest import (FAST, REPO, load_checkpoint_tensors, read_json, run_and_signal, run_trainer, run_with_signals,
                       sigterm, trainer_env, worker_pids)
 
@@ -69,7 +70,8 @@ def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(dat
     statsd.bind(("127.0.0.1", 0))
     run = run_trainer([*FAST, "--steps", "6", "--checkpoint-uri", f"file://{ckpt}", "--checkpoint-every", "2",
                        "--set", "checkpoint.keep=2", "--set", "metrics.statsd_host=127.0.0.1",
-                       "--set", f"metrics.statsd_port={statsd.getsockname()[1]}"], data_dir)
+                       "--set", f"metrics.statsd_port={statsd.getsockname()[1]}",
+                       "--set", "metrics.statsd_tags=dag_id:d,run_id:manual__2026-01-01T00:00:00+00:00,job:j"], data_dir)
     assert run.returncode == 0, run
     assert all(line.startswith("{") for line in run.stdout.splitlines())  # stdout is pure JSON lines
     assert [e["step"] for e in run.of("train")] == [1, 2, 3, 4, 5, 6]
@@ -106,12 +108,17 @@ def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(dat
         while True:
             gauges.append(statsd.recv(1024).decode())
     statsd.close()
-    losses = [float(g.split(":")[1].split("|")[0]) for g in gauges if g.startswith("dtrain.train.loss:")]
+    lines = [parse_line(g) for g in gauges]
+    losses = [value for name, value, _, _ in lines if name == "dtrain.train.loss"]
     assert losses == [e["loss"] for e in run.of("train")]
-    assert any(g.startswith("dtrain.checkpoint.seconds:") for g in gauges)
+    assert any(name == "dtrain.checkpoint.seconds" for name, *_ in lines)
+    # Every line carries the configured tags (DogStatsD: the run_id's ':' and '+' survive), the rest "none".
+    assert all({k: t[k] for k in RUN_TAGS} == {"dag_id": "d", "run_id": "manual__2026-01-01T00:00:00+00:00",
+                                                "task_id": "none", "map_index": "none", "job": "j"}
+               for *_, t in lines)
     # One naming scheme: every gauge is <prefix>.<a name of TRAINING_METRICS>, which the dashboards use.
-    names = {g.split(":")[0] for g in gauges}
-    assert {f"dtrain.train.{n}" for n in ("loss", "grad_norm", "lr", "tokens_per_s", "peak_mem_mb", "step")} <= names
+    names = {name for name, *_ in lines}
+    assert {f"dtrain.train.{n}" for n in ("loss", "grad_norm", "lr", "tokens_per_s", "peak_memory_bytes", "step")} <= names
     assert names <= {f"dtrain.{n}" for n in TRAINING_METRICS}, names - {f"dtrain.{n}" for n in TRAINING_METRICS}
 
     # The same directory cannot be resumed by another model: refused before building it.

@@ -16,6 +16,7 @@ import jsonschema
 
 import airflow_dtrain
 from airflow_dtrain.get_provider_info import get_provider_info
+from tests.conftest import REPO
 
 
 def test_provider_info_validates_against_airflows_schema():
@@ -68,3 +69,30 @@ def test_airflow_providers_list_shows_the_provider(airflow_home):
     providers = {p["package_name"]: p for p in json.loads(out[out.index("[") :])}
     assert "airflow-dtrain" in providers, sorted(providers)
     assert providers["airflow-dtrain"]["version"] == airflow_dtrain.__version__
+
+
+def test_airflow_providers_get_shows_the_documentation_url(airflow_home, tmp_path):
+    """Airflow takes a provider's documentation-url from its package metadata (Project-URL: Documentation):
+    build that metadata from this tree's setup.cfg, as an install writes it, and ask the CLI."""
+    from airflow_dtrain.get_provider_info import DOCUMENTATION_URL
+
+    subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "egg_info", "--egg-base",
+                    str(tmp_path)], cwd=REPO, check=True, capture_output=True, timeout=120)  # fmt: skip
+    # first on the path, so this metadata is the one Airflow finds (whatever an older install left)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow", "providers", "get", "airflow-dtrain", "--full", "--output", "json"],
+        check=True, capture_output=True, text=True, env=env, timeout=120,
+    ).stdout  # fmt: skip
+    [info] = json.loads(out[out.index("[") :])
+    assert info["documentation-url"] == DOCUMENTATION_URL
+    assert "airflow_dtrain.cli.get_dtrain_cli_commands" in info["cli"]
+
+
+def test_the_providers_page_can_describe_the_provider():
+    """The API's providers endpoint reads every provider's documentation-url (a KeyError without one)."""
+    from airflow.api_fastapi.core_api.services.public.providers import _provider_mapper
+    from airflow.providers_manager import ProviderInfo
+
+    response = _provider_mapper(ProviderInfo(airflow_dtrain.__version__, get_provider_info()))
+    assert response.documentation_url.startswith("https://") and response.package_name == "airflow-dtrain"
