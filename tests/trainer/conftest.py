@@ -134,16 +134,17 @@ def run_trainer(args: list[str], data_dir: str, nproc: int | None = None, timeou
 
 
 def run_and_signal(args: list[str], data_dir: str, *, when_step: int, send, nproc: int | None = None,
-                   timeout: float = 240) -> Run:
+                   timeout: float = 240, env: dict | None = None) -> Run:
     """Start a run, call send(proc) once a "train" event for step >= when_step is printed, wait for exit."""
     return run_with_signals(args, data_dir, [(lambda e: e["event"] == "train" and e["step"] >= when_step, send)],
-                            nproc=nproc, timeout=timeout)
+                            nproc=nproc, timeout=timeout, env=env)
 
 
-def run_with_signals(args: list[str], data_dir: str, plan, nproc: int | None = None, timeout: float = 240) -> Run:
+def run_with_signals(args: list[str], data_dir: str, plan, nproc: int | None = None, timeout: float = 240,
+                     env: dict | None = None) -> Run:
     """Start a run; plan is [(predicate(event), send(proc))]: each send fires, in order, on the first
     JSON event (after the previous one fired) that matches its predicate. Waits for the exit."""
-    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout)
+    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout, env)
     lines, pending = [], list(plan)
     for line in proc.stdout:
         lines.append(line)

@@ -295,7 +295,10 @@ def test_a_hung_rank_times_its_peers_out_and_the_node_exits_lost_then_resumes(da
         os.kill(hung[0], signal.SIGSTOP)
 
     try:
-        lost = run_and_signal(args, data_dir, nproc=2, when_step=3, send=freeze)
+        # A stopped worker cannot act on the agent's SIGTERM: the agent SIGKILLs it after its shutdown
+        # timeout (trainer.launch's default: 120 s); keep that short here so a loaded machine stays in time.
+        lost = run_and_signal(args, data_dir, nproc=2, when_step=3, send=freeze,
+                              env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10"})
     finally:
         for pid in hung:  # never leave a stopped process behind
             try:
