@@ -95,6 +95,12 @@ class BudgetInputs:
     """How long one wait lasts before the next decision."""
     wait_target_price: float | None = None
     """The spot price hoped for when waiting (default: the spot limit, else on-demand)."""
+    spot_nodes_available: int | None = None
+    """Spot nodes of the offer that can be had at once (a capacity count); None: as many as the job needs.
+    A group needs all of its nodes at once: fewer is no spot at all."""
+    current: Choice | None = None
+    """What the job runs on now (a decision taken again while it trains): a switch from on-demand to spot
+    must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -108,6 +114,7 @@ class BudgetInputs:
             "lost_work_s": self.lost_work_s >= 0,
             "wait_interval_s": self.wait_interval_s > 0,
             "max_wait_s": self.max_wait_s >= 0,
+            "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -182,6 +189,8 @@ def decide(inputs: BudgetInputs) -> Decision:
     spot_why = []
     if i.spot_price is None:
         spot_why.append("no acceptable spot offer")
+    elif i.spot_nodes_available is not None and i.spot_nodes_available < i.num_nodes:
+        spot_why.append(f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once")
     else:
         if risky:
             spot_why.append(
@@ -191,6 +200,15 @@ def decide(inputs: BudgetInputs) -> Decision:
             spot_why.append(f"spot estimate ${spot_cost:.2f} exceeds the remaining budget {money}")
         if spot_cost_ok and not spot_time_ok:
             spot_why.append(f"spot would take {spot_hours:.2f} h, past the deadline")
+    if not spot_why and i.current == Choice.ON_DEMAND and od_cost_ok and od_cost is not None and spot_cost is not None:
+        # Hysteresis: a running on-demand job pays no start-up to go on; a switch must earn its own.
+        switch = i.restart_overhead_s / 3600.0 * i.num_nodes * i.spot_price
+        if od_cost - spot_cost <= switch:
+            return made(
+                Choice.ON_DEMAND,
+                f"stay on on-demand: spot would save ${od_cost - spot_cost:.2f}, not more than the switch's start-up "
+                f"(${switch:.2f}: {i.restart_overhead_s:.0f} s × {i.num_nodes} node(s) at the spot price)",
+            )
     if not spot_why:
         return made(
             Choice.SPOT,

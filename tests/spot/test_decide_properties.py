@@ -1,0 +1,50 @@
+"""Properties of the budget policy (`decide`) on synthetic inputs: what a group of n nodes needs, waiting
+rather than stopping, spot rather than stop, and hysteresis between capacities."""
+
+from __future__ import annotations
+
+from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
+
+# 1,000 steps of 3.6 s: one hour of training.
+BASE = dict(steps_remaining=1000, step_time_s=3.6, interruption_rate_per_hour=0.0, restart_overhead_s=600.0)
+
+
+def test_a_4_node_job_does_not_run_on_spot_while_only_3_nodes_can_be_had():
+    inputs = BudgetInputs(**BASE, num_nodes=4, spot_price=1.0, on_demand_price=3.0, remaining_budget=100.0,
+                          spot_nodes_available=3)  # fmt: skip
+    decision = decide(inputs)
+    assert decision.choice == Choice.ON_DEMAND
+    assert "only 3 of the 4 spot nodes the group needs at once" in decision.reason
+    # the fourth node appears: spot
+    assert decide(BudgetInputs(**{**inputs.__dict__, "spot_nodes_available": 4})).choice == Choice.SPOT
+
+
+def test_it_waits_rather_than_stops_while_the_deadline_allows():
+    # No spot now; on-demand is over the budget; a wait of 15 min still leaves time to finish on spot.
+    inputs = BudgetInputs(**BASE, num_nodes=2, spot_price=None, on_demand_price=10.0, remaining_budget=5.0,
+                          wait_target_price=1.0, max_wait_s=3600, deadline_s=4 * 3600)  # fmt: skip
+    assert decide(inputs).choice == Choice.WAIT
+    # once the deadline no longer allows a wait, and nothing fits: stop
+    late = BudgetInputs(**{**inputs.__dict__, "deadline_s": 3600.0})
+    assert decide(late).choice == Choice.STOP
+
+
+def test_spot_within_budget_wins_over_stop_when_on_demand_is_just_over_it():
+    inputs = BudgetInputs(**BASE, num_nodes=1, spot_price=1.0, on_demand_price=3.01, remaining_budget=3.0)
+    decision = decide(inputs)
+    assert decision.choice == Choice.SPOT, decision.reason
+    assert decision.on_demand_cost > 3.0 > decision.spot_cost
+
+
+def test_a_job_on_on_demand_is_not_charged_a_spot_start_up_and_does_not_switch_for_less():
+    # Spot saves $0.05 for the remaining hour; a switch costs 600 s of 1 node at $1.00 = $0.17: stay.
+    inputs = BudgetInputs(**BASE, num_nodes=1, spot_price=1.00, on_demand_price=1.05, remaining_budget=10.0,
+                          current=Choice.ON_DEMAND)  # fmt: skip
+    decision = decide(inputs)
+    assert decision.choice == Choice.ON_DEMAND
+    assert "stay on on-demand" in decision.reason and decision.on_demand_cost == 1.05 * 1.0  # no start-up in it
+    # a saving larger than the start-up is worth the switch
+    cheap = BudgetInputs(**{**inputs.__dict__, "spot_price": 0.30})
+    assert decide(cheap).choice == Choice.SPOT
+    # a job not yet running takes the cheaper spot either way
+    assert decide(BudgetInputs(**{**inputs.__dict__, "current": None})).choice == Choice.SPOT
