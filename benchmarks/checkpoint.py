@@ -8,6 +8,10 @@ Linear layers holding --mb MiB of fp32 weights plus AdamW's two moments (3 × mb
 Measured side by side in each round, on the same directory's filesystem:
 
 * disk write:  the same number of bytes written to one file in 8 MiB blocks, then fsync
+* disk write, same shape: the same bytes as write_threads files written by as many threads,
+               each fsync'd: the reference with the save's own number of files and writers.
+               It and the sync save alternate which goes first from round to round, and the
+               ratio is reported per round (median, min, max over rounds 1..), not only in total
 * disk read:   that file read back (page cache not dropped: see RESULTS.md)
 * sync save:   Checkpointer.save(blocking=True): write + fsync + xxh3 + manifest, with
                checkpoint.write_threads files per rank written and hashed in parallel
@@ -85,6 +89,30 @@ def disk_write(path: str, nbytes: int) -> float:
     return time.perf_counter() - start
 
 
+def disk_write_files(directory: str, nbytes: int, files: int) -> float:
+    """``nbytes`` as ``files`` files written by as many threads, each fsync'd: a save's shape without DCP."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    os.makedirs(directory, exist_ok=True)
+    block = os.urandom(8 << 20)
+    per_file = -(-nbytes // files)
+
+    def one(i: int) -> None:
+        with open(os.path.join(directory, f"part{i}.bin"), "wb") as f:
+            written = 0
+            while written < per_file:
+                chunk = block[: min(len(block), per_file - written)]
+                f.write(chunk)
+                written += len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(files) as pool:
+        list(pool.map(one, range(files)))
+    return time.perf_counter() - start
+
+
 def disk_read(path: str) -> float:
     start = time.perf_counter()
     with open(path, "rb") as f:
@@ -106,7 +134,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mb", type=int, default=200, help="MiB of fp32 weights (the checkpoint is ~3x)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    p.add_argument("--rounds", type=int, default=4, help="round 0 is reported apart (the first save)")
+    p.add_argument("--rounds", type=int, default=6, help="round 0 is reported apart (the first save); >= 6 gives "
+                   "five alternating pairs of the steady state")
     p.add_argument("--write-threads", type=int, default=CheckpointConfig.write_threads,
                    help="checkpoint.write_threads of the sync and async saves")
     p.add_argument("--batch", type=int, default=64, help="rows per training step of the async-stall measurement")
@@ -136,10 +165,16 @@ def main() -> None:
     single = checkpointer("single", False, write_threads=1)
     rows = []
     for r in range(args.rounds):
+        shape_dir = os.path.join(base, f"shape{r}")
+        if r % 2:  # odd rounds: the reference first, with the previous round's size
+            shaped_s = disk_write_files(shape_dir, rows[-1]["bytes"], args.write_threads)
         t = time.perf_counter()
         path = sync.save(r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True)
         sync_s = time.perf_counter() - t
         nbytes = dir_bytes(path)
+        if not r % 2:
+            shaped_s = disk_write_files(shape_dir, nbytes, args.write_threads)
+        shutil.rmtree(shape_dir, ignore_errors=True)
         t = time.perf_counter()
         single.save(r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True)
         single_s = time.perf_counter() - t
@@ -182,7 +217,7 @@ def main() -> None:
         slowdown_s = sum(max(0.0, o - plain_s) for o in overlapped)
         for d in (raw_dir, blob):
             shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
-        rows.append(dict(bytes=nbytes, sync=sync_s, single=single_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
+        rows.append(dict(bytes=nbytes, sync=sync_s, shaped=shaped_s, single=single_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
                          copy=copy_s, blocked=blocked_s, save_call=call_s, step_plain=plain_s,
                          overlapped_steps=len(overlapped), slowdown=slowdown_s, async_total=async_total_s))
         print(f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"), flush=True)
@@ -201,6 +236,10 @@ def main() -> None:
     print(f"disk write (fsync): {gb / med['write']:.2f} GB/s   disk read: {gb / med['read']:.2f} GB/s")
     print(f"sync save (DCP + fsync + xxh3 + manifest): {gb / med['sync']:.2f} GB/s = "
           f"{med['write'] / med['sync']:.0%} of disk write  [target >= 70%]")
+    ratios = [row["shaped"] / row["sync"] for row in warm]
+    print(f"  vs the same bytes as {args.write_threads} files by {args.write_threads} fsync'd writers "
+          f"({gb / med['shaped']:.2f} GB/s), alternating first from round to round: per round median "
+          f"{statistics.median(ratios):.0%} (min {min(ratios):.0%}, max {max(ratios):.0%}, {len(ratios)} pairs)")
     print(f"  one file per rank (write_threads=1): {gb / med['single']:.2f} GB/s = "
           f"{med['write'] / med['single']:.0%} of disk write")
     print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
