@@ -22,7 +22,7 @@ and the manifest write are two operations: a lease taken between them (a window 
 file write) lets one more manifest through, which the newer writer, having chosen its resume
 point already, never reads.
 
-Async saves (checkpoint.async_save): save() only snapshots the small non-tensor state
+Async saves (checkpoint.async_save; unset = on GPU only): save() only snapshots the small non-tensor state
 and hands the tensors to DCP's DefaultStager, which copies them to host memory (pinned,
 reused across saves, on GPU) in a thread of its own. The copy overlaps the next step's
 forward/backward, which read the parameters and optimizer state but do not change them;
@@ -215,6 +215,9 @@ class Checkpointer:
         self.job = str(config.get("job") or "") if job is None else job
         self.rank, self.world_size = rank, world_size
         self.device = device or torch.device("cpu")
+        # auto: on a CPU-only node the background save competes with training for the same cores and
+        # costs more in total than a synchronous one (benchmarks/RESULTS.md); on a GPU node it overlaps.
+        self.async_save = cfg.async_save if cfg.async_save is not None else self.device.type == "cuda"
         self.storage = Storage(cfg.uri) if cfg.uri else None
         self.dir = CheckpointDir(self.storage) if self.storage else None
         self.root = self.storage.root if self.storage else None
@@ -352,7 +355,8 @@ class Checkpointer:
         state = self._state(model, optimizer, scheduler, data, step)
         info = {"step": step, "path": path, "reason": reason, "start": start, "write_dir": write_dir,
                 "fields": manifest_fields}
-        if blocking or not self.cfg.async_save:
+        info["async"] = not blocking and self.async_save
+        if not info["async"]:
             try:
                 dcp.save(state, storage_writer=self._writer(write_dir, step), process_group=self.pg)
             except (Exception, CheckpointException) as err:  # DCP raised it on every rank alike
@@ -569,7 +573,7 @@ class Checkpointer:
                 pass  # another local rank's files are still there
         if newer is not None:
             raise self._fenced(Lease(*newer), step)
-        return {"step": step, "path": path, "reason": info["reason"],
+        return {"step": step, "path": path, "reason": info["reason"], "async": info.get("async", False),
                 "seconds": time.perf_counter() - info["start"]}
 
     def _heartbeat(self, step: int) -> None:
@@ -578,7 +582,7 @@ class Checkpointer:
         self.storage.write_json(self.dir.lease_path(self.lease.token), info, durable=False)
 
     def completed(self) -> list[dict]:
-        """Saves committed since the last call: [{"step", "path", "reason", "seconds", "blocked_s"}].
+        """Saves committed since the last call: [{"step", "path", "reason", "async", "seconds", "blocked_s"}].
 
         Polls the save in flight without waiting; raises if it failed (a checkpoint that
         silently stopped being written is worse than a stopped run).

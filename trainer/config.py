@@ -176,10 +176,12 @@ class CheckpointConfig:
         help="Seconds the platform allows between SIGTERM and SIGKILL; a preemption save that takes longer "
         "is reported as a warning (the next attempt would lose those steps).",
     )  # fmt: skip
-    async_save: bool = setting(
-        True,
+    async_save: bool | None = setting(
+        None,
         help="Interval and SIGUSR1 saves block training only for the copy to host memory; the write, checksums, "
-        "upload and commit run in the background. Final and preemption saves are always synchronous.",
+        "upload and commit run in the background. Final and preemption saves are always synchronous. Unset "
+        "(auto): async where the model is on a GPU, synchronous on a CPU-only node, whose cores the background "
+        "save would take from training (benchmarks/RESULTS.md: blocked + overlapped cost > a sync save there).",
     )  # fmt: skip
     write_threads: int = setting(
         4, ge=1, le=64,

@@ -4,7 +4,8 @@ Events (each a single line starting with "{"):
 
     {"event": "train", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb",
                        ["gpu_utilization_pct", "gpu_memory_used_mb", "gpu_power_w", "gpu_temperature_c"]}
-    {"event": "checkpoint", "step", "seconds", "path", "reason"}   reason: interval|final|preemption|checkpoint-now
+    {"event": "checkpoint", "step", "seconds", "path", "reason", "blocked_s", "async"}
+                       reason: interval|final|preemption|checkpoint-now; async: written in the background
     {"event": "resume", "from_step", "path"}
     {"event": "preempted", "step", "seconds_to_save", "grace_period_s"}
     {"event": "done", "step", "loss", "tokens_seen"}

@@ -417,7 +417,7 @@ class Job:
             return
         for c in self.ckpt.completed():
             self.metrics.emit("checkpoint", step=c["step"], seconds=round(c["seconds"], 3), path=c["path"],
-                              reason=c["reason"], blocked_s=round(c["blocked_s"], 3))
+                              reason=c["reason"], blocked_s=round(c["blocked_s"], 3), **{"async": c.get("async", False)})
             self.metrics.gauge("checkpoint.seconds", c["seconds"])
             self.metrics.gauge("checkpoint.blocked_seconds", c["blocked_s"])
             if self.budget is not None:

@@ -16,8 +16,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 # Small and fast on 2 CPU cores; every run in these tests uses it unless it says otherwise.
-FAST = ["--flavor", "debug", "--set", "data.seq_len=32", "--set", "global_batch_size=8",
-        "--set", "micro_batch_size=4", "--set", "metrics.log_every=1"]
+FAST_DEFAULTS = ["--flavor", "debug", "--set", "data.seq_len=32", "--set", "global_batch_size=8",
+                 "--set", "micro_batch_size=4", "--set", "metrics.log_every=1"]
+# Async saves are the default on GPU only (sync on a CPU-only node): the trainer tests run the async
+# path on CPU so that what a GPU job does is what they test.
+FAST = [*FAST_DEFAULTS, "--set", "checkpoint.async_save=true"]
 
 
 BUCKET = "dtrain-ckpt"

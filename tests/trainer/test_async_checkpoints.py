@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.trainer.conftest import FAST, run_trainer
+from tests.trainer.conftest import FAST, FAST_DEFAULTS, run_trainer
 
 
 def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_dir, tmp_path):
@@ -20,6 +20,7 @@ def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_di
     saves = [(e["step"], e["reason"]) for e in first.of("checkpoint")]
     assert saves == [(2, "interval"), (4, "interval"), (6, "interval"), (7, "final")], (torch.__version__, first)
     assert all(e["blocked_s"] < e["seconds"] for e in first.of("checkpoint")[:3]), "the interval saves ran async"
+    assert [e["async"] for e in first.of("checkpoint")] == [True, True, True, False]
 
     # Take away the final (synchronous) save: the next run must resume from the last async one
     # and continue exactly as the first run did (RNG, optimizer and data position all restored).
@@ -29,3 +30,21 @@ def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_di
     [resume] = second.of("resume")
     assert resume["from_step"] == 6
     assert second.losses()[7] == first.losses()[7], f"torch {torch.__version__}: the resumed step 7 differs"
+
+
+def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
+    """Unset (auto), the interval saves of a CPU-only run are synchronous: there the background save takes the
+    training threads' cores and costs more than a sync save (benchmarks/RESULTS.md). On a GPU they are async."""
+    from trainer.checkpoint import Checkpointer
+    from trainer.config import CheckpointConfig
+
+    run = run_trainer([*FAST_DEFAULTS, "--checkpoint-uri", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "--steps", "4"],
+                      data_dir)
+    assert run.returncode == 0, run
+    assert [(e["step"], e["async"]) for e in run.of("checkpoint")] == [(2, False), (4, False)]
+
+    cfg = CheckpointConfig(uri=str(tmp_path / "c2"))
+    kw = dict(flavor="debug", config={}, config_hash="0", rank=0, world_size=1)
+    assert Checkpointer(cfg, device=torch.device("cuda"), **kw).async_save is True
+    assert Checkpointer(cfg, device=torch.device("cpu"), **kw).async_save is False
+    assert Checkpointer(CheckpointConfig(uri=str(tmp_path / "c3"), async_save=True), **kw).async_save is True

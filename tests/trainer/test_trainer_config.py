@@ -155,7 +155,7 @@ def test_dict_and_json_round_trip_preserves_everything():
     )
     d = json.loads(json.dumps(c.to_dict()))
     assert d["checkpoint"] == {"uri": "s3://bucket/run", "every": 100, "keep": 2, "grace_period_s": 110.0,
-                               "async_save": True, "write_threads": 4, "continue_job": ""}
+                               "async_save": None, "write_threads": 4, "continue_job": ""}
     assert d["cost"] == {"price_per_node_hour": 0.0, "capacity_type": "any", "gpus_per_node": 0, "budget_usd": 0.0,
                          "price_ceiling_per_node_hour": 0.0, "stop_margin_s": 30.0, "ledger_uri": ""}
     assert TrainConfig.from_dict(d) == c
