@@ -233,6 +233,7 @@ class Checkpointer:
         self._stager = None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: tuple[Future, dict] | None = None
+        self._retention: Future | None = None  # rank 0's retention after a sync save
         self._staging: tuple[Future, dict] | None = None  # the async save's copy to host memory, in flight
         self._completed: list[dict] = []
         # Committed step directories that failed verification at resume (corrupted, truncated): a save that
@@ -373,9 +374,7 @@ class Checkpointer:
         else:  # a stager that staged synchronously
             upload = response
         info["blocked_s"] = time.perf_counter() - start
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
-        self._pending = (self._executor.submit(self._commit, upload, info), info)
+        self._pending = (self._background().submit(self._commit, upload, info), info)
         return path
 
     def _writer(self, write_dir: str, step: int):
@@ -553,13 +552,12 @@ class Checkpointer:
                 committed = self._failure(err)
         if self.rank == 0 and newer is None and committed is None:
             newer = self._newer_lease()  # retention deletes: only the writer may
-            if newer is None:
-                try:
-                    self.dir.prune(self.cfg.keep, job=self.job, continues=self.cfg.continue_job)
-                    self._heartbeat(step)
-                except Exception as err:  # noqa: BLE001 - step is committed: the next save fails if the storage does
-                    print(f"[trainer] checkpoint step {step} is committed, but retention or the lease heartbeat in "
-                          f"{self.root} failed: {_describe(err)}", file=sys.stderr, flush=True)
+            if newer is None and info.get("async"):
+                self._retain(step)  # this thread is the background already
+            elif newer is None:
+                # Deleting the oldest checkpoint is no part of saving this one: a sync save (a preemption's,
+                # in its grace period) returns without waiting for it; the next save, wait() and close() do.
+                self._retention = self._background().submit(self._retain, step)
         # nobody reports the checkpoint before it is committed (a broadcast from rank 0 waits for it)
         newer, committed = self._from_rank0((None if newer is None else tuple(newer), committed))
         if committed is not None:
@@ -575,6 +573,20 @@ class Checkpointer:
             raise self._fenced(Lease(*newer), step)
         return {"step": step, "path": path, "reason": info["reason"], "async": info.get("async", False),
                 "seconds": time.perf_counter() - info["start"]}
+
+    def _retain(self, step: int) -> None:
+        """(Rank 0, after ``step`` is committed) retention and the lease heartbeat."""
+        try:
+            self.dir.prune(self.cfg.keep, job=self.job, continues=self.cfg.continue_job)
+            self._heartbeat(step)
+        except Exception as err:  # noqa: BLE001 - step is committed: the next save fails if the storage does
+            print(f"[trainer] checkpoint step {step} is committed, but retention or the lease heartbeat in "
+                  f"{self.root} failed: {_describe(err)}", file=sys.stderr, flush=True)
+
+    def _background(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+        return self._executor
 
     def _heartbeat(self, step: int) -> None:
         """(Rank 0) renew the lease file: who writes here, and when it last committed (for people and tools)."""
@@ -593,9 +605,12 @@ class Checkpointer:
         return out
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is committed."""
+        """Block until the save in flight (if any) is committed and retention after the last one is done."""
         if self._pending is not None:
             self._finish_pending()
+        if self._retention is not None:
+            retention, self._retention = self._retention, None
+            retention.result()
 
     def _finish_pending(self) -> None:
         future, info = self._pending
