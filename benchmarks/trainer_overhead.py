@@ -55,6 +55,9 @@ def main() -> None:
     p.add_argument("--flavor", default="debug")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="global batch = micro-batch (no accumulation)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="(one process) also profile N steps of plain and of bare with torch.profiler and print "
+                        "the ops where bare (FSDP2) spends more CPU time than plain: what the wrapper costs")
     args = p.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     # One directory for all ranks: progress.json is written there, as in a real run.
@@ -148,10 +151,31 @@ def main() -> None:
                     print(f"{label + ':':19}{(len(times[other]) / sum(times[other])) / plain_sps:8.3f}  (per round: "
                           f"median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; "
                           f"plain {plain_sps:.3f} steps/s)")
+        if args.profile and "plain" in variants and d.rank == 0:
+            print_profile_difference(variants["plain"], variants["bare"], args.profile)
         dist.destroy_process_group()
     finally:
         if os.environ.get("RANK", "0") == "0":
             shutil.rmtree(root, ignore_errors=True)
+
+
+def print_profile_difference(plain, bare, steps: int, top: int = 12) -> None:
+    """Self CPU time per op over ``steps`` steps of each; the ops where bare spends the most more than plain."""
+    from torch.profiler import ProfilerActivity, profile
+
+    totals = {}
+    for name, fn in (("plain", plain), ("bare", bare)):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(steps):
+                fn(i)
+        totals[name] = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    keys = set(totals["plain"]) | set(totals["bare"])
+    diff = sorted(((totals["bare"].get(k, 0.0) - totals["plain"].get(k, 0.0), k) for k in keys), reverse=True)
+    print(f"profile, self CPU ms per step: plain {sum(totals['plain'].values()):.1f}, "
+          f"bare (FSDP2) {sum(totals['bare'].values()):.1f}; where bare spends more:")
+    for extra, key in diff[:top]:
+        print(f"  {extra:+7.2f} ms  {key}  (plain {totals['plain'].get(key, 0.0):.2f}, "
+              f"bare {totals['bare'].get(key, 0.0):.2f})")
 
 
 if __name__ == "__main__":
