@@ -85,25 +85,9 @@ def main() -> None:
             plain_opt = build_optimizer(plain_model, cfg.optim)
             plain_sched = build_scheduler(plain_opt, cfg.optim, cfg.steps)
 
-            def plain_step(i: int) -> None:
-                [(inputs, targets)] = batches[i % len(batches)]
-                loss = F.cross_entropy(plain_model(inputs).flatten(0, 1).float(), targets.flatten())
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(plain_model.parameters(), cfg.optim.grad_clip, foreach=True)
-                plain_opt.step()
-                plain_sched.step()
-                plain_opt.zero_grad(set_to_none=True)
+            variants["plain"] = bare_loop(plain_model, plain_opt, plain_sched, batches, cfg.optim.grad_clip)
 
-            variants["plain"] = plain_step
-
-        def bare_step(i: int) -> None:
-            [(inputs, targets)] = batches[i % len(batches)]
-            loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, foreach=True)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+        bare_step = bare_loop(model, optimizer, scheduler, batches, cfg.optim.grad_clip)
 
         quiet = io.StringIO()  # the trainer's JSON lines are produced, not shown
         step = job.start()
@@ -157,6 +141,21 @@ def main() -> None:
     finally:
         if os.environ.get("RANK", "0") == "0":
             shutil.rmtree(root, ignore_errors=True)
+
+
+def bare_loop(model, optimizer, scheduler, batches, grad_clip: float):
+    """One step of a bare training loop over pre-made ``batches``: forward, loss, backward, clip, AdamW."""
+
+    def step(i: int) -> None:
+        [(inputs, targets)] = batches[i % len(batches)]
+        loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
 
 
 def print_profile_difference(plain, bare, steps: int, top: int = 12) -> None:
