@@ -100,7 +100,12 @@ class BudgetInputs:
     A group needs all of its nodes at once: fewer is no spot at all."""
     current: Choice | None = None
     """What the job runs on now (a decision taken again while it trains): a switch from on-demand to spot
-    must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving."""
+    must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving.
+    When given, every capacity the job does not run on now is charged its start-up (time and money):
+    ``Choice.WAIT`` means nothing runs, so both pay it. None: start-ups are not estimated."""
+    allow_late: bool = True
+    """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
+    Off: once neither capacity can finish in time within the budget, the job stops."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -171,15 +176,24 @@ def decide(inputs: BudgetInputs) -> Decision:
 
     hours = i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
     overhead = spot_overhead(i)
-    spot_hours = hours * (1 + overhead) if hours is not None else None
+    start_h = i.restart_overhead_s / 3600.0
+    tracked = i.current is not None  # start-ups are charged only when what runs now is known
+    spot_start = start_h if tracked and i.current != Choice.SPOT else 0.0
+    od_start = start_h if tracked and i.current != Choice.ON_DEMAND else 0.0
+    spot_hours = hours * (1 + overhead) + spot_start if hours is not None else None
+    od_hours = hours + od_start if hours is not None else None
     spot_cost = spot_hours * i.num_nodes * i.spot_price if spot_hours is not None and i.spot_price is not None else None
-    od_cost = hours * i.num_nodes * i.on_demand_price if hours is not None and i.on_demand_price is not None else None
+    od_cost = od_hours * i.num_nodes * i.on_demand_price if od_hours is not None and i.on_demand_price is not None else None
     if hours is None:  # no budget, no step time: decide on price and risk alone
         spot_cost_ok = od_cost_ok = True
         spot_time_ok = i.deadline_s is None
     else:
         spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
         spot_time_ok = _in_time(spot_hours, i.deadline_s)
+        if spot_time_ok and i.on_demand_price is not None:
+            # a preemption right after the start-up must still leave time to finish on on-demand
+            fallback = spot_start + hours + (i.lost_work_s + i.restart_overhead_s) / 3600.0
+            spot_time_ok = _in_time(fallback, i.deadline_s)
 
     def made(choice: Choice, reason: str) -> Decision:
         return Decision(choice, reason, hours, spot_cost, od_cost, spot_hours, i.remaining_budget)
@@ -187,9 +201,12 @@ def decide(inputs: BudgetInputs) -> Decision:
     est = f"{hours:.2f} h" if hours is not None else "unknown hours"
     risky = i.interruption_rate_per_hour > i.max_interruption_rate_per_hour
     spot_why = []
+    spot_offered = i.spot_price is not None and not (
+        i.spot_nodes_available is not None and i.spot_nodes_available < i.num_nodes
+    )
     if i.spot_price is None:
         spot_why.append("no acceptable spot offer")
-    elif i.spot_nodes_available is not None and i.spot_nodes_available < i.num_nodes:
+    elif not spot_offered:
         spot_why.append(f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once")
     else:
         if risky:
@@ -199,37 +216,38 @@ def decide(inputs: BudgetInputs) -> Decision:
         if not spot_cost_ok:
             spot_why.append(f"spot estimate ${spot_cost:.2f} exceeds the remaining budget {money}")
         if spot_cost_ok and not spot_time_ok:
-            spot_why.append(f"spot would take {spot_hours:.2f} h, past the deadline")
-    if not spot_why and i.current == Choice.ON_DEMAND and od_cost_ok and od_cost is not None and spot_cost is not None:
-        # Hysteresis: a running on-demand job pays no start-up to go on; a switch must earn its own.
-        switch = i.restart_overhead_s / 3600.0 * i.num_nodes * i.spot_price
-        if od_cost - spot_cost <= switch:
-            return made(
-                Choice.ON_DEMAND,
-                f"stay on on-demand: spot would save ${od_cost - spot_cost:.2f}, not more than the switch's start-up "
-                f"(${switch:.2f}: {i.restart_overhead_s:.0f} s × {i.num_nodes} node(s) at the spot price)",
+            spot_why.append(
+                f"spot would take {spot_hours:.2f} h, or leave no time to finish on on-demand after a preemption, "
+                "past the deadline"
             )
+    od_in_time = od_hours is not None and _in_time(od_hours, i.deadline_s)
+    if not spot_why and od_cost_ok and od_in_time and od_cost is not None and spot_cost is not None:
+        if od_cost <= spot_cost:  # the cheaper of two capacities that both fit, start-ups included
+            if i.current == Choice.ON_DEMAND:
+                return made(
+                    Choice.ON_DEMAND,
+                    f"stay on on-demand: spot would save ${od_cost - spot_cost:.2f}, no more than nothing once the "
+                    f"switch's start-up is paid ({i.restart_overhead_s:.0f} s × {i.num_nodes} node(s) at the spot price"
+                    f" is in the spot estimate ${spot_cost:.2f}; on-demand ${od_cost:.2f})",
+                )
+            return made(Choice.ON_DEMAND, f"on-demand ${od_cost:.2f} is no dearer than spot ${spot_cost:.2f}, start-ups included")
     if not spot_why:
         return made(
             Choice.SPOT,
             f"spot: {est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {overhead:.3f} interruption "
-            f"overhead) = ${spot_cost or 0:.2f} within {money}"
+            f"overhead)" + (f" + {spot_start:.2f} h start-up" if spot_start else "") + f" = ${spot_cost or 0:.2f} within {money}"
             + (f" (on-demand would cost ${od_cost:.2f})" if od_cost is not None else ""),
         )
     spot_reason = "; ".join(spot_why)
 
-    # Wait only when the wait leaves time to finish afterwards and something could then fit.
-    fallback_hours = hours if i.on_demand_price is not None else spot_hours
+    # Wait only when something could then fit the budget, and (unless allow_late) the wait leaves time to finish.
+    fallback_hours = (hours + start_h if tracked else hours) if i.on_demand_price is not None else spot_hours
     target = i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
-    target_cost = spot_hours * i.num_nodes * target if spot_hours is not None and target is not None else None
-    can_wait = (
-        i.max_wait_s > 0
-        and i.waited_s + i.wait_interval_s <= i.max_wait_s
-        and not risky
-        and (hours is None or _in_time(fallback_hours, i.deadline_s, after_s=i.wait_interval_s))
-        and (hours is None or _fits(target_cost, i.remaining_budget) or od_cost_ok)
-    )
-    if can_wait:
+    later_spot_h = hours * (1 + overhead) + (start_h if tracked else 0.0) if hours is not None else None
+    target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
+    may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
+    wait_in_time = hours is None or _in_time(fallback_hours, i.deadline_s, after_s=i.wait_interval_s)
+    if may_wait and wait_in_time and (hours is None or _fits(target_cost, i.remaining_budget) or od_cost_ok):
         return made(
             Choice.WAIT,
             f"wait {i.wait_interval_s:.0f} s for spot ({spot_reason}); waited {i.waited_s:.0f} of {i.max_wait_s:.0f} s",
@@ -237,16 +255,23 @@ def decide(inputs: BudgetInputs) -> Decision:
     if i.on_demand_price is not None and od_cost_ok:
         return made(
             Choice.ON_DEMAND,
-            f"on-demand ({spot_reason}): {est} × {i.num_nodes} node(s) × ${i.on_demand_price:.4f}/h = "
-            f"${od_cost or 0:.2f} within {money}",
+            f"on-demand ({spot_reason}): {est} × {i.num_nodes} node(s) × ${i.on_demand_price:.4f}/h"
+            + (f" + {od_start:.2f} h start-up" if od_start else "") + f" = ${od_cost or 0:.2f} within {money}",
         )
     od_why = "no on-demand price" if i.on_demand_price is None else (
         f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}"
     )
-    if i.spot_price is not None and not risky and spot_cost_ok:  # only the deadline ruled spot out
+    if i.allow_late and spot_offered and not risky and spot_cost_ok:  # only the deadline ruled spot out
         return made(
             Choice.SPOT,
-            f"spot past the deadline ({spot_reason}), the only way to finish within budget ({od_why}): "
-            f"${spot_cost or 0:.2f} within {money}",
+            f"spot past the deadline ({spot_reason}), the only way to finish within budget ({od_why}); "
+            f"allow_late: ${spot_cost or 0:.2f} within {money}",
         )
-    return made(Choice.STOP, f"over budget: {spot_reason}; {od_why}")
+    if i.allow_late and may_wait and hours is not None and _fits(target_cost, i.remaining_budget):
+        return made(
+            Choice.WAIT,
+            f"wait {i.wait_interval_s:.0f} s for spot at ${target:.4f}/h, past the deadline ({spot_reason}; {od_why}); "
+            f"allow_late: ${target_cost:.2f} within {money}",
+        )
+    late = "" if i.allow_late else " (allow_late is off: finishing past the deadline is not an option)"
+    return made(Choice.STOP, f"over budget: {spot_reason}; {od_why}{late}")

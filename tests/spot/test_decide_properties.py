@@ -24,9 +24,13 @@ def test_it_waits_rather_than_stops_while_the_deadline_allows():
     inputs = BudgetInputs(**BASE, num_nodes=2, spot_price=None, on_demand_price=10.0, remaining_budget=5.0,
                           wait_target_price=1.0, max_wait_s=3600, deadline_s=4 * 3600)  # fmt: skip
     assert decide(inputs).choice == Choice.WAIT
-    # once the deadline no longer allows a wait, and nothing fits: stop
+    # once the deadline no longer allows a wait: a wait for spot still fits the budget, so with allow_late
+    # (the default) it waits past the deadline; without it nothing fits in time and within budget: stop
     late = BudgetInputs(**{**inputs.__dict__, "deadline_s": 3600.0})
-    assert decide(late).choice == Choice.STOP
+    decision = decide(late)
+    assert decision.choice == Choice.WAIT and "past the deadline" in decision.reason, decision.reason
+    strict = decide(BudgetInputs(**{**late.__dict__, "allow_late": False}))
+    assert strict.choice == Choice.STOP and "allow_late is off" in strict.reason
 
 
 def test_spot_within_budget_wins_over_stop_when_on_demand_is_just_over_it():
