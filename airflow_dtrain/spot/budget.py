@@ -239,32 +239,48 @@ def decide(inputs: BudgetInputs) -> Decision:
             + (f" (on-demand would cost ${od_cost:.2f})" if od_cost is not None else ""),
         )
     spot_reason = "; ".join(spot_why)
+    od_why = "no on-demand price" if i.on_demand_price is None else (
+        f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}" if not od_cost_ok
+        else f"on-demand would take {od_hours:.2f} h, past the deadline"
+    )
 
-    # Wait only when something could then fit the budget, and (unless allow_late) the wait leaves time to finish.
-    fallback_hours = (hours + start_h if tracked else hours) if i.on_demand_price is not None else spot_hours
+    # Wait when, after the wait, spot at the hoped-for price or on-demand could still finish in time within budget.
     target = i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
     later_spot_h = hours * (1 + overhead) + (start_h if tracked else 0.0) if hours is not None else None
+    later_od_h = hours + (start_h if tracked else 0.0) if hours is not None else None
     target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
+    later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
     may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
-    wait_in_time = hours is None or _in_time(fallback_hours, i.deadline_s, after_s=i.wait_interval_s)
-    if may_wait and wait_in_time and (hours is None or _fits(target_cost, i.remaining_budget) or od_cost_ok):
+    after = i.wait_interval_s
+    wait_pays = hours is None or (
+        (_fits(target_cost, i.remaining_budget) and _in_time(later_spot_h, i.deadline_s, after_s=after))
+        or (_fits(later_od_cost, i.remaining_budget) and _in_time(later_od_h, i.deadline_s, after_s=after))
+    )
+    if may_wait and wait_pays:
         return made(
             Choice.WAIT,
             f"wait {i.wait_interval_s:.0f} s for spot ({spot_reason}); waited {i.waited_s:.0f} of {i.max_wait_s:.0f} s",
         )
-    if i.on_demand_price is not None and od_cost_ok:
+    if i.on_demand_price is not None and od_cost_ok and od_in_time:
         return made(
             Choice.ON_DEMAND,
             f"on-demand ({spot_reason}): {est} × {i.num_nodes} node(s) × ${i.on_demand_price:.4f}/h"
             + (f" + {od_start:.2f} h start-up" if od_start else "") + f" = ${od_cost or 0:.2f} within {money}",
         )
-    od_why = "no on-demand price" if i.on_demand_price is None else (
-        f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}"
-    )
-    if i.allow_late and spot_offered and not risky and spot_cost_ok:  # only the deadline ruled spot out
+
+    # Nothing finishes in time within budget. Late within budget, if allowed: the option that finishes first.
+    spot_late = spot_offered and not risky and spot_cost_ok and hours is not None
+    od_late = i.on_demand_price is not None and od_cost_ok and hours is not None
+    if i.allow_late and (spot_late or od_late):
+        if od_late and (not spot_late or od_hours <= spot_hours):
+            return made(
+                Choice.ON_DEMAND,
+                f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
+                f"allow_late: ${od_cost or 0:.2f} within {money}",
+            )
         return made(
             Choice.SPOT,
-            f"spot past the deadline ({spot_reason}), the only way to finish within budget ({od_why}); "
+            f"spot past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
             f"allow_late: ${spot_cost or 0:.2f} within {money}",
         )
     if i.allow_late and may_wait and hours is not None and _fits(target_cost, i.remaining_budget):
@@ -273,5 +289,7 @@ def decide(inputs: BudgetInputs) -> Decision:
             f"wait {i.wait_interval_s:.0f} s for spot at ${target:.4f}/h, past the deadline ({spot_reason}; {od_why}); "
             f"allow_late: ${target_cost:.2f} within {money}",
         )
+    if hours is None and i.on_demand_price is not None:  # no estimate at all (and no budget): on-demand
+        return made(Choice.ON_DEMAND, f"on-demand ({spot_reason}): no step time to estimate, no budget")
     late = "" if i.allow_late else " (allow_late is off: finishing past the deadline is not an option)"
-    return made(Choice.STOP, f"over budget: {spot_reason}; {od_why}{late}")
+    return made(Choice.STOP, f"over budget or past the deadline: {spot_reason}; {od_why}{late}")
