@@ -295,11 +295,12 @@ def simulate(world: World, job: Job, strategy) -> Outcome:
         if s.mode is None:
             continue
         price = m.zones[s.zone].price[k] if s.mode == "spot" else m.on_demand_price
-        tick_cost = dt / 3600 * n * price
+        useful = max(0.0, dt - s.startup_left)
+        over = max(0.0, s.done + useful - job.work_s)  # finished part-way through the tick: bill that part only
+        tick_cost = (dt - over) / 3600 * n * price
         if capped and out.cost + tick_cost > job.budget + 1e-9:
             out.stopped = True  # the trainer saves and exits before the spend passes the cap
             return out
-        useful = max(0.0, dt - s.startup_left)
         s.startup_left = max(0.0, s.startup_left - dt)
         out.cost += tick_cost
         out.started = True
@@ -307,8 +308,6 @@ def simulate(world: World, job: Job, strategy) -> Outcome:
         if s.done - s.saved >= mech.checkpoint_s:
             s.saved = s.done - (s.done - s.saved) % mech.checkpoint_s
         if s.done >= job.work_s:
-            over = s.done - job.work_s  # finished part-way through the tick: bill that part only
-            out.cost -= over / 3600 * n * price
             out.time_s = elapsed + dt - over
             out.finished = True
             return out

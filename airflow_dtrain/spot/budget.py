@@ -190,8 +190,9 @@ def decide(inputs: BudgetInputs) -> Decision:
     else:
         spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
         spot_time_ok = _in_time(spot_hours, i.deadline_s)
-        if spot_time_ok and i.on_demand_price is not None:
-            # a preemption right after the start-up must still leave time to finish on on-demand
+        if spot_time_ok and i.on_demand_price is not None and od_cost_ok:
+            # a preemption right after the start-up must still leave time to finish on on-demand (when the
+            # budget pays for on-demand at all: otherwise there is no fallback to keep time for)
             fallback = spot_start + hours + (i.lost_work_s + i.restart_overhead_s) / 3600.0
             spot_time_ok = _in_time(fallback, i.deadline_s)
 
