@@ -38,6 +38,7 @@ Every strategy runs on the same world with the same mechanisms:
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import random
 import statistics
@@ -58,6 +59,7 @@ DEFAULT_TRACES = REPO.parent / "shared" / "data" / "spot"
 SIZES = (1, 4, 16)
 PRICE_RATIOS = (0.5, 0.75, 1.0)
 MAX_RISKS = (0.25, 1.0, math.inf)
+LATE_RISKS = (0.0, 0.05, 0.2)
 
 
 @dataclass(frozen=True)
@@ -222,8 +224,8 @@ class Policy:
     name = "our policy"
     warning = True
 
-    def __init__(self, max_price_ratio: float, max_risk: float) -> None:
-        self.max_price_ratio, self.max_risk = max_price_ratio, max_risk
+    def __init__(self, max_price_ratio: float, max_risk: float, late_risk: float) -> None:
+        self.max_price_ratio, self.max_risk, self.late_risk = max_price_ratio, max_risk, late_risk
         self.decisions: dict[str, int] = {}
 
     def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
@@ -252,6 +254,7 @@ class Policy:
             remaining_budget=max(0.0, job.budget - cost),
             interruption_rate_per_hour=rate[cand][k] if cand is not None else 0.0,
             max_interruption_rate_per_hour=self.max_risk,
+            max_late_risk=self.late_risk,
             restart_overhead_s=mech.startup_s,
             lost_work_s=mech.step_s,
             deadline_s=max(0.0, job.deadline_s - elapsed - m.tick_s),  # the next decision is a tick away
@@ -426,15 +429,14 @@ def tune(worlds: list[World], scenario: Scenario, sizes: list[int], n_jobs: int,
     halves = [World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed) for w in worlds]
     jobs = {n: make_jobs([w.market for w in halves], n_jobs, n, 0, seed, mech) for n in sizes}
     scores = []
-    for ratio in PRICE_RATIOS:
-        for risk in MAX_RISKS:
-            total = od = 0.0
-            for n in sizes:
-                [ref, ours] = run_size(halves, jobs[n], [Policy(ratio, risk)], mech)
-                per_job = ref.od_cost / max(1, len(jobs[n]))
-                total += ours.cost + per_job * (len(jobs[n]) - ours.kept)
-                od += ref.od_cost
-            scores.append((total / od if od else math.inf, ratio, risk))
+    for params in itertools.product(PRICE_RATIOS, MAX_RISKS, LATE_RISKS):
+        total = od = 0.0
+        for n in sizes:
+            [ref, ours] = run_size(halves, jobs[n], [Policy(*params)], mech)
+            per_job = ref.od_cost / max(1, len(jobs[n]))
+            total += ours.cost + per_job * (len(jobs[n]) - ours.kept)
+            od += ref.od_cost
+        scores.append((total / od if od else math.inf, *params))
     return min(scores), scores
 
 
@@ -466,12 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         skipped = [n for n in SIZES if n > cap]
         if skipped:
             print(f"- sizes {skipped}: not simulated, no zone here ever has that many nodes")
-        (score, ratio, risk), _ = tune(worlds, sc, sizes, args.tune_jobs, args.seed, mech)
+        (score, ratio, risk, late_risk), _ = tune(worlds, sc, sizes, args.tune_jobs, args.seed, mech)
         print(f"- chosen on the first half ({args.tune_jobs} jobs per size): max spot price {ratio:.2f} x on-demand, "
-              f"max interruption rate {risk:g}/h (score {score:.3f})")  # fmt: skip
+              f"max interruption rate {risk:g}/h, max late risk {late_risk:g} (score {score:.3f})")  # fmt: skip
         for n in sizes:
             jobs = make_jobs(sc.markets, args.jobs, n, 1, args.seed, mech)
-            strategies = [Policy(ratio, risk), Naive(True), Naive(False), UniformProgress()]
+            strategies = [Policy(ratio, risk, late_risk), Naive(True), Naive(False), UniformProgress()]
             rows = run_size(worlds, jobs, strategies, mech)
             print(f"\n{sc.name}, {n} node(s), {len(jobs)} held-out jobs (second half):")
             print(HEAD)

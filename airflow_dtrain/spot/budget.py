@@ -103,6 +103,9 @@ class BudgetInputs:
     must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving.
     When given, every capacity the job does not run on now is charged its start-up (time and money):
     ``Choice.WAIT`` means nothing runs, so both pay it. None: start-ups are not estimated."""
+    max_late_risk: float = 0.0
+    """The chance of a preemption during the spot run up to which spot is used without keeping time to
+    finish on on-demand after one (0: time for the fallback is always kept)."""
     allow_late: bool = True
     """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
     Off: once neither capacity can finish in time within the budget, the job stops."""
@@ -120,6 +123,7 @@ class BudgetInputs:
             "wait_interval_s": self.wait_interval_s > 0,
             "max_wait_s": self.max_wait_s >= 0,
             "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
+            "max_late_risk": 0 <= self.max_late_risk <= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -190,9 +194,10 @@ def decide(inputs: BudgetInputs) -> Decision:
     else:
         spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
         spot_time_ok = _in_time(spot_hours, i.deadline_s)
-        if spot_time_ok and i.on_demand_price is not None and od_cost_ok:
+        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_hours)
+        if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
-            # budget pays for on-demand at all: otherwise there is no fallback to keep time for)
+            # budget pays for on-demand at all, and a preemption is likelier than the lateness risk accepted)
             fallback = spot_start + hours + (i.lost_work_s + i.restart_overhead_s) / 3600.0
             spot_time_ok = _in_time(fallback, i.deadline_s)
 
