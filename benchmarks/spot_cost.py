@@ -1,6 +1,6 @@
 """Spot-cost simulator: the budget policy vs naive spot (with and without the warning) vs Uniform Progress.
 
-    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 120] [--tune-jobs 60] [--seed 0]
+    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 100] [--seed 0]
 
 TRACE_DIR (default ``../shared/data/spot`` relative to the repository) holds either ``*.market.json``
 files (your own data, format in ``benchmarks/README.md``) or the shared research traces
@@ -443,8 +443,8 @@ def tune(worlds: list[World], scenario: Scenario, sizes: list[int], n_jobs: int,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace_dir", nargs="?", type=Path, default=DEFAULT_TRACES)
-    ap.add_argument("--jobs", type=int, default=120, help="held-out jobs per scenario and size")
-    ap.add_argument("--tune-jobs", type=int, default=60, help="jobs per size in the first half, to choose the parameters")
+    ap.add_argument("--jobs", type=int, default=200, help="held-out jobs per scenario and size")
+    ap.add_argument("--tune-jobs", type=int, default=100, help="jobs per size in the first half, to choose the parameters")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--startup-s", type=float, default=300.0)
     ap.add_argument("--checkpoint-s", type=float, default=1800.0)
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in sc.markets:
             print(f"- {m.name}: {len(m.zones)} zone(s), {m.ticks} ticks of {m.tick_s:.0f} s "
                   f"({m.ticks * m.tick_s / 3600:.1f} h), on-demand ${m.on_demand_price:.3f}/node-h, "
-                  f"capacity up to {m.max_capacity}; {'; '.join(m.notes)}")  # fmt: skip
+                  f"capacity up to {m.max_capacity}" + "".join(f"; {note}" for note in m.notes))  # fmt: skip
         skipped = [n for n in SIZES if n > cap]
         if skipped:
             print(f"- sizes {skipped}: not simulated, no zone here ever has that many nodes")
