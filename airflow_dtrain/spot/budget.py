@@ -6,11 +6,16 @@ benchmark (``benchmarks/spot_cost.py``) runs the very code the operator runs.
 Estimates::
 
     hours            = steps_remaining × step_time_s / 3600
-    on-demand cost   = hours × num_nodes × on_demand_price
-    spot hours       = hours × (1 + overhead)
+    start-up         = restart_overhead_s / 3600 for a capacity the job does not run on now
+                       (only when ``current`` is given; ``Choice.WAIT``: nothing runs, both pay it)
+    on-demand hours  = hours + its start-up
+    on-demand cost   = on-demand hours × num_nodes × on_demand_price
+    spot hours       = hours × (1 + overhead) + its start-up
     overhead         = interruption_rate_per_hour × (restart_overhead_s + lost_work_s) / 3600
     spot cost        = spot hours × num_nodes × spot_price
-    wait cost        = 0 (and the wait must leave time to finish on on-demand)
+    spot in time     = spot hours fit the deadline and, when the budget pays for on-demand and a preemption
+                       during the spot hours is likelier than ``max_late_risk``, a preemption right after
+                       the start-up still leaves time to finish on on-demand (hours + lost work + start-up)
 
 Decision, first row that applies:
 
@@ -20,18 +25,21 @@ Decision, first row that applies:
 1   no steps remaining                                                stop
 2   no step time (none measured, no estimate) and a budget is set     stop
 3   no price at all (spot nor on-demand)                              stop
-4   spot offered, acceptable risk, spot cost ≤ budget, spot hours     spot
-    fit the deadline
-5   spot not (yet) possible, waiting allowed and a wait of
-    ``wait_interval_s`` still leaves time to finish (on-demand,
-    or spot if no on-demand price), and something could then fit
-    the budget                                                        wait
-6   on-demand cost ≤ budget (on-demand is the fastest way to finish,  on_demand
-    so a deadline does not rule it out)
-7   spot was ruled out only by the deadline and on-demand is over     spot
-    budget: finishing late beats not finishing (the budget is hard,
-    the deadline soft)
-8   otherwise (every estimate exceeds the remaining budget)           stop
+4   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
+    spot cost ≤ budget, spot in time -- unless on-demand also fits
+    (budget and deadline) and costs no more, start-ups included:
+    then on-demand (a job on on-demand stays for a saving smaller
+    than the switch's start-up)
+5   waiting allowed, and after ``wait_interval_s`` spot at the        wait
+    hoped-for price or on-demand could still finish in time within
+    budget
+6   on-demand cost ≤ budget and on-demand in time                     on_demand
+7   ``allow_late``: of spot and on-demand within budget, the one      that one
+    that finishes first (late)
+8   ``allow_late``, waiting allowed, spot at the hoped-for price      wait
+    within budget (late)
+9   otherwise (nothing fits the budget, or nothing in time and        stop
+    ``allow_late`` off)
 ==  ================================================================  =========
 
 "≤ budget" compares in whole micro-dollars, so a cost exactly at the budget is within it.
