@@ -30,8 +30,8 @@ Every strategy runs on the same world with the same mechanisms:
   SpotPriceSensor -> BudgetBranchOperator), its past-only interruption rate, ``current`` and the budget
   and deadline left, with the warning, and the trainer's hard budget cap (it stops before a tick that
   would pass the budget). Naive spot and Uniform Progress know no budget: their overruns are counted.
-- held out: the policy's two parameters (the highest spot price accepted, as a fraction of on-demand,
-  and the highest interruption rate accepted) are chosen per scenario on jobs in the first half of
+- held out: the policy's three parameters (the highest spot price accepted, as a fraction of on-demand,
+  the highest interruption rate accepted, and ``max_late_risk``) are chosen per scenario on jobs in the first half of
   each trace's time range, simulated on that half only; the tables are jobs in the second half.
 """
 
@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide  # noqa: E402
-from spot_traces import Market, Scenario, load_scenarios  # noqa: E402
+from spot_traces import Market, load_scenarios  # noqa: E402
 
 DEFAULT_TRACES = REPO.parent / "shared" / "data" / "spot"
 SIZES = (1, 4, 16)
@@ -424,7 +424,7 @@ def run_size(worlds: list[World], jobs: list[Job], strategies: list, mech: Mecha
     return rows
 
 
-def tune(worlds: list[World], scenario: Scenario, sizes: list[int], n_jobs: int, seed: int, mech: Mechanics):
+def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics):
     """The parameters with the lowest cost + a full on-demand job's cost per job not kept, on the first half."""
     halves = [World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed) for w in worlds]
     jobs = {n: make_jobs([w.market for w in halves], n_jobs, n, 0, seed, mech) for n in sizes}
@@ -456,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"traces: {args.trace_dir}; seed {args.seed}; start-up {mech.startup_s:.0f} s, checkpoint every "
           f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand")  # fmt: skip
     totals: dict[str, list[Row]] = {}
+    by_size: dict[tuple[int, str], list[Row]] = {}
     for sc in scenarios:
         worlds = [World(m, mech, args.seed) for m in sc.markets]
         cap = max(m.max_capacity for m in sc.markets)
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         skipped = [n for n in SIZES if n > cap]
         if skipped:
             print(f"- sizes {skipped}: not simulated, no zone here ever has that many nodes")
-        (score, ratio, risk, late_risk), _ = tune(worlds, sc, sizes, args.tune_jobs, args.seed, mech)
+        (score, ratio, risk, late_risk), _ = tune(worlds, sizes, args.tune_jobs, args.seed, mech)
         print(f"- chosen on the first half ({args.tune_jobs} jobs per size): max spot price {ratio:.2f} x on-demand, "
               f"max interruption rate {risk:g}/h, max late risk {late_risk:g} (score {score:.3f})")  # fmt: skip
         for n in sizes:
@@ -480,12 +481,20 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 print(r.line())
                 totals.setdefault(r.strategy, []).append(r)
+                by_size.setdefault((n, r.strategy), []).append(r)
             print(verdict(rows))
+    def merged(name: str, rows: list[Row]) -> Row:
+        return Row(name, [j for r in rows for j in r.jobs], [o for r in rows for o in r.outcomes],
+                   sum(r.od_cost for r in rows), mech)  # fmt: skip
+
+    for n in SIZES:
+        names = [name for (size, name) in by_size if size == n]
+        if names:
+            print(f"\n## all scenarios, {n} node(s) (held out)\n{HEAD}")
+            print("\n".join(merged(name, by_size[n, name]).line() for name in names))
     print(f"\n## all scenarios and sizes together (held out)\n{HEAD}")
     for name, rows in totals.items():
-        merged = Row(name, [j for r in rows for j in r.jobs], [o for r in rows for o in r.outcomes],
-                     sum(r.od_cost for r in rows), mech)  # fmt: skip
-        print(merged.line())
+        print(merged(name, rows).line())
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0
 
