@@ -500,16 +500,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def verdict(rows: list[Row]) -> str:
+    """Whether ours costs no more than each baseline while keeping as many jobs on time within budget."""
     ours = next(r for r in rows if r.strategy == "our policy")
+    mine = f"ours {ours.cost / ours.od_cost:.1%}, {ours.kept} kept"
     worse = [
         f"{r.strategy} ({r.cost / r.od_cost:.1%}, {r.kept} kept)"
         for r in rows
-        if r is not ours and r.strategy != "always on-demand" and not (ours.cost <= r.cost + 1e-9 and ours.kept >= r.kept)
+        if r is not ours
+        and r.strategy != "always on-demand"
+        and not (ours.cost <= r.cost + 1e-9 and ours.kept >= r.kept)
     ]
     if not worse:
-        return f"ours ({ours.cost / ours.od_cost:.1%}, {ours.kept} kept) is at or below every baseline's cost with as many or more jobs on time within budget"
-    return f"NOT at or below (cost, jobs on time within budget) of: {', '.join(worse)}; ours {ours.cost / ours.od_cost:.1%}, {ours.kept} kept"
-
+        return f"{mine}: at or below every baseline's cost, with as many or more jobs on time within budget"
+    return f"{mine}: NOT at or below (cost, jobs on time within budget) of: {', '.join(worse)}"
 
 if __name__ == "__main__":
     raise SystemExit(main())
