@@ -1,440 +1,518 @@
-"""Spot-cost simulator: the budget policy vs always-on-demand vs naive always-spot, on real traces.
+"""Spot-cost simulator: the budget policy vs naive spot (with and without the warning) vs Uniform Progress.
 
-    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 500] [--seed 0] [--hazard-trace auto|none|PATH]
+    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 100] [--seed 0]
 
-TRACE_DIR (default ``../shared/data/spot`` relative to the repository) is searched for:
+TRACE_DIR (default ``../shared/data/spot`` relative to the repository) holds either ``*.market.json``
+files (your own data, format in ``benchmarks/README.md``) or the shared research traces
+(``benchmarks/spot_traces.py`` reads them and states the assumption each needs).
 
-- spot price series: a JSON object ``{zone: [price per tick, ...]}`` (e.g. SkyNomad's
-  ``v100_spot_prices.json``), or per-zone JSON files ``{"prices": [...], "gap_seconds": s,
-  "price_info": {"on_demand_price": p, "instance_type": t}}``; the file with the most zones wins;
-- availability per zone: CSV files ``date,availability`` (1 = a spot instance could be
-  launched) whose name starts with the zone's key, row i aligned with price tick i. A zone
-  without one is taken as always available;
-- optionally, preemption events of running instances: CSV ``ms_since_start,add|remove,node``
-  (the Bamboo traces), turned into a per-node-hour hazard for the stress scenario.
+Every strategy runs on the same world with the same mechanisms:
 
-Model (stated assumptions):
-
-- A job is W seconds of compute on ``n`` nodes (its on-demand duration); its deadline is
-  1.25 × (W + start-up) and its budget a random fraction of its on-demand cost.
-- A spot group runs in one zone; it is preempted when the zone's availability drops to 0
-  (the traces are launch probes, the usual reading in Can't Be Late / SkyNomad), and in the
-  stress scenario also by a Poisson hazard per node-hour taken from the Bamboo trace.
-- Every (re)start costs ``--startup-s`` of billed time before training resumes.
-- The policy gets the two-minute warning, so its trainers checkpoint now and lose at most
-  one step; the naive strategy loses the work since its last periodic checkpoint.
-- The policy sees only the past: prices and availability now, interruption rates over the
-  trailing 72 h. It runs ``airflow_dtrain.spot.budget.decide`` every tick (195 s in the
-  SkyNomad trace), as a DAG with SpotPriceSensor -> BudgetBranchOperator would between runs.
-- Billing per second at the price of each tick; on-demand is always available.
+- a job is W seconds of compute on n nodes (1, 4 or 16); its on-demand time is W + one start-up; its
+  deadline is a stretch (uniform 1.2-2.0) of that, its budget a fraction (uniform 0.5-1.5) of its
+  on-demand cost. Always-on-demand is the reference (cost 100 %).
+- a group of n runs in one zone, only at a tick where the zone has >= n nodes; it is preempted when the
+  capacity falls below n, and when the capacity drops from c to c' >= n it loses one of its own nodes
+  with the probability that c - c' nodes picked at random out of c hit one of its n (hypergeometric).
+  Losing one node preempts the group. The draws are common to every strategy (one uniform number per
+  zone and tick), so they face the same preemptions.
+- every (re)launch costs ``--startup-s`` of billed time before training resumes; on-demand is always
+  available. Billing per second at each tick's price.
+- every strategy saves a checkpoint every ``--checkpoint-s`` of progress and before a switch it makes
+  itself. With the two-minute warning it also saves when warned and loses at most one step
+  (``--step-s``); without it, a preemption loses the work since the last checkpoint.
+- the strategies: naive always-spot (cheapest zone that has the nodes, waits while none has, never
+  on-demand) with and without the warning; Uniform Progress (Wu et al., "Can't Be Late", NSDI'24: spot
+  whenever it can be had and kept until preempted; idle and behind the line W*t/D -> on-demand, kept
+  until progress is ahead of the line at t + 2d; idle with less than remaining work + 2d left ->
+  on-demand to the end; d = the start-up), with the warning, on the same zone choice; our policy:
+  ``airflow_dtrain.spot.budget.decide`` every tick with the cheapest acceptable zone's offer (as
+  SpotPriceSensor -> BudgetBranchOperator), its past-only interruption rate, ``current`` and the budget
+  and deadline left, with the warning, and the trainer's hard budget cap (it stops before a tick that
+  would pass the budget). Naive spot and Uniform Progress know no budget: their overruns are counted.
+- held out: the policy's three parameters (the highest spot price accepted, as a fraction of on-demand,
+  the highest interruption rate accepted, and ``max_late_risk``) are chosen per scenario on jobs in the first half of
+  each trace's time range, simulated on that half only; the tables are jobs in the second half.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
+import itertools
 import math
 import random
 import statistics
 import sys
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide  # noqa: E402
-from airflow_dtrain.spot.offers import ON_DEMAND_USD_PER_HOUR  # noqa: E402
+from spot_traces import Market, load_scenarios  # noqa: E402
 
 DEFAULT_TRACES = REPO.parent / "shared" / "data" / "spot"
+SIZES = (1, 4, 16)
+PRICE_RATIOS = (0.5, 0.75, 1.0)
+MAX_RISKS = (0.25, 1.0, math.inf)
+LATE_RISKS = (0.0, 0.05, 0.2)
 
 
-# -- traces ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Market:
-    zones: list[str]
-    prices: dict[str, list[float]]
-    available: dict[str, list[int]]
-    tick_s: float
-    on_demand: float
-    instance_type: str | None
-    sources: list[str] = field(default_factory=list)
-    hazard_per_node_hour: float = 0.0
-
-    @property
-    def ticks(self) -> int:
-        return min(len(p) for p in self.prices.values())
-
-    def recent_low(self, window_h: float = 24.0) -> list[float]:
-        """Per tick: the lowest price of any zone over the trailing window (past only)."""
-        if getattr(self, "_recent_low", None) is None:
-            from collections import deque
-
-            w = max(1, int(window_h * 3600 / self.tick_s))
-            cheapest = [min(self.prices[z][k] for z in self.zones) for k in range(self.ticks)]
-            out, window = [], deque()
-            for k, price in enumerate(cheapest):
-                while window and window[-1][1] >= price:
-                    window.pop()
-                window.append((k, price))
-                if window[0][0] <= k - w:
-                    window.popleft()
-                out.append(window[0][1])
-            self._recent_low = out
-        return self._recent_low
-
-
-def _price_series(path: Path):
-    try:
-        doc = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if isinstance(doc, dict) and isinstance(doc.get("prices"), list):
-        return {path.stem: doc["prices"]}, doc.get("gap_seconds"), doc.get("price_info") or {}
-    if isinstance(doc, dict) and doc and all(
-        isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v[:50]) for v in doc.values()
-    ):
-        return doc, None, {}
-    return None
-
-
-def load_market(trace_dir: Path, *, on_demand: float | None, tick_s: float | None, hazard_trace: str) -> Market:
-    if not trace_dir.is_dir():
-        raise SystemExit(f"trace directory {trace_dir} does not exist")
-    best, gap, info, sources = None, None, {}, []
-    per_zone_info: list[tuple[float | None, dict]] = []
-    per_zone: dict[Path, dict[str, list[float]]] = {}  # one-zone files, grouped by folder
-    for path in sorted(trace_dir.rglob("*.json")):
-        found = _price_series(path)
-        if found is None:
-            continue
-        series, g, i = found
-        if g or i:
-            per_zone_info.append((g, i))
-            per_zone.setdefault(path.parent, {}).update(series)
-            continue
-        if best is None or len(series) > len(best[0]):
-            best = (series, [path])
-    for folder, series in per_zone.items():
-        if best is None or len(series) > len(best[0]):
-            best = (series, sorted(folder.glob("*.json")))
-    if best is None:
-        raise SystemExit(f"{trace_dir}: no spot price series found (JSON {{zone: [prices]}} or {{'prices': [...]}})")
-    prices, price_paths = best
-    sources.extend(str(path.relative_to(trace_dir)) for path in price_paths)
-    for g, i in per_zone_info:  # tick length / on-demand price from the per-zone files of the capture
-        gap, info = gap or g, info or i
-    tick = tick_s or gap or 195.0
-    instance_type = info.get("instance_type")
-    od = on_demand or info.get("on_demand_price") or ON_DEMAND_USD_PER_HOUR.get(instance_type or "", None)
-    if od is None:
-        raise SystemExit("no on-demand price in the traces: pass --on-demand-price")
-    available: dict[str, list[int]] = {}
-    csvs = sorted(trace_dir.rglob("*.csv"))
-    for zone in prices:
-        for path in csvs:
-            if path.stem.startswith(zone) or zone.startswith(path.stem):
-                with path.open() as fh:
-                    rows = list(csv.DictReader(fh))
-                if rows and "availability" in rows[0]:
-                    available[zone] = [int(float(r["availability"])) for r in rows]
-                    sources.append(str(path.relative_to(trace_dir)))
-                    break
-        available.setdefault(zone, [1] * len(prices[zone]))
-    n = min(min(len(p) for p in prices.values()), min(len(a) for a in available.values()))
-    prices = {z: [float(x) for x in p[:n]] for z, p in prices.items()}
-    available = {z: a[:n] for z, a in available.items()}
-    market = Market(sorted(prices), prices, available, float(tick), float(od), instance_type, sources)
-    if hazard_trace != "none":
-        paths = [Path(hazard_trace)] if hazard_trace != "auto" else [p for p in csvs if _is_event_trace(p)]
-        hazards = [(p, _hazard(p)) for p in paths]
-        hazards = [(p, h) for p, h in hazards if h is not None]
-        if hazards:  # the first p3 trace if any (same instance family as the price series), else the first
-            path, h = next(((p, h) for p, h in hazards if p.name.startswith("p3")), hazards[0])
-            market.hazard_per_node_hour = h
-            market.sources.append(str(path.relative_to(trace_dir)) if path.is_relative_to(trace_dir) else str(path))
-    return market
-
-
-def _is_event_trace(path: Path) -> bool:
-    with path.open() as fh:
-        first = fh.readline().strip().split(",")
-    return len(first) == 3 and first[1] in ("add", "remove") and first[0].isdigit()
-
-
-def _hazard(path: Path) -> float | None:
-    """Removes per node-hour in an ``ms,add|remove,node`` trace."""
-    up: set[str] = set()
-    last = node_hours = 0.0
-    removes = 0
-    with path.open() as fh:
-        for row in csv.reader(fh):
-            if len(row) != 3 or not row[0].isdigit():
-                continue
-            t = int(row[0]) / 3.6e6
-            node_hours += len(up) * (t - last)
-            last = t
-            if row[1] == "add":
-                up.add(row[2])
-            else:
-                up.discard(row[2])
-                removes += 1
-    return removes / node_hours if node_hours > 0 else None
-
-
-def trailing_rates(market: Market, window_h: float = 72.0) -> dict[str, list[float]]:
-    """Per zone and tick: availability drops per available hour over the trailing window (past only)."""
-    w = max(1, int(window_h * 3600 / market.tick_s))
-    rates = {}
-    for z in market.zones:
-        a = market.available[z]
-        drops = [0] * (len(a) + 1)
-        up = [0] * (len(a) + 1)
-        for k in range(len(a)):
-            drops[k + 1] = drops[k] + (1 if k > 0 and a[k - 1] == 1 and a[k] == 0 else 0)
-            up[k + 1] = up[k] + a[k]
-        r = []
-        for k in range(len(a)):
-            lo = max(0, k - w)
-            hours = (up[k] - up[lo]) * market.tick_s / 3600
-            r.append((drops[k] - drops[lo]) / hours if hours > 1 else 0.5)  # no history: assume risky
-        rates[z] = r
-    return rates
-
-
-# -- jobs and strategies ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mechanics:
+    startup_s: float = 300.0
+    checkpoint_s: float = 1800.0
+    step_s: float = 30.0
+    risk_window_h: float = 24.0
 
 
 @dataclass(frozen=True)
 class Job:
+    market: int
     start: int
+    horizon: int
     work_s: float
     nodes: int
-    budget: float
     deadline_s: float
+    budget: float
+
+    def od_time(self, mech: Mechanics) -> float:
+        return self.work_s + mech.startup_s
 
 
 @dataclass
 class Outcome:
     cost: float = 0.0
-    time_s: float = 0.0
-    completed: bool = False
-    preemptions: int = 0
+    time_s: float = math.inf
+    finished: bool = False
     stopped: bool = False
+    started: bool = False
+    preemptions: int = 0
+    switches: int = 0
+    launches: int = 0
 
 
-@dataclass(frozen=True)
-class Params:
-    startup_s: float = 300.0
-    step_s: float = 10.0
-    naive_checkpoint_every_s: float = 1800.0
-    max_price_fraction: float = 0.6
-    stretch: float = 1.25
+# -- the world a market gives a group of n nodes -------------------------------------------------------
 
 
-def make_jobs(market: Market, n: int, seed: int, p: Params) -> list[Job]:
-    rng = random.Random(seed)
+class World:
+    """Per zone and tick, for a group of n: the chance to lose a node, the past-only loss rate, and the draws."""
+
+    def __init__(self, market: Market, mech: Mechanics, seed: int) -> None:
+        self.market, self.mech = market, mech
+        rng = random.Random(f"{seed}/{market.name}")
+        self.draws = [[rng.random() for _ in range(market.ticks)] for _ in market.zones]
+        self._loss: dict[int, list[list[float]]] = {}
+        self._rate: dict[int, list[list[float]]] = {}
+        w = max(1, int(24 * 3600 / market.tick_s))
+        cheapest = [min(z.price[k] for z in market.zones) for k in range(market.ticks)]
+        self.recent_low, window = [], deque()
+        for k, p in enumerate(cheapest):  # trailing-day minimum, past only
+            while window and window[-1][1] >= p:
+                window.pop()
+            window.append((k, p))
+            if window[0][0] <= k - w:
+                window.popleft()
+            self.recent_low.append(window[0][1])
+
+    def loss(self, n: int) -> list[list[float]]:
+        if n not in self._loss:
+            out = []
+            for z in self.market.zones:
+                c, p = z.capacity, [0.0] * len(z.capacity)
+                for k in range(1, len(c)):
+                    if c[k - 1] < n:
+                        continue  # the group could not have been running
+                    if c[k] < n:
+                        p[k] = 1.0
+                    elif c[k] < c[k - 1]:
+                        gone = c[k - 1] - c[k]  # P(none of our n among `gone` of c[k-1]) = C(c-n, gone) / C(c, gone)
+                        p[k] = 1.0 - math.comb(c[k - 1] - n, gone) / math.comb(c[k - 1], gone)
+                out.append(p)
+            self._loss[n] = out
+        return self._loss[n]
+
+    def rate(self, n: int) -> list[list[float]]:
+        """Losses per hour a group of n could have run, over the trailing window, up to the tick before."""
+        if n not in self._rate:
+            w = max(1, int(self.mech.risk_window_h * 3600 / self.market.tick_s))
+            h = self.market.tick_s / 3600
+            out = []
+            for z, loss in zip(self.market.zones, self.loss(n)):
+                lost = up = 0.0
+                r = []
+                for k in range(len(loss)):
+                    r.append(lost / (up * h) if up * h >= 1.0 else 1.0)  # under an hour of history: 1/h
+                    lost += loss[k]
+                    up += z.capacity[k] >= n
+                    if k >= w:
+                        lost -= loss[k - w]
+                        up -= z.capacity[k - w] >= n
+                r = [max(0.0, x) for x in r]
+                out.append(r)
+            self._rate[n] = out
+        return self._rate[n]
+
+
+# -- strategies ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    mode: str | None = None  # None (idle) | "spot" | "od"
+    zone: int | None = None
+    startup_left: float = 0.0
+    done: float = 0.0
+    saved: float = 0.0
+    safety: bool = False  # Uniform Progress' safety net: on-demand to the end
+
+
+def _cheapest(world: World, k: int, n: int, ok=lambda z: True) -> int | None:
+    best = None
+    for i, z in enumerate(world.market.zones):
+        if z.capacity[k] >= n and ok(i) and (best is None or z.price[k] < world.market.zones[best].price[k]):
+            best = i
+    return best
+
+
+class Naive:
+    def __init__(self, warning: bool) -> None:
+        self.warning = warning
+        self.name = "naive spot, " + ("with warning" if warning else "no warning")
+
+    def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
+        if s.mode == "spot":
+            return Choice.SPOT, s.zone
+        z = _cheapest(world, k, job.nodes)
+        return (Choice.SPOT, z) if z is not None else (Choice.WAIT, None)
+
+
+class UniformProgress:
+    """Can't Be Late's Uniform Progress with its hysteresis (2d) and safety net (remaining work + 2d)."""
+
+    name = "Uniform Progress"
+    warning = True
+
+    def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
+        d, W, D = world.mech.startup_s, job.work_s, job.deadline_s
+        if s.safety:
+            return Choice.ON_DEMAND, None
+        if s.mode == "spot":
+            return Choice.SPOT, s.zone  # exploitation: stay until preempted
+        z = _cheapest(world, k, job.nodes)
+        if s.mode == "od":
+            if s.done < W * min(1.0, (elapsed + 2 * d) / D):
+                return Choice.ON_DEMAND, None  # hysteresis: stay until ahead of the line at t + 2d
+            return (Choice.SPOT, z) if z is not None else (Choice.WAIT, None)
+        if D - elapsed < (W - s.done) + 2 * d:
+            s.safety = True
+            return Choice.ON_DEMAND, None
+        if z is not None:
+            return Choice.SPOT, z  # taking risks: spot whenever it can be had
+        if s.done < W * elapsed / D:
+            return Choice.ON_DEMAND, None
+        return Choice.WAIT, None
+
+
+class Policy:
+    """decide() every tick, on the offer SpotPriceSensor would give; the trainer's hard budget cap."""
+
+    name = "our policy"
+    warning = True
+
+    def __init__(self, max_price_ratio: float, max_risk: float, late_risk: float) -> None:
+        self.max_price_ratio, self.max_risk, self.late_risk = max_price_ratio, max_risk, late_risk
+        self.decisions: dict[str, int] = {}
+
+    def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
+        m, mech, n = world.market, world.mech, job.nodes
+        limit = self.max_price_ratio * m.on_demand_price
+        rate = world.rate(n)
+        if s.mode == "spot":
+            cand = s.zone if m.zones[s.zone].price[k] <= limit else None
+        else:
+            adj = {i: z.price[k] * (1 + rate[i][k] * mech.startup_s / 3600) for i, z in enumerate(m.zones)}
+            cand = None
+            for i, z in enumerate(m.zones):
+                if z.capacity[k] >= n and z.price[k] <= limit and (cand is None or adj[i] < adj[cand]):
+                    cand = i
+            if cand is None:  # no zone has the nodes: show decide the best count there is
+                priced = [i for i, z in enumerate(m.zones) if z.price[k] <= limit]
+                cand = max(priced, key=lambda i: m.zones[i].capacity[k]) if priced else None
+        remaining = job.work_s - s.done + s.startup_left
+        inputs = BudgetInputs(
+            steps_remaining=max(1, math.ceil(remaining / mech.step_s)),
+            step_time_s=mech.step_s,
+            num_nodes=n,
+            spot_price=m.zones[cand].price[k] if cand is not None else None,
+            spot_nodes_available=m.zones[cand].capacity[k] if cand is not None else None,
+            on_demand_price=m.on_demand_price,
+            remaining_budget=max(0.0, job.budget - cost),
+            interruption_rate_per_hour=rate[cand][k] if cand is not None else 0.0,
+            max_interruption_rate_per_hour=self.max_risk,
+            max_late_risk=self.late_risk,
+            restart_overhead_s=mech.startup_s,
+            lost_work_s=mech.step_s,
+            deadline_s=max(0.0, job.deadline_s - elapsed - m.tick_s),  # the next decision is a tick away
+            max_wait_s=math.inf,
+            wait_interval_s=m.tick_s,
+            wait_target_price=min(world.recent_low[k], limit),
+            current={"spot": Choice.SPOT, "od": Choice.ON_DEMAND}.get(s.mode, Choice.WAIT),
+            allow_late=True,
+        )
+        d = decide(inputs)
+        self.decisions[d.choice.value] = self.decisions.get(d.choice.value, 0) + 1
+        return d.choice, cand if d.choice == Choice.SPOT else None
+
+
+def simulate(world: World, job: Job, strategy) -> Outcome:
+    m, mech, n, dt = world.market, world.mech, job.nodes, world.market.tick_s
+    loss = world.loss(n)
+    s, out = State(), Outcome()
+    capped = isinstance(strategy, Policy)
+    for k in range(job.start, job.horizon):
+        elapsed = (k - job.start) * dt
+        if s.mode == "spot" and world.draws[s.zone][k] < loss[s.zone][k]:
+            out.preemptions += 1
+            s.done = max(s.saved, s.done - mech.step_s) if strategy.warning else s.saved
+            s.saved = s.done if strategy.warning else s.saved
+            s.mode = s.zone = None
+            s.startup_left = 0.0
+        choice, zone = strategy.choose(world, job, k, elapsed, s, out.cost)
+        if choice == Choice.STOP:
+            out.stopped = True
+            return out
+        want = {Choice.SPOT: "spot", Choice.ON_DEMAND: "od"}.get(choice)
+        if want != s.mode or (want == "spot" and zone != s.zone):
+            if s.mode is not None:
+                s.saved = s.done  # a switch or a stop of its own: save first, lose nothing
+                out.switches += want is not None
+            s.mode, s.zone = want, zone
+            if want is not None:
+                s.startup_left = mech.startup_s
+                out.launches += 1
+        if s.mode is None:
+            continue
+        price = m.zones[s.zone].price[k] if s.mode == "spot" else m.on_demand_price
+        useful = max(0.0, dt - s.startup_left)
+        over = max(0.0, s.done + useful - job.work_s)  # finished part-way through the tick: bill that part only
+        tick_cost = (dt - over) / 3600 * n * price
+        if capped and out.cost + tick_cost > job.budget + 1e-9:
+            out.stopped = True  # the trainer saves and exits before the spend passes the cap
+            return out
+        s.startup_left = max(0.0, s.startup_left - dt)
+        out.cost += tick_cost
+        out.started = True
+        s.done += useful
+        if s.done - s.saved >= mech.checkpoint_s:
+            s.saved = s.done - (s.done - s.saved) % mech.checkpoint_s
+        if s.done >= job.work_s:
+            out.time_s = elapsed + dt - over
+            out.finished = True
+            return out
+    return out  # the trace ended first
+
+
+# -- jobs, tuning, report -----------------------------------------------------------------------------
+
+
+def work_range_h(market: Market) -> tuple[float, float]:
+    half_h = market.ticks * market.tick_s / 3600 / 2
+    return (4.0, 48.0) if half_h > 200 else (2.0, 24.0) if half_h > 48 else (0.25, 1.5)
+
+
+def make_jobs(markets: list[Market], n_jobs: int, nodes: int, half: int, seed: int, mech: Mechanics) -> list[Job]:
+    """Jobs that start and end inside one half of their market's time range (0: first, 1: second)."""
+    rng = random.Random(f"{seed}/{nodes}/{half}")
+    usable = [i for i, m in enumerate(markets) if m.max_capacity >= nodes]
     jobs = []
-    for _ in range(n):
-        work_h = math.exp(rng.uniform(math.log(2), math.log(48)))
-        nodes = rng.choice([1, 1, 2, 4, 8])
-        od_time = work_h * 3600 + p.startup_s
-        od_cost = od_time / 3600 * nodes * market.on_demand
-        room = int(4 * od_time / market.tick_s) + 2
-        start = rng.randrange(0, max(1, market.ticks - room))
-        jobs.append(Job(start, work_h * 3600, nodes, od_cost * rng.uniform(0.5, 1.5), p.stretch * od_time))
+    while len(jobs) < n_jobs and usable:
+        i = usable[len(jobs) % len(usable)]
+        m = markets[i]
+        lo, hi = work_range_h(m)
+        work = 3600 * math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        deadline = rng.uniform(1.2, 2.0) * (work + mech.startup_s)
+        room = math.ceil(1.5 * deadline / m.tick_s) + 1
+        mid = m.ticks // 2
+        first, last = (0, mid) if half == 0 else (mid, m.ticks)
+        if last - first <= room:
+            continue
+        start = rng.randrange(first, last - room)
+        od_cost = (work + mech.startup_s) / 3600 * nodes * m.on_demand_price
+        jobs.append(Job(i, start, last, work, nodes, deadline, rng.uniform(0.5, 1.5) * od_cost))
     return jobs
 
 
-def on_demand_only(job: Job, market: Market, p: Params, rng: random.Random) -> Outcome:
-    t = job.work_s + p.startup_s
-    return Outcome(cost=t / 3600 * job.nodes * market.on_demand, time_s=t, completed=True)
+@dataclass
+class Row:
+    strategy: str
+    jobs: list[Job]
+    outcomes: list[Outcome]
+    od_cost: float
+    mech: Mechanics
+    decisions: dict[str, int] = field(default_factory=dict)
 
+    def counts(self) -> dict[str, int]:
+        c = {"on_time": 0, "late": 0, "stopped": 0, "never": 0}
+        for j, o in zip(self.jobs, self.outcomes):
+            if o.finished:
+                c["on_time" if o.time_s <= j.deadline_s + 1e-6 else "late"] += 1
+            elif o.stopped and o.started:
+                c["stopped"] += 1
+            elif not o.started:
+                c["never"] += 1
+            else:
+                c["late"] += 1  # ran, and the trace ended before it finished: past its deadline
+        return c
 
-def _preempted(market: Market, zone: str, k: int, nodes: int, rng: random.Random) -> bool:
-    if not market.available[zone][k]:
-        return True
-    h = market.hazard_per_node_hour
-    return h > 0 and rng.random() < 1 - math.exp(-h * nodes * market.tick_s / 3600)
+    @property
+    def cost(self) -> float:
+        return sum(o.cost for o in self.outcomes)
 
+    @property
+    def violations(self) -> int:
+        return sum(o.cost > j.budget + 1e-6 for j, o in zip(self.jobs, self.outcomes))
 
-def naive_spot(job: Job, market: Market, p: Params, rng: random.Random) -> Outcome:
-    """Cheapest available zone, run until preempted, lose work since the last periodic checkpoint."""
-    out, dt = Outcome(), market.tick_s
-    done = saved = 0.0
-    zone, startup = None, 0.0
-    for k in range(job.start, market.ticks):
-        if zone is not None and _preempted(market, zone, k, job.nodes, rng):
-            out.preemptions += 1
-            done, zone = saved, None
-        if zone is None:
-            offers = [(market.prices[z][k], z) for z in market.zones if market.available[z][k]]
-            if offers:
-                zone, startup = min(offers)[1], p.startup_s
-        if zone is not None:
-            out.cost += dt / 3600 * job.nodes * market.prices[zone][k]
-            useful = max(0.0, dt - startup)
-            startup = max(0.0, startup - dt)
-            done += useful
-            if done - saved >= p.naive_checkpoint_every_s:
-                saved = done - (done - saved) % p.naive_checkpoint_every_s
-        out.time_s += dt
-        if done >= job.work_s:
-            out.completed = True
-            out.time_s -= (done - job.work_s)  # finished part-way through the tick
-            return out
-    return out
-
-
-def policy(job: Job, market: Market, p: Params, rng: random.Random, rates: dict[str, list[float]]) -> Outcome:
-    """SpotPriceSensor (cheapest available zone under the limit, risk-adjusted) + decide() every tick."""
-    out, dt = Outcome(), market.tick_s
-    done = 0.0
-    mode, zone, startup = None, None, 0.0  # mode: None | "spot" | "od"
-    limit = p.max_price_fraction * market.on_demand
-    recent_low = market.recent_low()
-    for k in range(job.start, market.ticks):
-        if mode == "spot" and _preempted(market, zone, k, job.nodes, rng):
-            out.preemptions += 1  # warning -> checkpoint now: at most one step lost
-            done = max(0.0, done - p.step_s)
-            mode = zone = None
-        elapsed = out.time_s
-        offers = [
-            (market.prices[z][k] * (1 + rates[z][k] * p.startup_s / 3600), z)
-            for z in market.zones
-            if market.available[z][k] and market.prices[z][k] <= limit
-        ]
-        best = min(offers)[1] if offers else None
-        cand = zone if mode == "spot" else best
-        launching_spot = mode != "spot"
-        launching_od = mode != "od"
-        remaining = job.work_s - done + (startup if mode else 0.0)
-        spot_work = remaining + (p.startup_s if launching_spot else 0.0)
-        inputs = BudgetInputs(
-            steps_remaining=math.ceil(spot_work / p.step_s),
-            step_time_s=p.step_s,
-            num_nodes=job.nodes,
-            spot_price=market.prices[cand][k] if cand else None,
-            on_demand_price=market.on_demand,
-            remaining_budget=max(0.0, job.budget - out.cost),
-            interruption_rate_per_hour=rates[cand][k] if cand else 0.0,
-            restart_overhead_s=p.startup_s,
-            lost_work_s=p.step_s,
-            deadline_s=max(0.0, job.deadline_s - elapsed - p.startup_s - dt),
-            max_wait_s=math.inf,
-            wait_interval_s=dt,
-            wait_target_price=recent_low[k],  # what a wait can hope for: the past day's lowest price
+    @property
+    def kept(self) -> int:
+        """Finished on time and within budget: what the user asked for."""
+        return sum(
+            o.finished and o.time_s <= j.deadline_s + 1e-6 and o.cost <= j.budget + 1e-6
+            for j, o in zip(self.jobs, self.outcomes)
         )
-        d = decide(inputs)
-        if d.choice == Choice.ON_DEMAND and launching_od:
-            # the on-demand estimate must include its own start-up
-            od_inputs = BudgetInputs(**{**inputs.__dict__, "steps_remaining": math.ceil((remaining + p.startup_s) / p.step_s), "spot_price": None})
-            d = decide(od_inputs)
-        if d.choice == Choice.STOP:
-            out.stopped = True
-            return out
-        if d.choice == Choice.WAIT:
-            mode = zone = None
-        elif d.choice == Choice.SPOT and mode != "spot":
-            mode, zone, startup = "spot", cand, p.startup_s
-        elif d.choice == Choice.ON_DEMAND and mode != "od":
-            mode, zone, startup = "od", None, p.startup_s
-        if mode is not None:
-            price = market.prices[zone][k] if mode == "spot" else market.on_demand
-            out.cost += dt / 3600 * job.nodes * price
-            done += max(0.0, dt - startup)
-            startup = max(0.0, startup - dt)
-        out.time_s += dt
-        if done >= job.work_s:
-            out.completed = True
-            out.time_s -= done - job.work_s
-            return out
-    return out
 
+    def times(self) -> tuple[float, float]:
+        r = [o.time_s / j.od_time(self.mech) for j, o in zip(self.jobs, self.outcomes) if o.finished]
+        unfinished = any(o.started and not o.finished and not o.stopped for o in self.outcomes)
+        if not r:
+            return math.nan, math.nan
+        return statistics.median(r), math.inf if unfinished else max(r)
 
-# -- report ----------------------------------------------------------------------------------
+    def stopped_spend(self) -> float:
+        return sum(o.cost for o in self.outcomes if o.stopped)
 
-
-def summarise(name: str, jobs: list[Job], outcomes: list[Outcome], od: list[Outcome], p: Params) -> dict:
-    ratios = [o.time_s / r.time_s for o, r in zip(outcomes, od) if o.completed]
-    return {
-        "strategy": name,
-        "cost": sum(o.cost for o in outcomes),
-        "cost_vs_od": sum(o.cost for o in outcomes) / sum(r.cost for r in od),
-        "completed": sum(o.completed for o in outcomes),
-        "time_mean": statistics.fmean(ratios) if ratios else float("nan"),
-        "time_p95": sorted(ratios)[int(0.95 * (len(ratios) - 1))] if ratios else float("nan"),
-        "time_max": max(ratios) if ratios else float("nan"),
-        "late": sum(r > p.stretch + 1e-9 for r in ratios),
-        "violations": sum(o.cost > j.budget + 1e-9 for o, j in zip(outcomes, jobs)),
-        "stopped": sum(o.stopped for o in outcomes),
-        "preemptions": sum(o.preemptions for o in outcomes),
-    }
-
-
-def run(market: Market, jobs: list[Job], p: Params, seed: int) -> list[dict]:
-    rates = trailing_rates(market)
-    od = [on_demand_only(j, market, p, random.Random(seed)) for j in jobs]
-    naive = [naive_spot(j, market, p, random.Random(seed * 7919 + i)) for i, j in enumerate(jobs)]
-    pol = [policy(j, market, p, random.Random(seed * 7919 + i), rates) for i, j in enumerate(jobs)]
-    return [
-        summarise("budget policy", jobs, pol, od, p),
-        summarise("always on-demand", jobs, od, od, p),
-        summarise("naive always-spot", jobs, naive, od, p),
-    ]
-
-
-def table(rows: list[dict], n: int) -> str:
-    head = (
-        f"| strategy | total cost | cost / on-demand | completed (of {n}) | time / on-demand: mean, p95, max "
-        f"| > 1.25× | budget violations | stopped (budget) | preemptions |"
-    )
-    lines = [head, "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(
-            f"| {r['strategy']} | ${r['cost']:,.0f} | {r['cost_vs_od']:.1%} | {r['completed']} | "
-            f"{r['time_mean']:.3f}, {r['time_p95']:.3f}, {r['time_max']:.3f} | {r['late']} | {r['violations']} | "
-            f"{r['stopped']} | {r['preemptions']} |"
+    def line(self) -> str:
+        c, (med, mx) = self.counts(), self.times()
+        sw = [o.switches for o in self.outcomes]
+        return (
+            f"| {self.strategy} | {self.cost / self.od_cost:.1%} | {med:.3f} | {mx:.3f} | {c['on_time']} | {c['late']} | "
+            f"{c['stopped']} (${self.stopped_spend():,.0f}) | {c['never']} | {self.kept} | {self.violations} | "
+            f"{statistics.fmean(sw) if sw else 0:.2f} / {max(sw, default=0)} | {sum(o.preemptions for o in self.outcomes)} |"
         )
-    return "\n".join(lines)
+
+
+HEAD = (
+    "| strategy | cost / on-demand | time / on-demand: median | max | on time | late | stopped (spent) | never started "
+    "| on time within budget | budget violations | switches per job: mean / max | preemptions |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def run_size(worlds: list[World], jobs: list[Job], strategies: list, mech: Mechanics) -> list[Row]:
+    od_cost = sum((j.work_s + mech.startup_s) / 3600 * j.nodes * worlds[j.market].market.on_demand_price for j in jobs)
+    rows = [Row("always on-demand", jobs, [
+        Outcome(cost=(j.work_s + mech.startup_s) / 3600 * j.nodes * worlds[j.market].market.on_demand_price,
+                time_s=j.od_time(mech), finished=True, started=True, launches=1)
+        for j in jobs], od_cost, mech)]  # fmt: skip
+    for strategy in strategies:
+        outs = [simulate(worlds[j.market], j, strategy) for j in jobs]
+        rows.append(Row(strategy.name, jobs, outs, od_cost, mech, getattr(strategy, "decisions", {})))
+    return rows
+
+
+def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics):
+    """The parameters with the lowest cost + a full on-demand job's cost per job not kept, on the first half."""
+    halves = [World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed) for w in worlds]
+    jobs = {n: make_jobs([w.market for w in halves], n_jobs, n, 0, seed, mech) for n in sizes}
+    scores = []
+    for params in itertools.product(PRICE_RATIOS, MAX_RISKS, LATE_RISKS):
+        total = od = 0.0
+        for n in sizes:
+            [ref, ours] = run_size(halves, jobs[n], [Policy(*params)], mech)
+            per_job = ref.od_cost / max(1, len(jobs[n]))
+            total += ours.cost + per_job * (len(jobs[n]) - ours.kept)
+            od += ref.od_cost
+        scores.append((total / od if od else math.inf, *params))
+    return min(scores), scores
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace_dir", nargs="?", type=Path, default=DEFAULT_TRACES)
-    ap.add_argument("--jobs", type=int, default=500)
+    ap.add_argument("--jobs", type=int, default=200, help="held-out jobs per scenario and size")
+    ap.add_argument("--tune-jobs", type=int, default=100, help="jobs per size in the first half, to choose the parameters")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--on-demand-price", type=float, default=None)
-    ap.add_argument("--tick-s", type=float, default=None, help="seconds per trace tick (default: from the traces, else 195)")
-    ap.add_argument("--hazard-trace", default="auto", help="preemption-event CSV for the stress scenario: auto, none or a path")
     ap.add_argument("--startup-s", type=float, default=300.0)
+    ap.add_argument("--checkpoint-s", type=float, default=1800.0)
+    ap.add_argument("--step-s", type=float, default=30.0)
     args = ap.parse_args(argv)
+    mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
+    t0 = time.monotonic()
+    scenarios = load_scenarios(args.trace_dir)
+    print(f"traces: {args.trace_dir}; seed {args.seed}; start-up {mech.startup_s:.0f} s, checkpoint every "
+          f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand")  # fmt: skip
+    totals: dict[str, list[Row]] = {}
+    by_size: dict[tuple[int, str], list[Row]] = {}
+    for sc in scenarios:
+        worlds = [World(m, mech, args.seed) for m in sc.markets]
+        cap = max(m.max_capacity for m in sc.markets)
+        sizes = [n for n in SIZES if n <= cap]
+        print(f"\n## {sc.title}")
+        for m in sc.markets:
+            print(f"- {m.name}: {len(m.zones)} zone(s), {m.ticks} ticks of {m.tick_s:.0f} s "
+                  f"({m.ticks * m.tick_s / 3600:.1f} h), on-demand ${m.on_demand_price:.3f}/node-h, "
+                  f"capacity up to {m.max_capacity}" + "".join(f"; {note}" for note in m.notes))  # fmt: skip
+        skipped = [n for n in SIZES if n > cap]
+        if skipped:
+            print(f"- sizes {skipped}: not simulated, no zone here ever has that many nodes")
+        (score, ratio, risk, late_risk), _ = tune(worlds, sizes, args.tune_jobs, args.seed, mech)
+        print(f"- chosen on the first half ({args.tune_jobs} jobs per size): max spot price {ratio:.2f} x on-demand, "
+              f"max interruption rate {risk:g}/h, max late risk {late_risk:g} (score {score:.3f})")  # fmt: skip
+        for n in sizes:
+            jobs = make_jobs(sc.markets, args.jobs, n, 1, args.seed, mech)
+            strategies = [Policy(ratio, risk, late_risk), Naive(True), Naive(False), UniformProgress()]
+            rows = run_size(worlds, jobs, strategies, mech)
+            print(f"\n{sc.name}, {n} node(s), {len(jobs)} held-out jobs (second half):")
+            print(HEAD)
+            for r in rows:
+                print(r.line())
+                totals.setdefault(r.strategy, []).append(r)
+                by_size.setdefault((n, r.strategy), []).append(r)
+            print(verdict(rows))
+    def merged(name: str, rows: list[Row]) -> Row:
+        return Row(name, [j for r in rows for j in r.jobs], [o for r in rows for o in r.outcomes],
+                   sum(r.od_cost for r in rows), mech)  # fmt: skip
 
-    market = load_market(args.trace_dir, on_demand=args.on_demand_price, tick_s=args.tick_s, hazard_trace=args.hazard_trace)
-    p = Params(startup_s=args.startup_s)
-    jobs = make_jobs(market, args.jobs, args.seed, p)
-    print(f"traces: {args.trace_dir}")
-    for s in market.sources:
-        print(f"  - {s}")
-    print(
-        f"{len(market.zones)} zones, {market.ticks} ticks of {market.tick_s:.0f} s "
-        f"({market.ticks * market.tick_s / 86400:.1f} days), {market.instance_type or 'instance'} on-demand "
-        f"${market.on_demand:.2f}/h; {len(jobs)} jobs, seed {args.seed}, 2-48 h of compute on 1-8 nodes, "
-        f"budget 0.5-1.5x on-demand cost, deadline 1.25x on-demand time, start-up {p.startup_s:.0f} s"
-    )
-    hazard = market.hazard_per_node_hour
-    market.hazard_per_node_hour = 0.0
-    print("\nA. preemption = the zone's availability drops to 0")
-    print(table(run(market, jobs, p, args.seed), len(jobs)))
-    if hazard:
-        market.hazard_per_node_hour = hazard
-        print(f"\nB. stress: A + Poisson preemptions at {hazard:.3f} per node-hour (Bamboo trace)")
-        print(table(run(market, jobs, p, args.seed), len(jobs)))
+    for n in SIZES:
+        names = [name for (size, name) in by_size if size == n]
+        if names:
+            print(f"\n## all scenarios, {n} node(s) (held out)\n{HEAD}")
+            print("\n".join(merged(name, by_size[n, name]).line() for name in names))
+    print(f"\n## all scenarios and sizes together (held out)\n{HEAD}")
+    for name, rows in totals.items():
+        print(merged(name, rows).line())
+    print(f"\n{time.monotonic() - t0:.0f} s")
     return 0
 
+
+def verdict(rows: list[Row]) -> str:
+    """Whether ours costs no more than each baseline while keeping as many jobs on time within budget."""
+    ours = next(r for r in rows if r.strategy == "our policy")
+    mine = f"ours {ours.cost / ours.od_cost:.1%}, {ours.kept} kept"
+    worse = [
+        f"{r.strategy} ({r.cost / r.od_cost:.1%}, {r.kept} kept)"
+        for r in rows
+        if r is not ours
+        and r.strategy != "always on-demand"
+        and not (ours.cost <= r.cost + 1e-9 and ours.kept >= r.kept)
+    ]
+    if not worse:
+        return f"{mine}: at or below every baseline's cost, with as many or more jobs on time within budget"
+    return f"{mine}: NOT at or below (cost, jobs on time within budget) of: {', '.join(worse)}"
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -16,6 +16,7 @@ _NUMBERS = (
     "total_steps", "budget_usd", "step_time_estimate_s", "num_nodes", "spot_price", "on_demand_price",
     "interruption_rate_per_hour", "max_interruption_rate_per_hour", "restart_overhead_s", "lost_work_s",
     "deadline_s", "waited_s", "max_wait_s", "wait_interval_s", "wait_target_price", "max_spot_price",
+    "spot_nodes_available", "max_late_risk",
 )  # fmt: skip
 
 
@@ -55,9 +56,15 @@ class BudgetBranchOperator(BaseBranchOperator):
         else the offer's ``limit`` from ``price_task_id``, else the current spot or on-demand price). (templated)
     :param max_spot_price: a spot offer above this $/node-hour is not acceptable: the decision is
         then to wait for a better price (if waiting is allowed), on-demand, or stop. (templated)
+    :param spot_nodes_available: spot nodes of the offer that can be had at once (None: as many as the
+        group needs; fewer than ``num_nodes`` is no spot at all). (templated)
+    :param max_late_risk: the chance of a preemption during the spot run up to which spot is used
+        without keeping time to finish on on-demand after one (0: always kept). (templated)
+    :param allow_late: when neither capacity can finish by ``deadline_s`` within the budget, finish
+        late within it (spot, on-demand or a wait for spot) rather than stop. (templated)
     """
 
-    template_fields: Sequence[str] = ("checkpoint_uri", *_NUMBERS)
+    template_fields: Sequence[str] = ("checkpoint_uri", "allow_late", *_NUMBERS)
 
     def __init__(
         self,
@@ -84,6 +91,9 @@ class BudgetBranchOperator(BaseBranchOperator):
         wait_interval_s: float | str = 900.0,
         wait_target_price: float | str | None = None,
         max_spot_price: float | str | None = None,
+        spot_nodes_available: int | str | None = None,
+        max_late_risk: float | str = 0.0,
+        allow_late: bool | str = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -109,6 +119,9 @@ class BudgetBranchOperator(BaseBranchOperator):
         self.wait_interval_s = wait_interval_s
         self.wait_target_price = wait_target_price
         self.max_spot_price = max_spot_price
+        self.spot_nodes_available = spot_nodes_available
+        self.max_late_risk = max_late_risk
+        self.allow_late = allow_late
         self._numbers(skip_templates=True)  # fail in the DAG file for what is not templated
 
     def _numbers(self, *, skip_templates: bool = False) -> dict[str, float | None]:
@@ -131,7 +144,21 @@ class BudgetBranchOperator(BaseBranchOperator):
         for name in ("total_steps", "num_nodes"):
             if name in out and (out[name] is None or out[name] < 1 or out[name] != int(out[name])):
                 raise ValueError(f"{prefix}{name}: must be an integer >= 1, got {getattr(self, name)!r}")
+        if out.get("max_late_risk") is not None and out["max_late_risk"] > 1:
+            raise ValueError(f"{prefix}max_late_risk: must be a chance in [0, 1], got {self.max_late_risk!r}")
+        if not (skip_templates and is_template(self.allow_late)):
+            self._allow_late()
         return out
+
+    def _allow_late(self) -> bool:
+        value = self.allow_late
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"{type(self).__name__}(task_id={self.task_id!r}): allow_late: expected true or false, got {value!r}"
+            )
+        return value
 
     def _prices(self, context: Context, numbers: dict[str, float | None]) -> tuple[float | None, float | None, dict]:
         offer: dict[str, Any] = {}
@@ -186,6 +213,9 @@ class BudgetBranchOperator(BaseBranchOperator):
             wait_target_price=next(
                 (p for p in (n["wait_target_price"], n["max_spot_price"], offer.get("limit")) if p is not None), None
             ),
+            spot_nodes_available=None if n["spot_nodes_available"] is None else int(n["spot_nodes_available"]),
+            max_late_risk=n["max_late_risk"] or 0.0,
+            allow_late=self._allow_late(),
         )
         decision = decide(inputs)
         self.log.info("Decision: %s. %s", decision.choice.value, decision.reason)

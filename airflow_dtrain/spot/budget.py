@@ -6,11 +6,16 @@ benchmark (``benchmarks/spot_cost.py``) runs the very code the operator runs.
 Estimates::
 
     hours            = steps_remaining × step_time_s / 3600
-    on-demand cost   = hours × num_nodes × on_demand_price
-    spot hours       = hours × (1 + overhead)
+    start-up         = restart_overhead_s / 3600 for a capacity the job does not run on now
+                       (only when ``current`` is given; ``Choice.WAIT``: nothing runs, both pay it)
+    on-demand hours  = hours + its start-up
+    on-demand cost   = on-demand hours × num_nodes × on_demand_price
+    spot hours       = hours × (1 + overhead) + its start-up
     overhead         = interruption_rate_per_hour × (restart_overhead_s + lost_work_s) / 3600
     spot cost        = spot hours × num_nodes × spot_price
-    wait cost        = 0 (and the wait must leave time to finish on on-demand)
+    spot in time     = spot hours fit the deadline and, when the budget pays for on-demand and a preemption
+                       during the spot hours is likelier than ``max_late_risk``, a preemption right after
+                       the start-up still leaves time to finish on on-demand (hours + lost work + start-up)
 
 Decision, first row that applies:
 
@@ -20,18 +25,21 @@ Decision, first row that applies:
 1   no steps remaining                                                stop
 2   no step time (none measured, no estimate) and a budget is set     stop
 3   no price at all (spot nor on-demand)                              stop
-4   spot offered, acceptable risk, spot cost ≤ budget, spot hours     spot
-    fit the deadline
-5   spot not (yet) possible, waiting allowed and a wait of
-    ``wait_interval_s`` still leaves time to finish (on-demand,
-    or spot if no on-demand price), and something could then fit
-    the budget                                                        wait
-6   on-demand cost ≤ budget (on-demand is the fastest way to finish,  on_demand
-    so a deadline does not rule it out)
-7   spot was ruled out only by the deadline and on-demand is over     spot
-    budget: finishing late beats not finishing (the budget is hard,
-    the deadline soft)
-8   otherwise (every estimate exceeds the remaining budget)           stop
+4   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
+    spot cost ≤ budget, spot in time -- unless on-demand also fits
+    (budget and deadline) and costs no more, start-ups included:
+    then on-demand (a job on on-demand stays for a saving smaller
+    than the switch's start-up)
+5   waiting allowed, and after ``wait_interval_s`` spot at the        wait
+    hoped-for price or on-demand could still finish in time within
+    budget
+6   on-demand cost ≤ budget and on-demand in time                     on_demand
+7   ``allow_late``: of spot and on-demand within budget, the one      that one
+    that finishes first (late)
+8   ``allow_late``, waiting allowed, spot at the hoped-for price      wait
+    within budget (late)
+9   otherwise (nothing fits the budget, or nothing in time and        stop
+    ``allow_late`` off)
 ==  ================================================================  =========
 
 "≤ budget" compares in whole micro-dollars, so a cost exactly at the budget is within it.
@@ -100,7 +108,15 @@ class BudgetInputs:
     A group needs all of its nodes at once: fewer is no spot at all."""
     current: Choice | None = None
     """What the job runs on now (a decision taken again while it trains): a switch from on-demand to spot
-    must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving."""
+    must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving.
+    When given, every capacity the job does not run on now is charged its start-up (time and money):
+    ``Choice.WAIT`` means nothing runs, so both pay it. None: start-ups are not estimated."""
+    max_late_risk: float = 0.0
+    """The chance of a preemption during the spot run up to which spot is used without keeping time to
+    finish on on-demand after one (0: time for the fallback is always kept)."""
+    allow_late: bool = True
+    """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
+    Off: once neither capacity can finish in time within the budget, the job stops."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -115,6 +131,7 @@ class BudgetInputs:
             "wait_interval_s": self.wait_interval_s > 0,
             "max_wait_s": self.max_wait_s >= 0,
             "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
+            "max_late_risk": 0 <= self.max_late_risk <= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -171,15 +188,26 @@ def decide(inputs: BudgetInputs) -> Decision:
 
     hours = i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
     overhead = spot_overhead(i)
-    spot_hours = hours * (1 + overhead) if hours is not None else None
+    start_h = i.restart_overhead_s / 3600.0
+    tracked = i.current is not None  # start-ups are charged only when what runs now is known
+    spot_start = start_h if tracked and i.current != Choice.SPOT else 0.0
+    od_start = start_h if tracked and i.current != Choice.ON_DEMAND else 0.0
+    spot_hours = hours * (1 + overhead) + spot_start if hours is not None else None
+    od_hours = hours + od_start if hours is not None else None
     spot_cost = spot_hours * i.num_nodes * i.spot_price if spot_hours is not None and i.spot_price is not None else None
-    od_cost = hours * i.num_nodes * i.on_demand_price if hours is not None and i.on_demand_price is not None else None
+    od_cost = od_hours * i.num_nodes * i.on_demand_price if od_hours is not None and i.on_demand_price is not None else None
     if hours is None:  # no budget, no step time: decide on price and risk alone
         spot_cost_ok = od_cost_ok = True
         spot_time_ok = i.deadline_s is None
     else:
         spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
         spot_time_ok = _in_time(spot_hours, i.deadline_s)
+        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_hours)
+        if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
+            # a preemption right after the start-up must still leave time to finish on on-demand (when the
+            # budget pays for on-demand at all, and a preemption is likelier than the lateness risk accepted)
+            fallback = spot_start + hours + (i.lost_work_s + i.restart_overhead_s) / 3600.0
+            spot_time_ok = _in_time(fallback, i.deadline_s)
 
     def made(choice: Choice, reason: str) -> Decision:
         return Decision(choice, reason, hours, spot_cost, od_cost, spot_hours, i.remaining_budget)
@@ -187,9 +215,12 @@ def decide(inputs: BudgetInputs) -> Decision:
     est = f"{hours:.2f} h" if hours is not None else "unknown hours"
     risky = i.interruption_rate_per_hour > i.max_interruption_rate_per_hour
     spot_why = []
+    spot_offered = i.spot_price is not None and not (
+        i.spot_nodes_available is not None and i.spot_nodes_available < i.num_nodes
+    )
     if i.spot_price is None:
         spot_why.append("no acceptable spot offer")
-    elif i.spot_nodes_available is not None and i.spot_nodes_available < i.num_nodes:
+    elif not spot_offered:
         spot_why.append(f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once")
     else:
         if risky:
@@ -199,54 +230,80 @@ def decide(inputs: BudgetInputs) -> Decision:
         if not spot_cost_ok:
             spot_why.append(f"spot estimate ${spot_cost:.2f} exceeds the remaining budget {money}")
         if spot_cost_ok and not spot_time_ok:
-            spot_why.append(f"spot would take {spot_hours:.2f} h, past the deadline")
-    if not spot_why and i.current == Choice.ON_DEMAND and od_cost_ok and od_cost is not None and spot_cost is not None:
-        # Hysteresis: a running on-demand job pays no start-up to go on; a switch must earn its own.
-        switch = i.restart_overhead_s / 3600.0 * i.num_nodes * i.spot_price
-        if od_cost - spot_cost <= switch:
-            return made(
-                Choice.ON_DEMAND,
-                f"stay on on-demand: spot would save ${od_cost - spot_cost:.2f}, not more than the switch's start-up "
-                f"(${switch:.2f}: {i.restart_overhead_s:.0f} s × {i.num_nodes} node(s) at the spot price)",
+            spot_why.append(
+                f"spot would take {spot_hours:.2f} h, or leave no time to finish on on-demand after a preemption, "
+                "past the deadline"
             )
+    od_in_time = od_hours is not None and _in_time(od_hours, i.deadline_s)
+    if not spot_why and od_cost_ok and od_in_time and od_cost is not None and spot_cost is not None:
+        if od_cost <= spot_cost:  # the cheaper of two capacities that both fit, start-ups included
+            if i.current == Choice.ON_DEMAND:
+                return made(
+                    Choice.ON_DEMAND,
+                    f"stay on on-demand: spot would save ${od_cost - spot_cost:.2f}, no more than nothing once the "
+                    f"switch's start-up is paid ({i.restart_overhead_s:.0f} s × {i.num_nodes} node(s) at the spot price"
+                    f" is in the spot estimate ${spot_cost:.2f}; on-demand ${od_cost:.2f})",
+                )
+            return made(Choice.ON_DEMAND, f"on-demand ${od_cost:.2f} is no dearer than spot ${spot_cost:.2f}, start-ups included")
     if not spot_why:
         return made(
             Choice.SPOT,
             f"spot: {est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {overhead:.3f} interruption "
-            f"overhead) = ${spot_cost or 0:.2f} within {money}"
+            f"overhead)" + (f" + {spot_start:.2f} h start-up" if spot_start else "") + f" = ${spot_cost or 0:.2f} within {money}"
             + (f" (on-demand would cost ${od_cost:.2f})" if od_cost is not None else ""),
         )
     spot_reason = "; ".join(spot_why)
-
-    # Wait only when the wait leaves time to finish afterwards and something could then fit.
-    fallback_hours = hours if i.on_demand_price is not None else spot_hours
-    target = i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
-    target_cost = spot_hours * i.num_nodes * target if spot_hours is not None and target is not None else None
-    can_wait = (
-        i.max_wait_s > 0
-        and i.waited_s + i.wait_interval_s <= i.max_wait_s
-        and not risky
-        and (hours is None or _in_time(fallback_hours, i.deadline_s, after_s=i.wait_interval_s))
-        and (hours is None or _fits(target_cost, i.remaining_budget) or od_cost_ok)
+    od_why = "no on-demand price" if i.on_demand_price is None else (
+        f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}" if not od_cost_ok
+        else f"on-demand would take {od_hours:.2f} h, past the deadline"
     )
-    if can_wait:
+
+    # Wait when, after the wait, spot at the hoped-for price or on-demand could still finish in time within budget.
+    target = i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
+    later_spot_h = hours * (1 + overhead) + (start_h if tracked else 0.0) if hours is not None else None
+    later_od_h = hours + (start_h if tracked else 0.0) if hours is not None else None
+    target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
+    later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
+    may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
+    after = i.wait_interval_s
+    wait_pays = hours is None or (
+        (_fits(target_cost, i.remaining_budget) and _in_time(later_spot_h, i.deadline_s, after_s=after))
+        or (_fits(later_od_cost, i.remaining_budget) and _in_time(later_od_h, i.deadline_s, after_s=after))
+    )
+    if may_wait and wait_pays:
         return made(
             Choice.WAIT,
             f"wait {i.wait_interval_s:.0f} s for spot ({spot_reason}); waited {i.waited_s:.0f} of {i.max_wait_s:.0f} s",
         )
-    if i.on_demand_price is not None and od_cost_ok:
+    if i.on_demand_price is not None and od_cost_ok and od_in_time:
         return made(
             Choice.ON_DEMAND,
-            f"on-demand ({spot_reason}): {est} × {i.num_nodes} node(s) × ${i.on_demand_price:.4f}/h = "
-            f"${od_cost or 0:.2f} within {money}",
+            f"on-demand ({spot_reason}): {est} × {i.num_nodes} node(s) × ${i.on_demand_price:.4f}/h"
+            + (f" + {od_start:.2f} h start-up" if od_start else "") + f" = ${od_cost or 0:.2f} within {money}",
         )
-    od_why = "no on-demand price" if i.on_demand_price is None else (
-        f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}"
-    )
-    if i.spot_price is not None and not risky and spot_cost_ok:  # only the deadline ruled spot out
+
+    # Nothing finishes in time within budget. Late within budget, if allowed: the option that finishes first.
+    spot_late = spot_offered and not risky and spot_cost_ok and hours is not None
+    od_late = i.on_demand_price is not None and od_cost_ok and hours is not None
+    if i.allow_late and (spot_late or od_late):
+        if od_late and (not spot_late or od_hours <= spot_hours):
+            return made(
+                Choice.ON_DEMAND,
+                f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
+                f"allow_late: ${od_cost or 0:.2f} within {money}",
+            )
         return made(
             Choice.SPOT,
-            f"spot past the deadline ({spot_reason}), the only way to finish within budget ({od_why}): "
-            f"${spot_cost or 0:.2f} within {money}",
+            f"spot past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
+            f"allow_late: ${spot_cost or 0:.2f} within {money}",
         )
-    return made(Choice.STOP, f"over budget: {spot_reason}; {od_why}")
+    if i.allow_late and may_wait and hours is not None and _fits(target_cost, i.remaining_budget):
+        return made(
+            Choice.WAIT,
+            f"wait {i.wait_interval_s:.0f} s for spot at ${target:.4f}/h, past the deadline ({spot_reason}; {od_why}); "
+            f"allow_late: ${target_cost:.2f} within {money}",
+        )
+    if hours is None and i.on_demand_price is not None:  # no estimate at all (and no budget): on-demand
+        return made(Choice.ON_DEMAND, f"on-demand ({spot_reason}): no step time to estimate, no budget")
+    late = "" if i.allow_late else " (allow_late is off: finishing past the deadline is not an option)"
+    return made(Choice.STOP, f"over budget or past the deadline: {spot_reason}; {od_why}{late}")

@@ -171,3 +171,26 @@ def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, message):
     with pytest.raises(ValueError, match="BudgetBranchOperator\\(task_id='budget'\\)") as err:
         _branch(**kwargs)
     assert message in str(err.value)
+
+
+def test_branch_passes_the_group_and_lateness_inputs_to_the_policy(tmp_path):
+    # 2 of the 4 spot nodes: no spot; on-demand over budget; late is not allowed: stop, and the reason says so
+    ti = _TI()
+    kwargs = dict(checkpoint_uri=str(tmp_path / "new"), budget_usd=5.0, step_time_estimate_s=3.6, total_steps=1000,
+                  num_nodes=4, spot_price=1.0, on_demand_price=3.06, spot_nodes_available="2", allow_late="false")  # fmt: skip
+    assert _branch(**kwargs).choose_branch({"ti": ti}) == "stop"
+    assert "only 2 of the 4 spot nodes" in ti.pushed["decision"]["reason"]
+    assert "allow_late is off" in ti.pushed["decision"]["reason"]
+    # the fourth node is there: spot
+    assert _branch(**{**kwargs, "spot_nodes_available": 4}).choose_branch({"ti": ti}) == "train_spot"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"allow_late": "sometimes"}, "allow_late: expected true or false, got 'sometimes'"),
+     ({"max_late_risk": 1.5}, "max_late_risk: must be a chance in [0, 1], got 1.5")],
+)  # fmt: skip
+def test_bad_lateness_arguments_fail_when_the_dag_is_parsed(kwargs, message):
+    with pytest.raises(ValueError, match="BudgetBranchOperator\\(task_id='budget'\\)") as err:
+        _branch(**kwargs)
+    assert message in str(err.value)

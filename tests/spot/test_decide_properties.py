@@ -24,9 +24,13 @@ def test_it_waits_rather_than_stops_while_the_deadline_allows():
     inputs = BudgetInputs(**BASE, num_nodes=2, spot_price=None, on_demand_price=10.0, remaining_budget=5.0,
                           wait_target_price=1.0, max_wait_s=3600, deadline_s=4 * 3600)  # fmt: skip
     assert decide(inputs).choice == Choice.WAIT
-    # once the deadline no longer allows a wait, and nothing fits: stop
+    # once the deadline no longer allows a wait: a wait for spot still fits the budget, so with allow_late
+    # (the default) it waits past the deadline; without it nothing fits in time and within budget: stop
     late = BudgetInputs(**{**inputs.__dict__, "deadline_s": 3600.0})
-    assert decide(late).choice == Choice.STOP
+    decision = decide(late)
+    assert decision.choice == Choice.WAIT and "past the deadline" in decision.reason, decision.reason
+    strict = decide(BudgetInputs(**{**late.__dict__, "allow_late": False}))
+    assert strict.choice == Choice.STOP and "allow_late is off" in strict.reason
 
 
 def test_spot_within_budget_wins_over_stop_when_on_demand_is_just_over_it():
@@ -48,3 +52,37 @@ def test_a_job_on_on_demand_is_not_charged_a_spot_start_up_and_does_not_switch_f
     assert decide(cheap).choice == Choice.SPOT
     # a job not yet running takes the cheaper spot either way
     assert decide(BudgetInputs(**{**inputs.__dict__, "current": None})).choice == Choice.SPOT
+
+
+def test_an_idle_job_pays_a_start_up_on_either_capacity_and_a_running_one_not_on_its_own():
+    # current=WAIT: nothing runs, both estimates carry 600 s of start-up; on spot, only on-demand does
+    idle = decide(BudgetInputs(**BASE, spot_price=1.0, on_demand_price=3.0, current=Choice.WAIT))
+    assert idle.choice == Choice.SPOT
+    assert idle.spot_cost == 1.0 * (1 + 600 / 3600) and idle.on_demand_cost == 3.0 * (1 + 600 / 3600)
+    on_spot = decide(BudgetInputs(**BASE, spot_price=1.0, on_demand_price=3.0, current=Choice.SPOT))
+    assert on_spot.spot_cost == 1.0 and on_spot.on_demand_cost == 3.0 * (1 + 600 / 3600)
+
+
+def test_spot_keeps_time_to_finish_on_on_demand_after_a_preemption_unless_the_risk_is_accepted():
+    # 1 h left, 70 min to the deadline: spot fits (1 h 0.6 min), but a preemption would leave 1 h of work
+    # and a 10 min start-up: 1 h 10 min, past 70 min with a step lost. So on-demand, which fits.
+    inputs = BudgetInputs(**{**BASE, "interruption_rate_per_hour": 0.1}, spot_price=1.0, on_demand_price=3.0,
+                          remaining_budget=10.0, lost_work_s=30.0, deadline_s=70 * 60, current=Choice.SPOT)  # fmt: skip
+    decision = decide(inputs)
+    assert decision.choice == Choice.ON_DEMAND, decision.reason
+    assert "no time to finish on on-demand after a preemption" in decision.reason
+    # a 10 % chance of a preemption in the hour is accepted: spot
+    assert decide(BudgetInputs(**{**inputs.__dict__, "max_late_risk": 0.2})).choice == Choice.SPOT
+    # on-demand over the budget: no fallback to keep time for, spot
+    assert decide(BudgetInputs(**{**inputs.__dict__, "remaining_budget": 3.0})).choice == Choice.SPOT
+
+
+def test_late_within_budget_takes_the_capacity_that_finishes_first():
+    # 30 min to the deadline, 1 h of work: nothing is in time. On spot now, on-demand needs a start-up:
+    # spot finishes first and is within budget.
+    inputs = BudgetInputs(**BASE, spot_price=1.0, on_demand_price=3.0, remaining_budget=10.0, deadline_s=1800,
+                          current=Choice.SPOT)  # fmt: skip
+    decision = decide(inputs)
+    assert decision.choice == Choice.SPOT and "past the deadline" in decision.reason and "allow_late" in decision.reason
+    assert decide(BudgetInputs(**{**inputs.__dict__, "current": Choice.ON_DEMAND})).choice == Choice.ON_DEMAND
+    assert decide(BudgetInputs(**{**inputs.__dict__, "allow_late": False})).choice == Choice.STOP

@@ -1,4 +1,4 @@
-"""The spot-cost simulator runs on any trace directory in the documented formats."""
+"""The spot-cost simulator: a small run on a trace directory in the documented format, and its errors."""
 
 from __future__ import annotations
 
@@ -8,28 +8,61 @@ import sys
 
 from tests.conftest import REPO
 
+SIM = str(REPO / "benchmarks" / "spot_cost.py")
 
-def test_simulator_on_a_small_synthetic_trace_directory(tmp_path):
-    # two zones, one cheap and flaky, one dearer and steady; 10 days of 300 s ticks
-    ticks = 10 * 288
-    cheap = [1.0 + 0.1 * ((k // 500) % 2) for k in range(ticks)]
-    steady = [1.6] * ticks
-    (tmp_path / "prices").mkdir()
-    (tmp_path / "prices" / "zone-a.json").write_text(
-        json.dumps({"prices": cheap, "gap_seconds": 300, "price_info": {"on_demand_price": 4.0, "instance_type": "x"}})
-    )
-    (tmp_path / "prices" / "zone-b.json").write_text(json.dumps({"prices": steady, "gap_seconds": 300}))
-    rows = ["date,availability"] + [f"t{k},{0 if (k % 97) < 9 else 1}" for k in range(ticks)]
-    (tmp_path / "zone-a_probe.csv").write_text("\n".join(rows))
 
-    out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "spot_cost.py"), str(tmp_path), "--jobs", "40", "--seed", "3"],
-        check=True, capture_output=True, text=True, timeout=120,
-    ).stdout
+def _market(tmp_path) -> None:
+    # 4 days of 300 s ticks; zone a: cheap, 6 nodes that drop to 3 for 45 min every 8 h;
+    # zone b: dearer, 20 nodes, steady
+    ticks = 4 * 288
+    cap_a = [3 if (k % 96) < 9 else 6 for k in range(ticks)]
+    doc = {
+        "name": "synthetic",
+        "tick_s": 300,
+        "on_demand_price": 4.0,
+        "zones": {
+            "zone-a": {"price": [1.0] * ticks, "capacity": cap_a},
+            "zone-b": {"price": [1.6] * ticks, "capacity": [20] * ticks},
+        },
+    }
+    (tmp_path / "synthetic.market.json").write_text(json.dumps(doc))
 
-    assert "2 zones" in out and "$4.00/h" in out and "300 s" in out
-    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| ")}
-    assert set(rows) >= {"budget policy", "always on-demand", "naive always-spot"}
-    assert rows["budget policy"][7].strip() == "0"  # budget violations
-    policy_cost = float(rows["budget policy"][3].strip().rstrip("%"))
-    assert policy_cost < 100.0  # spot at 25-28% of on-demand must beat it
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SIM, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_every_job_is_counted_per_size_and_the_policy_keeps_every_budget(tmp_path):
+    _market(tmp_path)
+    done = _run(str(tmp_path), "--jobs", "12", "--tune-jobs", "6", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "2 zone(s)" in out and "on-demand $4.000/node-h" in out and "capacity up to 20" in out
+    tables = [t.split("\n\n")[0] for t in out.split("\nsynthetic, ")[1:]]
+    assert [t.split(" ")[0] for t in tables] == ["1", "4", "16"]  # one table per job size
+    for table in tables:
+        rows = {line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")}
+        assert set(rows) >= {"always on-demand", "our policy", "naive spot, with warning", "naive spot, no warning",
+                             "Uniform Progress"}  # fmt: skip
+        for name, cells in rows.items():
+            if name == "strategy":
+                continue
+            on_time, late, stopped, never = int(cells[5]), int(cells[6]), int(cells[7].split()[0]), int(cells[8])
+            assert on_time + late + stopped + never == 12, (name, cells)
+        assert rows["our policy"][10].strip() == "0"  # budget violations
+        assert float(rows["our policy"][2].strip().rstrip("%")) < 100.0  # spot at 25-40 % of on-demand
+    assert "chosen on the first half" in out
+
+
+def test_a_missing_trace_directory_is_named(tmp_path):
+    done = _run(str(tmp_path / "nowhere"))
+    assert done.returncode != 0
+    assert f"trace directory {tmp_path / 'nowhere'} does not exist" in done.stderr
+
+
+def test_a_malformed_market_names_the_file_and_the_field(tmp_path):
+    (tmp_path / "bad.market.json").write_text(json.dumps({"tick_s": 300, "on_demand_price": 4.0, "zones": {
+        "z": {"price": [1.0, 1.0], "capacity": [1]}}}))  # fmt: skip
+    done = _run(str(tmp_path))
+    assert done.returncode != 0
+    assert "bad.market.json: zones.z: price and capacity are lists of the same length" in done.stderr
