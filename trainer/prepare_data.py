@@ -7,8 +7,9 @@ does not grow with the corpus. The same is ``prepare(inputs, out, ...)`` for a D
 
 Inputs, by their form:
 
-* ``.txt`` (also .text, .md): one document per file, read in blocks of whole lines; the last
-  --val-fraction of its bytes is a held-out document, so every file is in both splits.
+* ``.txt`` (also .text, .md): one document per file, read in blocks of whole lines (a line longer
+  than 4 MiB is cut before a space, so a file without newlines is still read in bounded blocks); the
+  last --val-fraction of its bytes is a held-out document, so every file is in both splits.
 * ``.jsonl`` / ``.json`` (JSON lines) and ``.parquet``: one document per line / row, from the
   --text-field field / column (parquet read in record batches); every 1/F-th document is held out.
 * a directory saved by Hugging Face ``datasets`` (``save_to_disk``): a Dataset is split as above;
@@ -42,6 +43,7 @@ TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 BLOCK_BYTES = 1 << 20  # a .txt is encoded in blocks of whole lines of about this size
+LONG_LINE_BYTES = 4 * BLOCK_BYTES  # a line longer than this is cut at a space (see _block_end)
 BATCH_CHARS = 8 << 20  # encode_batch once this much text is pending
 LOG_EVERY_S = 10.0
 
@@ -192,6 +194,21 @@ def _open(path: str):
         raise PrepareError(f"--input: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
+def _block_end(buf: bytes, text: bool) -> int:
+    """Where a block of a .txt ends: after its last newline; in a line longer than LONG_LINE_BYTES, before its
+    last space or tab (a word-level tokenizer sees whole words; the next block starts with the space), else at
+    the last whole UTF-8 character. 0: keep reading. A file without newlines is thus read in bounded blocks."""
+    nl = buf.rfind(b"\n")
+    if nl >= 0:
+        return nl + 1
+    if len(buf) < LONG_LINE_BYTES:
+        return 0
+    space = max(buf.rfind(b" "), buf.rfind(b"\t"))
+    if space > 0:
+        return space
+    return _complete_utf8(buf) if text else len(buf)
+
+
 def _txt(path: str, val_fraction: float, text: bool):
     import fsspec
 
@@ -217,10 +234,10 @@ def _txt(path: str, val_fraction: float, text: bool):
                 if buf or not first:
                     yield Piece(split, buf, first, True, name)
                 return
-            nl = buf.rfind(b"\n")
-            if nl >= 0 and len(buf) >= BLOCK_BYTES:  # a block of whole lines
-                yield Piece(split, buf[:nl + 1], first, False, name)
-                buf, first = buf[nl + 1:], False
+            end = _block_end(buf, text) if len(buf) >= BLOCK_BYTES else 0
+            if end:
+                yield Piece(split, buf[:end], first, False, name)
+                buf, first = buf[end:], False
 
 
 def _jsonl(path: str, field: str, val_fraction: float):

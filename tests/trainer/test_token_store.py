@@ -109,6 +109,24 @@ def test_a_text_file_is_a_document_with_its_tail_held_out(tmp_path, small_tok):
     assert train == _expected(small_tok, [text[:cut]]) and val == _expected(small_tok, [text[cut:]])
 
 
+def test_a_text_file_without_newlines_is_read_in_bounded_blocks_cut_between_words(tmp_path, small_tok, monkeypatch):
+    import trainer.prepare_data as prep
+
+    monkeypatch.setattr(prep, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(prep, "LONG_LINE_BYTES", 256)
+    text = "".join(DOCS).replace("\n", " ") * 4  # one line of about 4 KiB: 16 x LONG_LINE_BYTES
+    (tmp_path / "a.txt").write_text(text)
+    blocks = []
+    read = prep._txt
+    monkeypatch.setattr(prep, "_txt", lambda *a: (blocks.append(len(p.text)) or p for p in read(*a)))
+    prepare([str(tmp_path / "a.txt")], str(tmp_path / "store"), tokenizer=small_tok, val_fraction=0.1, log=_quiet)
+    assert len(blocks) > 10 and max(blocks) <= 256 + 64  # never the whole line in memory
+    cut = len(text) - int(len(text) * 0.1)
+    train, val = (np.asarray(open_split(str(tmp_path / "store"), s)[0]).tolist() for s in ("train", "val"))
+    # cut before spaces, the blocks give the very ids of the text encoded whole
+    assert train == _expected(small_tok, [text[:cut]]) and val == _expected(small_tok, [text[cut:]])
+
+
 def test_a_dataset_dict_holds_out_its_validation_split(tmp_path, small_tok):
     datasets = pytest.importorskip("datasets")
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS[:5]}),
