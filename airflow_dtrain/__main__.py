@@ -1,7 +1,8 @@
 """``python -m airflow_dtrain render`` (``airflow dtrain render``): a pod group's Kubernetes objects as YAML.
 
     python -m airflow_dtrain render --backend kubernetes --nodes 2 --gpus-per-node 8 \\
-        --image ghcr.io/acme/dtrain:0.1.0 --checkpoint-uri s3://bucket/run [--spec spec.yaml] | kubectl apply -f -
+        --image ghcr.io/acme/dtrain:0.1.0 --checkpoint-uri s3://bucket/run [--spec spec.yaml] \\
+        [--capacity spot --zone us-east-1a --instance-type p5.48xlarge] | kubectl apply -f -
 
 ``--spec`` is a ``JobSpec`` as JSON or YAML (``JobSpec.to_dict()``, any part of it);
 the flags win over it. What is printed is exactly what ``FSDPTrainOperator`` with
@@ -59,6 +60,9 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         data.setdefault("kubernetes", {})["namespace"] = args.namespace
     if args.flavor:
         train.setdefault("model", {})["flavor"] = args.flavor
+    for field in ("capacity", "zone", "instance_type"):  # where the budget decision chose the price
+        if getattr(args, field, None):
+            data[field] = getattr(args, field)
     if args.checkpoint_uri:
         train.setdefault("checkpoint", {})["uri"] = args.checkpoint_uri
     elif not train.get("checkpoint", {}).get("uri"):

@@ -25,6 +25,9 @@ RENDER_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--flavor",), {"help": "model.flavor"}),
     (("--name",), {"default": "dtrain-manual-r0", "help": "the group's name (default dtrain-manual-r0)"}),
     (("--namespace",), {"help": "kubernetes.namespace (default: default)"}),
+    (("--capacity",), {"help": "capacity: spot, on_demand or any (the node labels the pods require)"}),
+    (("--zone",), {"help": "the availability zone the price was chosen for (required node affinity)"}),
+    (("--instance-type",), {"help": "the instance type the price was chosen for (required node affinity)"}),
 )
 """The arguments of ``render``, as ``(flags, argparse keywords)``: one definition for both command lines."""
 

@@ -72,6 +72,24 @@ def test_render_applies_a_spec_file_under_the_flags(tmp_path):
     ][0]["env"]
 
 
+def test_render_places_the_pods_where_the_price_was_chosen():
+    out = _render("--backend", "kubernetes", "--nodes", "2", "--gpus-per-node", "8", "--image", "img:1",
+                  "--capacity", "spot", "--zone", "us-east-1a", "--instance-type", "p5.48xlarge")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = [d for d in yaml.safe_load_all(out.stdout) if d][2]
+    kubernetes_validate.validate(job, "1.31.0", strict=True)
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for term in terms["nodeSelectorTerms"]:  # every term (Karpenter, EKS node groups) requires zone and type
+        required = {e["key"]: e["values"] for e in term["matchExpressions"]}
+        assert required["topology.kubernetes.io/zone"] == ["us-east-1a"]
+        assert required["node.kubernetes.io/instance-type"] == ["p5.48xlarge"]
+    assert {"karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType"} <= {
+        e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}  # fmt: skip
+    bad = _render("--backend", "kubernetes", "--nodes", "1", "--gpus-per-node", "0", "--image", "img:1",
+                  "--zone", "us east 1a")  # fmt: skip
+    assert bad.returncode == 2 and "zone" in bad.stderr and "'us east 1a'" in bad.stderr and bad.stdout == ""
+
+
 def test_render_without_a_checkpoint_uri_says_the_placeholder_must_be_replaced():
     out = _render("--backend", "kubernetes", "--nodes", "1", "--gpus-per-node", "0", "--image", "img:1")
     assert out.returncode == 0, out.stderr
