@@ -176,7 +176,7 @@ class KubernetesLauncher(PodGroupLauncher):
         """Create the group's ConfigMap, headless Service and Indexed Job.
 
         :param spent_usd: what the job has spent so far (its ledger): the Job's activeDeadlineSeconds is
-            what the rest of the budget buys at the group's price (``objects.active_deadline``).
+            what the rest of the budget buys at the group's price (``launchers.base.budget_deadline``).
         """
         if spec.kubernetes.namespace:
             self.namespace = spec.kubernetes.namespace  # overrides the cached default

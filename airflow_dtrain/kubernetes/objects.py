@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from airflow_dtrain.launchers import torchrun
+from airflow_dtrain.launchers.base import budget_deadline
 from airflow_dtrain.launchers.torchrun import NodeCommand
 from airflow_dtrain.spec import INSTANCE_TYPE_LABEL, ZONE_LABEL, JobSpec
 from trainer.config import PREEMPTED_EXIT_CODE
@@ -40,7 +41,7 @@ REQUESTS_FILE_ENV = "DTRAIN_REQUESTS_FILE"
 PODINFO_DIR = "/etc/dtrain/podinfo"
 
 ANNOTATION_DEADLINE = "airflow-dtrain/deadline"
-"""How the Job's activeDeadlineSeconds was derived from the budget (JSON; see ``active_deadline``)."""
+"""How the Job's activeDeadlineSeconds was derived from the budget (JSON; see ``launchers.base.budget_deadline``)."""
 ANNOTATION_PLACEMENT = "airflow-dtrain/placement"
 """Where the group's pods ran: node, zone, instance type and capacity per node index (JSON, by the launcher)."""
 ANNOTATION_EARLIER = "airflow-dtrain/earlier-groups"
@@ -93,7 +94,7 @@ def rendezvous_endpoint(name: str, port: int) -> str:
 def render_group(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0.0) -> list[dict[str, Any]]:
     """The ConfigMap, headless Service and Indexed Job of group ``name``, in creation order.
 
-    :param spent_usd: what the job has spent before this group, for the Job's deadline (``active_deadline``).
+    :param spent_usd: what the job has spent before this group, for the Job's deadline (``launchers.base.budget_deadline``).
     """
     if len(name) > 52:  # "<name>-<index>" is the pods' hostname, a 63-character DNS label
         raise ValueError(f"name: group names must be at most 52 characters, got {name!r}")
@@ -252,29 +253,6 @@ def _scheduling(name: str, spec: JobSpec) -> dict[str, Any]:
     return pod
 
 
-def active_deadline(spec: JobSpec, spent_usd: float = 0.0) -> dict[str, Any] | None:
-    """The Job's ``activeDeadlineSeconds``, derived from the money left, and how (None: no deadline).
-
-    The cluster stops the group when the ledger would pass the budget at the price being paid:
-    (budget - ``spent_usd``) / (price per node-hour x nodes) hours after the Job started, plus the
-    checkpoint grace period for a final save. The trainer's own guard stops it earlier, saving its
-    step; this is what still stops it when the Airflow side (worker, triggerer, scheduler) is gone.
-    No budget, or no price (nothing billed): no deadline.
-
-    :param spent_usd: what the job has spent before this group (its spend ledger).
-    """
-    if not spec.budget_usd or spec.price_per_node_hour <= 0:
-        return None
-    usd_per_hour = spec.price_per_node_hour * spec.num_nodes
-    left = max(0.0, spec.budget_usd - spent_usd)
-    grace = math.ceil(spec.train.checkpoint.grace_period_s)
-    return {
-        "seconds": max(1, math.ceil(left / usd_per_hour * 3600) + grace),
-        "budget_usd": spec.budget_usd, "spent_usd": round(spent_usd, 6), "usd_per_hour": usd_per_hour,
-        "grace_s": grace,
-    }  # fmt: skip
-
-
 def termination_grace_period_s(spec: JobSpec) -> int:
     """Long enough for every rank to finish its step and save before the kubelet's SIGKILL."""
     return math.ceil(spec.train.checkpoint.grace_period_s) + _GRACE_MARGIN_S
@@ -394,7 +372,7 @@ def render_job(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0
         # Kueue admits the whole group at once (gang admission) by unsuspending the Job.
         job_spec["suspend"] = True
     annotations = {ANNOTATION_PENDING_TIMEOUT: str(k8s.pending_timeout_s)}
-    deadline = active_deadline(spec, spent_usd)
+    deadline = budget_deadline(spec, spent_usd)
     if deadline is not None:
         # The cluster stops the group at the budget even with nobody watching (status: "at_budget").
         job_spec["activeDeadlineSeconds"] = deadline["seconds"]

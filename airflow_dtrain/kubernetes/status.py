@@ -33,7 +33,7 @@ from airflow_dtrain.kubernetes.objects import (
     ANNOTATION_PENDING_TIMEOUT,
     CONTAINER,
 )
-from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState, GroupStatus
+from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState, GroupStatus, deadline_words
 
 TAIL_LINES = 20
 _FAILJOB_MESSAGE = re.compile(r"for pod [^/\s]+/(?P<pod>\S+) failed with exit code (?P<code>-?\d+)")
@@ -160,18 +160,13 @@ def observe(
 
 def budget_deadline_passed(job: dict[str, Any], failed: dict[str, Any] | None) -> str | None:
     """Why the group stopped at the budget, if the Job controller ended it at the activeDeadlineSeconds that
-    the launcher derived from the budget (``objects.active_deadline``); None otherwise."""
+    the launcher derived from the budget (``launchers.base.budget_deadline``); None otherwise."""
     deadline = (job["metadata"].get("annotations") or {}).get(ANNOTATION_DEADLINE)
     if not failed or failed.get("reason") != "DeadlineExceeded" or not deadline:
         return None
-    d = json.loads(deadline)
-    left = max(0.0, d["budget_usd"] - d["spent_usd"])
-    return (
-        f"stopped at the job's dollar cap by the cluster: the Job reached its activeDeadlineSeconds="
-        f"{d['seconds']} (${left:.4f} left of the ${d['budget_usd']:.2f} budget at ${d['usd_per_hour']:.4f}/h, plus "
-        f"{d['grace_s']}s for a final save), so the Job controller stopped its pods (SIGTERM: each saves its step "
-        f"within the grace period)"
-    )
+    return "stopped at the job's dollar cap by the cluster: the Job reached its " + deadline_words(
+        json.loads(deadline), "activeDeadlineSeconds"
+    ) + ", so the Job controller stopped its pods (SIGTERM: each saves its step within the grace period)"
 
 
 def verdict(job: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[GroupState, str, str | None] | None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState
+from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState, deadline_words
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -164,6 +164,8 @@ def main(group_dir: Path) -> int:
     )
 
     peer_grace = float(group.get("peer_exit_grace_s", 30.0))
+    budget = group.get("budget_deadline")  # launchers.base.budget_deadline, with "at" (wall clock)
+    at_budget = False
     collateral: set[int] = set()
     first_bad_exit: float | None = None
     stop_deadline: float | None = None
@@ -173,6 +175,13 @@ def main(group_dir: Path) -> int:
         if not running:
             break
         now = time.monotonic()
+        if budget and not at_budget and stop_deadline is None and time.time() >= budget["at"]:
+            # The money left is spent (less the final save's, for a program of your own): as the Job
+            # controller does at activeDeadlineSeconds, SIGTERM (each rank saves its step), then the grace.
+            at_budget = True
+            stop_deadline = now + budget["grace_s"] + budget.get("margin_s", 0)
+            for i in running:
+                nodes[i].send_signal(signal.SIGTERM)
         if stop_requested.is_set() and stop_deadline is None:
             request = group_dir / "stop_request.json"
             grace = json.loads(request.read_text())["grace_period_s"] if request.exists() else 30.0
@@ -202,6 +211,11 @@ def main(group_dir: Path) -> int:
     sink.close()
     codes = {i: n.returncode for i, n in enumerate(nodes)}
     state, message = classify(codes, collateral, stop_requested.is_set())
+    if at_budget and not stop_requested.is_set() and state != GroupState.SUCCEEDED:
+        state, message = GroupState.AT_BUDGET, (
+            f"stopped at the job's dollar cap by its supervisor: the group reached its "
+            f"{deadline_words(budget, 'deadline')} (SIGTERM: each rank saved its step within the grace period); {message}"
+        )
     write_json_atomic(
         group_dir / "result.json",
         {

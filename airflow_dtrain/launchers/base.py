@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +21,49 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "PredecessorStillRunning",
-    "poll_group",
+    "budget_deadline", "deadline_words", "poll_group",
 ]  # fmt: skip
+
+
+def budget_deadline(spec: JobSpec, spent_usd: float = 0.0) -> dict[str, Any] | None:
+    """When the platform stops a group at the job's dollar cap, in seconds after its launch, and how (None: no
+    budget, or no price: nothing billed). Kubernetes makes it the Job's ``activeDeadlineSeconds``; the local
+    backend's supervisor keeps it. Either stops the group with SIGTERM (each rank saves its step) and a grace
+    period, even with nobody on the Airflow side watching.
+
+    The money left, (budget - ``spent_usd``) / (price per node-hour x nodes), buys ``left_s`` seconds.
+
+    - The bundled trainer stops itself before the cap (its projection of the next step and save at the price
+      ceiling, exit 77); the deadline is its backstop for a hung trainer: ``left_s`` plus the grace period.
+    - A program of your own (``entrypoint``) has no such guard: the deadline comes the grace period and
+      ``cost.stop_margin_s`` before the money runs out, so its final save and exit are paid for within the cap.
+
+    :param spent_usd: what the job has spent before this group (its spend ledger).
+    """
+    if not spec.budget_usd or spec.price_per_node_hour <= 0:
+        return None
+    usd_per_hour = spec.price_per_node_hour * spec.num_nodes
+    left = max(0.0, spec.budget_usd - spent_usd)
+    left_s = left / usd_per_hour * 3600
+    grace = math.ceil(spec.train.checkpoint.grace_period_s)
+    own = bool(spec.entrypoint)
+    margin = math.ceil(spec.train.cost.stop_margin_s) if own else 0
+    seconds = max(1, math.floor(left_s) - grace - margin) if own else max(1, math.ceil(left_s) + grace)
+    return {
+        "seconds": seconds, "budget_usd": spec.budget_usd, "spent_usd": round(spent_usd, 6),
+        "usd_per_hour": usd_per_hour, "grace_s": grace, "margin_s": margin, "save": "within" if own else "after",
+    }  # fmt: skip
+
+
+def deadline_words(deadline: dict[str, Any], name: str) -> str:
+    """``budget_deadline``'s result for a person: ``name=seconds`` and how the money left gave it."""
+    left = max(0.0, deadline["budget_usd"] - deadline["spent_usd"])
+    if deadline.get("save") == "within":
+        save = f"less {deadline['grace_s']}s for a final save and {deadline.get('margin_s', 0)}s to exit"
+    else:
+        save = f"plus {deadline['grace_s']}s for a final save"
+    return (f"{name}={deadline['seconds']} (${left:.4f} left of the ${deadline['budget_usd']:.2f} budget at "
+            f"${deadline['usd_per_hour']:.4f}/h, {save})")
 
 
 class PredecessorStillRunning(RuntimeError):
@@ -44,8 +86,9 @@ class GroupState(str, enum.Enum):
     STOPPED = "stopped"
     """Stopped on request (``stop()``, e.g. from ``on_kill``)."""
     AT_BUDGET = "at_budget"
-    """Stopped by the platform at the job's dollar cap (on Kubernetes: the Job's activeDeadlineSeconds,
-    derived from the budget, ran out); like a trainer's own stop at the cap (exit 77), not relaunched."""
+    """Stopped by the platform at the job's dollar cap (``budget_deadline``: on Kubernetes the Job's
+    activeDeadlineSeconds, locally the group's supervisor); like a trainer's own stop at the cap (exit 77),
+    not relaunched."""
     NOT_FOUND = "not_found"
 
     @property

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from airflow_dtrain.launchers._local_supervisor import kill_tree, write_json_atomic
-from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, budget_deadline
 from airflow_dtrain.launchers.factory import default_state_dir
 from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE, agent_env, node_command
 
@@ -83,7 +83,6 @@ class LocalLauncher(PodGroupLauncher):
         return self.state_dir / name
 
     def launch(self, name: str, spec: JobSpec, *, spent_usd: float = 0.0) -> GroupStatus:
-        # spent_usd is not used: the trainer's own guard is the cap; the group's processes are this machine's
         if self.python == sys.executable and importlib.util.find_spec("torch") is None:
             raise RuntimeError(
                 "the local backend runs the trainer on this machine and needs the trainer extra: "
@@ -128,6 +127,10 @@ class LocalLauncher(PodGroupLauncher):
             "peer_exit_grace_s": self.peer_exit_grace_s,
             "created_at": time.time(),
         }
+        deadline = budget_deadline(spec, spent_usd)
+        if deadline is not None:
+            # The supervisor stops the group at the budget even with nobody watching (status: "at_budget").
+            group["budget_deadline"] = {**deadline, "at": group["created_at"] + deadline["seconds"]}
         if gpus:
             # one GPU per process, consecutive ranges per node
             group["node_env"] = [

@@ -28,11 +28,12 @@ STEPS, EVERY, PREEMPT_AT = 12, 4, 6
 def _train(tmp_path: Path, run_id: str, **overrides) -> tuple[dict, Path]:
     """Run the example through the operator to the end (synchronously); its summary and checkpoint directory."""
     ckpt = tmp_path / run_id / "ckpt"
-    op = FSDPTrainOperator(
-        task_id="train", entrypoint=[EXAMPLE, "--lr", "1e-2"], job="own-mlp", steps=STEPS, checkpoint_every=EVERY,
-        num_nodes=1, procs_per_node=2, checkpoint_uri=str(ckpt), local_state_dir=str(tmp_path / "groups"),
-        capacity="spot", price_per_node_hour=36.0, poll_interval=0.5, deferrable=False, **overrides,
-    )  # fmt: skip
+    op = FSDPTrainOperator(**{
+        "task_id": "train", "entrypoint": [EXAMPLE, "--lr", "1e-2"], "job": "own-mlp", "steps": STEPS,
+        "checkpoint_every": EVERY, "num_nodes": 1, "procs_per_node": 2, "checkpoint_uri": str(ckpt),
+        "local_state_dir": str(tmp_path / "groups"), "capacity": "spot", "price_per_node_hour": 36.0,
+        "poll_interval": 0.5, "deferrable": False, **overrides,
+    })  # fmt: skip
     return op.execute({"ti": RecordingTI(run_id=run_id)}), ckpt
 
 
@@ -80,6 +81,29 @@ def test_your_program_is_preempted_relaunched_resumes_its_own_checkpoint_and_is_
     report = validate_checkpoint(str(ckpt))
     assert report["step"] == STEPS and report["checks"]["files"]["count"] == 3  # model.pt, rank0.pt, rank1.pt
     assert report["checks"]["dcp_metadata"].startswith("skipped")
+
+
+def test_your_program_is_stopped_at_the_dollar_cap_with_its_step_saved_and_the_spend_within_it(tmp_path):
+    # $36 per node-hour is a cent a second. $0.45 buys 45 s: the supervisor stops the group 10 s (the final
+    # save's grace) + 5 s (the exit's margin) before that, at 30 s after the launch, with nobody else watching.
+    budget, grace, margin = 0.45, 10, 5
+    summary, ckpt = _train(
+        tmp_path, "capped", entrypoint=[EXAMPLE, "--step-sleep", "0.3"], steps=100_000, budget_usd=budget,
+        config={"checkpoint": {"grace_period_s": grace}, "cost": {"stop_margin_s": margin}},
+    )  # fmt: skip
+    assert summary["stopped"] == "budget", summary
+    assert "dollar cap by its supervisor" in summary["budget_stop"]["reason"]
+    assert "deadline=30" in summary["budget_stop"]["reason"]
+    [group] = LocalLauncher(tmp_path / "groups").find("")  # stopped, not relaunched
+    assert LocalLauncher(tmp_path / "groups").status(group).state == GroupState.AT_BUDGET
+    # every rank saved the step it was on: the next run of the job starts from there
+    last = latest_checkpoint(str(ckpt))
+    assert last.step > EVERY and _manifest(last.path)["reason"] == "preemption"
+    assert progress(ckpt)["step"] == last.step
+    # what the ledger bills (from the launch until the group's end was seen) is within the cap
+    ledger = read_ledger(str(ckpt))
+    assert 0.25 < ledger.total_dollars <= budget, ledger
+    assert summary["dollars"] == pytest.approx(ledger.total_dollars)
 
 
 def test_checkpoint_now_and_stop_reach_every_process_of_your_program(tmp_path):

@@ -141,3 +141,28 @@ def test_finished_jobs_are_deleted_after_their_ttl_and_the_task_still_counts_the
     error = task.error()
     assert isinstance(error, TrainingFailed)
     assert "preempted 2 times, more than max_preemptions=1" in str(error)
+
+
+def test_a_program_of_your_own_is_stopped_before_the_money_runs_out_with_its_final_save_paid_for():
+    """The bundled trainer stops itself before the cap; the deadline is its backstop (the money left plus the
+    grace). A program of your own has no such guard: its Job's deadline comes the grace and the stop margin
+    before the money runs out, so SIGTERM, its save and its exit are billed within the budget."""
+    from airflow_dtrain.kubernetes.objects import render_group
+    from airflow_dtrain.spec import JobSpec
+
+    def job(**own):
+        spec = JobSpec.from_arguments(
+            steps=STEPS, num_nodes=NODES, backend="kubernetes", checkpoint_uri="s3://ckpt/own", budget_usd=BUDGET,
+            price_per_node_hour=PRICE, kubernetes={"image": "registry.example.com/own-trainer:1"},
+            config={"checkpoint": {"grace_period_s": 60}, "cost": {"stop_margin_s": 20}}, **own,
+        )  # fmt: skip
+        return render_group("own-r0", spec, namespace="ml", spent_usd=1.0)[2]
+
+    left_s = (BUDGET - 1.0) / (PRICE * NODES) * 3600  # 2,000 s
+    bundled, own = job(), job(entrypoint=["/opt/own/train.py"])
+    assert bundled["spec"]["activeDeadlineSeconds"] == pytest.approx(left_s + 60, abs=1)
+    assert own["spec"]["activeDeadlineSeconds"] == pytest.approx(left_s - 60 - 20, abs=1)  # 1,920 s
+    pod = own["spec"]["template"]["spec"]
+    assert own["spec"]["activeDeadlineSeconds"] + pod["terminationGracePeriodSeconds"] <= left_s + 1
+    how = json.loads(own["metadata"]["annotations"]["airflow-dtrain/deadline"])
+    assert (how["save"], how["grace_s"], how["margin_s"]) == ("within", 60, 20)
