@@ -119,6 +119,15 @@ class Run:
                 continue
         return out
 
+    def signal_all(self, sig: int) -> None:
+        """``sig`` to the agent and every worker (the workers live in sessions of their own)."""
+        os.killpg(self.proc.pid, sig)
+        for p in self.workers().values():
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
     def kill_all(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -424,14 +433,20 @@ def f_second_writer(rng, ckpt, work):
     k = rng.randint(6, 20)
     first = Run(ckpt, work, env={"DTRAIN_GROUP_NAME": "writer-a"})
     first.wait_for(train_event(k))
+    # The first writer stalls (a GC pause, a partitioned node) while a second one starts on the same directory
+    # and takes its lease; then the first wakes up and goes on. Without the stall the second one's start-up
+    # (imports, rendezvous) can outlast the first's remaining steps, and the two never overlap.
+    first.signal_all(signal.SIGSTOP)
     second = Run(ckpt, work, env={"DTRAIN_GROUP_NAME": "writer-b"})
+    second.wait_for(lambda e: e.get("event") in ("resume", "train"))
+    first.signal_all(signal.SIGCONT)
     rc1, rc2 = first.wait(), second.wait()
     old, new = lease_of(ckpt, "writer-a"), lease_of(ckpt, "writer-b")
     fenced = fenced_commits(ckpt, old.token, new.info["acquired_at"]) if old and new else None
     after = {m.get("lease") for m in manifests(ckpt) if new and m.get("created_at", 0) >= new.info["acquired_at"]}
     res = second.of("resume")
     return row(finished=rc1 == 78 and rc2 == 0, bitwise=bitwise_equal(ckpt, work), fenced=fenced, writers=len(after),
-               note=f"second writer after step {k}: first exit {rc1}, second exit {rc2} (resumed from "
+               note=f"first writer stalled after step {k}, a second one started: first exit {rc1}, second exit {rc2} (resumed from "
                     f"{res[0]['from_step'] if res else None})")
 
 
