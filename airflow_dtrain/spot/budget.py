@@ -26,8 +26,10 @@ Decision, first row that applies:
 2   no step time (none measured, no estimate) and a budget is set     stop
 3   no price at all (spot nor on-demand)                              stop
 4   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
-    spot cost ≤ budget, spot in time -- unless on-demand also fits
-    (budget and deadline) and costs no more, start-ups included:
+    spot cost ≤ budget (with ``min_budget_chance``: the chance that
+    spot costs ≤ budget is at least that), spot in time -- unless
+    on-demand also fits (budget and deadline) and costs no more,
+    start-ups included:
     then on-demand (a job on on-demand stays for a saving smaller
     than the switch's start-up)
 5   waiting allowed, and after ``wait_interval_s`` spot at the        wait
@@ -43,7 +45,11 @@ Decision, first row that applies:
 ==  ================================================================  =========
 
 "≤ budget" compares in whole micro-dollars, so a cost exactly at the budget is within it.
-Nothing is ever launched whose estimate exceeds the remaining budget.
+Nothing is ever launched whose estimate exceeds the remaining budget, except spot with ``min_budget_chance``
+set, when its chance of finishing within the budget (preemptions Poisson at the interruption rate, each
+costing ``restart_overhead_s`` + ``lost_work_s`` of the group at the spot price) is at least that. The money
+stays a hard limit either way: the trainer's budget guard and the platform's deadline stop the run at the
+remaining budget, having saved its step, when the draws are unkind.
 """
 
 from __future__ import annotations
@@ -114,6 +120,10 @@ class BudgetInputs:
     max_late_risk: float = 0.0
     """The chance of a preemption during the spot run up to which spot is used without keeping time to
     finish on on-demand after one (0: time for the fallback is always kept)."""
+    min_budget_chance: float | None = None
+    """Spot fits the budget when the chance that it finishes within it is at least this (preemptions drawn
+    as Poisson at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` + ``lost_work_s``);
+    the trainer's hard cap stops a run that is out of luck. None: the expected spot cost must fit."""
     allow_late: bool = True
     """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
     Off: once neither capacity can finish in time within the budget, the job stops."""
@@ -132,6 +142,7 @@ class BudgetInputs:
             "max_wait_s": self.max_wait_s >= 0,
             "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
             "max_late_risk": 0 <= self.max_late_risk <= 1,
+            "min_budget_chance": self.min_budget_chance is None or 0 <= self.min_budget_chance <= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -165,6 +176,30 @@ def _in_time(hours: float | None, deadline_s: float | None, after_s: float = 0.0
     return deadline_s is None or after_s + hours * 3600.0 <= deadline_s + 1e-6
 
 
+def budget_chance(inputs: BudgetInputs, hours: float, price: float, start_h: float) -> float:
+    """The chance that ``hours`` of training on spot at ``price`` (plus ``start_h`` of start-up) costs no more
+    than the remaining budget, with preemptions Poisson at the interruption rate over the expected spot hours."""
+    i = inputs
+    if i.remaining_budget is None:
+        return 1.0
+    per_node_h = i.num_nodes * price
+    left = i.remaining_budget - (hours + start_h) * per_node_h
+    if left < -1e-9:
+        return 0.0
+    per_loss = (i.restart_overhead_s + i.lost_work_s) / 3600.0 * per_node_h
+    lam = i.interruption_rate_per_hour * (hours * (1 + spot_overhead(i)) + start_h)
+    if per_loss <= 0 or lam <= 0:
+        return 1.0
+    k_max = math.floor(left / per_loss + 1e-9)
+    term = total = math.exp(-lam)
+    for k in range(1, k_max + 1):
+        term *= lam / k
+        total += term
+        if term < 1e-12 and k > lam:
+            break
+    return min(1.0, total)
+
+
 def spot_overhead(inputs: BudgetInputs) -> float:
     """Fraction of extra time spot costs through interruptions."""
     return inputs.interruption_rate_per_hour * (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
@@ -187,6 +222,7 @@ def decide(inputs: BudgetInputs) -> Decision:
         return Decision(Choice.STOP, "no price known: neither a spot offer nor an on-demand price", remaining_budget=i.remaining_budget)
 
     hours = i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
+    chance = None  # of spot finishing within the budget, when min_budget_chance asks for it
     overhead = spot_overhead(i)
     start_h = i.restart_overhead_s / 3600.0
     tracked = i.current is not None  # start-ups are charged only when what runs now is known
@@ -201,6 +237,9 @@ def decide(inputs: BudgetInputs) -> Decision:
         spot_time_ok = i.deadline_s is None
     else:
         spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
+        if i.min_budget_chance is not None and i.spot_price is not None:
+            chance = budget_chance(i, hours, i.spot_price, spot_start)
+            spot_cost_ok = chance >= i.min_budget_chance
         spot_time_ok = _in_time(spot_hours, i.deadline_s)
         preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_hours)
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
@@ -227,7 +266,12 @@ def decide(inputs: BudgetInputs) -> Decision:
             spot_why.append(
                 f"interruption risk {i.interruption_rate_per_hour:.3f}/h above {i.max_interruption_rate_per_hour:.3f}/h"
             )
-        if not spot_cost_ok:
+        if not spot_cost_ok and chance is not None:
+            spot_why.append(
+                f"spot finishes within the remaining budget {money} with a chance of {chance:.0%}, below "
+                f"min_budget_chance {i.min_budget_chance:.0%}"
+            )
+        elif not spot_cost_ok:
             spot_why.append(f"spot estimate ${spot_cost:.2f} exceeds the remaining budget {money}")
         if spot_cost_ok and not spot_time_ok:
             spot_why.append(
@@ -249,7 +293,9 @@ def decide(inputs: BudgetInputs) -> Decision:
         return made(
             Choice.SPOT,
             f"spot: {est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {overhead:.3f} interruption "
-            f"overhead)" + (f" + {spot_start:.2f} h start-up" if spot_start else "") + f" = ${spot_cost or 0:.2f} within {money}"
+            f"overhead)" + (f" + {spot_start:.2f} h start-up" if spot_start else "") + f" = ${spot_cost or 0:.2f}"
+            + (f", {chance:.0%} chance of finishing within {money} (min_budget_chance {i.min_budget_chance:.0%}; the "
+               "trainer's budget cap stops it at the budget otherwise)" if chance is not None else f" within {money}")
             + (f" (on-demand would cost ${od_cost:.2f})" if od_cost is not None else ""),
         )
     spot_reason = "; ".join(spot_why)
@@ -264,10 +310,13 @@ def decide(inputs: BudgetInputs) -> Decision:
     later_od_h = hours + (start_h if tracked else 0.0) if hours is not None else None
     target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
     later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
+    target_ok = _fits(target_cost, i.remaining_budget)
+    if i.min_budget_chance is not None and hours is not None and target is not None:
+        target_ok = budget_chance(i, hours, target, start_h if tracked else 0.0) >= i.min_budget_chance
     may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
     after = i.wait_interval_s
     wait_pays = hours is None or (
-        (_fits(target_cost, i.remaining_budget) and _in_time(later_spot_h, i.deadline_s, after_s=after))
+        (target_ok and _in_time(later_spot_h, i.deadline_s, after_s=after))
         or (_fits(later_od_cost, i.remaining_budget) and _in_time(later_od_h, i.deadline_s, after_s=after))
     )
     if may_wait and wait_pays:
@@ -297,7 +346,7 @@ def decide(inputs: BudgetInputs) -> Decision:
             f"spot past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
             f"allow_late: ${spot_cost or 0:.2f} within {money}",
         )
-    if i.allow_late and may_wait and hours is not None and _fits(target_cost, i.remaining_budget):
+    if i.allow_late and may_wait and hours is not None and target_ok:
         return made(
             Choice.WAIT,
             f"wait {i.wait_interval_s:.0f} s for spot at ${target:.4f}/h, past the deadline ({spot_reason}; {od_why}); "
