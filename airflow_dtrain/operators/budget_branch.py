@@ -16,7 +16,7 @@ _NUMBERS = (
     "total_steps", "budget_usd", "step_time_estimate_s", "num_nodes", "spot_price", "on_demand_price",
     "interruption_rate_per_hour", "max_interruption_rate_per_hour", "restart_overhead_s", "lost_work_s",
     "deadline_s", "waited_s", "max_wait_s", "wait_interval_s", "wait_target_price", "max_spot_price",
-    "spot_nodes_available", "max_late_risk", "min_budget_chance",
+    "spot_nodes_available", "max_late_risk", "min_finish_chance",
 )  # fmt: skip
 
 
@@ -29,7 +29,7 @@ class BudgetBranchOperator(BaseBranchOperator):
     chosen by a ``SpotPriceSensor`` (``price_task_id``) or the prices you give, and follows
     the decision table of ``airflow_dtrain.spot.budget``: ``spot``, ``on_demand``, ``wait`` or
     ``stop``. It never chooses work whose estimate exceeds the remaining budget (with
-    ``min_budget_chance``: spot whose chance of finishing within it is below that). The
+    ``min_finish_chance``: spot whose chance of finishing within it is below that). The
     decision and its reason are logged and pushed to XCom (key ``decision``).
 
     :param spot_task_id: task (or task group) to run when training on spot, or a list of them (e.g. the
@@ -61,10 +61,11 @@ class BudgetBranchOperator(BaseBranchOperator):
         group needs; fewer than ``num_nodes`` is no spot at all). (templated)
     :param max_late_risk: the chance of a preemption during the spot run up to which spot is used
         without keeping time to finish on on-demand after one (0: always kept). (templated)
-    :param min_budget_chance: train on spot when its chance of finishing within the remaining budget
-        (preemptions at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` + ``lost_work_s``)
-        is at least this, even if its expected cost is over it; the trainer's budget cap stops the run at
-        the budget when the preemptions are unkind (None: the expected spot cost must fit). (templated)
+    :param min_finish_chance: train on spot when its chance of finishing within the remaining budget, and
+        by ``deadline_s``, is at least this (preemptions at ``interruption_rate_per_hour``, each costing
+        ``restart_overhead_s`` + ``lost_work_s``), even if its expected cost or time is over them; the
+        trainer's budget cap stops the run at the budget when the preemptions are unkind (None: the expected
+        spot cost and hours must fit). (templated)
     :param allow_late: when neither capacity can finish by ``deadline_s`` within the budget, finish
         late within it (spot, on-demand or a wait for spot) rather than stop. (templated)
     """
@@ -98,7 +99,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         max_spot_price: float | str | None = None,
         spot_nodes_available: int | str | None = None,
         max_late_risk: float | str = 0.0,
-        min_budget_chance: float | str | None = None,
+        min_finish_chance: float | str | None = None,
         allow_late: bool | str = True,
         **kwargs: Any,
     ) -> None:
@@ -127,7 +128,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         self.max_spot_price = max_spot_price
         self.spot_nodes_available = spot_nodes_available
         self.max_late_risk = max_late_risk
-        self.min_budget_chance = min_budget_chance
+        self.min_finish_chance = min_finish_chance
         self.allow_late = allow_late
         self._numbers(skip_templates=True)  # fail in the DAG file for what is not templated
 
@@ -151,7 +152,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         for name in ("total_steps", "num_nodes"):
             if name in out and (out[name] is None or out[name] < 1 or out[name] != int(out[name])):
                 raise ValueError(f"{prefix}{name}: must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("max_late_risk", "min_budget_chance"):
+        for name in ("max_late_risk", "min_finish_chance"):
             if out.get(name) is not None and out[name] > 1:
                 raise ValueError(f"{prefix}{name}: must be a chance in [0, 1], got {getattr(self, name)!r}")
         if not (skip_templates and is_template(self.allow_late)):
@@ -223,7 +224,7 @@ class BudgetBranchOperator(BaseBranchOperator):
             ),
             spot_nodes_available=None if n["spot_nodes_available"] is None else int(n["spot_nodes_available"]),
             max_late_risk=n["max_late_risk"] or 0.0,
-            min_budget_chance=n["min_budget_chance"],
+            min_finish_chance=n["min_finish_chance"],
             allow_late=self._allow_late(),
         )
         decision = decide(inputs)

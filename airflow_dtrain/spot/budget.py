@@ -26,8 +26,8 @@ Decision, first row that applies:
 2   no step time (none measured, no estimate) and a budget is set     stop
 3   no price at all (spot nor on-demand)                              stop
 4   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
-    spot cost ≤ budget (with ``min_budget_chance``: the chance that
-    spot costs ≤ budget is at least that), spot in time -- unless
+    spot cost ≤ budget, spot in time (with ``min_finish_chance``:
+    the chance of each is at least that) -- unless
     on-demand also fits (budget and deadline) and costs no more,
     start-ups included:
     then on-demand (a job on on-demand stays for a saving smaller
@@ -45,10 +45,11 @@ Decision, first row that applies:
 ==  ================================================================  =========
 
 "≤ budget" compares in whole micro-dollars, so a cost exactly at the budget is within it.
-Nothing is ever launched whose estimate exceeds the remaining budget, except spot with ``min_budget_chance``
-set, when its chance of finishing within the budget (preemptions Poisson at the interruption rate, each
-costing ``restart_overhead_s`` + ``lost_work_s`` of the group at the spot price) is at least that. The money
-stays a hard limit either way: the trainer's budget guard and the platform's deadline stop the run at the
+Nothing is ever launched whose estimate exceeds the remaining budget, except spot with ``min_finish_chance``
+set, when its chance of finishing within the budget is at least that. The chance counts preemptions as
+Poisson at the interruption rate over the spot hours, each costing ``restart_overhead_s`` + ``lost_work_s``
+of the group (money at the spot price, and time: "spot in time" is then the chance that they fit before the
+deadline, in place of the expected spot hours). The money stays a hard limit either way: the trainer's budget guard and the platform's deadline stop the run at the
 remaining budget, having saved its step, when the draws are unkind.
 """
 
@@ -120,10 +121,11 @@ class BudgetInputs:
     max_late_risk: float = 0.0
     """The chance of a preemption during the spot run up to which spot is used without keeping time to
     finish on on-demand after one (0: time for the fallback is always kept)."""
-    min_budget_chance: float | None = None
-    """Spot fits the budget when the chance that it finishes within it is at least this (preemptions drawn
-    as Poisson at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` + ``lost_work_s``);
-    the trainer's hard cap stops a run that is out of luck. None: the expected spot cost must fit."""
+    min_finish_chance: float | None = None
+    """Spot fits the budget, and the deadline, when the chance that it finishes within it, and by it, is at
+    least this (preemptions Poisson at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` +
+    ``lost_work_s``; 0: any chance at all); the trainer's hard cap stops a run that is out of luck.
+    None: the expected spot cost and hours must fit."""
     allow_late: bool = True
     """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
     Off: once neither capacity can finish in time within the budget, the job stops."""
@@ -142,7 +144,7 @@ class BudgetInputs:
             "max_wait_s": self.max_wait_s >= 0,
             "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
             "max_late_risk": 0 <= self.max_late_risk <= 1,
-            "min_budget_chance": self.min_budget_chance is None or 0 <= self.min_budget_chance <= 1,
+            "min_finish_chance": self.min_finish_chance is None or 0 <= self.min_finish_chance <= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -176,21 +178,16 @@ def _in_time(hours: float | None, deadline_s: float | None, after_s: float = 0.0
     return deadline_s is None or after_s + hours * 3600.0 <= deadline_s + 1e-6
 
 
-def budget_chance(inputs: BudgetInputs, hours: float, price: float, start_h: float) -> float:
-    """The chance that ``hours`` of training on spot at ``price`` (plus ``start_h`` of start-up) costs no more
-    than the remaining budget, with preemptions Poisson at the interruption rate over the expected spot hours."""
-    i = inputs
-    if i.remaining_budget is None:
-        return 1.0
-    per_node_h = i.num_nodes * price
-    left = i.remaining_budget - (hours + start_h) * per_node_h
-    if left < -1e-9:
+def _losses_fit(inputs: BudgetInputs, hours: float, start_h: float, room_h: float) -> float:
+    """The chance that the preemptions of ``hours`` on spot (Poisson at the interruption rate over the expected
+    spot hours, each costing ``restart_overhead_s`` + ``lost_work_s``) fit in ``room_h`` hours of slack."""
+    if room_h < -1e-9:
         return 0.0
-    per_loss = (i.restart_overhead_s + i.lost_work_s) / 3600.0 * per_node_h
-    lam = i.interruption_rate_per_hour * (hours * (1 + spot_overhead(i)) + start_h)
-    if per_loss <= 0 or lam <= 0:
+    per_loss_h = (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
+    lam = inputs.interruption_rate_per_hour * (hours * (1 + spot_overhead(inputs)) + start_h)
+    if per_loss_h <= 0 or lam <= 0:
         return 1.0
-    k_max = math.floor(left / per_loss + 1e-9)
+    k_max = math.floor(max(0.0, room_h) / per_loss_h + 1e-9)
     term = total = math.exp(-lam)
     for k in range(1, k_max + 1):
         term *= lam / k
@@ -198,6 +195,28 @@ def budget_chance(inputs: BudgetInputs, hours: float, price: float, start_h: flo
         if term < 1e-12 and k > lam:
             break
     return min(1.0, total)
+
+
+def _chance_ok(chance: float, least: float) -> bool:
+    """At least ``least``, and some chance at all (``least`` 0: any chance, never none)."""
+    return chance > 0 and chance >= least
+
+
+def budget_chance(inputs: BudgetInputs, hours: float, price: float, start_h: float) -> float:
+    """The chance that ``hours`` of training on spot at ``price`` (plus ``start_h`` of start-up) costs no more
+    than the remaining budget."""
+    i = inputs
+    if i.remaining_budget is None or price <= 0:
+        return 1.0
+    return _losses_fit(i, hours, start_h, i.remaining_budget / (i.num_nodes * price) - hours - start_h)
+
+
+def deadline_chance(inputs: BudgetInputs, hours: float, start_h: float, after_s: float = 0.0) -> float:
+    """The chance that ``hours`` of training on spot (plus ``start_h`` of start-up), begun ``after_s`` from now,
+    finishes by the deadline."""
+    if inputs.deadline_s is None:
+        return 1.0
+    return _losses_fit(inputs, hours, start_h, (inputs.deadline_s - after_s) / 3600.0 - hours - start_h)
 
 
 def spot_overhead(inputs: BudgetInputs) -> float:
@@ -222,7 +241,8 @@ def decide(inputs: BudgetInputs) -> Decision:
         return Decision(Choice.STOP, "no price known: neither a spot offer nor an on-demand price", remaining_budget=i.remaining_budget)
 
     hours = i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
-    chance = None  # of spot finishing within the budget, when min_budget_chance asks for it
+    chance = None  # of spot finishing within the budget, when min_finish_chance asks for it
+    time_chance = None  # and by the deadline
     overhead = spot_overhead(i)
     start_h = i.restart_overhead_s / 3600.0
     tracked = i.current is not None  # start-ups are charged only when what runs now is known
@@ -237,10 +257,13 @@ def decide(inputs: BudgetInputs) -> Decision:
         spot_time_ok = i.deadline_s is None
     else:
         spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
-        if i.min_budget_chance is not None and i.spot_price is not None:
+        if i.min_finish_chance is not None and i.spot_price is not None:
             chance = budget_chance(i, hours, i.spot_price, spot_start)
-            spot_cost_ok = chance >= i.min_budget_chance
+            spot_cost_ok = _chance_ok(chance, i.min_finish_chance)
         spot_time_ok = _in_time(spot_hours, i.deadline_s)
+        if i.min_finish_chance is not None:
+            time_chance = deadline_chance(i, hours, spot_start)
+            spot_time_ok = _chance_ok(time_chance, i.min_finish_chance)
         preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_hours)
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
@@ -269,11 +292,16 @@ def decide(inputs: BudgetInputs) -> Decision:
         if not spot_cost_ok and chance is not None:
             spot_why.append(
                 f"spot finishes within the remaining budget {money} with a chance of {chance:.0%}, below "
-                f"min_budget_chance {i.min_budget_chance:.0%}"
+                f"min_finish_chance {i.min_finish_chance:.0%}"
             )
         elif not spot_cost_ok:
             spot_why.append(f"spot estimate ${spot_cost:.2f} exceeds the remaining budget {money}")
-        if spot_cost_ok and not spot_time_ok:
+        if spot_cost_ok and not spot_time_ok and time_chance is not None and not _chance_ok(time_chance, i.min_finish_chance):
+            spot_why.append(
+                f"spot finishes by the deadline with a chance of {time_chance:.0%}, below min_finish_chance "
+                f"{i.min_finish_chance:.0%}"
+            )
+        elif spot_cost_ok and not spot_time_ok:
             spot_why.append(
                 f"spot would take {spot_hours:.2f} h, or leave no time to finish on on-demand after a preemption, "
                 "past the deadline"
@@ -294,7 +322,7 @@ def decide(inputs: BudgetInputs) -> Decision:
             Choice.SPOT,
             f"spot: {est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {overhead:.3f} interruption "
             f"overhead)" + (f" + {spot_start:.2f} h start-up" if spot_start else "") + f" = ${spot_cost or 0:.2f}"
-            + (f", {chance:.0%} chance of finishing within {money} (min_budget_chance {i.min_budget_chance:.0%}; the "
+            + (f", {chance:.0%} chance of finishing within {money} (min_finish_chance {i.min_finish_chance:.0%}; the "
                "trainer's budget cap stops it at the budget otherwise)" if chance is not None else f" within {money}")
             + (f" (on-demand would cost ${od_cost:.2f})" if od_cost is not None else ""),
         )
@@ -311,12 +339,15 @@ def decide(inputs: BudgetInputs) -> Decision:
     target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
     later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
     target_ok = _fits(target_cost, i.remaining_budget)
-    if i.min_budget_chance is not None and hours is not None and target is not None:
-        target_ok = budget_chance(i, hours, target, start_h if tracked else 0.0) >= i.min_budget_chance
+    target_in_time = _in_time(later_spot_h, i.deadline_s, after_s=i.wait_interval_s)
+    if i.min_finish_chance is not None and hours is not None and target is not None:
+        later_start = start_h if tracked else 0.0
+        target_ok = _chance_ok(budget_chance(i, hours, target, later_start), i.min_finish_chance)
+        target_in_time = _chance_ok(deadline_chance(i, hours, later_start, i.wait_interval_s), i.min_finish_chance)
     may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
     after = i.wait_interval_s
     wait_pays = hours is None or (
-        (target_ok and _in_time(later_spot_h, i.deadline_s, after_s=after))
+        (target_ok and target_in_time)
         or (_fits(later_od_cost, i.remaining_budget) and _in_time(later_od_h, i.deadline_s, after_s=after))
     )
     if may_wait and wait_pays:

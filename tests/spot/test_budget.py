@@ -185,7 +185,7 @@ def test_branch_passes_the_group_and_lateness_inputs_to_the_policy(tmp_path):
     assert _branch(**{**kwargs, "spot_nodes_available": 4}).choose_branch({"ti": ti}) == "train_spot"
 
 
-def test_branch_passes_min_budget_chance_to_the_policy(tmp_path):
+def test_branch_passes_min_finish_chance_to_the_policy(tmp_path):
     # $4.50 left for $4 of spot at best and $4.73 expected (2 preemptions/h of 330 s): stop on expectation,
     # spot when a 32 % chance of finishing within the budget is enough (a templated string, as a Param gives it)
     ti = _TI()
@@ -193,7 +193,7 @@ def test_branch_passes_min_budget_chance_to_the_policy(tmp_path):
                   num_nodes=4, spot_price=1.0, on_demand_price=3.0, interruption_rate_per_hour=2.0,
                   restart_overhead_s=300, lost_work_s=30)  # fmt: skip
     assert _branch(**kwargs).choose_branch({"ti": ti}) == "stop"
-    assert _branch(**kwargs, min_budget_chance="0.25").choose_branch({"ti": ti}) == "train_spot"
+    assert _branch(**kwargs, min_finish_chance="0.25").choose_branch({"ti": ti}) == "train_spot"
     assert "32% chance of finishing within $4.50" in ti.pushed["decision"]["reason"]
 
 
@@ -201,7 +201,7 @@ def test_branch_passes_min_budget_chance_to_the_policy(tmp_path):
     ("kwargs", "message"),
     [({"allow_late": "sometimes"}, "allow_late: expected true or false, got 'sometimes'"),
      ({"max_late_risk": 1.5}, "max_late_risk: must be a chance in [0, 1], got 1.5"),
-     ({"min_budget_chance": "2"}, "min_budget_chance: must be a chance in [0, 1], got '2'")],
+     ({"min_finish_chance": "2"}, "min_finish_chance: must be a chance in [0, 1], got '2'")],
 )  # fmt: skip
 def test_bad_lateness_arguments_fail_when_the_dag_is_parsed(kwargs, message):
     with pytest.raises(ValueError, match="BudgetBranchOperator\\(task_id='budget'\\)") as err:

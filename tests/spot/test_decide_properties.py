@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from airflow_dtrain.spot.budget import BudgetInputs, Choice, budget_chance, decide
+from airflow_dtrain.spot.budget import BudgetInputs, Choice, budget_chance, deadline_chance, decide
 
 # 1,000 steps of 3.6 s: one hour of training.
 BASE = dict(steps_remaining=1000, step_time_s=3.6, interruption_rate_per_hour=0.0, restart_overhead_s=600.0)
@@ -92,7 +92,7 @@ def test_late_within_budget_takes_the_capacity_that_finishes_first():
     assert decide(BudgetInputs(**{**inputs.__dict__, "allow_late": False})).choice == Choice.STOP
 
 
-def test_min_budget_chance_tries_spot_that_fits_the_budget_unless_the_preemptions_are_unkind():
+def test_min_finish_chance_tries_spot_that_fits_the_budget_unless_the_preemptions_are_unkind():
     # 1 h on 4 nodes at $1/node-h = $4, each preemption costs 330 s of the group = $0.37 more. 2 preemptions
     # per hour expected: the expected spot cost is $4 × (1 + 2 × 330/3600) = $4.73. With $4.50 left it does not
     # fit on expectation, but it fits with up to 1 preemption: a chance of e^-λ (1 + λ), λ = 2 × 1.18 h.
@@ -104,22 +104,41 @@ def test_min_budget_chance_tries_spot_that_fits_the_budget_unless_the_preemption
     lam = 2.0 * (1 + 2.0 * 330 / 3600)
     chance = math.exp(-lam) * (1 + lam)
     assert budget_chance(inputs, 1.0, 1.0, 0.0) == pytest.approx(chance)
-    tried = decide(BudgetInputs(**{**inputs.__dict__, "min_budget_chance": 0.25}))
+    tried = decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.25}))
     assert chance > 0.25 and tried.choice == Choice.SPOT, tried.reason
     assert f"{chance:.0%} chance of finishing within $4.50" in tried.reason and "budget cap" in tried.reason
     # asking for more certainty than the draws give: not spot, and the reason names the chance
-    strict = decide(BudgetInputs(**{**inputs.__dict__, "min_budget_chance": 0.5}))
+    strict = decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.5}))
     assert strict.choice == Choice.STOP
-    assert f"with a chance of {chance:.0%}, below min_budget_chance 50%" in strict.reason
+    assert f"with a chance of {chance:.0%}, below min_finish_chance 50%" in strict.reason
     # a budget below even the luckiest run (no preemption at all): no chance, whatever the threshold
-    broke = BudgetInputs(**{**inputs.__dict__, "remaining_budget": 3.99, "min_budget_chance": 0.0001})
+    broke = BudgetInputs(**{**inputs.__dict__, "remaining_budget": 3.99, "min_finish_chance": 0.0001})
     assert budget_chance(broke, 1.0, 1.0, 0.0) == 0.0 and decide(broke).choice == Choice.STOP
 
 
-def test_min_budget_chance_also_judges_a_wait_for_spot():
+def test_min_finish_chance_also_judges_a_wait_for_spot():
     # no spot now; a wait for spot at $1 would fit on luck (not on expectation); on-demand is over the budget
     inputs = BudgetInputs(steps_remaining=1000, step_time_s=3.6, num_nodes=4, spot_price=None, on_demand_price=3.0,
                           remaining_budget=4.5, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
                           lost_work_s=30.0, max_wait_s=3600, wait_target_price=1.0)  # fmt: skip
     assert decide(inputs).choice == Choice.STOP
-    assert decide(BudgetInputs(**{**inputs.__dict__, "min_budget_chance": 0.25})).choice == Choice.WAIT
+    assert decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.25})).choice == Choice.WAIT
+
+
+def test_min_finish_chance_judges_the_deadline_by_the_chance_of_the_preemptions_fitting_before_it():
+    # 1 h of work, 2 preemptions/h expected at 330 s each: the expected spot time, 1 h 11 min, is past the
+    # deadline (1 h 7 min), so on-demand; yet one preemption fits before it: a chance of e^-λ (1 + λ)
+    inputs = BudgetInputs(steps_remaining=1000, step_time_s=3.6, num_nodes=1, spot_price=1.0, on_demand_price=3.0,
+                          remaining_budget=100.0, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
+                          lost_work_s=30.0, deadline_s=3600 + 330 + 100)  # fmt: skip
+    assert decide(inputs).choice == Choice.ON_DEMAND
+    lam = 2.0 * (1 + 2.0 * 330 / 3600)
+    chance = math.exp(-lam) * (1 + lam)
+    assert deadline_chance(inputs, 1.0, 0.0) == pytest.approx(chance)
+    assert decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.25})).choice == Choice.SPOT
+    strict = decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.5}))
+    assert strict.choice == Choice.ON_DEMAND
+    assert f"spot finishes by the deadline with a chance of {chance:.0%}, below min_finish_chance 50%" in strict.reason
+    # no time even for the work itself: no chance, so not spot even at a threshold of 0
+    late = BudgetInputs(**{**inputs.__dict__, "deadline_s": 3500.0, "min_finish_chance": 0.0})
+    assert deadline_chance(late, 1.0, 0.0) == 0.0 and decide(late).choice != Choice.SPOT
