@@ -49,8 +49,9 @@ Nothing is ever launched whose estimate exceeds the remaining budget, except spo
 set, when its chance of finishing within the budget is at least that. The chance counts preemptions as
 Poisson at the interruption rate over the spot hours, each costing ``restart_overhead_s`` + ``lost_work_s``
 of the group (money at the spot price, and time: "spot in time" is then the chance that they fit before the
-deadline, in place of the expected spot hours). The money stays a hard limit either way: the trainer's budget guard and the platform's deadline stop the run at the
-remaining budget, having saved its step, when the draws are unkind.
+deadline, in place of the expected spot hours). The money stays a hard limit either way: the trainer's
+budget guard and the platform's deadline stop the run at the remaining budget, having saved its step, when
+the draws are unkind.
 """
 
 from __future__ import annotations
@@ -339,10 +340,12 @@ def decide(inputs: BudgetInputs) -> Decision:
     target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
     later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
     target_ok = _fits(target_cost, i.remaining_budget)
+    target_chance = None
     target_in_time = _in_time(later_spot_h, i.deadline_s, after_s=i.wait_interval_s)
     if i.min_finish_chance is not None and hours is not None and target is not None:
         later_start = start_h if tracked else 0.0
-        target_ok = _chance_ok(budget_chance(i, hours, target, later_start), i.min_finish_chance)
+        target_chance = budget_chance(i, hours, target, later_start)
+        target_ok = _chance_ok(target_chance, i.min_finish_chance)
         target_in_time = _chance_ok(deadline_chance(i, hours, later_start, i.wait_interval_s), i.min_finish_chance)
     may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
     after = i.wait_interval_s
@@ -375,13 +378,15 @@ def decide(inputs: BudgetInputs) -> Decision:
         return made(
             Choice.SPOT,
             f"spot past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
-            f"allow_late: ${spot_cost or 0:.2f} within {money}",
+            "allow_late: " + (f"a {chance:.0%} chance within {money}" if chance is not None
+                              else f"${spot_cost or 0:.2f} within {money}"),
         )
     if i.allow_late and may_wait and hours is not None and target_ok:
         return made(
             Choice.WAIT,
             f"wait {i.wait_interval_s:.0f} s for spot at ${target:.4f}/h, past the deadline ({spot_reason}; {od_why}); "
-            f"allow_late: ${target_cost:.2f} within {money}",
+            "allow_late: " + (f"a {target_chance:.0%} chance within {money}" if target_chance is not None
+                              else f"${target_cost:.2f} within {money}"),
         )
     if hours is None and i.on_demand_price is not None:  # no estimate at all (and no budget): on-demand
         return made(Choice.ON_DEMAND, f"on-demand ({spot_reason}): no step time to estimate, no budget")

@@ -142,3 +142,18 @@ def test_min_finish_chance_judges_the_deadline_by_the_chance_of_the_preemptions_
     # no time even for the work itself: no chance, so not spot even at a threshold of 0
     late = BudgetInputs(**{**inputs.__dict__, "deadline_s": 3500.0, "min_finish_chance": 0.0})
     assert deadline_chance(late, 1.0, 0.0) == 0.0 and decide(late).choice != Choice.SPOT
+
+
+def test_with_min_finish_chance_a_late_choice_states_its_chance_not_an_estimate_over_the_budget():
+    # No deadline can be met; spot's expected cost ($4.73) is over the $4.50 left, but a 32 % chance is enough:
+    # late on spot, and the reason gives the chance rather than claiming $4.73 is within $4.50
+    inputs = BudgetInputs(steps_remaining=1000, step_time_s=3.6, num_nodes=4, spot_price=1.0, on_demand_price=3.0,
+                          remaining_budget=4.5, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
+                          lost_work_s=30.0, deadline_s=1800.0, min_finish_chance=0.25)  # fmt: skip
+    decision = decide(inputs)
+    assert decision.choice == Choice.SPOT and "past the deadline" in decision.reason, decision.reason
+    assert "allow_late: a 32% chance within $4.50" in decision.reason
+    assert "$4.73 within" not in decision.reason
+    # the same with no spot now and a wait for it: the wait's reason gives its chance too
+    wait = decide(BudgetInputs(**{**inputs.__dict__, "spot_price": None, "max_wait_s": 3600, "wait_target_price": 1.0}))
+    assert wait.choice == Choice.WAIT and "allow_late: a 32% chance within $4.50" in wait.reason, wait.reason
