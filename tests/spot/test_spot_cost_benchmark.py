@@ -42,16 +42,20 @@ def test_every_job_is_counted_per_size_and_the_policy_keeps_every_budget(tmp_pat
     assert [t.split(" ")[0] for t in tables] == ["1", "4", "16"]  # one table per job size
     for table in tables:
         rows = {line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")}
-        assert set(rows) >= {"always on-demand", "our policy", "naive spot, with warning", "naive spot, no warning",
-                             "Uniform Progress"}  # fmt: skip
+        assert set(rows) >= {"always on-demand", "our policy", "our policy, on time or stop", "naive spot, with warning",
+                             "naive spot, no warning", "Uniform Progress"}  # fmt: skip
         for name, cells in rows.items():
             if name == "strategy":
                 continue
             on_time, late, stopped, never = int(cells[5]), int(cells[6]), int(cells[7].split()[0]), int(cells[8])
             assert on_time + late + stopped + never == 12, (name, cells)
         assert rows["our policy"][10].strip() == "0"  # budget violations
+        strict = rows["our policy, on time or stop"]
+        assert strict[10].strip() == "0" and strict[6].strip() == "0"  # no violation; nothing finished late
         assert float(rows["our policy"][2].strip().rstrip("%")) < 100.0  # spot at 25-40 % of on-demand
-    assert "chosen on the first half" in out
+    assert "our policy, 16 node(s), chosen on the first half" in out
+    assert "our policy, on time or stop, 16 node(s), chosen on the first half" in out
+    assert out.count("either setting of ours: ") == 3  # one frontier verdict per size
 
 
 def test_a_missing_trace_directory_is_named(tmp_path):
