@@ -529,7 +529,7 @@ def _at_or_below(ours: Row, base: Row) -> bool:
     return ours.cost <= base.cost + 1e-9 and ours.kept >= base.kept
 
 
-def verdict(rows: list[Row], name: str = OURS[True]) -> str:
+def verdict(rows: list[Row], name: str) -> str:
     """Whether ours (``name``) costs no more than each baseline while keeping as many jobs on time within budget."""
     ours = next(r for r in rows if r.strategy == name)
     mine = f"{name}: {ours.cost / ours.od_cost:.2%}, {ours.kept} kept"

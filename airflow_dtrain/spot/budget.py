@@ -220,6 +220,23 @@ def deadline_chance(inputs: BudgetInputs, hours: float, start_h: float, after_s:
     return _losses_fit(inputs, hours, start_h, (inputs.deadline_s - after_s) / 3600.0 - hours - start_h)
 
 
+def _spot_fits(
+    inputs: BudgetInputs, hours: float, price: float | None, start_h: float, after_s: float = 0.0
+) -> tuple[bool, bool, float | None, float | None]:
+    """(within budget, in time, chance within budget, chance in time) of ``hours`` on spot at ``price`` (None: no
+    offer) plus ``start_h`` of start-up, begun ``after_s`` from now: by the expected cost and hours, or with
+    ``min_finish_chance`` by the chance of each (the chances are None when not asked for)."""
+    i = inputs
+    if i.min_finish_chance is None:
+        spot_h = hours * (1 + spot_overhead(i)) + start_h
+        cost = spot_h * i.num_nodes * price if price is not None else None
+        return _fits(cost, i.remaining_budget), _in_time(spot_h, i.deadline_s, after_s), None, None
+    chance = budget_chance(i, hours, price, start_h) if price is not None else None
+    time_chance = deadline_chance(i, hours, start_h, after_s)
+    within = chance is not None and _chance_ok(chance, i.min_finish_chance)
+    return within, _chance_ok(time_chance, i.min_finish_chance), chance, time_chance
+
+
 def spot_overhead(inputs: BudgetInputs) -> float:
     """Fraction of extra time spot costs through interruptions."""
     return inputs.interruption_rate_per_hour * (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
@@ -242,8 +259,7 @@ def decide(inputs: BudgetInputs) -> Decision:
         return Decision(Choice.STOP, "no price known: neither a spot offer nor an on-demand price", remaining_budget=i.remaining_budget)
 
     hours = i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
-    chance = None  # of spot finishing within the budget, when min_finish_chance asks for it
-    time_chance = None  # and by the deadline
+    chance = time_chance = None  # of spot finishing within the budget and by the deadline (min_finish_chance)
     overhead = spot_overhead(i)
     start_h = i.restart_overhead_s / 3600.0
     tracked = i.current is not None  # start-ups are charged only when what runs now is known
@@ -257,14 +273,8 @@ def decide(inputs: BudgetInputs) -> Decision:
         spot_cost_ok = od_cost_ok = True
         spot_time_ok = i.deadline_s is None
     else:
-        spot_cost_ok, od_cost_ok = _fits(spot_cost, i.remaining_budget), _fits(od_cost, i.remaining_budget)
-        if i.min_finish_chance is not None and i.spot_price is not None:
-            chance = budget_chance(i, hours, i.spot_price, spot_start)
-            spot_cost_ok = _chance_ok(chance, i.min_finish_chance)
-        spot_time_ok = _in_time(spot_hours, i.deadline_s)
-        if i.min_finish_chance is not None:
-            time_chance = deadline_chance(i, hours, spot_start)
-            spot_time_ok = _chance_ok(time_chance, i.min_finish_chance)
+        od_cost_ok = _fits(od_cost, i.remaining_budget)
+        spot_cost_ok, spot_time_ok, chance, time_chance = _spot_fits(i, hours, i.spot_price, spot_start)
         preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_hours)
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
@@ -335,18 +345,14 @@ def decide(inputs: BudgetInputs) -> Decision:
 
     # Wait when, after the wait, spot at the hoped-for price or on-demand could still finish in time within budget.
     target = i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
-    later_spot_h = hours * (1 + overhead) + (start_h if tracked else 0.0) if hours is not None else None
-    later_od_h = hours + (start_h if tracked else 0.0) if hours is not None else None
+    later_start = start_h if tracked else 0.0
+    later_spot_h = hours * (1 + overhead) + later_start if hours is not None else None
+    later_od_h = hours + later_start if hours is not None else None
     target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
     later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
-    target_ok = _fits(target_cost, i.remaining_budget)
-    target_chance = None
-    target_in_time = _in_time(later_spot_h, i.deadline_s, after_s=i.wait_interval_s)
-    if i.min_finish_chance is not None and hours is not None and target is not None:
-        later_start = start_h if tracked else 0.0
-        target_chance = budget_chance(i, hours, target, later_start)
-        target_ok = _chance_ok(target_chance, i.min_finish_chance)
-        target_in_time = _chance_ok(deadline_chance(i, hours, later_start, i.wait_interval_s), i.min_finish_chance)
+    target_ok, target_in_time, target_chance = False, False, None
+    if hours is not None and target is not None:
+        target_ok, target_in_time, target_chance, _ = _spot_fits(i, hours, target, later_start, i.wait_interval_s)
     may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
     after = i.wait_interval_s
     wait_pays = hours is None or (
