@@ -314,9 +314,10 @@ def decide(inputs: BudgetInputs) -> Decision:
             )
         elif spot_cost_ok and not spot_time_ok:
             spot_why.append(
+                "no step time to show that spot finishes by the deadline" if spot_hours is None else
                 f"spot would take {spot_hours:.2f} h, or leave no time to finish on on-demand after a preemption, "
                 "past the deadline"
-            )
+            )  # fmt: skip
     od_in_time = od_hours is not None and _in_time(od_hours, i.deadline_s)
     if not spot_why and od_cost_ok and od_in_time and od_cost is not None and spot_cost is not None:
         if od_cost <= spot_cost:  # the cheaper of two capacities that both fit, start-ups included
@@ -340,6 +341,7 @@ def decide(inputs: BudgetInputs) -> Decision:
     spot_reason = "; ".join(spot_why)
     od_why = "no on-demand price" if i.on_demand_price is None else (
         f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}" if not od_cost_ok
+        else "no step time to show that on-demand finishes by the deadline" if od_hours is None
         else f"on-demand would take {od_hours:.2f} h, past the deadline"
     )
 

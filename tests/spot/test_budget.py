@@ -151,6 +151,14 @@ def test_branch_before_the_first_checkpoint_uses_the_estimate_or_stops(tmp_path)
     assert "unknown step time" in ti.pushed["decision"]["reason"]
 
 
+def test_branch_with_a_deadline_but_no_step_time_and_no_budget_takes_on_demand(tmp_path):
+    # nothing can show that spot, with its preemptions, finishes by the deadline: on-demand, and the reason says why
+    ti = _TI()
+    kwargs = dict(checkpoint_uri=str(tmp_path / "new"), spot_price=1.0, on_demand_price=3.06, deadline_s=3600)
+    assert _branch(**kwargs).choose_branch({"ti": ti}) == "train_on_demand"
+    assert "no step time to show that spot finishes by the deadline" in ti.pushed["decision"]["reason"]
+
+
 def test_branch_when_the_job_is_done(tmp_path):
     write_manifest(tmp_path, 10_000, spot_dollars=12.0)
     ti = _TI()
