@@ -180,9 +180,11 @@ class State:
 
 
 def _cheapest(world: World, k: int, n: int, ok=lambda z: True) -> int | None:
-    best = None
-    for i, z in enumerate(world.market.zones):
-        if z.capacity[k] >= n and ok(i) and (best is None or z.price[k] < world.market.zones[best].price[k]):
+    """The cheapest zone with ``n`` nodes at tick ``k`` (of those ``ok``); a tie goes to the first name, as in
+    ``choose_offer``."""
+    zones, best = world.market.zones, None
+    for i, z in enumerate(zones):
+        if z.capacity[k] >= n and ok(i) and (best is None or (z.price[k], z.name) < (zones[best].price[k], zones[best].name)):
             best = i
     return best
 
@@ -239,21 +241,26 @@ class Policy:
         self.name = OURS[allow_late]
         self.decisions: dict[str, int] = {}
 
+    def offer(self, world: World, k: int, n: int, s: State) -> int | None:
+        """The zone whose spot offer decide() sees at tick ``k``: while on spot, the zone the group runs in (while
+        its price is at or below the limit); otherwise SpotPriceSensor's choice (``choose_offer``: the cheapest
+        offer at or below the limit) among the zones that have the ``n`` nodes, which is the zone naive spot and
+        Uniform Progress take when it is within the limit. When no zone has them: the acceptable zone with the
+        most, so that decide() is told how many of the ``n`` it could have."""
+        m = world.market
+        limit = self.max_price_ratio * m.on_demand_price
+        if s.mode == "spot":
+            return s.zone if m.zones[s.zone].price[k] <= limit else None
+        cand = _cheapest(world, k, n, ok=lambda i: m.zones[i].price[k] <= limit)
+        if cand is None:
+            priced = [i for i, z in enumerate(m.zones) if z.price[k] <= limit]
+            cand = max(priced, key=lambda i: m.zones[i].capacity[k]) if priced else None
+        return cand
+
     def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
         m, mech, n = world.market, world.mech, job.nodes
-        limit = self.max_price_ratio * m.on_demand_price
         rate = world.rate(n)
-        if s.mode == "spot":
-            cand = s.zone if m.zones[s.zone].price[k] <= limit else None
-        else:
-            adj = {i: z.price[k] * (1 + rate[i][k] * mech.startup_s / 3600) for i, z in enumerate(m.zones)}
-            cand = None
-            for i, z in enumerate(m.zones):
-                if z.capacity[k] >= n and z.price[k] <= limit and (cand is None or adj[i] < adj[cand]):
-                    cand = i
-            if cand is None:  # no zone has the nodes: show decide the best count there is
-                priced = [i for i, z in enumerate(m.zones) if z.price[k] <= limit]
-                cand = max(priced, key=lambda i: m.zones[i].capacity[k]) if priced else None
+        cand = self.offer(world, k, n, s)
         remaining = job.work_s - s.done + s.startup_left
         inputs = BudgetInputs(
             steps_remaining=max(1, math.ceil(remaining / mech.step_s)),
@@ -272,7 +279,7 @@ class Policy:
             deadline_s=max(0.0, job.deadline_s - elapsed - m.tick_s),  # the next decision is a tick away
             max_wait_s=math.inf,
             wait_interval_s=m.tick_s,
-            wait_target_price=min(world.recent_low[k], limit),
+            wait_target_price=min(world.recent_low[k], self.max_price_ratio * m.on_demand_price),
             current={"spot": Choice.SPOT, "od": Choice.ON_DEMAND}.get(s.mode, Choice.WAIT),
             allow_late=self.allow_late,
         )

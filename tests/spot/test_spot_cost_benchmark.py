@@ -70,3 +70,40 @@ def test_a_malformed_market_names_the_file_and_the_field(tmp_path):
     done = _run(str(tmp_path))
     assert done.returncode != 0
     assert "bad.market.json: zones.z: price and capacity are lists of the same length" in done.stderr
+
+
+def test_the_simulated_policy_sees_the_offer_spot_price_sensor_would_choose():
+    # the benchmark runs decide() on the zone SpotPriceSensor's choose_offer picks (the cheapest offer at or below
+    # the limit), among the zones that have the group's nodes; not a choice the product cannot make
+    import random
+
+    from airflow_dtrain.spot.offers import SpotPrice, choose_offer
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import spot_cost
+        from spot_traces import Market, Zone
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    rng = random.Random(7)
+    ticks, od = 400, 3.0
+    zones = [
+        Zone(f"us-east-1{c}", [rng.choice([0.9, 1.2, 1.2, 1.5, 2.4]) for _ in range(ticks)],
+             [rng.randrange(0, 7) for _ in range(ticks)])
+        for c in "dacb"
+    ]  # fmt: skip
+    world = spot_cost.World(Market("m", 300.0, od, zones), spot_cost.Mechanics(), seed=0)
+    policy = spot_cost.Policy(0.5, float("inf"), 0.0)
+    seen = set()
+    for k in range(ticks):
+        for n in (1, 4):
+            have = [z for z in zones if z.capacity[k] >= n]
+            prices = [SpotPrice("p3.2xlarge", z.name, z.price[k], "2026-11-25T00:00:00Z") for z in have]
+            best, _ = choose_offer(prices, {"p3.2xlarge": (od, "table")}, max_price=None, max_price_fraction=0.5)
+            got = policy.offer(world, k, n, spot_cost.State())
+            if best is None:  # nothing acceptable has the nodes: decide() hears of the acceptable zone with the most
+                assert got is None or (zones[got].price[k] <= 0.5 * od and zones[got].capacity[k] < n), (k, n)
+            else:
+                assert zones[got].name == best.availability_zone, (k, n, best, zones[got])
+                seen.add(best.availability_zone)
+    assert len(seen) == 4  # ties on price included (1.2 is drawn twice as often)
