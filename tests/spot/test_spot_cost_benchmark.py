@@ -72,6 +72,16 @@ def test_a_malformed_market_names_the_file_and_the_field(tmp_path):
     assert "bad.market.json: zones.z: price and capacity are lists of the same length" in done.stderr
 
 
+def _benchmark_modules():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import spot_cost
+        import spot_traces
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return spot_cost, spot_traces
+
+
 def test_the_simulated_policy_sees_the_offer_spot_price_sensor_would_choose():
     # the benchmark runs decide() on the zone SpotPriceSensor's choose_offer picks (the cheapest offer at or below
     # the limit), among the zones that have the group's nodes; not a choice the product cannot make
@@ -79,12 +89,8 @@ def test_the_simulated_policy_sees_the_offer_spot_price_sensor_would_choose():
 
     from airflow_dtrain.spot.offers import SpotPrice, choose_offer
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import spot_cost
-        from spot_traces import Market, Zone
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    spot_cost, spot_traces = _benchmark_modules()
+    Market, Zone = spot_traces.Market, spot_traces.Zone
     rng = random.Random(7)
     ticks, od = 400, 3.0
     zones = [
@@ -107,3 +113,28 @@ def test_the_simulated_policy_sees_the_offer_spot_price_sensor_would_choose():
                 assert zones[got].name == best.availability_zone, (k, n, best, zones[got])
                 seen.add(best.availability_zone)
     assert len(seen) == 4  # ties on price included (1.2 is drawn twice as often)
+
+
+def test_a_miss_carries_a_paired_bootstrap_interval_over_the_jobs():
+    sc, _ = _benchmark_modules()
+    mech = sc.Mechanics()
+    jobs = [sc.Job(0, 0, 100, 3600.0, 1, 7200.0, 10.0) for _ in range(50)]
+
+    def row(name, costs, kept):
+        outs = [sc.Outcome(cost=c, time_s=3600.0 if k else 9000.0, finished=True, started=True)
+                for c, k in zip(costs, kept)]  # fmt: skip
+        return sc.Row(name, jobs, outs, 100.0, mech)
+
+    everyone = [True] * 50
+    # cheaper by $0.50 on every job: no resample can say otherwise
+    cheaper = sc.paired_interval(row("our policy", [1.0] * 50, everyone), row("b", [1.5] * 50, everyone))
+    assert cheaper == ((-25.0, -25.0), (0, 0))
+    # dearer on half the jobs, cheaper on the other half, and 5 fewer kept: the cost interval spans 0, the
+    # jobs' does not
+    ours = row("our policy", [2.0, 0.0] * 25, [False] * 5 + [True] * 45)
+    base = row("naive spot, with warning", [1.0] * 50, everyone)
+    (c_lo, c_hi), (k_lo, k_hi) = sc.paired_interval(ours, base)
+    assert c_lo < 0 < c_hi and k_lo <= -5 <= k_hi < 0
+    line = sc.verdict([row("always on-demand", [3.0] * 50, everyone), ours, base], "our policy")
+    assert "NOT at or below" in line and "ours +0.00 points, -5 kept" in line
+    assert f"95 % interval {c_lo:+.2f} to {c_hi:+.2f} points, {k_lo:+d} to {k_hi:+d} kept" in line
