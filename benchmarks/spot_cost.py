@@ -185,7 +185,9 @@ def _cheapest(world: World, k: int, n: int, ok=lambda z: True) -> int | None:
     ``choose_offer``."""
     zones, best = world.market.zones, None
     for i, z in enumerate(zones):
-        if z.capacity[k] >= n and ok(i) and (best is None or (z.price[k], z.name) < (zones[best].price[k], zones[best].name)):
+        if z.capacity[k] < n or not ok(i):
+            continue
+        if best is None or (z.price[k], z.name) < (zones[best].price[k], zones[best].name):
             best = i
     return best
 
