@@ -244,6 +244,10 @@ class Policy:
         self.name = OURS[allow_late]
         self.decisions: dict[str, int] = {}
 
+    def limit(self, market: Market) -> float:
+        """The highest spot price accepted, $/node-hour."""
+        return self.max_price_ratio * market.on_demand_price
+
     def offer(self, world: World, k: int, n: int, s: State) -> int | None:
         """The zone whose spot offer decide() sees at tick ``k``: while on spot, the zone the group runs in (while
         its price is at or below the limit); otherwise SpotPriceSensor's choice (``choose_offer``: the cheapest
@@ -251,7 +255,7 @@ class Policy:
         Uniform Progress take when it is within the limit. When no zone has them: the acceptable zone with the
         most, so that decide() is told how many of the ``n`` it could have."""
         m = world.market
-        limit = self.max_price_ratio * m.on_demand_price
+        limit = self.limit(m)
         if s.mode == "spot":
             return s.zone if m.zones[s.zone].price[k] <= limit else None
         cand = _cheapest(world, k, n, ok=lambda i: m.zones[i].price[k] <= limit)
@@ -282,7 +286,7 @@ class Policy:
             deadline_s=max(0.0, job.deadline_s - elapsed - m.tick_s),  # the next decision is a tick away
             max_wait_s=math.inf,
             wait_interval_s=m.tick_s,
-            wait_target_price=min(world.recent_low[k], self.max_price_ratio * m.on_demand_price),
+            wait_target_price=min(world.recent_low[k], self.limit(m)),
             current={"spot": Choice.SPOT, "od": Choice.ON_DEMAND}.get(s.mode, Choice.WAIT),
             allow_late=self.allow_late,
         )
@@ -463,7 +467,7 @@ def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Me
             [ref, ours] = run_size(halves, jobs[n], [Policy(*params, allow_late=late)], mech)
             per_job = ref.od_cost / max(1, len(jobs[n]))
             score = (ours.cost + per_job * (len(jobs[n]) - ours.kept)) / ref.od_cost if ref.od_cost else math.inf
-            below = all(ours.cost <= b.cost + 1e-9 and ours.kept >= b.kept for b in bases[n])
+            below = all(_at_or_below(ours, b) for b in bases[n])
             key = (late, n)
             if key not in best or (not below, score) < (not best[key][0], best[key][1]):
                 best[key] = (below, score, *params)

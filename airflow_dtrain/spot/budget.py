@@ -228,7 +228,7 @@ def _spot_fits(
     ``min_finish_chance`` by the chance of each (the chances are None when not asked for)."""
     i = inputs
     if i.min_finish_chance is None:
-        spot_h = hours * (1 + spot_overhead(i)) + start_h
+        spot_h = spot_hours(i, hours, start_h)
         cost = spot_h * i.num_nodes * price if price is not None else None
         return _fits(cost, i.remaining_budget), _in_time(spot_h, i.deadline_s, after_s), None, None
     chance = budget_chance(i, hours, price, start_h) if price is not None else None
@@ -240,6 +240,11 @@ def _spot_fits(
 def spot_overhead(inputs: BudgetInputs) -> float:
     """Fraction of extra time spot costs through interruptions."""
     return inputs.interruption_rate_per_hour * (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
+
+
+def spot_hours(inputs: BudgetInputs, hours: float, start_h: float) -> float:
+    """Expected hours on spot: ``hours`` of work with the interruption overhead, plus ``start_h`` of start-up."""
+    return hours * (1 + spot_overhead(inputs)) + start_h
 
 
 def decide(inputs: BudgetInputs) -> Decision:
@@ -265,9 +270,9 @@ def decide(inputs: BudgetInputs) -> Decision:
     tracked = i.current is not None  # start-ups are charged only when what runs now is known
     spot_start = start_h if tracked and i.current != Choice.SPOT else 0.0
     od_start = start_h if tracked and i.current != Choice.ON_DEMAND else 0.0
-    spot_hours = hours * (1 + overhead) + spot_start if hours is not None else None
+    spot_h = spot_hours(i, hours, spot_start) if hours is not None else None
     od_hours = hours + od_start if hours is not None else None
-    spot_cost = spot_hours * i.num_nodes * i.spot_price if spot_hours is not None and i.spot_price is not None else None
+    spot_cost = spot_h * i.num_nodes * i.spot_price if spot_h is not None and i.spot_price is not None else None
     od_cost = od_hours * i.num_nodes * i.on_demand_price if od_hours is not None and i.on_demand_price is not None else None
     if hours is None:  # no budget, no step time: decide on price and risk alone
         spot_cost_ok = od_cost_ok = True
@@ -275,7 +280,7 @@ def decide(inputs: BudgetInputs) -> Decision:
     else:
         od_cost_ok = _fits(od_cost, i.remaining_budget)
         spot_cost_ok, spot_time_ok, chance, time_chance = _spot_fits(i, hours, i.spot_price, spot_start)
-        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_hours)
+        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_h)
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
             # budget pays for on-demand at all, and a preemption is likelier than the lateness risk accepted)
@@ -283,7 +288,7 @@ def decide(inputs: BudgetInputs) -> Decision:
             spot_time_ok = _in_time(fallback, i.deadline_s)
 
     def made(choice: Choice, reason: str) -> Decision:
-        return Decision(choice, reason, hours, spot_cost, od_cost, spot_hours, i.remaining_budget)
+        return Decision(choice, reason, hours, spot_cost, od_cost, spot_h, i.remaining_budget)
 
     est = f"{hours:.2f} h" if hours is not None else "unknown hours"
     risky = i.interruption_rate_per_hour > i.max_interruption_rate_per_hour
@@ -314,8 +319,8 @@ def decide(inputs: BudgetInputs) -> Decision:
             )
         elif spot_cost_ok and not spot_time_ok:
             spot_why.append(
-                "no step time to show that spot finishes by the deadline" if spot_hours is None else
-                f"spot would take {spot_hours:.2f} h, or leave no time to finish on on-demand after a preemption, "
+                "no step time to show that spot finishes by the deadline" if spot_h is None else
+                f"spot would take {spot_h:.2f} h, or leave no time to finish on on-demand after a preemption, "
                 "past the deadline"
             )  # fmt: skip
     od_in_time = od_hours is not None and _in_time(od_hours, i.deadline_s)
@@ -348,7 +353,7 @@ def decide(inputs: BudgetInputs) -> Decision:
     # Wait when, after the wait, spot at the hoped-for price or on-demand could still finish in time within budget.
     target = i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
     later_start = start_h if tracked else 0.0
-    later_spot_h = hours * (1 + overhead) + later_start if hours is not None else None
+    later_spot_h = spot_hours(i, hours, later_start) if hours is not None else None
     later_od_h = hours + later_start if hours is not None else None
     target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
     later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
@@ -377,7 +382,7 @@ def decide(inputs: BudgetInputs) -> Decision:
     spot_late = spot_offered and not risky and spot_cost_ok and hours is not None
     od_late = i.on_demand_price is not None and od_cost_ok and hours is not None
     if i.allow_late and (spot_late or od_late):
-        if od_late and (not spot_late or od_hours <= spot_hours):
+        if od_late and (not spot_late or od_hours <= spot_h):
             return made(
                 Choice.ON_DEMAND,
                 f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
