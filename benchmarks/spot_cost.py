@@ -67,6 +67,11 @@ PRICE_RATIOS = (0.5, 0.75, 1.0)
 MAX_RISKS = (0.25, 1.0, math.inf)
 LATE_RISKS = (0.0, 0.05, 0.2, 0.5, 1.0)
 BUDGET_CHANCES = (None, 0.05, 0.2, 0.5)
+# what decide() is told besides the offer and the job's own state: "measured", the offer's zone's interruption rate
+# over the trailing 24 h and the trailing-day low as the price to wait for (inputs the bundled DAG does not gather);
+# "dag", what train_llama gives it: one fixed rate (the author's, from history: here the first half's) and the
+# price limit as the wait target (BudgetBranchOperator's default, max_spot_price)
+INPUTS = ("measured", "dag")
 # the user's choice, not a tuned parameter: late results within budget are worth having, or they are not
 OURS = {True: "our policy", False: "our policy, on time or stop"}
 
@@ -109,10 +114,16 @@ class Outcome:
 
 
 class World:
-    """Per zone and tick, for a group of n: the chance to lose a node, the past-only loss rate, and the draws."""
+    """Per zone and tick, for a group of n: the chance to lose a node, the past-only loss rate, and the draws.
 
-    def __init__(self, market: Market, mech: Mechanics, seed: int) -> None:
+    :param prior_ticks: the ticks a DAG author's fixed interruption rate is counted over (``prior_rate``; default
+        the first half of the market, the part the parameters are chosen on).
+    """
+
+    def __init__(self, market: Market, mech: Mechanics, seed: int, prior_ticks: int | None = None) -> None:
         self.market, self.mech = market, mech
+        self.prior_ticks = market.ticks // 2 if prior_ticks is None else prior_ticks
+        self._prior: dict[int, float] = {}
         rng = random.Random(f"{seed}/{market.name}")
         self.draws = [[rng.random() for _ in range(market.ticks)] for _ in market.zones]
         self._loss: dict[int, list[list[float]]] = {}
@@ -165,6 +176,20 @@ class World:
                 out.append(r)
             self._rate[n] = out
         return self._rate[n]
+
+
+    def prior_rate(self, n: int) -> float:
+        """One interruption rate for a group of n, as a DAG author would set ``interruption_rate_per_hour`` from
+        history: its losses per hour of running, every zone together, over the first ``prior_ticks`` ticks
+        (under an hour of it: 1/h, as ``rate``)."""
+        if n not in self._prior:
+            lost = up = 0.0
+            for z, loss in zip(self.market.zones, self.loss(n)):
+                lost += sum(loss[: self.prior_ticks])
+                up += sum(c >= n for c in z.capacity[: self.prior_ticks])
+            hours = up * self.market.tick_s / 3600
+            self._prior[n] = lost / hours if hours >= 1.0 else 1.0
+        return self._prior[n]
 
 
 # -- strategies ---------------------------------------------------------------------------------------
@@ -237,10 +262,19 @@ class Policy:
     warning = True
 
     def __init__(
-        self, max_price_ratio: float, max_risk: float, late_risk: float, chance: float | None = None, allow_late: bool = True
+        self,
+        max_price_ratio: float,
+        max_risk: float,
+        late_risk: float,
+        chance: float | None = None,
+        allow_late: bool = True,
+        inputs: str = "measured",
     ) -> None:
         self.max_price_ratio, self.max_risk, self.late_risk = max_price_ratio, max_risk, late_risk
         self.chance, self.allow_late = chance, allow_late
+        if inputs not in INPUTS:
+            raise ValueError(f"inputs: one of {', '.join(INPUTS)}, got {inputs!r}")
+        self.inputs = inputs
         self.name = OURS[allow_late]
         self.decisions: dict[str, int] = {}
 
@@ -266,8 +300,9 @@ class Policy:
 
     def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
         m, mech, n = world.market, world.mech, job.nodes
-        rate = world.rate(n)
         cand = self.offer(world, k, n, s)
+        measured = self.inputs == "measured"
+        rate = (world.rate(n)[cand][k] if measured else world.prior_rate(n)) if cand is not None else 0.0
         remaining = job.work_s - s.done + s.startup_left
         inputs = BudgetInputs(
             steps_remaining=max(1, math.ceil(remaining / mech.step_s)),
@@ -277,7 +312,7 @@ class Policy:
             spot_nodes_available=m.zones[cand].capacity[k] if cand is not None else None,
             on_demand_price=m.on_demand_price,
             remaining_budget=max(0.0, job.budget - cost),
-            interruption_rate_per_hour=rate[cand][k] if cand is not None else 0.0,
+            interruption_rate_per_hour=rate,
             max_interruption_rate_per_hour=self.max_risk,
             max_late_risk=self.late_risk,
             min_finish_chance=self.chance,
@@ -286,7 +321,7 @@ class Policy:
             deadline_s=max(0.0, job.deadline_s - elapsed - m.tick_s),  # the next decision is a tick away
             max_wait_s=math.inf,
             wait_interval_s=m.tick_s,
-            wait_target_price=min(world.recent_low[k], self.limit(m)),
+            wait_target_price=min(world.recent_low[k], self.limit(m)) if measured else self.limit(m),
             current={"spot": Choice.SPOT, "od": Choice.ON_DEMAND}.get(s.mode, Choice.WAIT),
             allow_late=self.allow_late,
         )
@@ -453,18 +488,18 @@ def run_size(worlds: list[World], jobs: list[Job], strategies: list, mech: Mecha
     return rows
 
 
-def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics):
+def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics, inputs: str = "measured"):
     """Per user (``allow_late`` on and off) and job size (known when a job is submitted), on jobs of the first half
     simulated on that half: of the parameters at or below every baseline there (cost, and jobs kept on time
     within budget), the one with the lowest cost + a full on-demand job's cost per job not kept; when none is,
     the lowest of that score. Returns {(allow_late, size): (below, score, *parameters)}."""
-    halves = [World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed) for w in worlds]
+    halves = [World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed, w.prior_ticks) for w in worlds]
     jobs = {n: make_jobs([w.market for w in halves], n_jobs, n, 0, seed, mech) for n in sizes}
     bases = {n: run_size(halves, jobs[n], [Naive(True), Naive(False), UniformProgress()], mech)[1:] for n in sizes}
     best: dict[tuple[bool, int], tuple] = {}
     for late, params in itertools.product(OURS, itertools.product(PRICE_RATIOS, MAX_RISKS, LATE_RISKS, BUDGET_CHANCES)):
         for n in sizes:
-            [ref, ours] = run_size(halves, jobs[n], [Policy(*params, allow_late=late)], mech)
+            [ref, ours] = run_size(halves, jobs[n], [Policy(*params, allow_late=late, inputs=inputs)], mech)
             per_job = ref.od_cost / max(1, len(jobs[n]))
             score = (ours.cost + per_job * (len(jobs[n]) - ours.kept)) / ref.od_cost if ref.od_cost else math.inf
             below = all(_at_or_below(ours, b) for b in bases[n])
@@ -483,12 +518,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-s", type=float, default=300.0)
     ap.add_argument("--checkpoint-s", type=float, default=1800.0)
     ap.add_argument("--step-s", type=float, default=30.0)
+    ap.add_argument("--inputs", choices=INPUTS, default="measured",
+                    help="what our policy is told: the zone's measured trailing rate and price low, or what the bundled "
+                         "DAG gives it (one fixed rate from the first half, the price limit as the wait target)")
     args = ap.parse_args(argv)
     mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
     t0 = time.monotonic()
     scenarios = load_scenarios(args.trace_dir)
     print(f"traces: {args.trace_dir}; seed {args.seed}; start-up {mech.startup_s:.0f} s, checkpoint every "
-          f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand")  # fmt: skip
+          f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand; "
+          f"our policy's inputs: {args.inputs}")  # fmt: skip
     totals: dict[str, list[Row]] = {}
     by_size: dict[tuple[int, str], list[Row]] = {}
     for sc in scenarios:
@@ -503,13 +542,13 @@ def main(argv: list[str] | None = None) -> int:
         skipped = [n for n in SIZES if n > cap]
         if skipped:
             print(f"- sizes {skipped}: not simulated, no zone here ever has that many nodes")
-        best = tune(worlds, sizes, args.tune_jobs, args.seed, mech)
+        best = tune(worlds, sizes, args.tune_jobs, args.seed, mech, args.inputs)
         for (late, n), (below, score, ratio, risk, late_risk, chance) in best.items():
             print(f"- {OURS[late]}, {n} node(s), chosen on the first half ({args.tune_jobs} jobs): max spot price {ratio:.2f} x "
                   f"on-demand, max interruption rate {risk:g}/h, max late risk {late_risk:g}, min finish chance {'- (expected cost and time)' if chance is None else chance} "
                   f"(score {score:.3f}; at or below every baseline there: {'yes' if below else 'no'})")  # fmt: skip
         for n in sizes:
-            ours = [Policy(*best[late, n][2:], allow_late=late) for late in OURS]
+            ours = [Policy(*best[late, n][2:], allow_late=late, inputs=args.inputs) for late in OURS]
             jobs = make_jobs(sc.markets, args.jobs, n, 1, args.seed, mech)
             strategies = [*ours, Naive(True), Naive(False), UniformProgress()]
             rows = run_size(worlds, jobs, strategies, mech)

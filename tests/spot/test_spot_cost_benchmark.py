@@ -138,3 +138,39 @@ def test_a_miss_carries_a_paired_bootstrap_interval_over_the_jobs():
     line = sc.verdict([row("always on-demand", [3.0] * 50, everyone), ours, base], "our policy")
     assert "NOT at or below" in line and "ours +0.00 points, -5 kept" in line
     assert f"95 % interval {c_lo:+.2f} to {c_hi:+.2f} points, {k_lo:+d} to {k_hi:+d} kept" in line
+
+
+def test_with_the_dags_inputs_the_policy_gets_one_fixed_rate_from_the_first_half_and_the_price_limit(
+    tmp_path, monkeypatch
+):
+    # `--inputs dag`: what train_llama gives decide() (interruption_rate_per_hour fixed by the DAG's author,
+    # max_spot_price as the price to wait for), not the zone's trailing rate and price low it does not gather
+    sc, _ = _benchmark_modules()
+    _market(tmp_path)
+    market = sc.load_scenarios(tmp_path)[0].markets[0]
+    world = sc.World(market, sc.Mechanics(), seed=0)
+    # first half (576 ticks): zone a's 6 nodes drop to 3 at ticks 96, 192, 288, 384, 480 (a 4-node group is lost
+    # each time) and it has 4 for 576 - 6 x 9 ticks; zone b has 20 throughout and loses none
+    assert world.prior_rate(4) == 5 / ((576 - 6 * 9 + 576) * 300 / 3600)
+    # a 1-node group loses its node to a 6 -> 3 drop with chance 3/6, and runs on both zones all the time
+    assert world.prior_rate(1) == 5 * 0.5 / (2 * 576 * 300 / 3600)
+
+    seen = []
+    real = sc.decide
+    monkeypatch.setattr(sc, "decide", lambda inputs: seen.append(inputs) or real(inputs))
+    job = sc.Job(0, 600, market.ticks, 4 * 3600.0, 4, 8 * 3600.0, 100.0)
+    for inputs in ("measured", "dag"):
+        policy = sc.Policy(0.5, float("inf"), 0.0, inputs=inputs)
+        policy.choose(world, job, 700, 0.0, sc.State(), 0.0)  # tick 700: zone a (1.0/h) has its 6 nodes
+    measured, dag = seen
+    assert measured.spot_price == dag.spot_price == 1.0
+    assert measured.interruption_rate_per_hour == world.rate(4)[0][700] != dag.interruption_rate_per_hour
+    assert dag.interruption_rate_per_hour == world.prior_rate(4)
+    assert measured.wait_target_price == min(world.recent_low[700], 2.0) and dag.wait_target_price == 2.0
+
+    done = _run(str(tmp_path), "--jobs", "12", "--tune-jobs", "6", "--seed", "3", "--inputs", "dag")
+    assert done.returncode == 0, done.stderr
+    assert "our policy's inputs: dag" in done.stdout
+    for table in [t.split("\n\n")[0] for t in done.stdout.split("\nsynthetic, ")[1:]]:
+        ours = next(line.split("|") for line in table.splitlines() if line.startswith("| our policy |"))
+        assert sum(int(ours[i].split()[0]) for i in (5, 6, 7, 8)) == 12 and ours[10].strip() == "0"
