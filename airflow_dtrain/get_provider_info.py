@@ -123,6 +123,17 @@ def get_provider_info() -> dict:
                         "example": "/mnt/ckpt, s3://ml-data/, s3://ml-checkpoints/",
                         "default": "",
                     },
+                    "interruption_rate_per_hour": {
+                        "description": (
+                            "How often a spot group is interrupted, per hour, on the market the bundled train_llama "
+                            "runs on (its budget task's interruption_rate_per_hour, used in the spot estimates); "
+                            "set it from your own history. Empty: the operator's default (0.05)."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "1.5",
+                        "default": "",
+                    },
                     "kubernetes": {
                         "description": (
                             "Pod settings of the bundled DAGs (train_llama, sweep_llama) on the kubernetes "

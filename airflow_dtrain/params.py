@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -277,3 +278,24 @@ def deployed_storage_roots() -> tuple[str, ...] | None:
     raw = conf.get("dtrain", "storage_roots", fallback="") or ""
     roots = tuple(r.strip() for r in raw.split(",") if r.strip())
     return roots or None
+
+
+def deployed_interruption_rate() -> float | None:
+    """``[dtrain] interruption_rate_per_hour`` (``AIRFLOW__DTRAIN__INTERRUPTION_RATE_PER_HOUR``): how often a spot
+    group is interrupted, per hour, on the market the bundled train_llama runs on, for its budget task
+    (``BudgetBranchOperator(interruption_rate_per_hour=...)``); None when unset (the operator's default). Set
+    by whoever deploys the DAG, from their own history; a bad value fails the DAG's parse, naming the option."""
+    from airflow.sdk import conf
+
+    raw = (conf.get("dtrain", "interruption_rate_per_hour", fallback="") or "").strip()
+    if not raw:
+        return None
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and rate >= 0):
+        raise ValueError(
+            f"[dtrain] interruption_rate_per_hour: expected interruptions per hour, a number >= 0, got {raw!r}"
+        )
+    return rate

@@ -47,7 +47,13 @@ from airflow_dtrain import (
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
-from airflow_dtrain.params import deployed_kubernetes, deployed_storage_roots, reject_unknown_conf, trigger_params
+from airflow_dtrain.params import (
+    deployed_interruption_rate,
+    deployed_kubernetes,
+    deployed_storage_roots,
+    reject_unknown_conf,
+    trigger_params,
+)
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
@@ -69,6 +75,10 @@ LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000,
 # chooses only an image and a namespace within them; the platform admin's policy (the Kubernetes
 # connection's dtrain_policy extra) bounds them all.
 KUBERNETES = deployed_kubernetes()
+# How often a spot group is interrupted on this deployment's market ([dtrain] interruption_rate_per_hour), for
+# the budget's spot estimates; unset: BudgetBranchOperator's default. Not on the trigger form: it describes the
+# market, not the run.
+INTERRUPTION_RATE = deployed_interruption_rate()
 KUBERNETES_CHOICE = "{{ params.kubernetes if params.backend == 'kubernetes' else None }}"
 
 # One checkpoint directory per job, unless the trigger form names one: every run of a job (the next
@@ -163,6 +173,7 @@ with DAG(
         num_nodes="{{ params.num_nodes }}",
         max_spot_price="{{ params.max_price }}",
         max_wait_s="{{ params.max_wait_s }}",
+        **({} if INTERRUPTION_RATE is None else {"interruption_rate_per_hour": INTERRUPTION_RATE}),
         trigger_rule=TriggerRule.NONE_FAILED,
     )
 
