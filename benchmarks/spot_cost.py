@@ -1,6 +1,6 @@
 """Spot-cost simulator: the budget policy vs naive spot (with and without the warning) vs Uniform Progress.
 
-    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 100] [--seed 0]
+    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 100] [--seed 0] [--inputs measured|dag]
 
 TRACE_DIR (default ``../shared/data/spot`` relative to the repository) holds either ``*.market.json``
 files (your own data, format in ``benchmarks/README.md``) or the shared research traces
@@ -176,7 +176,6 @@ class World:
                 out.append(r)
             self._rate[n] = out
         return self._rate[n]
-
 
     def prior_rate(self, n: int) -> float:
         """One interruption rate for a group of n, as a DAG author would set ``interruption_rate_per_hour`` from
