@@ -286,7 +286,7 @@ def test_a_hung_rank_times_its_peers_out_and_the_node_exits_lost_then_resumes(da
     time out after parallel.collective_timeout_s: the node exits 76 (lost, resumable from the last
     checkpoint) instead of 1, and the relaunch finishes."""
     ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--steps", "12", "--checkpoint-uri", str(ckpt), "--set", "checkpoint.every=2",
+    args = [*FAST, "--steps", "24", "--checkpoint-uri", str(ckpt), "--set", "checkpoint.every=2",
             "--set", "parallel.collective_timeout_s=5", "--set", "checkpoint.grace_period_s=5"]  # fmt: skip
     hung: list[int] = []
 
@@ -297,8 +297,10 @@ def test_a_hung_rank_times_its_peers_out_and_the_node_exits_lost_then_resumes(da
     try:
         # A stopped worker cannot act on the agent's SIGTERM: the agent SIGKILLs it after its shutdown
         # timeout (trainer.launch's default: 120 s); keep that short here so a loaded machine stays in time.
-        lost = run_and_signal(args, data_dir, nproc=2, when_step=3, send=freeze,
-                              env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10"})
+        # Freeze only once a save has been reported committed: async saves commit a few steps after their
+        # step, and on a loaded machine rank 1 was once frozen before step 2's save had committed.
+        lost = run_with_signals(args, data_dir, [(lambda e: e["event"] == "checkpoint", freeze)], nproc=2,
+                                env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10"})
     finally:
         for pid in hung:  # never leave a stopped process behind
             try:
