@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, log_lines
+from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
 from trainer.cost import billed
@@ -111,6 +113,10 @@ class GroupSession:
     :param log: where the groups' output and the session's decisions go (the task log).
     :param error: the exception raised when a group fails (a ``GroupFailed`` subclass).
     :param purpose: a word for the log, e.g. "training" or "eval".
+    :param spot_prices: ``(start, end) -> [(since, usd_per_node_hour), ...]``, the spot prices in effect in
+        the job's zone over that window (``airflow_dtrain.aws.prices.spot_price_history``): a spot group that
+        ended is billed again at them (``airflow_dtrain.spot.ledger.at_prices_in_effect``). None: at its
+        launch price only.
     """
 
     def __init__(
@@ -122,6 +128,7 @@ class GroupSession:
         log: logging.Logger | Any,
         error: type[GroupFailed] = GroupFailed,
         purpose: str = "training",
+        spot_prices: Callable[[float, float], list[tuple[float, float]]] | None = None,
     ) -> None:
         self.launcher = launcher
         self.base = base
@@ -129,6 +136,7 @@ class GroupSession:
         self.log = log
         self.error = error
         self.purpose = purpose
+        self.spot_prices = spot_prices
         self.recovering_since: float | None = None
         self.current: str | None = None
         self.stopped_at_budget: dict[str, Any] | None = None
@@ -329,8 +337,39 @@ class GroupSession:
         """Bill ``name`` up to now, when its end was seen: the seconds after its trainer last wrote count too."""
         ledger = self._ledger_dir()
         entry = ledger.spend_entry(name) if ledger is not None else None
-        if entry and not entry.get("ended"):
-            ledger.record_spend(name, {**billed(entry, until=time.time()), "ended": True})
+        if not entry or entry.get("ended"):
+            return
+        until = time.time()
+        entry = billed(entry, until=until)
+        if self.spot_prices is not None and entry.get("capacity") == Capacity.SPOT.value:
+            entry = self._at_prices_in_effect(name, entry, until)
+        ledger.record_spend(name, {**entry, "ended": True})
+
+    def _at_prices_in_effect(self, name: str, entry: dict[str, Any], until: float) -> dict[str, Any]:
+        """A spot group's spend at the prices in effect while it ran (the larger figure is kept); at its
+        launch price, saying so, when the price history cannot be read."""
+        from airflow_dtrain.spot.ledger import at_prices_in_effect
+
+        launch_price = float(entry.get("price_per_node_hour", 0.0))
+        try:
+            repriced = at_prices_in_effect(entry, self.spot_prices(float(entry["launched_at"]), until), until=until)
+        except Exception as err:  # the group has ended: its spend is recorded whatever the price API says
+            self.log.warning("Group %s: the spot price history could not be read (%s): its $%.4f stays counted at "
+                             "its launch price, $%.4f/node-h", name, err, entry["dollars"], launch_price)  # fmt: skip
+            return {**entry, "priced_at": f"launch price (the price history could not be read: {type(err).__name__})"}
+        if repriced.get("dollars_at_prices_in_effect") is None:
+            self.log.warning("Group %s: the spot price history does not reach back to its launch: its $%.4f "
+                             "stays counted at its launch price, $%.4f/node-h", name, entry["dollars"],
+                             launch_price)  # fmt: skip
+            return repriced
+        prices = sorted({p for _, p in repriced["prices_in_effect"]})
+        self.log.info(
+            "Group %s billed at the spot prices in effect while it ran ($%s/node-h): $%.4f; at its launch price "
+            "($%.4f/node-h) $%.4f; the ledger counts $%.4f", name, ", ".join(f"{p:.4f}" for p in prices),
+            repriced["dollars_at_prices_in_effect"], launch_price, repriced["dollars_at_launch_price"],
+            repriced["dollars"],
+        )  # fmt: skip
+        return repriced
 
     def _unaffordable(self, name: str) -> bool:
         """Take the go-on decision again before a relaunch, with the measured start-up, step and save

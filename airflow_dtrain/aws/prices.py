@@ -81,6 +81,51 @@ def current_spot_prices(
     return sorted(latest.values(), key=lambda p: (p.price, p.instance_type, p.availability_zone))
 
 
+def spot_price_history(
+    *,
+    instance_type: str,
+    availability_zone: str,
+    start: float,
+    end: float,
+    product_description: str = "Linux/UNIX",
+    aws_conn_id: str | None = "aws_default",
+) -> list[tuple[float, float]]:
+    """Every spot price of ``instance_type`` in ``availability_zone`` in effect between ``start`` and ``end``
+    (unix seconds), including the one in effect at ``start``: ``[(since, usd_per_node_hour), ...]``, oldest first.
+
+    :param instance_type: e.g. ``p3.2xlarge``.
+    :param availability_zone: e.g. ``us-east-1a`` (its region is the one asked).
+    :param start: the first second to price (a group's launch).
+    :param end: the last (its end).
+    :param product_description: e.g. ``Linux/UNIX``; where EC2 keeps both spellings, the plain one wins.
+    :param aws_conn_id: the Airflow AWS connection.
+    """
+    from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+
+    region = region_of_zone(availability_zone)
+    client = EC2Hook(api_type="client_type", aws_conn_id=aws_conn_id, region_name=region).conn
+    descriptions = _product_descriptions(product_description)
+    pages = client.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=[instance_type],
+        Filters=[{"Name": "product-description", "Values": descriptions},
+                 {"Name": "availability-zone", "Values": [availability_zone]}],
+        StartTime=datetime.fromtimestamp(start, timezone.utc),
+        EndTime=datetime.fromtimestamp(end, timezone.utc),
+    )  # fmt: skip
+    found: dict[str, list[tuple[float, float]]] = {}
+    for page in pages:
+        for record in page.get("SpotPriceHistory", []):
+            stamp = record["Timestamp"]
+            if not isinstance(stamp, datetime):
+                stamp = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+            series = found.setdefault(record.get("ProductDescription", descriptions[0]), [])
+            series.append((stamp.timestamp(), float(record["SpotPrice"])))
+    for description in descriptions:  # one series: two spellings of one product are not two prices at once
+        if found.get(description):
+            return sorted(found[description])
+    return []
+
+
 def _product_descriptions(description: str) -> list[str]:
     if "(Amazon VPC)" in description:
         return [description]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
@@ -16,6 +16,7 @@ from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobLimits, JobSpec, SpecError, group_base_name, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
+from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.statsd import format_tags, parse_tags
 
@@ -115,6 +116,9 @@ class FSDPTrainOperator(BaseOperator):
         docs/own_training_code.md (``trainer/contract.py``). Set by the DAG author (not templated, never a
         trigger-form param); on the local backend a script must exist on this machine.
     :param kubernetes_conn_id: the Kubernetes connection of the ``kubernetes`` backend.
+    :param aws_conn_id: the AWS connection whose spot price history bills a spot group again when it ends, at
+        the prices in effect while it ran in ``zone`` for ``instance_type`` (the spend keeps the larger of that
+        and the launch price's figure). Used only for ``capacity="spot"`` with both set; None: the launch price only.
     :param poll_interval: seconds between looks at the group.
     :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
     :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
@@ -165,6 +169,7 @@ class FSDPTrainOperator(BaseOperator):
         limits: dict[str, Any] | JobLimits | None = None,
         entrypoint: Sequence[str] | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
+        aws_conn_id: str | None = "aws_default",
         poll_interval: float = 5.0,
         stop_grace_period_s: float = 30.0,
         local_state_dir: str | None = None,
@@ -209,6 +214,7 @@ class FSDPTrainOperator(BaseOperator):
         self.limits = JobLimits.from_value(limits)
         self.entrypoint = entrypoint
         self.kubernetes_conn_id = kubernetes_conn_id
+        self.aws_conn_id = aws_conn_id
         self.poll_interval = poll_interval
         self.stop_grace_period_s = stop_grace_period_s
         self.local_state_dir = local_state_dir
@@ -276,10 +282,25 @@ class FSDPTrainOperator(BaseOperator):
         self._statsd_tags = format_tags(metrics.task_tags(context, job=self.job or self._base))
         spec = self.job_spec()
         launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
-        self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed)
+        self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed,
+                                     spot_prices=self._spot_prices(spec))
         for link in self.operator_extra_links:  # while it trains; Airflow writes them again when it ends
             ti.xcom_push(key=link.xcom_key, value=link.get_link(self, ti_key=ti))
         return self._session
+
+    def _spot_prices(self, spec: JobSpec) -> Callable[[float, float], list[tuple[float, float]]] | None:
+        """Where the session reads the spot prices in effect while a group ran (None: nowhere to read them)."""
+        if spec.capacity != Capacity.SPOT or not (spec.zone and spec.instance_type and self.aws_conn_id):
+            return None
+        zone, instance_type, conn_id = spec.zone, spec.instance_type, self.aws_conn_id
+
+        def prices(start: float, end: float) -> list[tuple[float, float]]:
+            from airflow_dtrain.aws.prices import spot_price_history
+
+            return spot_price_history(instance_type=instance_type, availability_zone=zone, start=start, end=end,
+                                      aws_conn_id=conn_id)  # fmt: skip
+
+        return prices
 
     # -- execution ----------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:

@@ -18,13 +18,22 @@ survives retries, relaunches and preemptions with the training state it describe
 Which checkpoint is the latest, and how the manifest is read, is
 ``trainer.checkpoint_dir``'s (the one reader of a checkpoint directory); this module keeps
 the provider's names for it. Local paths need nothing more; ``s3://`` needs s3fs.
+
+A spot attempt's trainer counts its seconds at the price its group was launched at. EC2 bills a
+running spot instance at the spot price in effect, to the second, and that price can change while
+the group runs. When the group ends, ``at_prices_in_effect`` bills the attempt again from the
+zone's price history (``airflow_dtrain.aws.prices.spot_price_history``); its spend file keeps the
+larger of the two figures, so the cap never counts less than either.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from trainer.checkpoint_dir import CheckpointDir, Ledger
 
-__all__ = ["Ledger", "read_ledger"]
+__all__ = ["Ledger", "at_prices_in_effect", "dollars_at_prices", "read_ledger"]
 
 
 def read_ledger(checkpoint_uri: str, ledger_uri: str | None = None) -> Ledger:
@@ -34,3 +43,39 @@ def read_ledger(checkpoint_uri: str, ledger_uri: str | None = None) -> Ledger:
     Raises ``ValueError`` naming the manifest or spend file and the field when one is malformed.
     """
     return CheckpointDir(checkpoint_uri).ledger(CheckpointDir(ledger_uri) if ledger_uri else None)
+
+
+def dollars_at_prices(start: float, end: float, nodes: int, prices: Sequence[tuple[float, float]]) -> float | None:
+    """Dollars for ``nodes`` nodes from ``start`` to ``end`` (unix seconds), each second at the price in effect
+    then; ``prices`` is ``[(since, usd_per_node_hour), ...]``, in any order. None when no price was in effect
+    at ``start`` (a history that begins later cannot say what the first seconds cost)."""
+    points = sorted((float(t), float(p)) for t, p in prices)
+    if not points or points[0][0] > start:
+        return None
+    usd_seconds = 0.0
+    for i, (since, price) in enumerate(points):
+        until = points[i + 1][0] if i + 1 < len(points) else end
+        usd_seconds += price * max(0.0, min(until, end) - max(since, start))
+    return nodes * usd_seconds / 3600
+
+
+def at_prices_in_effect(
+    entry: dict[str, Any], prices: Sequence[tuple[float, float]], *, until: float
+) -> dict[str, Any]:
+    """``entry`` (an attempt's spend file, billed up to ``until`` at its launch price) billed again at the spot
+    prices in effect over its seconds: ``dollars`` becomes the larger of the two figures, and the entry keeps
+    both (``dollars_at_launch_price``, ``dollars_at_prices_in_effect``) and the prices it used. Unchanged but
+    for ``priced_at`` when ``prices`` do not cover the launch."""
+    at_prices = dollars_at_prices(float(entry["launched_at"]), until, int(entry["nodes"]), prices)
+    if at_prices is None:
+        return {**entry, "priced_at": "launch price (the price history does not reach back to the launch)"}
+    in_window = sorted((t, p) for t, p in prices if t < until)
+    first = max(i for i, (t, _) in enumerate(in_window) if t <= float(entry["launched_at"]))
+    return {
+        **entry,
+        "dollars": max(float(entry["dollars"]), round(at_prices, 9)),
+        "dollars_at_launch_price": float(entry["dollars"]),
+        "dollars_at_prices_in_effect": round(at_prices, 9),
+        "prices_in_effect": [[round(t, 3), p] for t, p in in_window[first:]],
+        "priced_at": "prices in effect",
+    }

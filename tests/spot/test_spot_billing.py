@@ -1,0 +1,139 @@
+"""A spot group is billed at the spot prices in effect while it ran, not only at its launch price.
+
+EC2 bills a running spot instance at the price in effect, to the second; the trainer counts at the
+price its group was launched at. When the group ends, the session reads the zone's price history
+(the amazon provider's EC2Hook, over HTTP to a moto server with injected histories) and keeps the
+larger figure in the job's spend ledger, which the next relaunch's cap and the summary read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from airflow_dtrain.launchers.local import LocalLauncher
+from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
+from airflow_dtrain.session import GroupSession
+from airflow_dtrain.spot.ledger import at_prices_in_effect, dollars_at_prices, read_ledger
+
+HOUR = 3600.0
+
+
+def test_each_second_is_billed_at_the_price_in_effect_then():
+    prices = [(1_000.0, 0.9), (1_000.0 + HOUR, 1.8), (0.0, 5.0)]  # unordered; the 5.0 was replaced before the start
+    # 2 nodes, from 30 min before the price change to 30 min after it
+    assert dollars_at_prices(1_000.0 + HOUR / 2, 1_000.0 + 1.5 * HOUR, 2, prices) == pytest.approx(2 * (0.45 + 0.9))
+    # a price that takes effect after the end costs nothing
+    later = [*prices, (1_000.0 + 2 * HOUR, 99.0)]
+    assert dollars_at_prices(1_000.0, 1_000.0 + HOUR / 2, 1, later) == pytest.approx(0.45)
+
+
+def test_a_history_that_starts_after_the_launch_cannot_price_it():
+    assert dollars_at_prices(1_000.0, 2_000.0, 1, [(1_500.0, 0.9)]) is None
+    assert dollars_at_prices(1_000.0, 2_000.0, 1, []) is None
+    entry = {"launched_at": 1_000.0, "nodes": 1, "dollars": 0.25}
+    kept = at_prices_in_effect(entry, [(1_500.0, 0.9)], until=2_000.0)
+    assert kept["dollars"] == 0.25 and "does not reach back" in kept["priced_at"]
+
+
+def _operator(tmp_path, **overrides) -> FSDPTrainOperator:
+    arguments = dict(task_id="train_spot", flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1,
+                     num_nodes=2, checkpoint_uri=str(tmp_path / "ckpt"), capacity="spot", price_per_node_hour=0.9,
+                     budget_usd=100.0, zone="us-east-1a", instance_type="p3.2xlarge")  # fmt: skip
+    return FSDPTrainOperator(**{**arguments, **overrides})
+
+
+def _ended_group(tmp_path, op: FSDPTrainOperator, ran_hours: float) -> tuple[GroupSession, str, logging.Logger]:
+    """A session whose group ``ran_hours`` ago was launched (its spend file opened then) and has just ended."""
+    spec = op.job_spec()
+    log = logging.getLogger("test_spot_billing")
+    session = GroupSession(LocalLauncher(tmp_path / "groups"), "dag-train-abc", spec, log=log,
+                           spot_prices=op._spot_prices(spec))  # fmt: skip
+    name = "dag-train-abc-r0"
+    session._open_spend(name)
+    spend_file = tmp_path / "ckpt" / "spend" / f"{name}.json"
+    entry = json.loads(spend_file.read_text())
+    spend_file.write_text(json.dumps({**entry, "launched_at": time.time() - ran_hours * HOUR}))
+    return session, name, log
+
+
+def _spend_entry(tmp_path, name: str) -> dict:
+    return json.loads((tmp_path / "ckpt" / "spend" / f"{name}.json").read_text())
+
+
+def test_a_price_rise_while_the_group_ran_is_in_the_ledger_the_cap_and_the_log(tmp_path, spot_market, caplog):
+    # p3.2xlarge in us-east-1a: $0.90 until an hour ago, $1.80 since; other zones and types must not count
+    spot_market.set("us-east-1", {
+        ("p3.2xlarge", "us-east-1a"): [(3, 0.9), (1, 1.8)],
+        ("p3.2xlarge", "us-east-1b"): [(3, 0.3)],
+        ("p3.8xlarge", "us-east-1a"): [(3, 9.0)],
+    })  # fmt: skip
+    session, name, _ = _ended_group(tmp_path, _operator(tmp_path), ran_hours=2)
+
+    with caplog.at_level(logging.INFO, logger="test_spot_billing"):
+        assert session.on_end({"status": "success", "name": name}) is None
+
+    entry = _spend_entry(tmp_path, name)
+    # 2 nodes: 1 h at $0.90 and 1 h at $1.80 = $5.40, where the launch price alone says 2 h x $0.90 = $3.60
+    assert entry["dollars_at_prices_in_effect"] == pytest.approx(5.4, rel=1e-3)
+    assert entry["dollars_at_launch_price"] == pytest.approx(3.6, rel=1e-3)
+    assert entry["dollars"] == entry["dollars_at_prices_in_effect"] and entry["ended"] is True
+    assert [p for _, p in entry["prices_in_effect"]] == [0.9, 1.8]
+    # what the next relaunch's cap, its Kubernetes deadline and the task's summary read
+    assert session._spent() == pytest.approx(5.4, rel=1e-3)
+    assert read_ledger(str(tmp_path / "ckpt")).total_dollars == pytest.approx(5.4, rel=1e-3)
+    said = [r.getMessage() for r in caplog.records if "prices in effect" in r.getMessage()]
+    assert said and "$5.4" in said[0] and "$3.6" in said[0], said
+
+
+def test_a_price_drop_never_counts_less_than_the_trainer_did(tmp_path, spot_market):
+    spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 0.9), (1, 0.3)]})
+    session, name, _ = _ended_group(tmp_path, _operator(tmp_path), ran_hours=2)
+
+    session.on_end({"status": "success", "name": name})
+
+    entry = _spend_entry(tmp_path, name)
+    assert entry["dollars_at_prices_in_effect"] == pytest.approx(2 * (0.9 + 0.3), rel=1e-3)
+    assert entry["dollars"] == pytest.approx(3.6, rel=1e-3), "the cap keeps the larger of the two figures"
+
+
+def test_a_history_that_begins_after_the_launch_keeps_the_launch_price_and_says_so(tmp_path, spot_market, caplog):
+    spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(0.5, 0.3)]})  # what the first half hour cost: unknown
+    session, name, _ = _ended_group(tmp_path, _operator(tmp_path), ran_hours=1)
+
+    with caplog.at_level(logging.WARNING, logger="test_spot_billing"):
+        session.on_end({"status": "success", "name": name})
+
+    entry = _spend_entry(tmp_path, name)
+    assert entry["dollars"] == pytest.approx(1.8, rel=1e-3) and entry["priced_at"].startswith("launch price")
+    assert any("stays counted at its launch price" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unreachable_price_api_keeps_the_launch_price_and_the_group_still_ends(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_NOWHERE", json.dumps({
+        "conn_type": "aws", "login": "x", "password": "x",
+        "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1",
+                  "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}},
+    }))  # fmt: skip
+    session, name, _ = _ended_group(tmp_path, _operator(tmp_path, aws_conn_id="aws_nowhere"), ran_hours=1)
+
+    with caplog.at_level(logging.WARNING, logger="test_spot_billing"):
+        assert session.on_end({"status": "success", "name": name}) is None
+
+    entry = _spend_entry(tmp_path, name)
+    assert entry["ended"] is True and entry["dollars"] == pytest.approx(1.8, rel=1e-3)
+    assert "could not be read" in entry["priced_at"]
+    assert any("could not be read" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"capacity": "on_demand", "price_per_node_hour": 3.06},  # on-demand prices do not move
+    {"zone": None},  # no zone chosen: whose price?
+    {"aws_conn_id": None},  # the DAG author turned it off
+], ids=["on-demand", "no-zone", "no-connection"])  # fmt: skip
+def test_only_a_spot_group_with_a_zone_and_type_is_priced_again(tmp_path, overrides):
+    op = _operator(tmp_path, **overrides)
+    assert op._spot_prices(op.job_spec()) is None
