@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +31,10 @@ from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE
 from trainer.cost import billed
 
 if TYPE_CHECKING:
+    from airflow_dtrain.aws.prices import SpotPriceFeed
     from airflow_dtrain.spec import JobSpec
+
+log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
 STARTUP_GUESS_S = 120.0
@@ -83,10 +85,15 @@ class GroupWatch:
     recovering_since: float | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
     tags: dict[str, str] | None = None  # the job's statsd tags (metrics.job_tags)
+    prices: dict[str, Any] | None = None
+    """A spot group's price feed (``GroupSession.price_watch``): ``{"feed": SpotPriceFeed.to_dict(), "ledger_uri"}``."""
+    _prices_at: float = field(default=float("-inf"), repr=False)
 
     def poll(self) -> tuple[GroupStatus, list[str]]:
         """One look: the state, then the lines since the last look (complete once the state is terminal)."""
         status, chunk = poll_group(self.launcher, self.name, self.cursor)
+        if not self.ended(status):
+            self.feed_prices()
         self.cursor = chunk.cursor
         self.tail.extend(chunk.lines)
         if self.recovering_since is not None and any(
@@ -95,6 +102,29 @@ class GroupWatch:
             metrics.timing("group.recovery_seconds", time.time() - self.recovering_since, tags=self.tags)
             self.recovering_since = None
         return status, chunk.lines
+
+    def feed_prices(self) -> None:
+        """Every ``feed.every_s`` while the group runs: the spot prices in effect since its launch, written where its
+        trainer's cap reads them (``CheckpointDir.record_prices``). A failed read is logged; the trainer goes on
+        with the prices written last (at first: its launch price), and the group is billed again when it ends."""
+        if not self.prices or time.monotonic() - self._prices_at < float(self.prices["feed"]["every_s"]):
+            return
+        from airflow_dtrain.aws.prices import SpotPriceFeed
+
+        self._prices_at = time.monotonic()
+        feed, ledger = SpotPriceFeed(**self.prices["feed"]), CheckpointDir(self.prices["ledger_uri"])
+        try:
+            entry = ledger.spend_entry(self.name)
+            if not entry:
+                return
+            history = feed.history(float(entry["launched_at"]), time.time())
+            if history:
+                ledger.record_prices(self.name, {"prices_in_effect": [[round(t, 3), p] for t, p in history],
+                                                 "zone": feed.zone, "instance_type": feed.instance_type,
+                                                 "updated_at": time.time()})  # fmt: skip
+        except Exception as err:  # the group goes on; the trainer's cap keeps the prices it has
+            log.warning("Group %s: could not read the spot prices in effect in %s (%s); its cap counts the prices "
+                        "read last (at first: its launch price)", self.name, feed.zone, err)  # fmt: skip
 
     @staticmethod
     def ended(status: GroupStatus) -> bool:
@@ -113,10 +143,9 @@ class GroupSession:
     :param log: where the groups' output and the session's decisions go (the task log).
     :param error: the exception raised when a group fails (a ``GroupFailed`` subclass).
     :param purpose: a word for the log, e.g. "training" or "eval".
-    :param spot_prices: ``(start, end) -> [(since, usd_per_node_hour), ...]``, the spot prices in effect in
-        the job's zone over that window (``airflow_dtrain.aws.prices.spot_price_history``): a spot group that
-        ended is billed again at them (``airflow_dtrain.spot.ledger.at_prices_in_effect``). None: at its
-        launch price only.
+    :param spot_prices: where a spot group's prices are read (``airflow_dtrain.aws.prices.SpotPriceFeed``):
+        while it runs, for its trainer's cap (``GroupWatch.feed_prices``), and when it ends, to bill it again
+        (``airflow_dtrain.spot.ledger.at_prices_in_effect``). None: at its launch price only.
     """
 
     def __init__(
@@ -128,7 +157,7 @@ class GroupSession:
         log: logging.Logger | Any,
         error: type[GroupFailed] = GroupFailed,
         purpose: str = "training",
-        spot_prices: Callable[[float, float], list[tuple[float, float]]] | None = None,
+        spot_prices: SpotPriceFeed | None = None,
     ) -> None:
         self.launcher = launcher
         self.base = base
@@ -195,7 +224,8 @@ class GroupSession:
     # -- watching --------------------------------------------------------------------------------
     def watch(self, name: str, *, poll_interval: float, timeout_s: float | None = None) -> dict[str, Any]:
         """Follow ``name`` from this process until it ends, its output into the log; its end event."""
-        watch = GroupWatch(self.launcher, name, recovering_since=self.recovering_since, tags=self.tags)
+        watch = GroupWatch(self.launcher, name, recovering_since=self.recovering_since, tags=self.tags,
+                           prices=self.price_watch())
         status_line = self.status_line()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -341,9 +371,16 @@ class GroupSession:
             return
         until = time.time()
         entry = billed(entry, until=until)
-        if self.spot_prices is not None and entry.get("capacity") == Capacity.SPOT.value:
+        if self.price_watch() is not None:
             entry = self._at_prices_in_effect(name, entry, until)
         ledger.record_spend(name, {**entry, "ended": True})
+
+    def price_watch(self) -> dict[str, Any] | None:
+        """What ``GroupWatch`` needs to feed a spot group's prices to its cap (None: not a priced spot group)."""
+        ledger = self._ledger_dir()
+        if self.spot_prices is None or self.spec.capacity != Capacity.SPOT or ledger is None:
+            return None
+        return {"feed": self.spot_prices.to_dict(), "ledger_uri": ledger.storage.uri}
 
     def _at_prices_in_effect(self, name: str, entry: dict[str, Any], until: float) -> dict[str, Any]:
         """A spot group's spend at the prices in effect while it ran (the larger figure is kept); at its
@@ -352,7 +389,8 @@ class GroupSession:
 
         launch_price = float(entry.get("price_per_node_hour", 0.0))
         try:
-            repriced = at_prices_in_effect(entry, self.spot_prices(float(entry["launched_at"]), until), until=until)
+            history = self.spot_prices.history(float(entry["launched_at"]), until)
+            repriced = at_prices_in_effect(entry, history, until=until)
         except Exception as err:  # the group has ended: its spend is recorded whatever the price API says
             self.log.warning("Group %s: the spot price history could not be read (%s): its $%.4f stays counted at "
                              "its launch price, $%.4f/node-h", name, err, entry["dollars"], launch_price)  # fmt: skip

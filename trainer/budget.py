@@ -64,6 +64,7 @@ class BudgetGuard:
             spend = self.dir.spend()
             self._others_entries = [e for a, e in spend.attempts.items() if a != self.attempt]
             self._others_at = now
+            self._read_prices()
         wall = time.time()
         total = 0.0
         for e in self._others_entries:
@@ -73,6 +74,22 @@ class BudgetGuard:
                 rate = float(e.get("nodes", 1)) * float(e.get("price_per_node_hour", 0.0)) / 3600
                 total += rate * max(0.0, wall + ahead_s - last)
         return total
+
+    def _read_prices(self) -> None:
+        """The spot prices in effect since this attempt's launch, as the provider last wrote them (a price rise
+        during the run counts from the second it took effect). A file that cannot be read leaves the last
+        prices read (at first: the launch price), and says so."""
+        try:
+            prices = self.dir.prices_in_effect(self.attempt)
+        except (OSError, ValueError) as err:
+            print(f"[trainer] could not read the spot prices in effect ({err}): the cap counts the last prices read",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
+        if prices and prices != self.cost.prices_in_effect:
+            self.cost.prices_in_effect = prices
+            print(f"[trainer] spot price now ${self.cost.current_price():.4f}/node-h (launched at "
+                  f"${self.cost.price:.4f}): the cap counts every second at the price in effect", file=sys.stderr,
+                  flush=True)  # fmt: skip
 
     def observe_step(self, seconds: float) -> None:
         self.recent.append(seconds)
@@ -90,9 +107,10 @@ class BudgetGuard:
         step_s = max(self.recent, default=0.0)
         save_s = self.save_s if self.save_s is not None else max(FIRST_SAVE_GUESS_S, 2 * step_s)
         ahead_s = step_s + save_s + self.cfg.stop_margin_s
-        rate = self.cost.nodes * self.ceiling / 3600
+        others = self.others()  # first: it also reads the prices in effect
+        rate = self.cost.nodes * max(self.ceiling, self.cost.current_price()) / 3600
         mine = self.cost.attempt_entry()["dollars"]
-        spent = self.others() + mine
+        spent = others + mine
         projected = self.others(ahead_s) + mine + rate * ahead_s
         if projected <= self.cfg.budget_usd:
             return None

@@ -65,6 +65,10 @@ SPEND = "spend"
 """Under a job's ledger root (its checkpoint directory, or a sweep's): ``spend/<attempt>.json``, one file
 per attempt (pod group), rewritten by that attempt as it runs and finalised by the provider when it ends.
 One writer per file, so attempts of a job, or members of a sweep, never race on a shared total."""
+PRICES = "prices"
+"""Under a job's ledger root: ``prices/<attempt>.json``, ``{"prices_in_effect": [[since, usd_per_node_hour], ...],
+"zone", "instance_type", "updated_at"}``: the spot prices in effect since a spot attempt's launch, written by the
+provider while the attempt runs (its one writer), read by the attempt's cap (``trainer.budget``)."""
 LEASES = "lease"
 """Writer leases, one file per token: ``lease/<token:010d>.json``."""
 LEASES_KEPT = 4
@@ -568,6 +572,26 @@ class CheckpointDir:
 
     def spend_entry(self, attempt: str) -> dict[str, Any] | None:
         return self.read_json(f"{SPEND}/{attempt}.json")
+
+    def record_prices(self, attempt: str, entry: dict[str, Any]) -> str:
+        """Write the spot prices in effect since ``attempt``'s launch (``PRICES``); returns the path."""
+        if not attempt or "/" in attempt or attempt.startswith("."):
+            raise ValueError(f"attempt: not a file name: {attempt!r}")
+        return self.write_json(f"{PRICES}/{attempt}.json", {"attempt": attempt, **entry}, durable=False)
+
+    def prices_in_effect(self, attempt: str) -> list[tuple[float, float]]:
+        """``attempt``'s prices (``PRICES``) as ``[(since, usd_per_node_hour), ...]``; [] when none were written.
+        Raises ``ValueError`` naming the file when it is not such a list."""
+        entry = self.read_json(f"{PRICES}/{attempt}.json") or {}
+        got = entry.get("prices_in_effect") if isinstance(entry, dict) else entry
+        try:
+            prices = [(float(t), float(p)) for t, p in got or []]
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.path(PRICES, attempt + '.json')}: prices_in_effect: expected [[since, price], "
+                             f"...], got {got!r}") from None
+        if any(not (p >= 0) for _, p in prices):
+            raise ValueError(f"{self.path(PRICES, attempt + '.json')}: a price below 0 or not a number: {prices!r}")
+        return prices
 
     def spend(self) -> Spend:
         """The sum of every attempt's spend file (zero when there is none)."""

@@ -55,6 +55,20 @@ def billed(entry: dict, *, until: float) -> dict:
     return out
 
 
+def dollars_at_prices(start: float, end: float, nodes: int, prices) -> float | None:
+    """Dollars for ``nodes`` nodes from ``start`` to ``end`` (unix seconds), each second at the price in effect
+    then; ``prices`` is ``[(since, usd_per_node_hour), ...]``, in any order. None when no price was in effect
+    at ``start`` (a history that begins later cannot say what the first seconds cost)."""
+    points = sorted((float(t), float(p)) for t, p in prices)
+    if not points or points[0][0] > start:
+        return None
+    usd_seconds = 0.0
+    for i, (since, price) in enumerate(points):
+        until = points[i + 1][0] if i + 1 < len(points) else end
+        usd_seconds += price * max(0.0, min(until, end) - max(since, start))
+    return nodes * usd_seconds / 3600
+
+
 class CostLedger:
     def __init__(self, *, price_per_node_hour: float, capacity_type: str, gpus_per_node: int, nodes: int,
                  since: float | None = None):
@@ -63,6 +77,9 @@ class CostLedger:
             price_per_node_hour, capacity_type, gpus_per_node, nodes)
         self.launched_at = launched_at() if since is None else min(since, launched_at())
         self.prior = empty_cost()
+        self.prices_in_effect: list[tuple[float, float]] = []
+        """``[(since, usd_per_node_hour), ...]``: the spot prices in effect since the launch, as the provider
+        last read them (``trainer.checkpoint_dir.PRICES``); empty: the launch price is all there is."""
         self._step_seconds, self._steps_timed = 0.0, 0
         self._prior_step_time: float | None = None
 
@@ -80,25 +97,47 @@ class CostLedger:
         prior["total_dollars"] = sum(prior[c]["dollars"] for c in CAPACITY_TYPES)
         self.prior = prior
 
+    def at_prices_in_effect(self, until: float) -> float | None:
+        """This attempt's dollars up to ``until`` at the prices in effect (None: no price has been read since the
+        launch). Seconds before the first price read are at the launch price."""
+        if not self.prices_in_effect:
+            return None
+        prices = self.prices_in_effect
+        if dollars_at_prices(self.launched_at, until, 1, prices) is None:
+            prices = [(self.launched_at, self.price), *((t, p) for t, p in prices if t > self.launched_at)]
+        return dollars_at_prices(self.launched_at, until, self.nodes, prices)
+
+    def current_price(self) -> float:
+        """The price of a node-hour now: the newest price read, else the launch price."""
+        return max(self.prices_in_effect)[1] if self.prices_in_effect else self.price
+
     def snapshot(self) -> dict:
         """The cumulative ledger as of now, in the manifest's shape."""
-        node_hours = self.nodes * (time.time() - self.launched_at) / 3600
+        now = time.time()
+        node_hours = self.nodes * (now - self.launched_at) / 3600
         out = {c: dict(v) for c, v in self.prior.items() if c in CAPACITY_TYPES}
         mine = out[Capacity(self.capacity).value]
         mine["node_hours"] += node_hours
         mine["gpu_hours"] += node_hours * self.gpus_per_node
-        mine["dollars"] += node_hours * self.price
+        mine["dollars"] += max(node_hours * self.price, self.at_prices_in_effect(now) or 0.0)
         for c in CAPACITY_TYPES:
             out[c] = {k: round(v, 9) for k, v in out[c].items()}
         out["total_dollars"] = round(sum(out[c]["dollars"] for c in CAPACITY_TYPES), 9)
         return out
 
     def attempt_entry(self, **extra) -> dict:
-        """This attempt's spend file as of now (``trainer.checkpoint_dir.SPEND``)."""
+        """This attempt's spend file as of now (``trainer.checkpoint_dir.SPEND``): at the launch price, or at the
+        prices in effect where that is more."""
+        now = time.time()
         entry = {"capacity": Capacity(self.capacity).value, "nodes": self.nodes,
                  "price_per_node_hour": self.price, "gpus_per_node": self.gpus_per_node,
                  "launched_at": self.launched_at, **extra}
-        return billed(entry, until=time.time())
+        entry = billed(entry, until=now)
+        at_prices = self.at_prices_in_effect(now)
+        if at_prices is not None:
+            entry.update(dollars_at_launch_price=entry["dollars"], dollars_at_prices_in_effect=round(at_prices, 9),
+                         dollars=max(entry["dollars"], round(at_prices, 9)))  # fmt: skip
+        return entry
 
     # -- step time ---------------------------------------------------------------------
     def time_step(self, seconds: float) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from airflow_dtrain.spot.offers import (
     ON_DEMAND_USD_PER_HOUR,
@@ -79,6 +81,30 @@ def current_spot_prices(
             if key not in latest or price.timestamp > latest[key].timestamp:
                 latest[key] = price
     return sorted(latest.values(), key=lambda p: (p.price, p.instance_type, p.availability_zone))
+
+
+@dataclass(frozen=True)
+class SpotPriceFeed:
+    """Where a spot group's prices are read: while it runs (every ``every_s``, for its trainer's cap) and when it
+    ends (to bill it again). Plain values, so a trigger can carry it.
+
+    :param zone: the availability zone the group runs in.
+    :param instance_type: its nodes' instance type.
+    :param aws_conn_id: the Airflow AWS connection.
+    :param every_s: seconds between two reads while the group runs.
+    """
+
+    zone: str
+    instance_type: str
+    aws_conn_id: str | None = "aws_default"
+    every_s: float = 300.0
+
+    def history(self, start: float, end: float) -> list[tuple[float, float]]:
+        return spot_price_history(instance_type=self.instance_type, availability_zone=self.zone, start=start,
+                                  end=end, aws_conn_id=self.aws_conn_id)  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def spot_price_history(

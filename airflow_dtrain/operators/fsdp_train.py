@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
@@ -22,6 +22,8 @@ from trainer.statsd import format_tags, parse_tags
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_dtrain.aws.prices import SpotPriceFeed
 
 # Operator arguments that go into the trainer's config (declared in trainer/config.py).
 _TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
@@ -116,9 +118,11 @@ class FSDPTrainOperator(BaseOperator):
         docs/own_training_code.md (``trainer/contract.py``). Set by the DAG author (not templated, never a
         trigger-form param); on the local backend a script must exist on this machine.
     :param kubernetes_conn_id: the Kubernetes connection of the ``kubernetes`` backend.
-    :param aws_conn_id: the AWS connection whose spot price history bills a spot group again when it ends, at
-        the prices in effect while it ran in ``zone`` for ``instance_type`` (the spend keeps the larger of that
-        and the launch price's figure). Used only for ``capacity="spot"`` with both set; None: the launch price only.
+    :param aws_conn_id: the AWS connection whose spot price history (``zone``, ``instance_type``) prices a spot
+        group: read every ``spot_price_refresh_s`` while it runs, so its trainer's cap counts each second at the
+        price in effect, and when it ends, to bill it again (the spend keeps the larger of that and the launch
+        price's figure). Used only for ``capacity="spot"`` with both set; None: the launch price only.
+    :param spot_price_refresh_s: seconds between two reads of the spot price while a spot group runs.
     :param poll_interval: seconds between looks at the group.
     :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
     :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
@@ -170,6 +174,7 @@ class FSDPTrainOperator(BaseOperator):
         entrypoint: Sequence[str] | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         aws_conn_id: str | None = "aws_default",
+        spot_price_refresh_s: float = 300.0,
         poll_interval: float = 5.0,
         stop_grace_period_s: float = 30.0,
         local_state_dir: str | None = None,
@@ -215,6 +220,7 @@ class FSDPTrainOperator(BaseOperator):
         self.entrypoint = entrypoint
         self.kubernetes_conn_id = kubernetes_conn_id
         self.aws_conn_id = aws_conn_id
+        self.spot_price_refresh_s = spot_price_refresh_s
         self.poll_interval = poll_interval
         self.stop_grace_period_s = stop_grace_period_s
         self.local_state_dir = local_state_dir
@@ -288,19 +294,14 @@ class FSDPTrainOperator(BaseOperator):
             ti.xcom_push(key=link.xcom_key, value=link.get_link(self, ti_key=ti))
         return self._session
 
-    def _spot_prices(self, spec: JobSpec) -> Callable[[float, float], list[tuple[float, float]]] | None:
-        """Where the session reads the spot prices in effect while a group ran (None: nowhere to read them)."""
+    def _spot_prices(self, spec: JobSpec) -> SpotPriceFeed | None:
+        """Where the session reads a spot group's prices in effect (None: nowhere to read them)."""
         if spec.capacity != Capacity.SPOT or not (spec.zone and spec.instance_type and self.aws_conn_id):
             return None
-        zone, instance_type, conn_id = spec.zone, spec.instance_type, self.aws_conn_id
+        from airflow_dtrain.aws.prices import SpotPriceFeed
 
-        def prices(start: float, end: float) -> list[tuple[float, float]]:
-            from airflow_dtrain.aws.prices import spot_price_history
-
-            return spot_price_history(instance_type=instance_type, availability_zone=zone, start=start, end=end,
-                                      aws_conn_id=conn_id)  # fmt: skip
-
-        return prices
+        return SpotPriceFeed(zone=spec.zone, instance_type=spec.instance_type, aws_conn_id=self.aws_conn_id,
+                             every_s=self.spot_price_refresh_s)  # fmt: skip
 
     # -- execution ----------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -326,6 +327,7 @@ class FSDPTrainOperator(BaseOperator):
                 recovering_since=session.recovering_since,
                 status=(line := session.status_line()) and line.to_dict(),
                 tags=session.tags,
+                prices=session.price_watch(),
             ),
             method_name="execute_complete",
         )

@@ -23,7 +23,8 @@ A spot attempt's trainer counts its seconds at the price its group was launched 
 running spot instance at the spot price in effect, to the second, and that price can change while
 the group runs. When the group ends, ``at_prices_in_effect`` bills the attempt again from the
 zone's price history (``airflow_dtrain.aws.prices.spot_price_history``); its spend file keeps the
-larger of the two figures, so the cap never counts less than either.
+larger of the two figures, so the cap never counts less than either. While a group runs, the
+provider writes the prices it reads for the trainer's cap (``trainer.checkpoint_dir.PRICES``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainer.checkpoint_dir import CheckpointDir, Ledger
+from trainer.cost import dollars_at_prices
 
 __all__ = ["Ledger", "at_prices_in_effect", "dollars_at_prices", "read_ledger"]
 
@@ -43,20 +45,6 @@ def read_ledger(checkpoint_uri: str, ledger_uri: str | None = None) -> Ledger:
     Raises ``ValueError`` naming the manifest or spend file and the field when one is malformed.
     """
     return CheckpointDir(checkpoint_uri).ledger(CheckpointDir(ledger_uri) if ledger_uri else None)
-
-
-def dollars_at_prices(start: float, end: float, nodes: int, prices: Sequence[tuple[float, float]]) -> float | None:
-    """Dollars for ``nodes`` nodes from ``start`` to ``end`` (unix seconds), each second at the price in effect
-    then; ``prices`` is ``[(since, usd_per_node_hour), ...]``, in any order. None when no price was in effect
-    at ``start`` (a history that begins later cannot say what the first seconds cost)."""
-    points = sorted((float(t), float(p)) for t, p in prices)
-    if not points or points[0][0] > start:
-        return None
-    usd_seconds = 0.0
-    for i, (since, price) in enumerate(points):
-        until = points[i + 1][0] if i + 1 < len(points) else end
-        usd_seconds += price * max(0.0, min(until, end) - max(since, start))
-    return nodes * usd_seconds / 3600
 
 
 def at_prices_in_effect(
@@ -71,10 +59,12 @@ def at_prices_in_effect(
         return {**entry, "priced_at": "launch price (the price history does not reach back to the launch)"}
     in_window = sorted((t, p) for t, p in prices if t < until)
     first = max(i for i, (t, _) in enumerate(in_window) if t <= float(entry["launched_at"]))
+    at_launch = int(entry["nodes"]) * max(0.0, until - float(entry["launched_at"])) / 3600 * float(
+        entry.get("price_per_node_hour", 0.0))
     return {
         **entry,
         "dollars": max(float(entry["dollars"]), round(at_prices, 9)),
-        "dollars_at_launch_price": float(entry["dollars"]),
+        "dollars_at_launch_price": round(at_launch, 9),
         "dollars_at_prices_in_effect": round(at_prices, 9),
         "prices_in_effect": [[round(t, 3), p] for t, p in in_window[first:]],
         "priced_at": "prices in effect",

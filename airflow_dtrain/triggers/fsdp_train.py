@@ -32,6 +32,8 @@ class FSDPTrainTrigger(BaseTrigger):
     :param status: the job's ``StatusLine`` as a dict: a status line in the triggerer's log every
         ``status.every_s`` seconds (None: no status line).
     :param tags: the job's statsd tags (``GroupSession.tags``) for the metrics sent from here.
+    :param prices: a spot group's price feed (``GroupSession.price_watch``): the prices in effect are written
+        for its trainer's cap while it runs (None: none).
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class FSDPTrainTrigger(BaseTrigger):
         recovering_since: float | None = None,
         status: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
+        prices: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -55,6 +58,7 @@ class FSDPTrainTrigger(BaseTrigger):
         self.recovering_since = recovering_since
         self.status = status
         self.tags = tags
+        self.prices = prices
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -68,6 +72,7 @@ class FSDPTrainTrigger(BaseTrigger):
                 "recovering_since": self.recovering_since,
                 "status": self.status,
                 "tags": self.tags,
+                "prices": self.prices,
             },
         )
 
@@ -75,7 +80,8 @@ class FSDPTrainTrigger(BaseTrigger):
         return get_launcher(self.backend, **self.launcher_kwargs)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = GroupWatch(self._launcher(), self.name, self.log_cursor, self.recovering_since, tags=self.tags)
+        watch = GroupWatch(self._launcher(), self.name, self.log_cursor, self.recovering_since, tags=self.tags,
+                           prices=self.prices)
         status_line = StatusLine.from_dict(self.status)
         try:
             while True:

@@ -13,11 +13,13 @@ import logging
 import time
 
 import pytest
+from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
-from airflow_dtrain.session import GroupSession
+from airflow_dtrain.session import GroupSession, GroupWatch
 from airflow_dtrain.spot.ledger import at_prices_in_effect, dollars_at_prices, read_ledger
+from trainer.checkpoint_dir import CheckpointDir
 
 HOUR = 3600.0
 
@@ -137,3 +139,52 @@ def test_an_unreachable_price_api_keeps_the_launch_price_and_the_group_still_end
 def test_only_a_spot_group_with_a_zone_and_type_is_priced_again(tmp_path, overrides):
     op = _operator(tmp_path, **overrides)
     assert op._spot_prices(op.job_spec()) is None
+
+
+def test_while_a_spot_group_runs_its_prices_are_written_for_its_cap_every_refresh(tmp_path, spot_market):
+    spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 0.9), (1, 1.8)]})
+    session, name, _ = _ended_group(tmp_path, _operator(tmp_path, spot_price_refresh_s=300), ran_hours=2)
+    watch = GroupWatch(session.launcher, name, prices=session.price_watch())
+
+    watch.feed_prices()
+    prices = CheckpointDir(str(tmp_path / "ckpt")).prices_in_effect(name)  # what the trainer's cap reads
+    assert [p for _, p in prices] == [0.9, 1.8]
+    assert prices[1][0] == pytest.approx(time.time() - HOUR, abs=60)
+    asked = spot_market.requests
+    watch.feed_prices()
+    assert spot_market.requests == asked, "not read again before spot_price_refresh_s"
+
+
+@pytest.mark.torchrun
+def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_in_effect(tmp_path, spot_market):
+    """End to end: the quote says $0.90/node-h, EC2 bills $9.00. The trigger feeds the price to the trainer,
+    whose cap stops the job within its budget at that price; at the quote it would have run ten times longer."""
+    from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
+    from tests.conftest import RecordingTI, run_trigger
+    from tests.integration.helpers import SMALL
+
+    spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 9.0)]})
+    # at $9/h: 100 s, of which 30 s (cost.stop_margin_s) are held back for the last save; at the quote, 1,000 s
+    budget = 0.25
+    op = _operator(tmp_path, **SMALL, num_nodes=1, steps=100_000, checkpoint_every=0, budget_usd=budget,
+                   local_state_dir=str(tmp_path / "groups"), poll_interval=0.5, deferrable=True,
+                   spot_price_refresh_s=1.0)  # fmt: skip
+    ti = RecordingTI()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+    classpath, kwargs = deferred.value.trigger.serialize()
+    assert kwargs["prices"]["feed"]["zone"] == "us-east-1a"  # what the triggerer rebuilds it from
+    name = deferred.value.trigger.name
+    try:
+        event = run_trigger(FSDPTrainTrigger(**kwargs), timeout=240)
+    finally:
+        LocalLauncher(tmp_path / "groups").stop(name)
+    summary = op.execute_complete({"ti": ti}, event=event)
+
+    assert summary["stopped"] == "budget", summary
+    entry = _spend_entry(tmp_path, name)
+    assert entry["dollars_at_prices_in_effect"] <= budget, entry  # what EC2 bills, within the cap
+    assert entry["dollars_at_prices_in_effect"] == pytest.approx(10 * entry["dollars_at_launch_price"], rel=0.01)
+    assert summary["dollars"] == pytest.approx(entry["dollars"]) and summary["dollars"] <= budget
+    log = (tmp_path / "groups" / name / "group.log").read_text()
+    assert "spot price now $9.0000/node-h (launched at $0.9000)" in log
