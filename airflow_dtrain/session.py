@@ -16,6 +16,7 @@ of launching a second writer.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ class GroupWatch:
     prices: dict[str, Any] | None = None
     """A spot group's price feed (``GroupSession.price_watch``): ``{"feed": SpotPriceFeed.to_dict(), "ledger_uri"}``."""
     _prices_at: float = field(default=float("-inf"), repr=False)
+    _feeding: threading.Thread | None = field(default=None, repr=False)
 
     def poll(self) -> tuple[GroupStatus, list[str]]:
         """One look: the state, then the lines since the last look (complete once the state is terminal)."""
@@ -103,15 +105,22 @@ class GroupWatch:
             self.recovering_since = None
         return status, chunk.lines
 
-    def feed_prices(self) -> None:
+    def feed_prices(self, *, wait: bool = False) -> None:
         """Every ``feed.every_s`` while the group runs: the spot prices in effect since its launch, written where its
-        trainer's cap reads them (``CheckpointDir.record_prices``). A failed read is logged; the trainer goes on
+        trainer's cap reads them (``CheckpointDir.record_prices``), from a thread of its own so that a slow price
+        API never holds up the watch (``wait``: until it is written). A failed read is logged; the trainer goes on
         with the prices written last (at first: its launch price), and the group is billed again when it ends."""
-        if not self.prices or time.monotonic() - self._prices_at < float(self.prices["feed"]["every_s"]):
-            return
+        busy = self._feeding is not None and self._feeding.is_alive()
+        if self.prices and not busy and time.monotonic() - self._prices_at >= float(self.prices["feed"]["every_s"]):
+            self._prices_at = time.monotonic()
+            self._feeding = threading.Thread(target=self._feed_once, name=f"spot-prices-{self.name}", daemon=True)
+            self._feeding.start()
+        if wait and self._feeding is not None:
+            self._feeding.join()
+
+    def _feed_once(self) -> None:
         from airflow_dtrain.aws.prices import SpotPriceFeed
 
-        self._prices_at = time.monotonic()
         feed, ledger = SpotPriceFeed(**self.prices["feed"]), CheckpointDir(self.prices["ledger_uri"])
         try:
             entry = ledger.spend_entry(self.name)

@@ -146,12 +146,12 @@ def test_while_a_spot_group_runs_its_prices_are_written_for_its_cap_every_refres
     session, name, _ = _ended_group(tmp_path, _operator(tmp_path, spot_price_refresh_s=300), ran_hours=2)
     watch = GroupWatch(session.launcher, name, prices=session.price_watch())
 
-    watch.feed_prices()
+    watch.feed_prices(wait=True)
     prices = CheckpointDir(str(tmp_path / "ckpt")).prices_in_effect(name)  # what the trainer's cap reads
     assert [p for _, p in prices] == [0.9, 1.8]
     assert prices[1][0] == pytest.approx(time.time() - HOUR, abs=60)
     asked = spot_market.requests
-    watch.feed_prices()
+    watch.feed_prices(wait=True)
     assert spot_market.requests == asked, "not read again before spot_price_refresh_s"
 
 
