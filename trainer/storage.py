@@ -197,12 +197,15 @@ class Storage:
         self.fs.put_file(local_path, path)
 
     def remove_file(self, path: str) -> None:
-        """Delete a file; nothing when it does not exist."""
-        if not self.remote:
-            if os.path.exists(path):
+        """Delete a file; nothing when it does not exist, or stops existing meanwhile (another writer pruning
+        the same file: two groups pruning old leases at once)."""
+        try:
+            if not self.remote:
                 os.remove(path)
-        elif self.fs.exists(path):
-            self.fs.rm_file(path)
+            elif self.fs.exists(path):
+                self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
 
     def remove_tree(self, path: str) -> None:
         """Delete a directory and everything under it; nothing when it does not exist."""
