@@ -289,8 +289,8 @@ with DAG(
             raise ValueError(f"the promotion of {info.get('checkpoint')} carries no export")
         # The registry the promoting run used (a path or s3://), where its export lies.
         target = f"{str(info.get('registry') or REGISTRY).rstrip('/')}/published/latest"
-        fs, target_path = fsspec.core.url_to_fs(target)
-        source_fs, source = fsspec.core.url_to_fs(info["export"])
+        fs, target_path = fsspec.core.url_to_fs(target, skip_instance_cache=True)
+        source_fs, source = fsspec.core.url_to_fs(info["export"], skip_instance_cache=True)
         if fs.exists(target_path):
             fs.rm(target_path, recursive=True)
         fs.makedirs(target_path, exist_ok=True)

@@ -298,7 +298,7 @@ def _put(path: str, write) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, os.path.basename(path))
         write(local)
-        fs, target = fsspec.core.url_to_fs(path)
+        fs, target = fsspec.core.url_to_fs(path, skip_instance_cache=True)
         fs.makedirs(fs._parent(target), exist_ok=True)
         fs.put_file(local, target + ".tmp")
         fs.mv(target + ".tmp", target)  # readers never see half a file (a rename locally)

@@ -189,7 +189,7 @@ def _open(path: str):
     import fsspec
 
     try:
-        return fsspec.open(path, "rb").open()
+        return fsspec.open(path, "rb", skip_instance_cache=True).open()
     except (OSError, ValueError) as e:
         raise PrepareError(f"--input: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
@@ -212,7 +212,7 @@ def _block_end(buf: bytes, text: bool) -> int:
 def _txt(path: str, val_fraction: float, text: bool):
     import fsspec
 
-    fs, p = fsspec.core.url_to_fs(path)
+    fs, p = fsspec.core.url_to_fs(path, skip_instance_cache=True)
     size = fs.size(p)
     if not size:
         return
