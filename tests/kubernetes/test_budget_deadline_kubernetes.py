@@ -40,7 +40,7 @@ def _expected_deadline(spent: float) -> float:
     return (BUDGET - spent) / (PRICE * NODES) * 3600 + GRACE
 
 
-def _wait(predicate, what: str, task: Background | None = None, timeout: float = 20):
+def _wait(predicate, what: str, task: Background | None = None, timeout: float = 120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -84,7 +84,7 @@ def _finish(fake, name: str, ckpt: Path, nodes: int = 2) -> None:
         fake.exit(name, index, 0)
 
 
-def _wait(predicate, what: str, timeout: float = 20):
+def _wait(predicate, what: str, timeout: float = 120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

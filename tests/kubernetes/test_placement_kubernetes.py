@@ -66,7 +66,7 @@ def _required_terms(pod: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def _wait(predicate, what: str, task: Background, timeout: float = 20):
+def _wait(predicate, what: str, task: Background, timeout: float = 120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -57,7 +57,7 @@ def _train_on_demand(tmp_path: Path, ti: RecordingTI, monkeypatch) -> FSDPTrainO
     return task
 
 
-def _wait(predicate, what: str, task: Background, timeout: float = 20) -> Any:
+def _wait(predicate, what: str, task: Background, timeout: float = 120) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
