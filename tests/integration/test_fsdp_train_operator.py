@@ -174,7 +174,8 @@ def test_a_rank_killed_with_sigkill_is_relaunched_from_the_last_checkpoint_and_t
     wait_for_step(tmp_path / "ckpt", 8)
     from trainer.checkpoint_dir import CheckpointDir
 
-    committed = CheckpointDir(str(tmp_path / "ckpt")).latest()
+    # an async save commits a few steps after its step: wait for one to be committed, not just trained past
+    committed = wait_for(lambda: CheckpointDir(str(tmp_path / "ckpt")).latest(), 240, "a committed checkpoint")
     [victim, *_] = _worker_pids(tmp_path / "groups" / deferred.trigger.name)
     os.kill(victim, signal.SIGKILL)
 
