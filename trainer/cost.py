@@ -103,8 +103,8 @@ class CostLedger:
         if not self.prices_in_effect:
             return None
         prices = self.prices_in_effect
-        if dollars_at_prices(self.launched_at, until, 1, prices) is None:
-            prices = [(self.launched_at, self.price), *((t, p) for t, p in prices if t > self.launched_at)]
+        if min(t for t, _ in prices) > self.launched_at:  # no price read covers the launch: the quote does
+            prices = [(self.launched_at, self.price), *prices]
         return dollars_at_prices(self.launched_at, until, self.nodes, prices)
 
     def current_price(self) -> float:
