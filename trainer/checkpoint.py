@@ -233,6 +233,8 @@ class Checkpointer:
         self._stager = None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: tuple[Future, dict] | None = None
+        # (step, seconds) when the last save() had to wait for the save of that step to commit first
+        self.waited: tuple[int, float] | None = None
         self._retention: Future | None = None  # rank 0's retention after a sync save
         self._staging: tuple[Future, dict] | None = None  # the async save's copy to host memory, in flight
         self._completed: list[dict] = []
@@ -332,12 +334,16 @@ class Checkpointer:
         completed() reports the commit later. Idempotent per step.
         """
         start = time.perf_counter()
+        behind = self._pending[1]["step"] if self._pending is not None and not self._pending[0].done() else None
         self.wait()  # one save in flight at a time
+        waited = time.perf_counter() - start
+        self.waited = (behind, waited) if behind is not None else None
         path = self.dir.step_path(step)
         if self.dir.is_committed(step) and step not in self._failed_verification:
             # e.g. a preemption right after an interval save of the same step
-            self._completed.append({"step": step, "path": path, "reason": reason,
-                                    "seconds": time.perf_counter() - start, "blocked_s": time.perf_counter() - start})
+            took = time.perf_counter() - start
+            self._completed.append({"step": step, "path": path, "reason": reason, "seconds": took,
+                                    "blocked_s": took, "waited_s": waited if behind is not None else 0.0})
             return path
         write_dir = self._staging_dir(step) if self.storage.remote else path
         self._check_fence(step)  # a fenced group must not even clear a step directory: it may be the new writer's
@@ -355,7 +361,7 @@ class Checkpointer:
             self._raise_failed(step, write_dir, path, cleared)
         state = self._state(model, optimizer, scheduler, data, step)
         info = {"step": step, "path": path, "reason": reason, "start": start, "write_dir": write_dir,
-                "fields": manifest_fields}
+                "fields": manifest_fields, "waited_s": waited if behind is not None else 0.0}
         info["async"] = not blocking and self.async_save
         if not info["async"]:
             try:
@@ -572,7 +578,7 @@ class Checkpointer:
         if newer is not None:
             raise self._fenced(Lease(*newer), step)
         return {"step": step, "path": path, "reason": info["reason"], "async": info.get("async", False),
-                "seconds": time.perf_counter() - info["start"]}
+                "seconds": time.perf_counter() - info["start"], "waited_s": info["waited_s"]}
 
     def _retain(self, step: int) -> None:
         """(Rank 0, after ``step`` is committed) retention and the lease heartbeat."""
@@ -593,8 +599,14 @@ class Checkpointer:
         info = {**self.lease.info, "heartbeat_at": time.time(), "last_commit": step}
         self.storage.write_json(self.dir.lease_path(self.lease.token), info, durable=False)
 
+    @property
+    def in_flight(self) -> bool:
+        """A save was handed to the background and has not been reported committed yet."""
+        return self._pending is not None
+
     def completed(self) -> list[dict]:
-        """Saves committed since the last call: [{"step", "path", "reason", "async", "seconds", "blocked_s"}].
+        """Saves committed since the last call: [{"step", "path", "reason", "async", "seconds", "blocked_s",
+        "waited_s"}]; waited_s: of the blocked time, how long the save waited for the previous one to commit.
 
         Polls the save in flight without waiting; raises if it failed (a checkpoint that
         silently stopped being written is worse than a stopped run).

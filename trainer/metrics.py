@@ -4,8 +4,13 @@ Events (each a single line starting with "{"):
 
     {"event": "train", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb",
                        ["gpu_utilization_pct", "gpu_memory_used_mb", "gpu_power_w", "gpu_temperature_c"]}
-    {"event": "checkpoint", "step", "seconds", "path", "reason", "blocked_s", "async"}
-                       reason: interval|final|preemption|checkpoint-now; async: written in the background
+    {"event": "checkpoint", "step", "seconds", "path", "reason", "blocked_s", "async", "overlap_s",
+                            "overlap_steps", "cost_s", "waited_s"}
+                       reason: interval|final|preemption|checkpoint-now; async: written in the background;
+                       what the save cost training (SaveOverlap): blocked_s, the time the loop stood still
+                       (waited_s of it waiting for the previous save to commit), overlap_s, how much longer
+                       the overlap_steps steps run while it was in flight took than quiet steps (null: no
+                       quiet step to compare with yet), and cost_s, their sum
     {"event": "resume", "from_step", "path"}
     {"event": "preempted", "step", "seconds_to_save", "grace_period_s"}
     {"event": "done", "step", "loss", "tokens_seen"}
@@ -31,6 +36,7 @@ import os
 import resource
 import sys
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from trainer.config import MetricsConfig
@@ -55,6 +61,8 @@ TRAINING_METRICS: tuple[str, ...] = (
     "gpu.temperature_c",       # per rank, NVML: GPU core temperature, °C
     "checkpoint.seconds",      # wall time of the last checkpoint save
     "checkpoint.blocked_seconds",  # of which training was held up (async: the copy to host memory)
+    "checkpoint.overlap_seconds",  # async: how much longer the steps run while it was in flight took
+    "checkpoint.cost_seconds",     # what the save cost training in all: blocked + overlap seconds
     "cost.dollars",            # the job's spend over all attempts (the provider sends the same series)
     "cost.gpu_hours",          # the job's GPU-hours over all attempts
     "cost.budget_dollars",     # the job's dollar cap (cost.budget_usd), when it has one
@@ -172,6 +180,60 @@ _GPU_GAUGES = {  # GpuTelemetry's key -> (gauge, factor to the gauge's unit)
     "gpu_power_w": ("gpu.power_w", 1),
     "gpu_temperature_c": ("gpu.temperature_c", 1),
 }
+
+
+class SaveOverlap:
+    """What each save cost training, an async save's overlapped steps included.
+
+    An async save blocks the loop only for its call and for the copy to host memory (blocked_s); the
+    copy, the write and the hashing then share the device, the PCIe link and the host's cores with the
+    steps that run meanwhile. On a GPU most of a save's cost falls there (benchmarks/RESULTS.md, "The async
+    save on a GPU": 0.014 s blocked, 5-7 s on the next step). So each step's wall time, between the ends
+    of two steps (a save's call and its wait for the copy fall in the step after it), is compared with the
+    mean of the last ``window`` quiet steps: no save in flight, not the first step of an attempt (warm-up,
+    compilation), not the step that ran a synchronous save. A save's excess is the sum over the steps from
+    its call to its commit, less its blocked time (counted there already): overlap_s, clamped at 0. The mean,
+    not the median: the logged steps are a little longer, and a median would count that as overlap.
+    """
+
+    def __init__(self, window: int = 32):
+        self._quiet: deque[float] = deque(maxlen=window)
+        self._open: dict[int, list] = {}  # step saved in the background -> [excess s, steps, reference known]
+        self._skip_next = True  # the first step of an attempt
+
+    def reference(self) -> float | None:
+        """Mean seconds of a quiet step (None before there is one)."""
+        return sum(self._quiet) / len(self._quiet) if self._quiet else None
+
+    def step(self, seconds: float) -> None:
+        """One step's wall time."""
+        if self._open:
+            ref = self.reference()
+            for acc in self._open.values():
+                acc[0] += seconds - (ref or 0.0)
+                acc[1] += 1
+                acc[2] = acc[2] and ref is not None
+        elif not self._skip_next:
+            self._quiet.append(seconds)
+        self._skip_next = False
+
+    def saved(self, step: int, *, in_background: bool) -> None:
+        """A save of ``step`` was called: its commit comes later (async), or the next step's time holds it."""
+        if in_background:
+            self._open[step] = [0.0, 0, True]
+        else:
+            self._skip_next = True
+
+    def committed(self, step: int, blocked_s: float) -> dict:
+        """{"overlap_s", "overlap_steps", "cost_s"} of the save of ``step``, now committed."""
+        acc = self._open.pop(step, None)
+        if acc is None:  # synchronous: the loop stood still for all of it
+            return {"overlap_s": 0.0, "overlap_steps": 0, "cost_s": blocked_s}
+        excess, steps, known = acc
+        if not known:
+            return {"overlap_s": None, "overlap_steps": steps, "cost_s": None}
+        overlap = max(0.0, excess - blocked_s)
+        return {"overlap_s": overlap, "overlap_steps": steps, "cost_s": blocked_s + overlap}
 
 
 class Metrics:

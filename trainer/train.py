@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from datetime import timedelta
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, ConfigError, ParallelConfig, TrainConfig
 from trainer import hf
 from trainer.data import TrainBatches, default_data_dir, eval_batches, resolve_dataset
-from trainer.metrics import Metrics, flops_per_token
+from trainer.metrics import Metrics, SaveOverlap, flops_per_token
 from trainer.model import Llama, ModelArgs
 from trainer.parallelize import (build_mesh, build_optimizer, build_scheduler, clip_grads, parallelize,
                                  set_grad_sync)
@@ -200,6 +200,9 @@ class Job:
     _unsettled: tuple | None = None  # (step, lr, loss, grad_norm) of the last step, not read yet
     _last_step_end: float = 0.0
     _budget_stop: dict | None = None  # rank 0: why the job stops at its cap
+    overlap: SaveOverlap = field(default_factory=SaveOverlap)  # what each save cost the steps around it
+    _slow_saves: int = 0  # interval saves that had to wait for the previous one to commit
+    _last_save_s: float = 0.0  # how long the last committed save took
 
     def run(self) -> int:
         cfg = self.cfg
@@ -279,6 +282,7 @@ class Job:
         self._unsettled = (step, lr, loss, grad_norm)
         now = time.perf_counter()
         self.cost.time_step(now - self._last_step_end)
+        self.overlap.step(now - self._last_step_end)
         if self.budget is not None:
             if not self.budget.recent:  # the first step of this attempt: what a relaunch costs before training
                 self.budget.startup_s = time.time() - self.cost.launched_at
@@ -408,18 +412,40 @@ class Job:
         self.ckpt.save(step, self.model, self.optimizer, self.scheduler, self.data, manifest_fields=fields,
                        reason=reason, blocking=blocking)
         seconds = time.perf_counter() - start
+        self.overlap.saved(step, in_background=self.ckpt.in_flight)
         self.report_checkpoints()
+        if self.ckpt.waited is not None and reason == "interval":
+            self.warn_slow_saves(step, *self.ckpt.waited)
         return seconds
+
+    def warn_slow_saves(self, step: int, behind: int, waited: float) -> None:
+        """An interval save found the previous one still in flight: the interval is shorter than a save, and
+        training stands still at every save. Said at the 1st, 10th, 100th... such save (the events have each)."""
+        self._slow_saves += 1
+        if str(self._slow_saves).rstrip("0") != "1":
+            return
+        every, step_s = self.cfg.checkpoint.every, self.overlap.reference() or self.cost.step_time_s or 0.0
+        advice = (f"; checkpoint.every >= {math.ceil(self._last_save_s / step_s) + 1} would let each save finish "
+                  "in the background" if step_s and self._last_save_s else "")
+        log(self.d, f"step {step}: this save waited {waited:.1f}s for the save of step {behind} to commit "
+                    f"({self._slow_saves} so far): checkpoint.every={every} steps (~{every * step_s:.1f}s of "
+                    f"training) is shorter than one save ({self._last_save_s:.1f}s){advice}")
 
     def report_checkpoints(self) -> None:
         """Events, gauges and progress for the saves committed since the last call."""
         if not self.ckpt.enabled:
             return
         for c in self.ckpt.completed():
+            cost = self.overlap.committed(c["step"], c["blocked_s"])
             self.metrics.emit("checkpoint", step=c["step"], seconds=round(c["seconds"], 3), path=c["path"],
-                              reason=c["reason"], blocked_s=round(c["blocked_s"], 3), **{"async": c.get("async", False)})
+                              reason=c["reason"], blocked_s=round(c["blocked_s"], 3), **{"async": c.get("async", False)},
+                              waited_s=round(c.get("waited_s", 0.0), 3),
+                              **{k: v if v is None or isinstance(v, int) else round(v, 3) for k, v in cost.items()})
             self.metrics.gauge("checkpoint.seconds", c["seconds"])
             self.metrics.gauge("checkpoint.blocked_seconds", c["blocked_s"])
+            self.metrics.gauge("checkpoint.overlap_seconds", cost["overlap_s"])
+            self.metrics.gauge("checkpoint.cost_seconds", cost["cost_s"])
+            self._last_save_s = c["seconds"]
             if self.budget is not None:
                 self.budget.observe_save(c["seconds"])
             self.progress.update(latest_checkpoint=c["path"], checkpoint_step=c["step"])

@@ -48,3 +48,26 @@ def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
     assert Checkpointer(cfg, device=torch.device("cuda"), **kw).async_save is True
     assert Checkpointer(cfg, device=torch.device("cpu"), **kw).async_save is False
     assert Checkpointer(CheckpointConfig(uri=str(tmp_path / "c3"), async_save=True), **kw).async_save is True
+
+
+def test_a_save_slower_than_the_interval_says_what_it_cost_and_how_to_set_the_interval(data_dir, tmp_path):
+    """Step 2's commit is held 10 s (the test hook), with a save every 2 steps: step 4's save must wait for it.
+    Each checkpoint event says what the save cost training (cost_s = blocked_s + overlap_s, the overlapped
+    steps' slowdown), the save that waited says how long, and the log says that the interval is shorter than
+    a save, and which interval is not."""
+    args = [*FAST, "--checkpoint-uri", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "--steps", "6"]
+    run = run_trainer(args, data_dir, env={"DTRAIN_TEST_COMMIT_DELAY": "2:10"})
+    assert run.returncode == 0, run
+    saves = {e["step"]: e for e in run.of("checkpoint")}
+    assert sorted(saves) == [2, 4, 6], run
+    assert saves[2]["waited_s"] == 0 and saves[4]["waited_s"] > 1, saves
+    assert saves[4]["blocked_s"] >= saves[4]["waited_s"], saves[4]
+    # step 2's save was in flight through steps 3 and 4; the final save is synchronous: all of it blocked
+    assert saves[2]["overlap_steps"] == 2 and saves[6]["overlap_steps"] == 0, saves
+    assert saves[6]["overlap_s"] == 0 and saves[6]["cost_s"] == saves[6]["blocked_s"], saves[6]
+    for e in saves.values():
+        assert e["overlap_s"] >= 0 and abs(e["cost_s"] - e["blocked_s"] - e["overlap_s"]) <= 0.002, e
+    [warning] = [line for line in run.stderr.splitlines() if "this save waited" in line]
+    assert "for the save of step 2 to commit" in warning and "checkpoint.every=2 steps" in warning, warning
+    suggested = int(warning.rsplit("checkpoint.every >= ", 1)[1].split()[0])
+    assert suggested > 2, warning

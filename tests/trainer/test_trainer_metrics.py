@@ -11,7 +11,7 @@ import torch
 
 from trainer import metrics as m
 from trainer.config import MetricsConfig
-from trainer.metrics import PER_RANK_METRICS, TRAINING_METRICS, GpuTelemetry, Metrics, flops_per_token
+from trainer.metrics import PER_RANK_METRICS, TRAINING_METRICS, GpuTelemetry, Metrics, SaveOverlap, flops_per_token
 from trainer.model import ModelArgs
 from trainer.statsd import RANK_TAGS, RUN_TAGS, parse_line
 
@@ -173,3 +173,32 @@ def test_flops_per_token_counts_a_tied_output_projection_but_not_the_embedding_l
     attention = 12 * 16 * 2048 * 2048
     assert untied_fpt == 6 * n_no_embedding + attention  # untied: lm_head is already in n_no_embedding
     assert tied_fpt - untied_fpt == 6 * 128256 * 2048
+
+
+def test_save_overlap_counts_how_much_slower_the_steps_under_a_background_save_ran():
+    """On a GPU an async save blocks the loop for milliseconds and slows the next steps by seconds: what a
+    save cost is its blocked time plus the overlapped steps' excess over quiet steps, counted once."""
+    o = SaveOverlap()
+    for seconds in (5.0, 0.2, 0.2, 0.2, 0.2):  # the first step of an attempt (warm-up) is no reference
+        o.step(seconds)
+    assert o.reference() == pytest.approx(0.2)
+    o.saved(10, in_background=True)
+    for seconds in (0.3, 0.9, 0.5):  # the save's call and copy (0.1 s blocked) fall in the first
+        o.step(seconds)
+    assert o.committed(10, blocked_s=0.1) == pytest.approx({"overlap_s": 1.0, "overlap_steps": 3, "cost_s": 1.1})
+    assert o.reference() == pytest.approx(0.2), "the slowed steps are no reference"
+    # a synchronous save: all of it blocked, and the step that held it is no reference either
+    o.saved(12, in_background=False)
+    o.step(3.0)
+    assert o.committed(12, blocked_s=2.8) == {"overlap_s": 0.0, "overlap_steps": 0, "cost_s": 2.8}
+    assert o.reference() == pytest.approx(0.2)
+    # steps faster than the reference (noise) never make a save cost less than its blocked time
+    o.saved(14, in_background=True)
+    o.step(0.15)
+    assert o.committed(14, blocked_s=0.01)["cost_s"] == pytest.approx(0.01)
+    # before any quiet step there is nothing to compare with: unknown, not zero
+    fresh = SaveOverlap()
+    fresh.step(1.0)
+    fresh.saved(1, in_background=True)
+    fresh.step(0.5)
+    assert fresh.committed(1, blocked_s=0.01) == {"overlap_s": None, "overlap_steps": 1, "cost_s": None}
