@@ -3,14 +3,17 @@
     python benchmarks/trainer_overhead.py [--steps 20] [--rounds 10] [--seq-len 128] [--batch 8]
     torchrun --nproc-per-node 2 benchmarks/trainer_overhead.py
 
-Both drive the same model (the debug flavour, FSDP2-sharded by the trainer) with the same
-AdamW and schedule:
+Both drive the same model (the debug flavour, as the trainer lays it out: FSDP2-sharded on
+several ranks or a GPU, a plain module on one CPU process, see trainer.parallelize.needs_fsdp)
+with the same AdamW and schedule:
 
-* plain:   (one process only) the same Llama as a plain ``nn.Module`` -- no FSDP2 wrapper --
-           with the same weights, AdamW and schedule, in the same bare loop: what a
-           single-device PyTorch script would run.
+* plain:   (one process only) the same Llama as a plain ``nn.Module`` built by hand, with the
+           same weights, AdamW and schedule, in the same bare loop: what a single-device
+           PyTorch script would run.
+* fsdp2:   (one process only) the same, wrapped with FSDP2 as it would be on a GPU or on
+           several ranks: what the wrapper costs on one rank, which the trainer no longer pays.
 * bare:    forward, cross-entropy, backward, clip, optimizer.step(), on batches prepared up
-           front, on the FSDP2-sharded model. No data loader, telemetry, progress file, stop
+           front, on the trainer's model. No data loader, telemetry, progress file, stop
            agreement or checkpoint.
 * trainer: ``trainer.train.Job.step()``, the body of the real training loop, with
            everything it does every step: the data loader, the loss all-reduce, the
@@ -23,7 +26,8 @@ from other processes hit both alike; on a shared 2-core machine whole-second sta
 common and a block-wise comparison mostly measures them. Each step is timed on its own
 (after a barrier across ranks). Prints steps/s of each, trainer/bare over all steps, and the
 median and range of the ratio per round of --steps pairs; the target is >= 0.98. With one
-process it also prints FSDP2/plain (what the wrapper costs on one rank) and trainer/plain.
+process it also prints trainer/plain (the target: >= 0.98 of a plain script) and FSDP2/plain
+(what the wrapper would cost on one rank).
 Start-up (resume, the first progress.json) is not per step and is not counted.
 """
 
@@ -87,6 +91,17 @@ def main() -> None:
 
             variants["plain"] = bare_loop(plain_model, plain_opt, plain_sched, batches, cfg.optim.grad_clip)
 
+            from trainer.parallelize import parallelize
+
+            with torch.device("meta"):
+                fsdp_model = Llama(model.args)
+            parallelize(fsdp_model, d.mesh, cfg.parallel, shard=True)
+            fsdp_model.to_empty(device=d.device)
+            fsdp_model.init_weights(cfg.seed)
+            fsdp_opt = build_optimizer(fsdp_model, cfg.optim)
+            variants["fsdp2"] = bare_loop(fsdp_model, fsdp_opt, build_scheduler(fsdp_opt, cfg.optim, cfg.steps), batches,
+                                          cfg.optim.grad_clip)
+
         bare_step = bare_loop(model, optimizer, scheduler, batches, cfg.optim.grad_clip)
 
         quiet = io.StringIO()  # the trainer's JSON lines are produced, not shown
@@ -130,13 +145,13 @@ def main() -> None:
                   f"median {statistics.median(per_round):.3f}, min {min(per_round):.3f}, max {max(per_round):.3f})")
             if "plain" in times:
                 plain_sps = len(times["plain"]) / sum(times["plain"])
-                for label, other in (("FSDP2 bare/plain", "bare"), ("trainer/plain", "trainer")):
+                for label, other in (("trainer/plain", "trainer"), ("bare/plain", "bare"), ("FSDP2/plain", "fsdp2")):
                     ratios = [sum(times["plain"][r]) / sum(times[other][r]) for r in rounds]
                     print(f"{label + ':':19}{(len(times[other]) / sum(times[other])) / plain_sps:8.3f}  (per round: "
                           f"median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; "
                           f"plain {plain_sps:.3f} steps/s)")
         if args.profile and "plain" in variants and d.rank == 0:
-            print_profile_difference(variants["plain"], variants["bare"], args.profile)
+            print_profile_difference(variants["plain"], variants["fsdp2"], args.profile)
         dist.destroy_process_group()
     finally:
         if os.environ.get("RANK", "0") == "0":

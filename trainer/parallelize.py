@@ -40,7 +40,8 @@ def build_mesh(device_type: str, world_size: int, cfg: ParallelConfig) -> Device
                             mesh_dim_names=("dp_replicate", "dp_shard"))
 
 
-def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = None) -> Llama:
+def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = None, *,
+                shard: bool | None = None) -> Llama:
     """Lay a (meta-device) model out on the mesh in place and return it.
 
     The order matters, and is torchtitan's:
@@ -58,12 +59,17 @@ def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = Non
 
     A 2-D mesh (build_mesh with replicate_degree > 1) makes fully_shard HSDP: sharded over
     the mesh's second dimension, replicated over its first.
+
+    shard: apply fully_shard (3, 4) or not; None (the trainer): needs_fsdp(mesh), so one CPU
+    process trains a plain module.
     """
     cfg = cfg or ParallelConfig()
     apply_ac(model, cfg)
     if cfg.compile:
         for layer in model.layers:
             layer.compile(fullgraph=True)
+    if not (needs_fsdp(mesh) if shard is None else shard):
+        return model
     kwargs: dict = {"mesh": mesh}
     if mesh.device_type == "cuda":
         # bf16 compute and communication, fp32 gradient reduction and master weights.
@@ -79,6 +85,19 @@ def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = Non
         fully_shard(layer, reshard_after_forward=i < last, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def needs_fsdp(mesh: DeviceMesh) -> bool:
+    """Whether the model is wrapped with fully_shard: always but on one CPU process.
+
+    One rank on a CPU has nothing to shard and no mixed precision to apply (bf16 compute with fp32
+    master weights comes from FSDP2's MixedPrecisionPolicy, on CUDA). There FSDP2 would only copy every
+    parameter into and out of its flat buffers and run its hooks, 8 % of a step (benchmarks/RESULTS.md,
+    "Against a plain model"), so the model stays a plain module with plain tensors. Its checkpoints are
+    the same keys and values: DCP loads them into DTensors at another world size, and DTensors' back
+    into plain tensors (a 1-rank run resumed on 2 ranks, and back, is tested).
+    """
+    return mesh.size() > 1 or mesh.device_type != "cpu"
 
 
 def apply_ac(model: Llama, cfg: ParallelConfig) -> None:
@@ -155,10 +174,12 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps))
 
 
-def set_grad_sync(model: FSDPModule, enabled: bool) -> None:
+def set_grad_sync(model: torch.nn.Module, enabled: bool) -> None:
     """No gradient sync on the non-final micro-steps: the reduce-scatter happens once per
-    optimizer step, and gradients accumulate unsharded in between."""
-    model.set_requires_gradient_sync(enabled)
+    optimizer step, and gradients accumulate unsharded in between. A plain module (one CPU
+    process, see needs_fsdp) has no sync to skip."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
 
 
 def clip_grads(model: torch.nn.Module, max_norm: float) -> torch.Tensor:

@@ -31,7 +31,7 @@ from trainer import hf
 from trainer.data import TrainBatches, default_data_dir, eval_batches, resolve_dataset
 from trainer.metrics import Metrics, SaveOverlap, flops_per_token
 from trainer.model import Llama, ModelArgs
-from trainer.parallelize import (build_mesh, build_optimizer, build_scheduler, clip_grads, parallelize,
+from trainer.parallelize import (build_mesh, build_optimizer, build_scheduler, clip_grads, needs_fsdp, parallelize,
                                  set_grad_sync)
 from trainer.progress import Progress
 
@@ -127,6 +127,8 @@ def build_model(cfg: TrainConfig, d: Dist, args: ModelArgs | None = None, *, ran
     with torch.device("meta"):  # no memory until sharded
         model = Llama(args or ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
     parallelize(model, d.mesh, cfg.parallel)
+    if not needs_fsdp(d.mesh):
+        log(d, "one process on a CPU: the model is not wrapped with FSDP2 (nothing to shard, no mixed precision)")
     offload = cfg.parallel.cpu_offload and d.device.type == "cuda"
     model.to_empty(device="cpu" if offload else d.device)  # each rank allocates only its shards
     model.init_weights(cfg.seed, parameters=random_init)

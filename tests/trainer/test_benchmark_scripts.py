@@ -21,6 +21,8 @@ def test_trainer_overhead_prints_both_rates_and_their_ratio(data_dir):
     ratio = float(re.search(r"^trainer/bare:\s+([\d.]+)", out, re.M).group(1))
     assert set(rates) == {"bare PyTorch loop", "trainer"} and all(float(v) > 0 for v in rates.values()), out
     assert abs(ratio - float(rates["trainer"]) / float(rates["bare PyTorch loop"])) < 0.002, out
+    # one process: against a hand-built plain module, and what FSDP2 would cost there
+    assert {"trainer/plain", "bare/plain", "FSDP2/plain"} <= set(re.findall(r"^([\w/]+):\s+[\d.]+  \(per round", out, re.M)), out
 
 
 def test_mfu_refuses_a_cpu_unless_asked_and_then_reports_tokens_per_second(data_dir):

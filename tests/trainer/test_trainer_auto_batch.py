@@ -60,7 +60,7 @@ def one_rank_group():
 def _fsdp_model(mesh):
     with torch.device("meta"):
         model = Llama(ModelArgs.from_flavor("debug", 16))
-    parallelize(model, mesh)
+    parallelize(model, mesh, shard=True)  # what a GPU rank trains (one CPU process trains a plain module)
     model.to_empty(device="cpu")
     model.init_weights(0)
     return model

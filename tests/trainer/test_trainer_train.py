@@ -216,6 +216,26 @@ def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(uninterrupted, dat
 
 
 @pytest.mark.torchrun
+def test_one_process_trains_a_plain_module_whose_checkpoint_two_ranks_resume_and_back(uninterrupted, data_dir,
+                                                                                       tmp_path):
+    """One CPU process has nothing to shard: it trains the model without FSDP2, whose copies and hooks cost 8 %
+    of a step there (benchmarks/RESULTS.md), and saves plain tensors. A 2-rank group resumes that checkpoint
+    as DTensors, one process resumes theirs, and the job ends where the uninterrupted 2-rank run ends."""
+    ckpt = tmp_path / "ckpt"
+    args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt)]
+    one = run_trainer([*args, "--set", "simulate_preemption_at_step=8"], data_dir)
+    assert one.returncode == 75 and one.of("checkpoint")[-1]["step"] == 8, one
+    assert "one process on a CPU: the model is not wrapped with FSDP2" in one.stderr, one
+    two = run_trainer([*args, "--set", "simulate_preemption_at_step=16"], data_dir, nproc=2)
+    assert two.returncode == 75 and two.of("resume")[0]["from_step"] == 8, two
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(read_json(ckpt / "step-00000016" / "manifest.json")["files"])
+    assert "not wrapped with FSDP2" not in two.stderr, two
+    back = run_trainer(args, data_dir)
+    assert back.returncode == 0 and back.of("resume")[0]["from_step"] == 16, back
+    assert back.losses()[STEPS] == pytest.approx(uninterrupted[0].losses()[STEPS], rel=1e-3)
+
+
+@pytest.mark.torchrun
 def test_simulated_preemption_sends_sigterm_to_the_agent_once(data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [*FAST, "--steps", "6", "--checkpoint-uri", str(ckpt), "--set", "simulate_preemption_at_step=3"]
