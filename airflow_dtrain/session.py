@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
+from airflow_dtrain.launchers.base import (GroupState, GroupStatus, PodGroupLauncher, budget_deadline, deadline_words,
+                                           poll_group, repriced_deadline)
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, log_lines
 from trainer.capacity import Capacity
@@ -126,14 +127,38 @@ class GroupWatch:
             entry = ledger.spend_entry(self.name)
             if not entry:
                 return
-            history = feed.history(float(entry["launched_at"]), time.time())
+            now = time.time()
+            history = feed.history(float(entry["launched_at"]), now)
             if history:
                 ledger.record_prices(self.name, {"prices_in_effect": [[round(t, 3), p] for t, p in history],
                                                  "zone": feed.zone, "instance_type": feed.instance_type,
                                                  "updated_at": time.time()})  # fmt: skip
+                if self.prices.get("deadline"):
+                    self._reprice_deadline(ledger, entry, history, now)
         except Exception as err:  # the group goes on; the trainer's cap keeps the prices it has
-            log.warning("Group %s: could not read the spot prices in effect in %s (%s); its cap counts the prices "
-                        "read last (at first: its launch price)", self.name, feed.zone, err)  # fmt: skip
+            log.warning("Group %s: could not read the spot prices in effect in %s, or act on them (%s); its cap "
+                        "counts the prices read last (at first: its launch price)", self.name, feed.zone, err)  # fmt: skip
+
+    def _reprice_deadline(self, ledger: CheckpointDir, entry: dict[str, Any], history: list, now: float) -> None:
+        """Bring the platform's budget deadline forward when the spot price rose: the money left (every other
+        attempt's spend, and this group's so far at the prices in effect) buys fewer seconds at the price now.
+        The trainer's own cap reads the same prices; this is the stop that holds without it (a program of your
+        own, a hung trainer, nobody on the Airflow side watching)."""
+        from airflow_dtrain.spot.ledger import at_prices_in_effect
+
+        group = at_prices_in_effect(billed(entry, until=now), history, until=now)
+        others = sum(float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != self.name)
+        in_effect = [p for t, p in sorted(history) if t <= now]
+        price = in_effect[-1] if in_effect else sorted(history)[-1][1]
+        launched = float(entry.get("price_per_node_hour") or 0.0)
+        if price <= launched:
+            return  # the deadline set at the launch price holds
+        deadline = repriced_deadline(self.prices["deadline"], spent_usd=others + float(group["dollars"]), price=price,
+                                     elapsed_s=now - float(entry["launched_at"]))  # fmt: skip
+        before = self.launcher.shorten_deadline(self.name, deadline)
+        if before is not None:
+            log.warning("Group %s: the spot price is $%.4f/node-h, launched at $%.4f: its budget deadline moves from "
+                        "%ds to %s", self.name, price, launched, before, deadline_words(deadline, "deadline"))  # fmt: skip
 
     @staticmethod
     def ended(status: GroupStatus) -> bool:
@@ -389,7 +414,9 @@ class GroupSession:
         ledger = self._ledger_dir()
         if self.spot_prices is None or self.spec.capacity != Capacity.SPOT or ledger is None:
             return None
-        return {"feed": self.spot_prices.to_dict(), "ledger_uri": ledger.storage.uri}
+        # the deadline's terms (its spend is the ledger's when the price moves): GroupWatch._reprice_deadline
+        return {"feed": self.spot_prices.to_dict(), "ledger_uri": ledger.storage.uri,
+                "deadline": budget_deadline(self.spec)}
 
     def _at_prices_in_effect(self, name: str, entry: dict[str, Any], until: float) -> dict[str, Any]:
         """A spot group's spend at the prices in effect while it ran (the larger figure is kept); at its

@@ -31,6 +31,7 @@ from airflow_dtrain.kubernetes import placement as group_placement
 from airflow_dtrain.kubernetes import status as group_status
 from airflow_dtrain.kubernetes.objects import (
     ANNOTATION_CHECKPOINT_DELIVERY,
+    ANNOTATION_DEADLINE,
     ANNOTATION_EARLIER,
     ANNOTATION_OUTCOME,
     ANNOTATION_PLACEMENT,
@@ -481,6 +482,19 @@ class KubernetesLauncher(PodGroupLauncher):
                 continue
             asked += int(lines[-1])
         return asked
+
+    def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
+        """Patch the running Job's activeDeadlineSeconds (a field a Job may change while it runs) and its
+        deadline annotation, which the at-budget verdict quotes; only ever earlier, never on a Job that ended."""
+        job = self._job(name)
+        current = (job or {}).get("spec", {}).get("activeDeadlineSeconds")
+        if job is None or current is None or deadline["seconds"] >= current or group_status.recorded(name, job):
+            return None
+        patch = {"metadata": {"annotations": {ANNOTATION_DEADLINE: json.dumps(deadline, sort_keys=True)}},
+                 "spec": {"activeDeadlineSeconds": deadline["seconds"]}}  # fmt: skip
+        self._api(self._batch.patch_namespaced_job, name, self.namespace, patch, _content_type=_MERGE_PATCH,
+                  missing_ok=True)  # fmt: skip
+        return int(current)
 
     def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
         """Delete the Job (foreground: its pods first), its Service and ConfigMap.

@@ -165,6 +165,8 @@ def main(group_dir: Path) -> int:
 
     peer_grace = float(group.get("peer_exit_grace_s", 30.0))
     budget = group.get("budget_deadline")  # launchers.base.budget_deadline, with "at" (wall clock)
+    # LocalLauncher.shorten_deadline writes an earlier one here when the spot price rose (repriced_deadline)
+    earlier, earlier_seen = group_dir / "budget_deadline.json", 0.0
     at_budget = False
     collateral: set[int] = set()
     first_bad_exit: float | None = None
@@ -175,6 +177,14 @@ def main(group_dir: Path) -> int:
         if not running:
             break
         now = time.monotonic()
+        if budget and not at_budget and now - earlier_seen >= 1.0:
+            earlier_seen = now
+            try:
+                repriced = json.loads(earlier.read_text())
+                if repriced["at"] < budget["at"]:
+                    budget = repriced
+            except (FileNotFoundError, ValueError, KeyError):
+                pass
         if budget and not at_budget and stop_deadline is None and time.time() >= budget["at"]:
             # The money left is spent (less the final save's, for a program of your own): as the Job
             # controller does at activeDeadlineSeconds, SIGTERM (each rank saves its step), then the grace.

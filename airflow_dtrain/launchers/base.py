@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "PredecessorStillRunning",
-    "budget_deadline", "deadline_words", "poll_group",
+    "budget_deadline", "deadline_words", "poll_group", "repriced_deadline",
 ]  # fmt: skip
 
 
@@ -42,17 +42,38 @@ def budget_deadline(spec: JobSpec, spent_usd: float = 0.0) -> dict[str, Any] | N
     """
     if not spec.budget_usd or spec.price_per_node_hour <= 0:
         return None
-    usd_per_hour = spec.price_per_node_hour * spec.num_nodes
-    left = max(0.0, spec.budget_usd - spent_usd)
-    left_s = left / usd_per_hour * 3600
-    grace = math.ceil(spec.train.checkpoint.grace_period_s)
     own = bool(spec.entrypoint)
-    margin = math.ceil(spec.train.cost.stop_margin_s) if own else 0
-    seconds = max(1, math.floor(left_s) - grace - margin) if own else max(1, math.ceil(left_s) + grace)
+    return _deadline(
+        budget_usd=spec.budget_usd, spent_usd=spent_usd, nodes=spec.num_nodes, price=spec.price_per_node_hour,
+        grace=math.ceil(spec.train.checkpoint.grace_period_s),
+        margin=math.ceil(spec.train.cost.stop_margin_s) if own else 0, own=own,
+    )  # fmt: skip
+
+
+def _deadline(*, budget_usd: float, spent_usd: float, nodes: int, price: float, grace: int, margin: int, own: bool,
+              elapsed_s: float = 0.0) -> dict[str, Any]:
+    """``budget_deadline``'s arithmetic, ``elapsed_s`` into the group's life: the seconds after its launch."""
+    usd_per_hour = price * nodes
+    left_s = max(0.0, budget_usd - spent_usd) / usd_per_hour * 3600
+    if own:
+        seconds = max(1, math.floor(elapsed_s + left_s) - grace - margin)
+    else:
+        seconds = max(1, math.ceil(elapsed_s + left_s) + grace)
     return {
-        "seconds": seconds, "budget_usd": spec.budget_usd, "spent_usd": round(spent_usd, 6),
+        "seconds": seconds, "budget_usd": budget_usd, "spent_usd": round(spent_usd, 6), "nodes": nodes,
         "usd_per_hour": usd_per_hour, "grace_s": grace, "margin_s": margin, "save": "within" if own else "after",
     }  # fmt: skip
+
+
+def repriced_deadline(deadline: dict[str, Any], *, spent_usd: float, price: float, elapsed_s: float) -> dict[str, Any]:
+    """A running group's ``budget_deadline`` again, ``elapsed_s`` after its launch, with the spot price in effect
+    now: ``spent_usd`` (every attempt, this group's seconds so far at the prices in effect) leaves money that
+    buys fewer seconds at ``price`` than at the launch price when the price has risen. The result says what
+    it was derived from (``repriced``), for the deadline's words and the Job's annotation."""
+    new = _deadline(budget_usd=deadline["budget_usd"], spent_usd=spent_usd, nodes=int(deadline["nodes"]), price=price,
+                    grace=deadline["grace_s"], margin=deadline["margin_s"], own=deadline.get("save") == "within",
+                    elapsed_s=elapsed_s)  # fmt: skip
+    return {**new, "repriced": {"elapsed_s": round(elapsed_s, 3)}}
 
 
 def deadline_words(deadline: dict[str, Any], name: str) -> str:
@@ -62,6 +83,11 @@ def deadline_words(deadline: dict[str, Any], name: str) -> str:
         save = f"less {deadline['grace_s']}s for a final save and {deadline.get('margin_s', 0)}s to exit"
     else:
         save = f"plus {deadline['grace_s']}s for a final save"
+    repriced = deadline.get("repriced")
+    if repriced:
+        return (f"{name}={deadline['seconds']} (set {repriced['elapsed_s']:.0f}s after the launch, when ${left:.4f} was "
+                f"left of the ${deadline['budget_usd']:.2f} budget at the spot price then in effect, "
+                f"${deadline['usd_per_hour']:.4f}/h, {save})")
     return (f"{name}={deadline['seconds']} (${left:.4f} left of the ${deadline['budget_usd']:.2f} budget at "
             f"${deadline['usd_per_hour']:.4f}/h, {save})")
 
@@ -160,6 +186,12 @@ class PodGroupLauncher(abc.ABC):
     @abc.abstractmethod
     def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
         """Ask every process to checkpoint and exit, kill what is left after the grace period."""
+
+    def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
+        """Bring the platform's budget deadline of running group ``name`` forward to ``deadline``
+        (``repriced_deadline``: the spot price rose since its launch); never later than it is. Returns the
+        seconds it had, or None when it was not changed (already as early, the group gone, no deadline)."""
+        return None
 
     def placement(self, name: str) -> list[dict[str, Any]] | None:
         """Where the group's nodes ran, one dict per node index (``node``, ``zone``, ``instance_type``,

@@ -198,6 +198,20 @@ class LocalLauncher(PodGroupLauncher):
                 announced = True
             time.sleep(0.5)
 
+    def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
+        """Write the earlier deadline where the group's supervisor looks for it every second
+        (``budget_deadline.json`` beside ``group.json``)."""
+        group_dir = self._dir(name)
+        try:
+            group = json.loads((group_dir / "group.json").read_text())
+        except FileNotFoundError:
+            return None
+        current = _read_json(group_dir / "budget_deadline.json") or group.get("budget_deadline")
+        if current is None or (group_dir / "result.json").exists() or deadline["seconds"] >= current["seconds"]:
+            return None
+        write_json_atomic(group_dir / "budget_deadline.json", {**deadline, "at": group["created_at"] + deadline["seconds"]})
+        return int(current["seconds"])
+
     def find(self, prefix: str) -> list[str]:
         if not self.state_dir.is_dir():
             return []
@@ -319,3 +333,10 @@ class LocalLauncher(PodGroupLauncher):
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
         return live
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None

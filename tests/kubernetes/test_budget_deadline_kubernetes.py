@@ -18,6 +18,7 @@ from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI
 from tests.kubernetes.conftest import Background
+from tests.spot.conftest import moto_server, spot_market  # noqa: F401 - fixtures: the zone's spot price history
 from trainer.checkpoint_dir import CheckpointDir
 
 BUDGET, PRICE, NODES, STEPS = 5.0, 3.6, 2, 20  # the group costs $7.20/h: the budget buys 2,500 s of it
@@ -166,3 +167,27 @@ def test_a_program_of_your_own_is_stopped_before_the_money_runs_out_with_its_fin
     assert own["spec"]["activeDeadlineSeconds"] + pod["terminationGracePeriodSeconds"] <= left_s + 1
     how = json.loads(own["metadata"]["annotations"]["airflow-dtrain/deadline"])
     assert (how["save"], how["grace_s"], how["margin_s"]) == ("within", 60, 20)
+
+
+def test_a_spot_price_rise_brings_the_jobs_deadline_forward_and_the_cluster_stops_it_there(fake, tmp_path,
+                                                                                             spot_market):
+    """Quoted $3.60/node-h, the Job gets 2,610 s; EC2 bills $7.20. The watch reads the zone's price and patches
+    activeDeadlineSeconds to what the money left buys at $7.20 (1,250 s + the grace), so the cluster stops the
+    group within the budget even if the Airflow side goes away now."""
+    spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 2 * PRICE)]})
+    op = _operator(tmp_path, capacity="spot", zone="us-east-1a", instance_type="p3.2xlarge",
+                   spot_price_refresh_s=0.5)  # fmt: skip
+    ti = RecordingTI()
+    task = Background(op.execute, {"ti": ti})
+    name = _wait(lambda: ti.xcoms.get("group"), "the group", task)
+    fake.run(name)
+    job = _wait(lambda: (j := fake.get("jobs", name))["spec"]["activeDeadlineSeconds"] < 2000 and j,
+                "the deadline at the price in effect", task)
+    assert abs(job["spec"]["activeDeadlineSeconds"] - (BUDGET / (2 * PRICE * NODES) * 3600 + GRACE)) <= 2
+    said = json.loads(job["metadata"]["annotations"]["airflow-dtrain/deadline"])
+    assert said["usd_per_hour"] == pytest.approx(2 * PRICE * NODES) and "repriced" in said
+
+    fake.advance(job["spec"]["activeDeadlineSeconds"] + 1)  # nobody needs to call the API: the Job controller acts
+    summary = task.result()
+    assert summary["stopped"] == "budget", summary
+    assert "$14.4000/h" in summary["budget_stop"]["reason"], summary["budget_stop"]

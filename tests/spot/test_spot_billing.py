@@ -15,6 +15,7 @@ import time
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_dtrain.launchers.base import deadline_words, repriced_deadline
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
 from airflow_dtrain.session import GroupSession, GroupWatch
@@ -188,3 +189,48 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
     assert summary["dollars"] == pytest.approx(entry["dollars"]) and summary["dollars"] <= budget
     log = (tmp_path / "groups" / name / "group.log").read_text()
     assert "spot price now $9.0000/node-h (launched at $0.9000)" in log
+
+
+def test_a_price_rise_brings_the_platform_deadline_forward_by_what_the_money_left_buys_now():
+    """$10 budget, 2 nodes, quoted $1/node-h: the platform deadline of a program of your own is 5 h less its
+    grace and margin. An hour in, the price is $4 and $5 is spent (at the prices in effect): the $5 left buys
+    37.5 min of 2 nodes at $4, so the deadline is 1 h 37.5 min after the launch, less the same grace and margin."""
+    own = {"seconds": 5 * 3600 - 110 - 30, "budget_usd": 10.0, "spent_usd": 0.0, "nodes": 2, "usd_per_hour": 2.0,
+           "grace_s": 110, "margin_s": 30, "save": "within"}  # fmt: skip
+    new = repriced_deadline(own, spent_usd=5.0, price=4.0, elapsed_s=3600)
+    assert new["seconds"] == 3600 + 2250 - 110 - 30 and new["usd_per_hour"] == 8.0 and new["spent_usd"] == 5.0
+    assert "set 3600s after the launch" in deadline_words(new, "deadline") and "$8.0000/h" in deadline_words(new, "d")
+    # the bundled trainer's deadline is its backstop: the grace after the money runs out, as at the launch
+    bundled = {**own, "margin_s": 0, "save": "after", "seconds": 5 * 3600 + 110}
+    assert repriced_deadline(bundled, spent_usd=5.0, price=4.0, elapsed_s=3600)["seconds"] == 3600 + 2250 + 110
+    # nothing left: at once (1 s, the least a Job takes)
+    assert repriced_deadline(own, spent_usd=12.0, price=4.0, elapsed_s=3600)["seconds"] == 3600 - 110 - 30
+
+
+@pytest.mark.torchrun
+def test_your_program_on_spot_whose_price_doubled_is_stopped_by_its_supervisor_within_the_budget(tmp_path,
+                                                                                                  spot_market):
+    """A program of your own has no cap of its own: the platform deadline is its cap. Quoted $36/node-h (a cent a
+    second), it would get 90 s of its $0.90, and the supervisor would stop it 75 s after the launch (10 s grace,
+    5 s margin) -- at the $72 EC2 bills, $1.50. The watch reads the price, and the deadline moves to 29-30 s."""
+    from tests.conftest import REPO, RecordingTI
+
+    spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 72.0)]})
+    budget = 0.90
+    op = _operator(
+        tmp_path, entrypoint=[str(REPO / "examples" / "own_trainer" / "train.py"), "--step-sleep", "0.3"],
+        job="own-mlp", steps=100_000, checkpoint_every=4, num_nodes=1, procs_per_node=2, price_per_node_hour=36.0,
+        budget_usd=budget, local_state_dir=str(tmp_path / "groups"), poll_interval=0.5, deferrable=False,
+        spot_price_refresh_s=1.0, config={"checkpoint": {"grace_period_s": 10}, "cost": {"stop_margin_s": 5}},
+    )  # fmt: skip
+    summary = op.execute({"ti": RecordingTI()})
+
+    assert summary["stopped"] == "budget", summary
+    reason = summary["budget_stop"]["reason"]
+    assert "dollar cap by its supervisor" in reason and "the spot price then in effect, $72.0000/h" in reason, reason
+    seconds = int(reason.split("deadline=", 1)[1].split()[0])
+    assert seconds in (29, 30), reason  # 45 s at $72 (less the fraction of a second billed), less 15 s
+    [name] = LocalLauncher(tmp_path / "groups").find("")
+    entry = _spend_entry(tmp_path, name)
+    assert entry["dollars_at_prices_in_effect"] <= budget, entry  # what EC2 bills, within the cap
+    assert summary["dollars"] <= budget
