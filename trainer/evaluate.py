@@ -277,6 +277,10 @@ def _html(path: str, run: RunRecord, evals: list, latest: dict, image: str) -> N
         ("spent", f"${spent:,.4f}" + (f" of ${run.budget_usd:,.2f}" if run.budget_usd else "")),
         ("training wall time", f"{float(progress.get('wall_time_s') or 0):,.0f} s"),
     ]
+    if progress.get("checkpoint_cost_s") is not None:
+        took, wall = float(progress["checkpoint_cost_s"]), float(progress.get("wall_time_s") or 0)
+        share = f" ({100 * took / wall:.1f} % of it)" if wall > 0 else ""
+        rows.append(("time the saves took from training", f"{took:,.1f} s{share}"))
     body = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     evaluated = "".join(f"<tr><td>{s}</td><td>{loss:.4f}</td></tr>" for s, loss in evals)
     with open(path, "w") as f:

@@ -15,6 +15,8 @@ write is a request. Fields::
     checkpoint_step    its step
     attempt            1 for the first start, +1 for each restart
     wall_time_s        training wall time summed over attempts
+    checkpoint_cost_s  of it, what the committed saves took from training (blocked + the slowdown of the steps
+                       an async save overlapped: the checkpoint events' cost_s), summed over attempts
     history            [[step, loss, lr, unix time, tokens/s], ...]: the curves of the evaluation report
                        (tokens/s over the metrics' log interval, null between logged steps): the
                        first step, every k-th step and the latest one, at most HISTORY_POINTS points
@@ -67,6 +69,7 @@ class Progress:
             # checkpoint we restart from is trained again.
             self.steps_lost = int(previous.get("steps_lost", 0)) + max(0, int(previous.get("step", 0)) - start_step)
             self.prior_wall_s = float(previous.get("wall_time_s", 0.0))
+            self.state["checkpoint_cost_s"] = float(previous.get("checkpoint_cost_s", 0.0))
             if previous.get("step") == start_step:
                 self.state["loss"] = previous.get("loss")
             self.history = [p for p in previous.get("history", []) if p[0] <= start_step]

@@ -450,7 +450,9 @@ class Job:
             self._last_save_s = c["seconds"]
             if self.budget is not None:
                 self.budget.observe_save(c["seconds"])
-            self.progress.update(latest_checkpoint=c["path"], checkpoint_step=c["step"])
+            took = cost["cost_s"] if cost["cost_s"] is not None else c["blocked_s"]  # unknown overlap: at least
+            self.progress.update(latest_checkpoint=c["path"], checkpoint_step=c["step"],
+                                 checkpoint_cost_s=round(self.progress.state.get("checkpoint_cost_s", 0.0) + took, 3))
             self.gauge_cost()
 
     def gauge_cost(self) -> None:

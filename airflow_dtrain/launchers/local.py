@@ -37,6 +37,9 @@ from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE, agent_env, node_com
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
+GROUP_DIR_ENV = "DTRAIN_LOCAL_GROUP_DIR"
+"""Set on every process of a local group: its group directory, which (with DTRAIN_GROUP_NAME) tells it from a
+group of the same name in another state directory."""
 _MAX_LOG_CHUNK = 1 << 20
 PREDECESSOR_WAIT_CAP_S = 600.0
 """The longest a launch waits for an earlier group's processes, whatever the spec's grace period."""
@@ -116,7 +119,10 @@ class LocalLauncher(PodGroupLauncher):
             for node in range(num_nodes)
         ]  # fmt: skip
         threads = max(1, (os.cpu_count() or 1) // (num_nodes * procs))
-        env = {"DTRAIN_GROUP_NAME": name, "OMP_NUM_THREADS": str(threads), **agent_env(spec)}
+        # The group's processes are found by these two (a group name alone is not unique on a machine: two
+        # state directories, e.g. two Airflow deployments or two test runs, can hold groups of the same name).
+        env = {"DTRAIN_GROUP_NAME": name, GROUP_DIR_ENV: str(group_dir.resolve()), "OMP_NUM_THREADS": str(threads),
+               **agent_env(spec)}
         group = {
             "name": name,
             "backend": self.backend,
@@ -316,19 +322,22 @@ class LocalLauncher(PodGroupLauncher):
             for record in json.loads(nodes.read_text()).values():
                 if _alive(record):
                     kill_tree(record["pid"])
-        for proc in psutil.process_iter(["pid"]):
+        for proc in self.processes(name):
             try:
-                if proc.environ().get("DTRAIN_GROUP_NAME") == name:
-                    proc.kill()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                proc.kill()
+            except psutil.NoSuchProcess:
                 continue
 
     def processes(self, name: str) -> list[psutil.Process]:
-        """Live processes that belong to group ``name`` (for tests and troubleshooting)."""
-        live = []
+        """Live processes of group ``name`` of this state directory (for the launch's wait on an earlier group,
+        the sweep, tests and troubleshooting): tagged with its name and its directory (``GROUP_DIR_ENV``; a
+        process without the directory's tag, started by an earlier version, is matched by its name)."""
+        where, live = str(self._dir(name).resolve()), []
         for proc in psutil.process_iter(["pid"]):
             try:
-                if proc.environ().get("DTRAIN_GROUP_NAME") == name and proc.status() != psutil.STATUS_ZOMBIE:
+                env = proc.environ()
+                if (env.get("DTRAIN_GROUP_NAME") == name and env.get(GROUP_DIR_ENV, where) == where
+                        and proc.status() != psutil.STATUS_ZOMBIE):
                     live.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue

@@ -151,12 +151,11 @@ def _worker_pids(group_dir) -> list[int]:
     """The training processes (not their torchrun agents) of a local group."""
     import psutil
 
-    name = group_dir.name
     found = []
-    for proc in psutil.process_iter(["pid"]):
+    for proc in LocalLauncher(group_dir.parent).processes(group_dir.name):
         try:
             cmdline = proc.cmdline()
-            if proc.environ().get("DTRAIN_GROUP_NAME") == name and "trainer" in cmdline and "trainer.launch" not in cmdline:
+            if "trainer" in cmdline and "trainer.launch" not in cmdline:
                 found.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue

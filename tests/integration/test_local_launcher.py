@@ -75,6 +75,25 @@ def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_p
     wait_for(lambda: launcher.processes("lost-r0") == [], 30, "no process left")
 
 
+def test_a_group_of_the_same_name_in_another_state_directory_is_left_alone(tmp_path):
+    """Group names repeat across state directories (two deployments, or two test runs, on one machine). A launch
+    waits for what is left of its task's earlier group, then kills it: never another directory's group of
+    that name."""
+    other = LocalLauncher(tmp_path / "other-groups")
+    other.launch("same-r0", _spec(tmp_path / "other", steps=100_000, num_nodes=1))
+    wait_for_step(tmp_path / "other" / "ckpt", 2)
+    mine = LocalLauncher(tmp_path / "groups")
+    quick = {"steps": 2, "num_nodes": 1, "config": {"checkpoint": {"grace_period_s": 5}}}
+    mine.launch("same-r0", _spec(tmp_path, **quick))
+    assert wait_terminal(mine, "same-r0").state == GroupState.SUCCEEDED
+    assert other.processes("same-r0") and mine.processes("same-r0") == []
+
+    mine.launch("same-r1", _spec(tmp_path, **quick))  # waits for its own same-r0's processes: there are none
+    assert wait_terminal(mine, "same-r1").state == GroupState.SUCCEEDED
+    assert other.status("same-r0").state == GroupState.RUNNING, "another directory's group was killed"
+    assert other.stop("same-r0", grace_period_s=30).state == GroupState.STOPPED
+
+
 def test_checkpoint_now_saves_at_the_next_step_and_training_goes_on(tmp_path):
     launcher = LocalLauncher(tmp_path / "groups")
     launcher.launch("ckptnow-r0", _spec(tmp_path, steps=100_000))

@@ -9,13 +9,14 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.launchers.base import GroupState
-from airflow_dtrain.launchers.local import LocalLauncher
+from airflow_dtrain.launchers.local import GROUP_DIR_ENV, LocalLauncher
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI
 from tests.integration.helpers import SMALL, progress, wait_for, wait_for_step
@@ -36,10 +37,11 @@ def _operator(tmp_path) -> FSDPTrainOperator:
 
 
 class GroupsAlive:
-    """Samples, every 0.2 s, which groups (DTRAIN_GROUP_NAME) have live processes on this machine."""
+    """Samples, every 0.2 s, which groups (DTRAIN_GROUP_NAME) of state directory ``groups`` have live processes
+    on this machine (another test's group may have the same name, in a directory of its own)."""
 
-    def __init__(self, prefix: str):
-        self.prefix, self.samples = prefix, []
+    def __init__(self, prefix: str, groups: Path):
+        self.prefix, self.groups, self.samples = prefix, str(groups.resolve()), []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -49,8 +51,10 @@ class GroupsAlive:
             alive = set()
             for proc in psutil.process_iter(["pid"]):
                 try:
-                    group = proc.environ().get("DTRAIN_GROUP_NAME", "")
-                    if group.startswith(self.prefix) and proc.status() != psutil.STATUS_ZOMBIE:
+                    env = proc.environ()
+                    group = env.get("DTRAIN_GROUP_NAME", "")
+                    mine = os.path.dirname(env.get(GROUP_DIR_ENV, "")) == self.groups
+                    if group.startswith(self.prefix) and mine and proc.status() != psutil.STATUS_ZOMBIE:
                         alive.add(group)
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                     continue
@@ -80,7 +84,7 @@ def test_supervisor_kill_9_then_a_retry_leaves_exactly_one_writer(tmp_path, capl
     worker.start()
     wait_for_step(ckpt, 6)
     first = ti.xcoms["group"]
-    sampler = GroupsAlive(first.rsplit("-r", 1)[0])
+    sampler = GroupsAlive(first.rsplit("-r", 1)[0], groups)
     orphans = launcher.processes(first)
     assert len(orphans) >= 3, orphans  # the torchrun agent and its two ranks
     lease_first = CheckpointDir(str(ckpt)).newest_lease()

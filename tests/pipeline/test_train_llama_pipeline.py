@@ -72,6 +72,7 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     report = (ckpt / "report.html").read_text()
     assert '<img src="report.png"' in report and "<th>preemptions</th><td>1</td>" in report
     assert "<th>step</th><td>60 of 60</td>" in report and " of $5.00</td>" in report
+    assert "<th>time the saves took from training</th><td>" in report and " % of it)</td>" in report
     evaluation = json.loads((ckpt / "evals" / "latest.json").read_text())
     train_steps = [point[0] for point in evaluation["train_curve"]]
     # the whole run's loss curve, across the preemption, each step once

@@ -7,6 +7,9 @@ such a torch, a fresh stager per save.
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from tests.trainer.conftest import FAST, FAST_DEFAULTS, run_trainer
@@ -67,6 +70,9 @@ def test_a_save_slower_than_the_interval_says_what_it_cost_and_how_to_set_the_in
     assert saves[6]["overlap_s"] == 0 and saves[6]["cost_s"] == saves[6]["blocked_s"], saves[6]
     for e in saves.values():
         assert e["overlap_s"] >= 0 and abs(e["cost_s"] - e["blocked_s"] - e["overlap_s"]) <= 0.002, e
+    # progress.json (the report's "time the saves took from training") sums what each save cost
+    progress = json.loads((tmp_path / "ckpt" / "progress.json").read_text())
+    assert progress["checkpoint_cost_s"] == pytest.approx(sum(e["cost_s"] for e in saves.values()), abs=0.005)
     [warning] = [line for line in run.stderr.splitlines() if "this save waited" in line]
     assert "for the save of step 2 to commit" in warning and "checkpoint.every=2 steps" in warning, warning
     suggested = int(warning.rsplit("checkpoint.every >= ", 1)[1].split()[0])
