@@ -204,7 +204,7 @@ class Job:
     _budget_stop: dict | None = None  # rank 0: why the job stops at its cap
     overlap: SaveOverlap = field(default_factory=SaveOverlap)  # what each save cost the steps around it
     _slow_saves: int = 0  # interval saves that had to wait for the previous one to commit
-    _last_save_s: float = 0.0  # how long the last committed save took
+    _last_save_s: float = 0.0  # how long the last committed save took (not counting a wait for the one before)
 
     def run(self) -> int:
         cfg = self.cfg
@@ -447,7 +447,7 @@ class Job:
             self.metrics.gauge("checkpoint.blocked_seconds", c["blocked_s"])
             self.metrics.gauge("checkpoint.overlap_seconds", cost["overlap_s"])
             self.metrics.gauge("checkpoint.cost_seconds", cost["cost_s"])
-            self._last_save_s = c["seconds"]
+            self._last_save_s = c["seconds"] - c.get("waited_s", 0.0)  # its own time, not its wait for the one before
             if self.budget is not None:
                 self.budget.observe_save(c["seconds"])
             took = cost["cost_s"] if cost["cost_s"] is not None else c["blocked_s"]  # unknown overlap: at least
