@@ -81,17 +81,20 @@ def test_a_group_of_the_same_name_in_another_state_directory_is_left_alone(tmp_p
     that name."""
     other = LocalLauncher(tmp_path / "other-groups")
     other.launch("same-r0", _spec(tmp_path / "other", steps=100_000, num_nodes=1))
-    wait_for_step(tmp_path / "other" / "ckpt", 2)
-    mine = LocalLauncher(tmp_path / "groups")
-    quick = {"steps": 2, "num_nodes": 1, "config": {"checkpoint": {"grace_period_s": 5}}}
-    mine.launch("same-r0", _spec(tmp_path, **quick))
-    assert wait_terminal(mine, "same-r0").state == GroupState.SUCCEEDED
-    assert other.processes("same-r0") and mine.processes("same-r0") == []
+    try:
+        wait_for_step(tmp_path / "other" / "ckpt", 2)
+        mine = LocalLauncher(tmp_path / "groups")
+        quick = {"steps": 2, "num_nodes": 1, "config": {"checkpoint": {"grace_period_s": 5}}}
+        mine.launch("same-r0", _spec(tmp_path, **quick))
+        assert wait_terminal(mine, "same-r0").state == GroupState.SUCCEEDED
+        assert other.processes("same-r0") and mine.processes("same-r0") == []
 
-    mine.launch("same-r1", _spec(tmp_path, **quick))  # waits for its own same-r0's processes: there are none
-    assert wait_terminal(mine, "same-r1").state == GroupState.SUCCEEDED
-    assert other.status("same-r0").state == GroupState.RUNNING, "another directory's group was killed"
-    assert other.stop("same-r0", grace_period_s=30).state == GroupState.STOPPED
+        mine.launch("same-r1", _spec(tmp_path, **quick))  # waits for its own same-r0's processes: there are none
+        assert wait_terminal(mine, "same-r1").state == GroupState.SUCCEEDED
+        assert other.status("same-r0").state == GroupState.RUNNING, "another directory's group was killed"
+    finally:
+        stopped = other.stop("same-r0", grace_period_s=30)  # a failed check leaves no training behind
+    assert stopped.state == GroupState.STOPPED
 
 
 def test_checkpoint_now_saves_at_the_next_step_and_training_goes_on(tmp_path):
