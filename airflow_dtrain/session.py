@@ -146,13 +146,13 @@ class GroupWatch:
         own, a hung trainer, nobody on the Airflow side watching)."""
         from airflow_dtrain.spot.ledger import at_prices_in_effect
 
-        group = at_prices_in_effect(billed(entry, until=now), history, until=now)
-        others = sum(float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != self.name)
-        in_effect = [p for t, p in sorted(history) if t <= now]
-        price = in_effect[-1] if in_effect else sorted(history)[-1][1]
+        history = sorted(history)
+        price = ([p for t, p in history if t <= now] or [history[-1][1]])[-1]
         launched = float(entry.get("price_per_node_hour") or 0.0)
         if price <= launched:
-            return  # the deadline set at the launch price holds
+            return  # the deadline set at the launch price holds (and the ledger need not be read)
+        group = at_prices_in_effect(billed(entry, until=now), history, until=now)
+        others = sum(float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != self.name)
         deadline = repriced_deadline(self.prices["deadline"], spent_usd=others + float(group["dollars"]), price=price,
                                      elapsed_s=now - float(entry["launched_at"]))  # fmt: skip
         before = self.launcher.shorten_deadline(self.name, deadline)

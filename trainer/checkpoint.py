@@ -336,14 +336,14 @@ class Checkpointer:
         start = time.perf_counter()
         behind = self._pending[1]["step"] if self._pending is not None and not self._pending[0].done() else None
         self.wait()  # one save in flight at a time
-        waited = time.perf_counter() - start
+        waited = time.perf_counter() - start if behind is not None else 0.0
         self.waited = (behind, waited) if behind is not None else None
         path = self.dir.step_path(step)
         if self.dir.is_committed(step) and step not in self._failed_verification:
             # e.g. a preemption right after an interval save of the same step
             took = time.perf_counter() - start
             self._completed.append({"step": step, "path": path, "reason": reason, "seconds": took,
-                                    "blocked_s": took, "waited_s": waited if behind is not None else 0.0})
+                                    "blocked_s": took, "waited_s": waited})
             return path
         write_dir = self._staging_dir(step) if self.storage.remote else path
         self._check_fence(step)  # a fenced group must not even clear a step directory: it may be the new writer's
@@ -361,7 +361,7 @@ class Checkpointer:
             self._raise_failed(step, write_dir, path, cleared)
         state = self._state(model, optimizer, scheduler, data, step)
         info = {"step": step, "path": path, "reason": reason, "start": start, "write_dir": write_dir,
-                "fields": manifest_fields, "waited_s": waited if behind is not None else 0.0}
+                "fields": manifest_fields, "waited_s": waited}
         info["async"] = not blocking and self.async_save
         if not info["async"]:
             try:
