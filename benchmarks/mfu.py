@@ -37,6 +37,10 @@ def main() -> int:
     p.add_argument("--ac", choices=("none", "selective", "full"), default="none")
     p.add_argument("--selective-ac-every", type=int, default=0)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--compile-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the loss too (default: with --compile, as the trainer does)")
+    p.add_argument("--loss-chunk-tokens", type=int, default=None,
+                   help="parallel.loss_chunk_tokens (default: the trainer's; 0 = whole logits, no recompute)")
     p.add_argument("--allow-cpu", action="store_true")
     args = p.parse_args()
     if not torch.cuda.is_available() and not args.allow_cpu:
@@ -56,10 +60,13 @@ def main() -> int:
         "global_batch_size": args.micro_batch * args.accum * world,
         "optim": {"warmup_steps": 0, "lr": 1e-5},
         "parallel": {"activation_checkpointing": args.ac, "selective_ac_every": args.selective_ac_every,
-                     "compile": args.compile},
+                     "compile": args.compile,
+                     **({} if args.loss_chunk_tokens is None else {"loss_chunk_tokens": args.loss_chunk_tokens})},
     })
     d = setup_distributed(cfg.parallel)
     model = build_model(cfg, d)
+    if args.compile_loss is not None:
+        model.compile_loss = args.compile_loss
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)
     vocab = model.args.vocab_size
@@ -91,7 +98,8 @@ def main() -> int:
         print(f"flavour {args.flavor} ({model.num_params() / 1e9:.3f} B params), seq_len {args.seq_len}, "
               f"micro-batch {args.micro_batch} x accum {args.accum} x {world} ranks, "
               f"{'bf16 FSDP2 (fp32 reduce)' if d.device.type == 'cuda' else 'fp32 FSDP2'}, "
-              f"compile {args.compile}, AC {args.ac}"
+              f"compile {args.compile} (loss {model.compile_loss}), "
+              f"loss chunk {cfg.parallel.loss_chunk_tokens or 'none'}, AC {args.ac}"
               + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")
               + f", AdamW fused {d.device.type == 'cuda'}")
         print(f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; last loss {loss.item():.3f}")

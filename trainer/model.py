@@ -172,6 +172,8 @@ class Llama(nn.Module):
         # saved); (max_seq_len, head_dim) each.
         self.register_buffer("rope_cos", torch.empty(args.max_seq_len, args.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(args.max_seq_len, args.head_dim), persistent=False)
+        # Set by trainer.parallelize with parallel.compile: the loss runs as a compiled graph too.
+        self.compile_loss = False
 
     @torch.no_grad()
     def init_weights(self, seed: int, *, parameters: bool = True) -> None:
@@ -222,7 +224,7 @@ class Llama(nn.Module):
         h = self.norm(h)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if targets is not None:
-            return cross_entropy(h, weight, targets, loss_chunk_tokens)
+            return cross_entropy(h, weight, targets, loss_chunk_tokens, compiled=self.compile_loss)
         return F.linear(h, weight)
 
     def num_params(self, exclude_embedding: bool = False) -> int:

@@ -49,7 +49,8 @@ def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = Non
     1. activation checkpointing, per block: it must be inside what is compiled, so that
        the compiled graph holds the recomputation rather than breaking around it;
     2. torch.compile, per block: all blocks have the same code and shapes, so one compiled
-       graph serves every layer (compiling the whole model would trace the FSDP hooks);
+       graph serves every layer (compiling the whole model would trace the FSDP hooks); and
+       the loss (trainer/loss.py: each chunk's projection, upcast and cross-entropy fused);
     3. fully_shard on each block: each becomes its own all-gather / reduce-scatter unit,
        so only one block's full weights are live at a time, and the next block's
        all-gather overlaps the current block's compute;
@@ -68,6 +69,7 @@ def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = Non
     if cfg.compile:
         for layer in model.layers:
             layer.compile(fullgraph=True)
+        model.compile_loss = True
     if not (needs_fsdp(mesh) if shard is None else shard):
         return model
     kwargs: dict = {"mesh": mesh}

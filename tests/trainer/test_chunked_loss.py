@@ -50,3 +50,26 @@ def test_no_chunk_holds_more_than_chunk_tokens_of_logits():
         F.linear = original
     assert seen and max(seen) <= 6, seen  # forward and the backward recomputation alike
     assert sum(seen[: len(seen) // 2]) == 20
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_the_compiled_loss_is_the_eager_loss_value_and_gradients(chunk):
+    # parallel.compile runs the loss through torch.compile (Inductor on CPU needs a C++ compiler).
+    torch.manual_seed(0)
+    weight = torch.randn(50, 8, requires_grad=True)
+    h = torch.randn(2, 10, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (2, 10))
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    results = []
+    for compiled in (False, True):
+        loss = cross_entropy(h, weight, targets, chunk_tokens=chunk, compiled=compiled)
+        loss.backward()
+        results.append((loss.detach(), weight.grad.clone(), h.grad.clone()))
+        weight.grad = h.grad = None
+    assert counters["stats"]["unique_graphs"] >= 1, "the compiled path did not compile anything"
+    (eager_loss, eager_w, eager_h), (loss, w, g) = results
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w, eager_w, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(g, eager_h, rtol=1e-4, atol=1e-6)
