@@ -38,8 +38,8 @@ mfu-large)
     ;;
 async)
     rm -rf /tmp/ck-async
-    RUN_TIMEOUT=${RUN_TIMEOUT:-240} TAIL=100000 run async-1b $py -m trainer --flavor llama3_1b --steps 130 \
-        --set data.seq_len=2048 --set micro_batch_size=4 --set global_batch_size=4 --set checkpoint.every=60 \
+    RUN_TIMEOUT=${RUN_TIMEOUT:-400} TAIL=100000 run async-1b $py -m trainer --flavor llama3_1b --steps 320 \
+        --set data.seq_len=2048 --set micro_batch_size=4 --set global_batch_size=4 --set checkpoint.every=100 \
         --set checkpoint.keep=1 --set metrics.log_every=1 --set parallel.compile=false \
         --checkpoint-uri /tmp/ck-async > "$out/async.txt"
     grep -E '"checkpoint"|WARN|warn|waited|== ' "$out/async.txt" | cut -c1-600

@@ -34,6 +34,7 @@ training collectives. One save is in flight at a time: the next save, the final 
 and a preemption first wait for it.
 """
 
+import contextlib
 import copy
 import errno
 import hashlib
@@ -136,11 +137,40 @@ def _torch_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# torch 2.11's DefaultStager clears its copier table at the end of every stage (to break a
-# reference cycle), so a stager used for a second save fails inside DCP with
-# "KeyError: <class 'type'>". There, every save gets a new stager; from 2.12 on one stager is
-# kept for the whole run (and, on GPU, its pinned buffers with it).
-_STAGER_SINGLE_USE = _torch_version() < (2, 12)
+# torch 2.11's DefaultStager closes its StateDictStager at the end of every stage (pytorch#183413):
+# that clears its copier table, so a second save through the same stager fails inside DCP with
+# "KeyError: <class 'type'>", and it drops the cached host buffers, so every save allocates and
+# pins the whole state again (on an H100, 14 GB took the first step after each save from 0.22 s to
+# 5-11 s). There the trainer uses _KeepBuffersStager, whose _stage is 2.12's: the same copy, no
+# close. From 2.12 on, DefaultStager itself is kept for the whole run.
+_STAGER_CLOSES_AFTER_STAGE = _torch_version() < (2, 12)
+
+
+def _new_stager(cuda: bool):
+    """A DCP stager for every save of the run: pinned host buffers on GPU, allocated at the
+    first save and reused by every later one (DCP keys them by the source tensor's storage)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    # Async staging: the copy runs in the stager's thread (on a side stream on GPU) while the
+    # next step's forward/backward run; Checkpointer.wait_for_staging() joins it.
+    options = StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                             use_non_blocking_copy=cuda)
+    if not _STAGER_CLOSES_AFTER_STAGE:
+        return DefaultStager(options)
+
+    class _KeepBuffersStager(DefaultStager):
+        def _stage(self, state_dict, **kwargs):
+            non_blocking = self._config.use_non_blocking_copy
+            stream = self._staging_stream if non_blocking else None
+            with stream if stream is not None else contextlib.nullcontext():
+                staged = self._state_dict_stager.stage(state_dict, non_blocking=non_blocking)
+            if stream is not None:
+                stream.synchronize()
+            elif non_blocking:
+                torch.cuda.synchronize()
+            return staged
+
+    return _KeepBuffersStager(options)
 
 
 def _plain(state: Any) -> Any:
@@ -486,19 +516,8 @@ class Checkpointer:
         return waited
 
     def _get_stager(self):
-        if self._stager is not None and _STAGER_SINGLE_USE:
-            self._stager.close()  # the previous save's staging is done: save() waited for it
-            self._stager = None
         if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            cuda = self.device.type == "cuda"
-            # On GPU: pinned host buffers, allocated once and reused by every save, so the
-            # stall is one device-to-host copy at full PCIe speed. (Not measured here: CPU only.)
-            # Async staging: the copy runs in the stager's thread (on a side stream on GPU)
-            # while the next step's forward/backward run; wait_for_staging() joins it.
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                        use_async_staging=True, use_non_blocking_copy=cuda))
+            self._stager = _new_stager(self.device.type == "cuda")
         return self._stager
 
     def _staging_dir(self, step: int) -> str:
