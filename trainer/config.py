@@ -295,9 +295,12 @@ class ParallelConfig:
         4096, ge=0,
         help="Cross-entropy over this many tokens at a time, each chunk's logits recomputed in backward, so a "
         "micro-batch's full logits (16.8 GB in fp32 for 16 × 2048 tokens of a 128k vocabulary) never exist; "
-        "0 = whole logits.",
+        "0 = whole logits (with parallel.compile the loss is fused and 0 is faster: no recomputation).",
     )  # fmt: skip
-    compile: bool = setting(False, help="torch.compile each transformer block (one graph reused by every layer).")
+    compile: bool = setting(
+        False, help="torch.compile each transformer block (one graph reused by every layer) and the loss (projection, "
+        "fp32 upcast and cross-entropy fused). On a GPU, with loss_chunk_tokens=0 where memory allows.",
+    )  # fmt: skip
     cpu_offload: bool = setting(
         False, help="Keep sharded parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy)."
     )
