@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The trainer extra allows torch>=2.6; this pins the CPU build used by the demo and CI.
+# The trainer extra allows torch>=2.11,<2.14 (setup.cfg); this pins the CPU build used by the demo and CI.
 TORCH_SPEC ?= torch==2.13.0
 DEMO_HOME ?= $(CURDIR)/.demo
 PYTEST_ARGS ?=
@@ -43,7 +43,7 @@ chromium:
 	fi
 
 test: venv chromium
-	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # Everything except the tests that start a real Airflow scheduler.
 test-fast: venv
