@@ -174,3 +174,39 @@ def test_with_the_dags_inputs_the_policy_gets_one_fixed_rate_from_the_first_half
     for table in [t.split("\n\n")[0] for t in done.stdout.split("\nsynthetic, ")[1:]]:
         ours = next(line.split("|") for line in table.splitlines() if line.startswith("| our policy |"))
         assert sum(int(ours[i].split()[0]) for i in (5, 6, 7, 8)) == 12 and ours[10].strip() == "0"
+
+
+def test_the_hindsight_check_counts_every_parameter_set_per_user_and_size(tmp_path):
+    """benchmarks/spot_hindsight.py runs the whole grid on the held-out jobs: per size and user, how many sets
+    would have been at or below every baseline, and where none is, the closest set and its gap."""
+    _market(tmp_path)
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "spot_hindsight.py"), str(tmp_path), "--scenario",
+                           "synthetic", "--jobs", "6", "--seed", "3"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    cells = done.stdout.split("\n\nsynthetic, ")[1:]
+    assert [c.split(" ")[0] for c in cells] == ["1", "4", "16"]
+    spot_cost, _ = _benchmark_modules()
+    n_sets = len(spot_cost.PRICE_RATIOS) * len(spot_cost.MAX_RISKS) * len(spot_cost.LATE_RISKS) * len(
+        spot_cost.BUDGET_CHANCES)
+    for cell in cells:
+        lines = [line for line in cell.splitlines() if line.startswith("- ")]
+        assert [line.split(":")[0] for line in lines] == ["- our policy", "- our policy, on time or stop"], cell
+        for line in lines:
+            count = int(line.split(": ")[1].split(" of ")[0])
+            assert 0 <= count <= n_sets and f" of {n_sets} sets" in line
+            assert ("; the cheapest set" in line) == (count > 0) and ("; the closest set" in line) == (count == 0), line
+            # what it claims holds by the figures it prints: a passing set costs no more than the cheapest
+            # baseline and keeps as many as the most; the closest one misses on one of the two
+            bases = [b.rsplit(" ", 4) for b in cell.splitlines()[0].split(": ", 1)[1].split("; ")]
+            base_cost = min(float(b[1].rstrip("%")) for b in bases)
+            base_kept = max(int(b[3]) for b in bases)
+            figures = line.split("): ")[1].split(" kept")[0]
+            cost, kept = float(figures.split("% / ")[0]), int(figures.split("% / ")[1])
+            if count:
+                assert cost <= base_cost and kept >= base_kept, (line, bases)
+            else:
+                assert cost > base_cost or kept < base_kept, (line, bases)
+
+    wrong = subprocess.run([sys.executable, str(REPO / "benchmarks" / "spot_hindsight.py"), str(tmp_path),
+                            "--scenario", "groups"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "--scenario 'groups': not in" in wrong.stderr and "synthetic" in wrong.stderr
