@@ -2,7 +2,7 @@
 # The GPU figures of benchmarks/RESULTS.md, as run on a lent GPU machine (one GPU, python3 with CUDA torch).
 #   bash benchmarks/gpu_check.sh mfu     # llama3_1b tokens/s and MFU: eager, compiled, loss compiled, whole logits
 #   bash benchmarks/gpu_check.sh async   # the trainer's async saves on llama3_1b: each save's cost_s
-#   bash benchmarks/gpu_check.sh mfu-large
+#   bash benchmarks/gpu_check.sh mfu-large # micro-batch 8 and 16 (about 60 GiB of GPU memory at 16)
 # Output goes to $OUT (or ./gpu-out) as one text file per part.
 set -u
 part=${1:-mfu}
@@ -32,8 +32,9 @@ mfu)
     ;;
 mfu-large)
     {
-        run compiled-mb16 $py benchmarks/mfu.py --micro-batch 16
+        run compiled-mb16-whole-logits $py benchmarks/mfu.py --micro-batch 16 --loss-chunk-tokens 0
         run compiled-mb8-whole-logits $py benchmarks/mfu.py --micro-batch 8 --loss-chunk-tokens 0
+        run compiled-mb16 $py benchmarks/mfu.py --micro-batch 16
     } | tee "$out/mfu_large.txt"
     ;;
 async)
