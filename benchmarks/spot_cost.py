@@ -487,6 +487,12 @@ def run_size(worlds: list[World], jobs: list[Job], strategies: list, mech: Mecha
     return rows
 
 
+def param_grid() -> list[tuple]:
+    """Every parameter set of our policy that is tuned: (max spot price ratio, max interruption rate, max late risk,
+    min finish chance)."""
+    return list(itertools.product(PRICE_RATIOS, MAX_RISKS, LATE_RISKS, BUDGET_CHANCES))
+
+
 def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics, inputs: str = "measured"):
     """Per user (``allow_late`` on and off) and job size (known when a job is submitted), on jobs of the first half
     simulated on that half: of the parameters at or below every baseline there (cost, and jobs kept on time
@@ -496,7 +502,7 @@ def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Me
     jobs = {n: make_jobs([w.market for w in halves], n_jobs, n, 0, seed, mech) for n in sizes}
     bases = {n: run_size(halves, jobs[n], [Naive(True), Naive(False), UniformProgress()], mech)[1:] for n in sizes}
     best: dict[tuple[bool, int], tuple] = {}
-    for late, params in itertools.product(OURS, itertools.product(PRICE_RATIOS, MAX_RISKS, LATE_RISKS, BUDGET_CHANCES)):
+    for late, params in itertools.product(OURS, param_grid()):
         for n in sizes:
             [ref, ours] = run_size(halves, jobs[n], [Policy(*params, allow_late=late, inputs=inputs)], mech)
             per_job = ref.od_cost / max(1, len(jobs[n]))

@@ -7,16 +7,14 @@
 second. Where it misses the line (at or below every baseline's cost with as many jobs on time within budget),
 there are two possible reasons: the choice on the first half did not carry over, or no parameter set of the
 grid meets the line on those jobs at all. This script tells them apart. On the same held-out jobs, with the
-same draws, it runs every set of the grid (`spot_cost.PRICE_RATIOS` × `MAX_RISKS` × `LATE_RISKS` ×
-`BUDGET_CHANCES`, for each user: late results wanted, or on time or stop) and counts the sets that are at or
-below every baseline in hindsight. Where that count is 0, no tuning of this policy could have met the line in
-that cell; the closest set is printed with its gap.
+same draws, it runs every set of the grid (`spot_cost.param_grid()`, for each user: late results wanted,
+or on time or stop) and counts the sets that are at or below every baseline in hindsight. Where that count
+is 0, no tuning of this policy could have met the line in that cell; the closest set is printed with its gap.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -25,10 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import spot_cost as sc  # noqa: E402
 from spot_traces import load_scenarios  # noqa: E402
-
-
-def grid() -> list[tuple]:
-    return list(itertools.product(sc.PRICE_RATIOS, sc.MAX_RISKS, sc.LATE_RISKS, sc.BUDGET_CHANCES))
 
 
 def gap(ours: sc.Row, bases: list[sc.Row]) -> tuple[float, int]:
@@ -42,7 +36,7 @@ def check_cell(worlds, jobs, mech) -> dict:
     result = {"baselines": bases, "users": {}}
     for late, name in sc.OURS.items():
         passing, closest = [], None
-        for params in grid():
+        for params in sc.param_grid():
             [_, ours] = sc.run_size(worlds, jobs, [sc.Policy(*params, allow_late=late)], mech)
             if all(sc._at_or_below(ours, b) for b in bases):
                 passing.append((params, ours))
@@ -69,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--scenario {args.scenario!r}: not in {args.trace_dir} (there: {', '.join(scenarios)})")
     scen = scenarios[args.scenario]
     t0 = time.monotonic()
-    n_sets = len(grid())
+    n_sets = len(sc.param_grid())
     print(f"{scen.name}, seed {args.seed}, {args.jobs} held-out jobs per size (second half), {n_sets} parameter sets "
           f"per user, each run on the same jobs and draws as the baselines; a set is (max spot price x on-demand, "
           f"max interruption rate /h, max late risk, min finish chance)")  # fmt: skip

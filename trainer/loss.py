@@ -14,6 +14,8 @@ vocabulary are a visible share of a step.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -24,16 +26,9 @@ def _chunk_loss_sum(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
-_compiled_chunk_loss_sum = None
-
-
-def _loss_sum_fn(compiled: bool):
-    global _compiled_chunk_loss_sum
-    if not compiled:
-        return _chunk_loss_sum
-    if _compiled_chunk_loss_sum is None:
-        _compiled_chunk_loss_sum = torch.compile(_chunk_loss_sum)
-    return _compiled_chunk_loss_sum
+@functools.cache
+def _compiled_chunk_loss_sum():
+    return torch.compile(_chunk_loss_sum)
 
 
 def cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 0,
@@ -46,7 +41,7 @@ def cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
     """
     h, targets = h.flatten(0, 1), targets.flatten()  # (tokens, dim), (tokens,)
     tokens = targets.numel()
-    loss_sum = _loss_sum_fn(compiled)
+    loss_sum = _compiled_chunk_loss_sum() if compiled else _chunk_loss_sum
     if chunk_tokens <= 0 or chunk_tokens >= tokens:
         return loss_sum(h, weight, targets) / tokens
     total = torch.zeros((), dtype=torch.float32, device=h.device)
