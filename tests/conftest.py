@@ -21,6 +21,10 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflow.db'}"
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflow.db'}"
+# One CPU thread per process: the test processes run side by side on few cores (make test: 2 workers on 2),
+# and OpenMP threads beyond the cores spin; torch runs several times slower, and the local launcher gives every
+# group's processes this value instead of a share of all the cores (airflow_dtrain/launchers/local.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # One copy of the built-in corpus for the whole session.
 os.environ.setdefault("DTRAIN_DATA_DIR", str(_HOME / "data"))
 

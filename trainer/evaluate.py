@@ -4,7 +4,9 @@ Held-out loss of a committed checkpoint (the latest unless --step), in one plain
 process. Prints one JSON line per evaluated checkpoint: {"step", "loss", "perplexity",
 "tokens", "tokens_per_s", "path", "flavor"}. ``--all`` evaluates every committed
 checkpoint (the eval curve), ``--out`` writes the results as JSON, ``--report`` a PNG of
-the train and held-out loss curves.
+the train and held-out loss curves. ``--export-to ROOT`` also exports the evaluated checkpoint
+(``trainer.export``) to ``ROOT/step-…`` in the same process, if its loss is below
+``--export-if-below`` (when given): a promotion then needs no second job.
 """
 
 import argparse
@@ -27,6 +29,7 @@ from trainer.config import TrainConfig
 from trainer.data import default_data_dir, ensure_builtin, eval_batches
 from trainer.token_store import cache_remote, is_remote
 from trainer.model import Llama, ModelArgs
+from trainer.storage import Storage
 
 
 def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true", help="also evaluate every other committed checkpoint (the eval curve)")
     p.add_argument("--out", help="write the results as JSON to this file")
     p.add_argument("--report", help="write a PNG of the train and eval loss curves to this file")
+    p.add_argument("--export-to", help="export the evaluated checkpoint as a Hugging Face model into its step directory under ROOT")
+    p.add_argument("--export-if-below", type=float, help="with --export-to: only if its held-out loss is below this")
     args = p.parse_args(argv)
     try:
         root = CheckpointDir(args.checkpoint_uri)
@@ -104,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         results.append(result)
     latest = next(r for r in results if r["step"] == step)
+    exported = None
+    if args.export_to and (args.export_if_below is None or latest["loss"] < args.export_if_below):
+        from trainer.export import export
+
+        exported = export(found[step], Storage(args.export_to).path(step_dir_name(step)))
+        print(json.dumps({"event": "export", **exported}), flush=True)
     train_curve = _train_curve(root)
     if args.report:
         run = RunRecord.read(root, cfg)
@@ -113,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         _put(html, lambda local: _html(local, run, evals, latest, os.path.basename(args.report)))
     if args.out:
         payload = {**latest, "eval_curve": [[r["step"], r["loss"]] for r in results], "train_curve": train_curve,
-                   "report": args.report}  # fmt: skip
+                   "report": args.report, "export": exported}  # fmt: skip
 
         def dump(local: str) -> None:
             with open(local, "w") as f:

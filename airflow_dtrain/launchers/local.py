@@ -45,6 +45,22 @@ PREDECESSOR_WAIT_CAP_S = 600.0
 """The longest a launch waits for an earlier group's processes, whatever the spec's grace period."""
 
 
+def _threads_per_process(processes: int) -> int:
+    """CPU threads (``OMP_NUM_THREADS``) for each of a group's ``processes``: the machine's cores shared out
+    among them, unless the Airflow worker's environment sets ``OMP_NUM_THREADS`` (an admin running several
+    groups, or other work, on one machine): then that, so that groups started side by side do not each take
+    every core (oversubscribed OpenMP threads spin, and a CPU run gets several times slower)."""
+    explicit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if explicit:
+        try:
+            if int(explicit) >= 1:
+                return int(explicit)
+        except ValueError:
+            pass
+        raise ValueError(f"OMP_NUM_THREADS: a whole number of threads, at least 1, got {explicit!r}")
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -94,6 +110,7 @@ class LocalLauncher(PodGroupLauncher):
         group_dir = self._dir(name)
         if (group_dir / "group.json").exists():
             raise ValueError(f"group {name!r} already exists in {self.state_dir}")
+        threads = _threads_per_process(spec.num_nodes * spec.procs_per_node)
         self._end_predecessors(name, min(spec.train.checkpoint.grace_period_s + 15, PREDECESSOR_WAIT_CAP_S))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -118,7 +135,6 @@ class LocalLauncher(PodGroupLauncher):
             ).argv
             for node in range(num_nodes)
         ]  # fmt: skip
-        threads = max(1, (os.cpu_count() or 1) // (num_nodes * procs))
         # The group's processes are found by these two (a group name alone is not unique on a machine: two
         # state directories, e.g. two Airflow deployments or two test runs, can hold groups of the same name).
         env = {"DTRAIN_GROUP_NAME": name, GROUP_DIR_ENV: str(group_dir.resolve()), "OMP_NUM_THREADS": str(threads),

@@ -14,7 +14,7 @@ from airflow_dtrain.launchers import get_launcher, launcher_kwargs
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template
-from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir, step_dir_name
+from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -32,8 +32,9 @@ class EvaluateCheckpointOperator(BaseOperator):
     (the eval curve), writing ``evals/latest.json`` and ``report.png`` (train and held-out loss
     curves) next to the checkpoints. If the latest checkpoint's held-out loss is lower than
     the one in ``<registry_uri>/best.json`` it is promoted: marked best (retention keeps it),
-    exported as Hugging Face safetensors under ``<registry_uri>/<run>/``, recorded in
-    ``best.json``, and an asset event for ``asset`` is emitted. Nothing is emitted otherwise.
+    exported as Hugging Face safetensors under ``<registry_uri>/<run>/`` (by the evaluation job
+    itself, which is told the loss to beat: one job, one pod), recorded in ``best.json``, and an
+    asset event for ``asset`` is emitted. Nothing is emitted otherwise.
 
     :param checkpoint_uri: the run's checkpoint directory (as given to FSDPTrainOperator). (templated)
     :param step: the checkpoint step to evaluate and maybe promote, e.g. the one validation
@@ -153,6 +154,13 @@ class EvaluateCheckpointOperator(BaseOperator):
             entry += ["--step", int(self.step)]
         if _true(self.eval_all):
             entry.append("--all")
+        best = registry.read_json(REGISTRY_BEST)
+        # the loss a promotion must beat; the eval job exports the checkpoint itself when it does (no second job)
+        threshold = best["loss"] - float(self.min_improvement) if best is not None else None
+        if _true(self.export):
+            entry += ["--export-to", registry.path(self._run_dir(context))]
+            if threshold is not None:
+                entry += ["--export-if-below", repr(threshold)]
         self._run_job(context, "eval", self._job_spec(*entry))
         result = checkpoints.read_json(EVAL_RESULTS)
         if result is None:
@@ -166,7 +174,6 @@ class EvaluateCheckpointOperator(BaseOperator):
         metrics.gauge("eval.perplexity", result["perplexity"], tags=tags)
         metrics.gauge("eval.tokens_per_s", result["tokens_per_s"], tags=tags)
 
-        best = registry.read_json(REGISTRY_BEST)
         summary = {
             "checkpoint": result["path"],
             "step": result["step"],
@@ -179,25 +186,32 @@ class EvaluateCheckpointOperator(BaseOperator):
             "promoted": False,
             "export": None,
         }
-        if best is not None and not result["loss"] < best["loss"] - float(self.min_improvement):
+        if threshold is not None and not result["loss"] < threshold:
             self.log.info(
                 "Not promoted: loss %.4f does not beat the best so far, %.4f (%s)",
                 result["loss"], best["loss"], best["checkpoint"],
             )  # fmt: skip
             return summary
-        return self._promote(context, summary, registry)
+        return self._promote(context, summary, registry, result.get("export"))
 
-    def _promote(self, context: Context, summary: dict[str, Any], registry: CheckpointDir) -> dict[str, Any]:
+    @staticmethod
+    def _run_dir(context: Context) -> str:
+        return context["ti"].run_id.replace(":", "-").replace("+", "-")
+
+    def _promote(
+        self, context: Context, summary: dict[str, Any], registry: CheckpointDir, exported: dict[str, Any] | None
+    ) -> dict[str, Any]:
         checkpoint = summary["checkpoint"]
         checkpoints, step_dir = CheckpointDir.split(checkpoint)
         checkpoints.mark_best(step_dir or checkpoint, {"loss": summary["loss"]})  # retention keeps it
         export_dir = None
         if _true(self.export):
-            run = context["ti"].run_id.replace(":", "-").replace("+", "-")
-            export_dir = registry.path(run, step_dir_name(summary["step"]))
-            self._run_job(
-                context, "export", self._job_spec("trainer.export", "--checkpoint-uri", checkpoint, "--out", export_dir)
-            )
+            if not exported:
+                raise EvaluationFailed(
+                    f"step {summary['step']} beats the best so far, but the evaluation job exported nothing "
+                    f"(its results: {checkpoints.path(EVAL_RESULTS)})"
+                )
+            export_dir = exported["out"]
         summary.update(promoted=True, export=export_dir)
         registry.write_json(
             REGISTRY_BEST,

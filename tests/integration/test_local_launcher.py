@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -24,6 +25,9 @@ def _spec(tmp_path, **overrides) -> JobSpec:
 def test_two_node_group_trains_and_every_node_reaches_the_log(tmp_path):
     launcher = LocalLauncher(tmp_path / "groups")
     launcher.launch("two-nodes-r0", _spec(tmp_path, steps=6))
+    # the worker's OMP_NUM_THREADS (tests/conftest.py sets 1) is what every process of the group gets
+    group = json.loads((tmp_path / "groups" / "two-nodes-r0" / "group.json").read_text())
+    assert group["env"]["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == "1"
     with pytest.raises(ValueError, match="already exists"):
         launcher.launch("two-nodes-r0", _spec(tmp_path, steps=6))
 
@@ -110,3 +114,18 @@ def test_checkpoint_now_saves_at_the_next_step_and_training_goes_on(tmp_path):
     assert launcher.status("ckptnow-r0").state == GroupState.RUNNING
     launcher.stop("ckptnow-r0")
     assert launcher.processes("ckptnow-r0") == []
+
+
+def test_each_process_gets_its_share_of_the_cores_unless_the_worker_sets_omp_num_threads(tmp_path, monkeypatch):
+    launcher = LocalLauncher(tmp_path / "groups")
+    monkeypatch.setenv("OMP_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS: a whole number of threads, at least 1, got 'two'"):
+        launcher.launch("threads-r0", _spec(tmp_path, steps=1))
+    assert not (tmp_path / "groups" / "threads-r0").exists(), "nothing launched"
+
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    launcher.launch("threads-r0", _spec(tmp_path, steps=1))  # 2 nodes x 1 process on 8 cores
+    group = json.loads((tmp_path / "groups" / "threads-r0" / "group.json").read_text())
+    assert group["env"]["OMP_NUM_THREADS"] == "4"
+    assert wait_terminal(launcher, "threads-r0").state == GroupState.SUCCEEDED

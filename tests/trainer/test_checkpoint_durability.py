@@ -254,6 +254,24 @@ def test_export_writes_safetensors_that_transformers_loads_with_the_same_logits(
         assert not torch.allclose(fresh(tokens).logits, expected, atol=1e-2)
 
 
+def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given(reference, data_dir, tmp_path,
+                                                                                   monkeypatch):
+    from trainer.evaluate import main
+
+    monkeypatch.setenv("DTRAIN_DATA_DIR", data_dir)
+    args = ["--checkpoint-uri", str(reference), "--batches", "1", "--batch-size", "2", "--out", str(tmp_path / "e.json"),
+            "--export-to", str(tmp_path / "registry")]  # fmt: skip
+    assert main([*args, "--export-if-below", "0.0"]) == 0  # no loss is below 0: the best so far stays
+    result = json.loads((tmp_path / "e.json").read_text())
+    assert result["step"] == 8 and result["loss"] > 0 and result["export"] is None
+    assert not (tmp_path / "registry").exists(), "nothing exported"
+
+    assert main([*args, "--export-if-below", repr(result["loss"] + 1e-6)]) == 0
+    exported = json.loads((tmp_path / "e.json").read_text())["export"]
+    assert exported["out"] == str(tmp_path / "registry" / "step-00000008") and exported["step"] == 8
+    assert {"config.json", "model.safetensors"} <= {f.name for f in (tmp_path / "registry" / "step-00000008").iterdir()}
+
+
 @pytest.mark.parametrize("field", ["step_time_s", "cost.total_dollars", "tokens_seen"])
 def test_a_nan_in_a_manifest_field_fails_validation_naming_the_field(ckpt_copy, field):
     """json writes NaN as a bare token and reads it back as a float: a NaN step time or cost would turn

@@ -101,9 +101,13 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
 
     from conftest import REPO, trainer_env
 
+    # It exports the checkpoint it evaluated when its loss beats the registry's best (here there is none), to a
+    # registry on S3, in the same process (what EvaluateCheckpointOperator runs): uploaded, config.json last.
+    transformers = pytest.importorskip("transformers")
     out = subprocess.run(
         [sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", uri, "--batches", "2",
-         "--out", f"{uri}/evals/latest.json", "--report", f"{uri}/report.png"],
+         "--out", f"{uri}/evals/latest.json", "--report", f"{uri}/report.png",
+         "--export-to", f"s3://{BUCKET}/registry/r1"],
         cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -112,14 +116,8 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
         result = json.load(f)
     assert result["step"] == 6 and result["loss"] > 0 and result["path"] == f"{uri}/step-00000006"
     assert fs.size(f"{BUCKET}/runs/r1/report.png") > 10_000
-
-    # The export for a registry on S3: uploaded, config.json last, and it loads as Hugging Face's model.
-    transformers = pytest.importorskip("transformers")
     registry = f"s3://{BUCKET}/registry/r1/step-00000006"
-    out = subprocess.run([sys.executable, "-m", "trainer.export", "--checkpoint-uri", uri, "--out", registry],
-                         cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    exported = json.loads(out.stdout.strip().splitlines()[-1])
+    exported = result["export"]
     assert (exported["out"], exported["step"], exported["files"]) == (registry, 6, ["model.safetensors"])
     fs.invalidate_cache()
     fs.get(f"{BUCKET}/registry/r1/step-00000006", str(tmp_path / "hf"), recursive=True)
