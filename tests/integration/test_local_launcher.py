@@ -124,8 +124,8 @@ def test_each_process_gets_its_share_of_the_cores_unless_the_worker_sets_omp_num
     assert not (tmp_path / "groups" / "threads-r0").exists(), "nothing launched"
 
     monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    launcher.launch("threads-r0", _spec(tmp_path, steps=1))  # 2 nodes x 1 process on 8 cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    launcher.launch("threads-r0", _spec(tmp_path, steps=1))  # 2 nodes x 1 process on 4 cores
     group = json.loads((tmp_path / "groups" / "threads-r0" / "group.json").read_text())
-    assert group["env"]["OMP_NUM_THREADS"] == "4"
+    assert group["env"]["OMP_NUM_THREADS"] == "2"
     assert wait_terminal(launcher, "threads-r0").state == GroupState.SUCCEEDED
