@@ -66,9 +66,9 @@ from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokeni
 
 __all__ = ["CheckpointStorageError", "Checkpointer", "WriterFenced", "storage_reader", "write_json_atomic"]
 
-# Test hook, named as such: "STEP:SECONDS" makes rank 0 sleep after the files of that
+# Test hook, named as such: "STEP:SECONDS[:FILE]" makes rank 0 sleep after the files of that
 # step are written (and uploaded) but before its manifest, so that a test can kill -9
-# a group in the middle of a save deterministically.
+# a group in the middle of a save deterministically; with FILE, only until FILE exists.
 _TEST_COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
 # Test hook, named as such: "STEP[:RANK]" (rank 0 by default) makes that rank's storage writer fail the
 # write of that step with ENOSPC after leaving a partial shard file behind, as a disk that fills up mid-save does.
@@ -790,8 +790,11 @@ def _maybe_test_delay(step: int, rank: int) -> None:
     spec = os.environ.get(_TEST_COMMIT_DELAY_ENV, "")
     if rank != 0 or not spec:
         return
-    at, _, seconds = spec.partition(":")
+    at, _, rest = spec.partition(":")
+    seconds, _, release = rest.partition(":")
     if int(at) == step:
         print(f"[trainer] test hook: step {step} files written, sleeping {seconds}s before the manifest",
               file=sys.stderr, flush=True)
-        time.sleep(float(seconds))
+        until = time.monotonic() + float(seconds)
+        while time.monotonic() < until and not (release and os.path.exists(release)):
+            time.sleep(min(0.2, max(0.0, until - time.monotonic())))

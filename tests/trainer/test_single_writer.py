@@ -25,8 +25,9 @@ def test_a_second_writer_fences_the_first_off_and_finishes(data_dir, tmp_path):
     args = [*FAST, "--steps", "8", "--checkpoint-uri", str(ckpt), "--checkpoint-every", "1",
             "--set", "checkpoint.keep=100", "--job", "llm"]
     # A (2 ranks under torchrun): rank 0 is held after the files of step 3 are written, before its manifest
-    # (60 s: long enough for B to start, take its lease and save its own step 3 on a loaded machine).
-    env_a = {**trainer_env(data_dir), "DTRAIN_TEST_COMMIT_DELAY": "3:60", "DTRAIN_GROUP_NAME": "group-a"}
+    # (until B has finished, at most 120 s: B starts, takes its lease and saves its own step 3 meanwhile).
+    release = tmp_path / "release-a"
+    env_a = {**trainer_env(data_dir), "DTRAIN_TEST_COMMIT_DELAY": f"3:120:{release}", "DTRAIN_GROUP_NAME": "group-a"}
     stderr_a = tempfile.NamedTemporaryFile(mode="w+", delete=False)
     a = subprocess.Popen(trainer_cmd(args, 2), cwd=REPO, env=env_a, stdout=subprocess.DEVNULL, stderr=stderr_a,
                          start_new_session=True)
@@ -40,6 +41,7 @@ def test_a_second_writer_fences_the_first_off_and_finishes(data_dir, tmp_path):
 
         # B: the same job on the same directory while A is still alive (e.g. a retry beside an orphan)
         b = run_trainer(args, data_dir, env={"DTRAIN_GROUP_NAME": "group-b"})
+        release.touch()
         assert a.wait(timeout=120) == FENCED_EXIT_CODE, open(stderr_a.name).read()[-3000:]
         log_a = open(stderr_a.name).read()
     finally:

@@ -50,6 +50,9 @@ def test_trigger_form_submits_train_llama_with_its_defaults(
 ) -> None:
     from playwright.sync_api import expect
 
+    # expect()'s own default is 5 s, not the context's timeout: a page that takes longer to load on a busy
+    # machine is slow, not wrong (a run's row once took more than 5 s to appear with the other tests running)
+    expect.set_options(timeout=UI_TIMEOUT_MS)
     started = time.monotonic()
     dag = api_server.get(f"/api/v2/dags/{DAG_ID}")
     assert dag is not None and dag.status_code == 200, (
