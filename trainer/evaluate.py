@@ -82,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true", help="also evaluate every other committed checkpoint (the eval curve)")
     p.add_argument("--out", help="write the results as JSON to this file")
     p.add_argument("--report", help="write a PNG of the train and eval loss curves to this file")
-    p.add_argument("--export-to", help="export the evaluated checkpoint as a Hugging Face model into its step directory under ROOT")
-    p.add_argument("--export-if-below", type=float, help="with --export-to: only if its held-out loss is below this")
+    p.add_argument("--export-to", metavar="ROOT",
+                   help="export the evaluated checkpoint as a Hugging Face model into its step directory under ROOT")
+    p.add_argument("--export-if-below", type=float, metavar="LOSS",
+                   help="with --export-to: only if its held-out loss is below LOSS")
     args = p.parse_args(argv)
     try:
         root = CheckpointDir(args.checkpoint_uri)

@@ -269,7 +269,8 @@ def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given
     assert main([*args, "--export-if-below", repr(result["loss"] + 1e-6)]) == 0
     exported = json.loads((tmp_path / "e.json").read_text())["export"]
     assert exported["out"] == str(tmp_path / "registry" / "step-00000008") and exported["step"] == 8
-    assert {"config.json", "model.safetensors"} <= {f.name for f in (tmp_path / "registry" / "step-00000008").iterdir()}
+    written = {f.name for f in (tmp_path / "registry" / "step-00000008").iterdir()}
+    assert {"config.json", "model.safetensors"} <= written
 
 
 @pytest.mark.parametrize("field", ["step_time_s", "cost.total_dollars", "tokens_seen"])
