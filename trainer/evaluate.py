@@ -27,6 +27,7 @@ from trainer.checkpoint import storage_reader
 from trainer.checkpoint_dir import CheckpointDir, step_dir_name
 from trainer.config import TrainConfig
 from trainer.data import default_data_dir, ensure_builtin, eval_batches
+from trainer.export import export
 from trainer.token_store import cache_remote, is_remote
 from trainer.model import Llama, ModelArgs
 from trainer.storage import Storage
@@ -113,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     latest = next(r for r in results if r["step"] == step)
     exported = None
     if args.export_to and (args.export_if_below is None or latest["loss"] < args.export_if_below):
-        from trainer.export import export
-
         exported = export(found[step], Storage(args.export_to).path(step_dir_name(step)))
         print(json.dumps({"event": "export", **exported}), flush=True)
     train_curve = _train_curve(root)

@@ -51,14 +51,11 @@ def _threads_per_process(processes: int) -> int:
     groups, or other work, on one machine): then that, so that groups started side by side do not each take
     every core (oversubscribed OpenMP threads spin, and a CPU run gets several times slower)."""
     explicit = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if explicit:
-        try:
-            if int(explicit) >= 1:
-                return int(explicit)
-        except ValueError:
-            pass
+    if not explicit:
+        return max(1, (os.cpu_count() or 1) // processes)
+    if not explicit.isdigit() or int(explicit) < 1:
         raise ValueError(f"OMP_NUM_THREADS: a whole number of threads, at least 1, got {explicit!r}")
-    return max(1, (os.cpu_count() or 1) // processes)
+    return int(explicit)
 
 
 def _free_port() -> int:

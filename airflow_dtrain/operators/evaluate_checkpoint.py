@@ -158,7 +158,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         # the loss a promotion must beat; the eval job exports the checkpoint itself when it does (no second job)
         threshold = best["loss"] - float(self.min_improvement) if best is not None else None
         if _true(self.export):
-            entry += ["--export-to", registry.path(self._run_dir(context))]
+            run = context["ti"].run_id.replace(":", "-").replace("+", "-")
+            entry += ["--export-to", registry.path(run)]
             if threshold is not None:
                 entry += ["--export-if-below", repr(threshold)]
         self._run_job(context, "eval", self._job_spec(*entry))
@@ -193,10 +194,6 @@ class EvaluateCheckpointOperator(BaseOperator):
             )  # fmt: skip
             return summary
         return self._promote(context, summary, registry, result.get("export"))
-
-    @staticmethod
-    def _run_dir(context: Context) -> str:
-        return context["ti"].run_id.replace(":", "-").replace("+", "-")
 
     def _promote(
         self, context: Context, summary: dict[str, Any], registry: CheckpointDir, exported: dict[str, Any] | None
