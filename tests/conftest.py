@@ -29,6 +29,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DTRAIN_DATA_DIR", str(_HOME / "data"))
 
 
+# Started first: the tests that run longest (a real Airflow, whole DAG runs). make test runs two xdist workers in
+# collection order; the browser test, collected last, used to run alone for its last minute with a core idle.
+_LONGEST_FIRST = ("tests/integration/test_scheduler.py", "tests/ui/", "tests/pipeline/", "tests/unit/test_extra_link.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(_LONGEST_FIRST))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def airflow_home() -> Path:
     """The session's Airflow home, its sqlite database migrated."""
@@ -120,3 +129,16 @@ def statsd_listener(monkeypatch):
     yield listener
     listener.close()
     metrics.reset()
+
+
+STEP_SLEEP_ENV = "DTRAIN_TEST_STEP_SLEEP"
+"""trainer.train's test hook: seconds that every step of the bundled trainer also sleeps."""
+SLOW_STEP_S = "0.3"
+
+
+@pytest.fixture
+def slow_steps(monkeypatch):
+    """Every step of the bundled trainer also sleeps 0.3 s, as on a slower machine: for groups that train until
+    they are stopped or reach their dollar cap, which would otherwise take every core they can get from the
+    tests running beside them for as long as they run."""
+    monkeypatch.setenv(STEP_SLEEP_ENV, SLOW_STEP_S)

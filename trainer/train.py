@@ -121,6 +121,11 @@ INIT_EVAL_BATCHES = 4
 """Held-out micro-batches evaluated at step 0 of a job that starts from an init_from model."""
 
 
+# Test hook, named as such: SECONDS that every step also sleeps (as a slower machine's step would take), so that
+# the tests' long-running and time-capped groups leave the CPU to the tests running beside them.
+_TEST_STEP_SLEEP_ENV = "DTRAIN_TEST_STEP_SLEEP"
+
+
 def build_model(cfg: TrainConfig, d: Dist, args: ModelArgs | None = None, *, random_init: bool = True) -> Llama:
     """The sharded model of shape ``args`` (default: the flavour's), randomly initialised (``random_init``;
     else only its buffers: every parameter is loaded next, from a checkpoint or a Hugging Face model)."""
@@ -205,6 +210,7 @@ class Job:
     overlap: SaveOverlap = field(default_factory=SaveOverlap)  # what each save cost the steps around it
     _slow_saves: int = 0  # interval saves that had to wait for the previous one to commit
     _last_save_s: float = 0.0  # how long the last committed save took (not counting a wait for the one before)
+    _test_step_sleep: float = field(default_factory=lambda: float(os.environ.get(_TEST_STEP_SLEEP_ENV) or 0))
 
     def run(self) -> int:
         cfg = self.cfg
@@ -280,6 +286,8 @@ class Job:
         lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
         loss, grad_norm = train_step(self.model, self.optimizer, self.scheduler, self.data.next_batch(), cfg,
                                      before_optimizer_step=self.ckpt.wait_for_staging)
+        if self._test_step_sleep:
+            time.sleep(self._test_step_sleep)
         self.settle()  # the previous step's: the device finished it while this one was queued
         self._unsettled = (step, lr, loss, grad_norm)
         now = time.perf_counter()

@@ -69,7 +69,7 @@ def test_defers_to_a_serialisable_trigger_and_completes_with_a_summary(tmp_path)
     assert (tmp_path / "ckpt" / "summary.json").is_file()
 
 
-def test_restarted_task_reattaches_to_the_running_group(tmp_path):
+def test_restarted_task_reattaches_to_the_running_group(tmp_path, slow_steps):
     ti = RecordingTI(run_id="manual__reattach")
     first = _defer(_operator(tmp_path, steps=100_000), ti)
     wait_for_step(tmp_path / "ckpt", 1)
@@ -86,7 +86,7 @@ def test_restarted_task_reattaches_to_the_running_group(tmp_path):
     assert launcher.processes(first.trigger.name) == []
 
 
-def test_on_kill_stops_the_whole_group(tmp_path):
+def test_on_kill_stops_the_whole_group(tmp_path, slow_steps):
     op, ti = _operator(tmp_path, steps=100_000, deferrable=False), RecordingTI()
     outcome: dict = {}
 

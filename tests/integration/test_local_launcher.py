@@ -45,7 +45,7 @@ def test_two_node_group_trains_and_every_node_reaches_the_log(tmp_path):
     assert launcher.status("nope-r0").state == GroupState.NOT_FOUND
 
 
-def test_stop_checkpoints_and_leaves_no_process_behind(tmp_path):
+def test_stop_checkpoints_and_leaves_no_process_behind(tmp_path, slow_steps):
     launcher = LocalLauncher(tmp_path / "groups")
     launcher.launch("stopme-r0", _spec(tmp_path, steps=100_000))
     wait_for_step(tmp_path / "ckpt", 2)
@@ -63,7 +63,7 @@ def test_stop_checkpoints_and_leaves_no_process_behind(tmp_path):
     assert progress(tmp_path / "ckpt")["latest_checkpoint"]
 
 
-def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_path):
+def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_path, slow_steps):
     launcher = LocalLauncher(tmp_path / "groups", peer_exit_grace_s=3)
     launcher.launch("lost-r0", _spec(tmp_path, steps=100_000))
     wait_for_step(tmp_path / "ckpt", 2)
@@ -79,7 +79,7 @@ def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_p
     wait_for(lambda: launcher.processes("lost-r0") == [], 30, "no process left")
 
 
-def test_a_group_of_the_same_name_in_another_state_directory_is_left_alone(tmp_path):
+def test_a_group_of_the_same_name_in_another_state_directory_is_left_alone(tmp_path, slow_steps):
     """Group names repeat across state directories (two deployments, or two test runs, on one machine). A launch
     waits for what is left of its task's earlier group, then kills it: never another directory's group of
     that name."""
@@ -101,7 +101,7 @@ def test_a_group_of_the_same_name_in_another_state_directory_is_left_alone(tmp_p
     assert stopped.state == GroupState.STOPPED
 
 
-def test_checkpoint_now_saves_at_the_next_step_and_training_goes_on(tmp_path):
+def test_checkpoint_now_saves_at_the_next_step_and_training_goes_on(tmp_path, slow_steps):
     launcher = LocalLauncher(tmp_path / "groups")
     launcher.launch("ckptnow-r0", _spec(tmp_path, steps=100_000))
     wait_for_step(tmp_path / "ckpt", 2)

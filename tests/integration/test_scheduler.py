@@ -34,6 +34,7 @@ RUN_CONF = {
     "steps": STEPS,
     "checkpoint_every": 10,
     "simulate_preemption_at_step": 0,
+    "seq_len": 32,  # a quarter of the default step: this test is about the scheduler, not the model
 }
 
 STARTUP_TIMEOUT_S = 180

@@ -157,7 +157,8 @@ def test_while_a_spot_group_runs_its_prices_are_written_for_its_cap_every_refres
 
 
 @pytest.mark.torchrun
-def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_in_effect(tmp_path, spot_market):
+def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_in_effect(tmp_path, spot_market,
+                                                                                          slow_steps):
     """End to end: the quote says $0.90/node-h, EC2 bills $9.00. The trigger feeds the price to the trainer,
     whose cap stops the job within its budget at that price; at the quote it would have run ten times longer."""
     from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
@@ -165,8 +166,8 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
     from tests.integration.helpers import SMALL
 
     spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 9.0)]})
-    # at $9/h: 100 s, of which 30 s (cost.stop_margin_s) are held back for the last save; at the quote, 1,000 s
-    budget = 0.25
+    # at $9/h: 60 s, of which 30 s (cost.stop_margin_s) are held back for the last save; at the quote, 600 s
+    budget = 0.15
     op = _operator(tmp_path, **SMALL, num_nodes=1, steps=100_000, checkpoint_every=0, budget_usd=budget,
                    local_state_dir=str(tmp_path / "groups"), poll_interval=0.5, deferrable=True,
                    spot_price_refresh_s=1.0)  # fmt: skip
