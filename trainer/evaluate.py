@@ -27,7 +27,7 @@ from trainer.checkpoint import storage_reader
 from trainer.checkpoint_dir import CheckpointDir, step_dir_name
 from trainer.config import TrainConfig
 from trainer.data import default_data_dir, ensure_builtin, eval_batches
-from trainer.export import export
+from trainer.export import export_weights
 from trainer.token_store import cache_remote, is_remote
 from trainer.model import Llama, ModelArgs
 from trainer.storage import Storage
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = []
-    for s in sorted(found) if args.all else [step]:
+    # `step` last: an export writes the weights still in memory rather than reading the checkpoint again
+    for s in [*sorted(set(found) - {step}), step] if args.all else [step]:
         start = time.perf_counter()
         model, manifest = load_model(found[s], device)
         cfg = TrainConfig.from_dict(manifest["config"])
@@ -111,10 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                   "flavor": cfg.model.flavor}  # fmt: skip
         print(json.dumps(result), flush=True)
         results.append(result)
+    results.sort(key=lambda r: r["step"])
     latest = next(r for r in results if r["step"] == step)
     exported = None
     if args.export_to and (args.export_if_below is None or latest["loss"] < args.export_if_below):
-        exported = export(found[step], Storage(args.export_to).path(step_dir_name(step)))
+        weights = {name: tensor.cpu() for name, tensor in model.state_dict().items()}  # `step`'s, as saved
+        exported = export_weights(weights, manifest, found[step], Storage(args.export_to).path(step_dir_name(step)))
         print(json.dumps({"event": "export", **exported}), flush=True)
     train_curve = _train_curve(root)
     if args.report:

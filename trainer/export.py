@@ -78,7 +78,13 @@ def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
 
 def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
     """Write out/config.json and out/model*.safetensors; returns {"step", "checkpoint", "out", "files"}."""
-    weights, manifest, step_dir = load_weights(uri)
+    return export_weights(*load_weights(uri), out, dtype)
+
+
+def export_weights(weights: dict[str, torch.Tensor], manifest: dict, step_dir: str, out: str,
+                   dtype: torch.dtype | None = None) -> dict:
+    """``export`` of weights already read from the checkpoint ``step_dir`` (``manifest``'s): a caller that has
+    just loaded them, as the evaluation has, need not read the checkpoint again."""
     dtype = dtype or next(iter(weights.values())).dtype
     destination = Storage(out)
     if not destination.remote:

@@ -266,11 +266,31 @@ def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given
     assert result["step"] == 8 and result["loss"] > 0 and result["export"] is None
     assert not (tmp_path / "registry").exists(), "nothing exported"
 
-    assert main([*args, "--export-if-below", repr(result["loss"] + 1e-6)]) == 0
-    exported = json.loads((tmp_path / "e.json").read_text())["export"]
+    # The export writes the weights the evaluation loaded: it does not read the checkpoint a second time (for
+    # an 8B model on S3, 16-32 GB), even with --all, which evaluates the other checkpoints first.
+    import trainer.export
+
+    def no_second_read(*args, **kwargs):
+        raise AssertionError("the export read the checkpoint again")
+
+    monkeypatch.setattr(trainer.export, "load_weights", no_second_read)
+    monkeypatch.setattr(trainer.export, "storage_reader", no_second_read)
+    assert main([*args, "--all", "--export-if-below", repr(result["loss"] + 1e-6)]) == 0
+    evaluation = json.loads((tmp_path / "e.json").read_text())
+    exported = evaluation["export"]
     assert exported["out"] == str(tmp_path / "registry" / "step-00000008") and exported["step"] == 8
+    assert [point[0] for point in evaluation["eval_curve"]] == sorted(int(p.name[5:]) for p in reference.glob("step-*"))
     written = {f.name for f in (tmp_path / "registry" / "step-00000008").iterdir()}
     assert {"config.json", "model.safetensors"} <= written
+    # ...and they are step 8's, bit for bit
+    from safetensors.torch import load_file
+
+    saved = load_checkpoint_tensors(reference / "step-00000008")
+    tensors = load_file(tmp_path / "registry" / "step-00000008" / "model.safetensors")
+    assert len(tensors) == len([k for k in saved if k.startswith("model.")])
+    for name, tensor in tensors.items():
+        ours = "model." + (name if name == "lm_head.weight" else name.removeprefix("model."))
+        assert torch.equal(tensor, saved[ours]), name
 
 
 @pytest.mark.parametrize("field", ["step_time_s", "cost.total_dollars", "tokens_seen"])
