@@ -4,13 +4,16 @@ Held-out loss of a committed checkpoint (the latest unless --step), in one plain
 process. Prints one JSON line per evaluated checkpoint: {"step", "loss", "perplexity",
 "tokens", "tokens_per_s", "path", "flavor"}. ``--all`` evaluates every committed
 checkpoint (the eval curve), ``--out`` writes the results as JSON, ``--report`` a PNG of
-the train and held-out loss curves. ``--export-to ROOT`` also exports the evaluated checkpoint
+the train and held-out loss curves. With both ``--all`` and ``--out``, a checkpoint that the results
+already at ``--out`` hold, evaluated as it is committed now with the same batches, is not evaluated
+again, and the curve keeps the points of the job's checkpoints that retention has deleted since. ``--export-to ROOT`` also exports the evaluated checkpoint
 (``trainer.export``) to ``ROOT/step-…`` in the same process, if its loss is below
 ``--export-if-below`` (when given): a promotion then needs no second job.
 """
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -99,9 +102,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no committed checkpoint {step_dir_name(step) if step else ''} under {root.root}", file=sys.stderr)
         return 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    results = []
+    # --all with --out: the checkpoints that an earlier evaluation of this directory evaluated as they are now
+    # committed, with the same batches, are not evaluated again; those retention has deleted since stay on the curve
+    earlier = _earlier_results(args.out, args.batches, args.batch_size) if args.all and args.out else {}
+    results, reused = [], []
     # `step` last: an export writes the weights still in memory rather than reading the checkpoint again
     for s in [*sorted(set(found) - {step}), step] if args.all else [step]:
+        if s != step and s in earlier:
+            key = _evaluation_key(root.manifest(found[s]), args.batches, args.batch_size)
+            if earlier[s].get("key") == key:
+                results.append({**earlier.pop(s), "path": found[s]})
+                reused.append(s)
+                continue
         start = time.perf_counter()
         model, manifest = load_model(found[s], device)
         cfg = TrainConfig.from_dict(manifest["config"])
@@ -109,9 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluate(model, data_dir, cfg.data.seq_len, args.batches, args.batch_size, device)
         seconds = time.perf_counter() - start
         result = {"step": s, **result, "tokens_per_s": result["tokens"] / seconds, "path": found[s],
-                  "flavor": cfg.model.flavor}  # fmt: skip
+                  "flavor": cfg.model.flavor, "key": _evaluation_key(manifest, args.batches, args.batch_size),
+                  "job": manifest.get("job", "")}  # fmt: skip
         print(json.dumps(result), flush=True)
         results.append(result)
+    if reused:
+        print(f"[trainer.evaluate] reused the held-out loss of step(s) {reused}, evaluated by an earlier "
+              f"run as they are committed now, with the same batches", file=sys.stderr, flush=True)
+    job = results[-1]["job"]
+    # deleted by retention since, evaluated by this job: still points of its curve
+    results += [r for s, r in earlier.items() if s < min(found) and r.get("job") == job]
     results.sort(key=lambda r: r["step"])
     latest = next(r for r in results if r["step"] == step)
     exported = None
@@ -128,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         _put(html, lambda local: _html(local, run, evals, latest, os.path.basename(args.report)))
     if args.out:
         payload = {**latest, "eval_curve": [[r["step"], r["loss"]] for r in results], "train_curve": train_curve,
-                   "report": args.report, "export": exported}  # fmt: skip
+                   "report": args.report, "export": exported, "batches": args.batches, "batch_size": args.batch_size,
+                   "evaluated": results}  # fmt: skip
 
         def dump(local: str) -> None:
             with open(local, "w") as f:
@@ -136,6 +156,30 @@ def main(argv: list[str] | None = None) -> int:
 
         _put(args.out, dump)
     return 0
+
+
+def _evaluation_key(manifest: dict, batches: int, batch_size: int) -> str:
+    """What a held-out loss depends on: the checkpoint as it was committed (its job, its writer's lease, its commit
+    time and its config, the dataset's among it) and the batches evaluated."""
+    what = [manifest.get("job"), manifest.get("lease"), manifest.get("created_at"), manifest.get("config_hash"),
+            manifest.get("tokenizer"), batches, batch_size]  # fmt: skip
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _earlier_results(out: str, batches: int, batch_size: int) -> dict[int, dict]:
+    """{step: result} of the evaluation whose results are at ``out`` (local or s3://), if it evaluated the same
+    number of batches of the same size; {} when there is none or it cannot be read."""
+    import fsspec
+
+    try:
+        fs, target = fsspec.core.url_to_fs(out, skip_instance_cache=True)
+        with fs.open(target) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(earlier, dict) or (earlier.get("batches"), earlier.get("batch_size")) != (batches, batch_size):
+        return {}
+    return {int(r["step"]): r for r in earlier.get("evaluated") or [] if isinstance(r, dict) and "step" in r}
 
 
 def _train_curve(root: CheckpointDir) -> list[list[float]]:

@@ -293,6 +293,39 @@ def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given
         assert torch.equal(tensor, saved[ours]), name
 
 
+def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention_deleted(ckpt_copy, data_dir,
+                                                                                         tmp_path, monkeypatch):
+    """A job continued over several runs is evaluated once per checkpoint, not once per run: --all with --out
+    reuses the held-out loss of a checkpoint evaluated before as it is committed now, with the same batches."""
+    import trainer.evaluate as ev
+
+    monkeypatch.setenv("DTRAIN_DATA_DIR", data_dir)
+    loaded = []
+    load_model = ev.load_model
+    monkeypatch.setattr(ev, "load_model", lambda path, device: (loaded.append(int(path[-8:])), load_model(path, device))[1])
+    out = tmp_path / "evals.json"
+    args = ["--checkpoint-uri", str(ckpt_copy), "--batches", "1", "--batch-size", "2", "--all", "--out", str(out)]
+
+    assert ev.main(args) == 0 and loaded == [2, 4, 6, 8]
+    first = json.loads(out.read_text())
+    assert [s for s, _ in first["eval_curve"]] == [2, 4, 6, 8]
+
+    loaded.clear()
+    assert ev.main(args) == 0 and loaded == [8], "the latest is evaluated, the others reused"
+    assert json.loads(out.read_text())["eval_curve"] == first["eval_curve"]
+
+    # Retention deletes step 2; step 4 is written again (a resume rewound past it); other batches change everything.
+    shutil.rmtree(ckpt_copy / "step-00000002")
+    manifest = read_json(ckpt_copy / "step-00000004" / "manifest.json")
+    (ckpt_copy / "step-00000004" / "manifest.json").write_text(json.dumps({**manifest, "created_at": time.time()}))
+    loaded.clear()
+    assert ev.main(args) == 0 and loaded == [4, 8]
+    assert json.loads(out.read_text())["eval_curve"] == first["eval_curve"], "step 2 stays on the curve"
+    loaded.clear()
+    assert ev.main([*args, "--batches", "2"]) == 0 and loaded == [4, 6, 8]
+    assert [s for s, _ in json.loads(out.read_text())["eval_curve"]] == [4, 6, 8], "2 was evaluated on other batches"
+
+
 @pytest.mark.parametrize("field", ["step_time_s", "cost.total_dollars", "tokens_seen"])
 def test_a_nan_in_a_manifest_field_fails_validation_naming_the_field(ckpt_copy, field):
     """json writes NaN as a bare token and reads it back as a float: a NaN step time or cost would turn

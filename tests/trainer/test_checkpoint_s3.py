@@ -104,12 +104,10 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     # It exports the checkpoint it evaluated when its loss beats the registry's best (here there is none), to a
     # registry on S3, in the same process (what EvaluateCheckpointOperator runs): uploaded, config.json last.
     transformers = pytest.importorskip("transformers")
-    out = subprocess.run(
-        [sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", uri, "--batches", "2",
-         "--out", f"{uri}/evals/latest.json", "--report", f"{uri}/report.png",
-         "--export-to", f"s3://{BUCKET}/registry/r1"],
-        cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    evaluate = [sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", uri, "--batches", "2", "--all",
+                "--out", f"{uri}/evals/latest.json", "--report", f"{uri}/report.png"]  # fmt: skip
+    out = subprocess.run([*evaluate, "--export-to", f"s3://{BUCKET}/registry/r1"], cwd=REPO, env=trainer_env(data_dir),
+                         capture_output=True, text=True, timeout=240)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     fs.invalidate_cache()  # this s3fs instance listed the prefix before the files existed
     with fs.open(f"{BUCKET}/runs/r1/evals/latest.json") as f:
@@ -124,3 +122,14 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
     assert torch.equal(model.model.embed_tokens.weight, ours["model.embed_tokens.weight"])
+
+    # Evaluated again (the next run of the job): the earlier checkpoints' results are read back from S3, not
+    # evaluated again; the curve is the same.
+    again = subprocess.run(evaluate, cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    earlier = [step for step, _ in result["eval_curve"] if step != 6]
+    assert earlier, result["eval_curve"]
+    assert f"[trainer.evaluate] reused the held-out loss of step(s) {earlier}" in again.stderr, again.stderr[-3000:]
+    fs.invalidate_cache()
+    with fs.open(f"{BUCKET}/runs/r1/evals/latest.json") as f:
+        assert json.load(f)["eval_curve"] == result["eval_curve"]
