@@ -27,9 +27,10 @@ def chromium_path() -> str | None:
     return shutil.which("chromium")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """A headless chromium, or a skip that says what to install."""
+    """A headless chromium, or a skip that says what to install. Module-scoped: Playwright's sync API runs an
+    event loop in this thread until it stops, and the tests run after this module's call asyncio.run()."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
