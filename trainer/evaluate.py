@@ -2,13 +2,14 @@
 
 Held-out loss of a committed checkpoint (the latest unless --step), in one plain
 process. Prints one JSON line per evaluated checkpoint: {"step", "loss", "perplexity",
-"tokens", "tokens_per_s", "path", "flavor"}. ``--all`` evaluates every committed
-checkpoint (the eval curve), ``--out`` writes the results as JSON, ``--report`` a PNG of
-the train and held-out loss curves. With both ``--all`` and ``--out``, a checkpoint that the results
-already at ``--out`` hold, evaluated as it is committed now with the same batches, is not evaluated
-again, and the curve keeps the points of the job's checkpoints that retention has deleted since. ``--export-to ROOT`` also exports the evaluated checkpoint
-(``trainer.export``) to ``ROOT/step-…`` in the same process, if its loss is below
-``--export-if-below`` (when given): a promotion then needs no second job.
+"tokens", "tokens_per_s", "path", "flavor", "key", "job"}. ``--all`` evaluates every
+committed checkpoint (the eval curve), ``--out`` writes the results as JSON, ``--report`` a
+PNG of the train and held-out loss curves. With both ``--all`` and ``--out``, a checkpoint
+that the results already at ``--out`` hold, evaluated as it is committed now and with the
+same batches (its ``key``), is not evaluated again, and the curve keeps the points of the
+job's checkpoints that retention has deleted since. ``--export-to ROOT`` also exports the
+evaluated checkpoint (``trainer.export``) to ``ROOT/step-…`` in the same process, if its
+loss is below ``--export-if-below`` (when given): a promotion then needs no second job.
 """
 
 import argparse
