@@ -8,8 +8,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEMO_HOME ?= $(CURDIR)/.demo
 PYTEST_ARGS ?=
-# Two test processes: most of a test is waiting on torchrun, Airflow and moto start-ups, so
-# two share two cores well (13:51 against 19:25 one after the other on this 2-core machine).
+# Two test processes: they keep the 2-core dev VM's cores about 87 % busy (most of the work is starting
+# real torchrun, Airflow and moto processes); see the README's test section.
 TEST_WORKERS ?= 2
 
 # The lowest torch the trainer extra allows (setup.cfg), tested by `make test-torch-min`.
