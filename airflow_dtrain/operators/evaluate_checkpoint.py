@@ -43,7 +43,9 @@ class EvaluateCheckpointOperator(BaseOperator):
     :param asset: the asset a promotion updates (a downstream DAG can be scheduled on it).
     :param batches: held-out batches per checkpoint. (templated)
     :param batch_size: sequences per batch. (templated)
-    :param eval_all: evaluate every committed checkpoint for the curve, not only the latest. (templated)
+    :param eval_all: evaluate every committed checkpoint for the curve, not only the latest; one that an
+        earlier run evaluated, as it is committed now and with the same batches, is read back from
+        ``evals/latest.json``, not evaluated again. (templated)
     :param export: export a promoted checkpoint as safetensors. (templated)
     :param min_improvement: promote only if the loss improves by more than this. (templated)
     :param backend: ``local`` or ``kubernetes``, as for training. (templated)
