@@ -170,12 +170,9 @@ def _evaluation_key(manifest: dict, batches: int, batch_size: int) -> str:
 def _earlier_results(out: str, batches: int, batch_size: int) -> dict[int, dict]:
     """{step: result} of the evaluation whose results are at ``out`` (local or s3://), if it evaluated the same
     number of batches of the same size; {} when there is none or it cannot be read."""
-    import fsspec
-
     try:
-        fs, target = fsspec.core.url_to_fs(out, skip_instance_cache=True)
-        with fs.open(target) as f:
-            earlier = json.load(f)
+        storage = Storage(out)
+        earlier = storage.read_json(storage.root)
     except (OSError, ValueError):
         return {}
     if not isinstance(earlier, dict) or (earlier.get("batches"), earlier.get("batch_size")) != (batches, batch_size):
