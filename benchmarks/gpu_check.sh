@@ -3,6 +3,9 @@
 #   bash benchmarks/gpu_check.sh mfu     # llama3_1b tokens/s and MFU: eager, compiled, loss compiled, whole logits
 #   bash benchmarks/gpu_check.sh async   # the trainer's async saves on llama3_1b: each save's cost_s
 #   bash benchmarks/gpu_check.sh mfu-large # micro-batch 8 and 16 (about 60 GiB of GPU memory at 16)
+#   bash benchmarks/gpu_check.sh e2e     # the trainer at its fastest settings with async saves, then the held-out
+#                                        # evaluation with --all and the export twice (the second reuses), and the
+#                                        # exported model's loss under transformers on the same batches
 # Output goes to $OUT (or ./gpu-out) as one text file per part.
 set -u
 part=${1:-mfu}
@@ -46,6 +49,47 @@ async)
     grep -E '"checkpoint"|WARN|warn|waited|== ' "$out/async.txt" | cut -c1-600
     rm -rf /tmp/ck-async
     ;;
+e2e)
+    ck=/tmp/ck-e2e hf=/tmp/hf-e2e
+    rm -rf $ck $hf /tmp/eval-e2e.json
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        $py -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(), "transformers", transformers.__version__)'
+        git log -1 --format='code of %h' 2>/dev/null
+        RUN_TIMEOUT=${RUN_TIMEOUT:-300} TAIL=100000 run train $py -m trainer --flavor ${FLAVOR:-llama3_1b} --steps 120 \
+            --set data.seq_len=${SEQ:-2048} --set micro_batch_size=${MB:-16} --set global_batch_size=${MB:-16} \
+            --set parallel.compile=${COMPILE:-true} \
+            --set parallel.loss_chunk_tokens=0 --set checkpoint.every=40 --set checkpoint.keep=2 \
+            --set metrics.log_every=10 --checkpoint-uri $ck
+        for i in 1 2; do
+            TAIL=30 run evaluate-$i $py -m trainer.evaluate --checkpoint-uri $ck --all --batches 4 --batch-size 4 \
+                --out /tmp/eval-e2e.json --export-to $hf
+        done
+        TAIL=20 run hf-parity $py - $ck $hf <<'PY'
+import json, sys, torch, torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+from trainer.checkpoint_dir import CheckpointDir
+from trainer.config import TrainConfig
+from trainer.data import eval_batches
+from trainer.evaluate import local_dataset
+ours = json.load(open("/tmp/eval-e2e.json"))
+root = CheckpointDir(sys.argv[1])
+manifest = root.manifest(dict(root.committed())[ours["step"]])
+cfg = TrainConfig.from_dict(manifest["config"])
+model = AutoModelForCausalLM.from_pretrained(ours["export"]["out"], dtype=torch.float32).to("cuda" if torch.cuda.is_available() else "cpu").eval()
+total, n = 0.0, 0
+with torch.no_grad():
+    for x, y in eval_batches(local_dataset(cfg.data.dataset), cfg.data.seq_len, 4, 4, torch.device("cuda" if torch.cuda.is_available() else "cpu")):
+        total += F.cross_entropy(model(x).logits.flatten(0, 1).float(), y.flatten(), reduction="sum").item()
+        n += y.numel()
+print(json.dumps({"step": ours["step"], "trainer_eval_loss": ours["loss"], "hf_loss": total / n,
+                  "rel_diff": abs(total / n - ours["loss"]) / ours["loss"], "exported": ours["export"]["files"],
+                  "curve": ours["eval_curve"]}))
+PY
+    } > "$out/e2e.txt" 2>&1
+    grep -E '"checkpoint"|"event": "(export|save|stop)|"step": (2|10|40|80|120),|waited|reused|== |rel_diff|torch|code of|name' "$out/e2e.txt" | cut -c1-700
+    rm -rf $ck $hf
+    ;;
 *)
-    echo "unknown part $part (mfu, mfu-large, async)" >&2; exit 2 ;;
+    echo "unknown part $part (mfu, mfu-large, async, e2e)" >&2; exit 2 ;;
 esac
