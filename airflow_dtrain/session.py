@@ -30,7 +30,7 @@ from airflow_dtrain.status_line import StatusLine, log_lines
 from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
-from trainer.cost import billed
+from trainer.cost import billed, stop_reserve_s
 
 if TYPE_CHECKING:
     from airflow_dtrain.aws.prices import SpotPriceFeed
@@ -466,8 +466,9 @@ class GroupSession:
         interval = min(train.checkpoint.every or steps_left, steps_left)
         usd_per_s = self.spec.num_nodes * max(cost.price_ceiling_per_node_hour, cost.price_per_node_hour) / 3600
         left = cost.budget_usd - spend.total_dollars
-        needed = usd_per_s * (startup_s + interval * step_s + save_s + cost.stop_margin_s)
-        to_finish = usd_per_s * (startup_s + steps_left * step_s + save_s + cost.stop_margin_s)
+        reserve_s = stop_reserve_s(save_s, train.checkpoint.grace_period_s, cost.stop_margin_s)  # as the trainer's
+        needed = usd_per_s * (startup_s + interval * step_s + reserve_s)
+        to_finish = usd_per_s * (startup_s + steps_left * step_s + reserve_s)
         self.log.info(
             "Budget before relaunching: $%.4f of $%.2f spent, $%.4f left; from step %d, %d steps to go at %.3f s/step, "
             "start-up %.0f s, save %.1f s, $%.4f/h: the next checkpoint needs $%.4f, the rest of the job $%.4f",

@@ -5,9 +5,11 @@ knows what the group costs per second (nodes × the price ceiling) and what the 
 spent (every other attempt's spend file plus this attempt since its group was launched),
 and after every step projects the spend to the moment the job could be stopped if it went
 on: one more step (the slowest of the recent ones), a blocking save (the slowest seen so
-far, or a guess before the first), and ``cost.stop_margin_s`` for the exit and the node's
-release. When that projection passes ``cost.budget_usd``, every rank saves the step it has
-reached and the job exits ``BUDGET_EXIT_CODE``. Rank 0 also keeps this attempt's spend
+far, or a guess before the first; at least ``checkpoint.grace_period_s``, which the
+platform's budget deadline keeps back for a hung group), and ``cost.stop_margin_s`` for the
+exit and the node's release (``trainer.cost.stop_reserve_s``). When that projection passes
+``cost.budget_usd``, every rank saves the step it has reached and the job exits
+``BUDGET_EXIT_CODE``, just before the platform's deadline would stop it. Rank 0 also keeps this attempt's spend
 file current, so the spend after the last checkpoint is on record for the next attempt,
 the next run and the budget task.
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import CostConfig
-from trainer.cost import CostLedger
+from trainer.cost import CostLedger, stop_reserve_s
 
 FIRST_SAVE_GUESS_S = 5.0
 """Seconds a blocking save is assumed to take before one has been timed (then: twice a step, if longer)."""
@@ -41,8 +43,10 @@ class BudgetGuard:
     write_s = 5.0  # how often this attempt's spend file is rewritten
     live_s = 120.0  # an attempt that wrote within this long (and has not ended) is taken to be spending still
 
-    def __init__(self, cfg: CostConfig, cost: CostLedger, spend_dir: CheckpointDir | None, attempt: str):
+    def __init__(self, cfg: CostConfig, cost: CostLedger, spend_dir: CheckpointDir | None, attempt: str,
+                 grace_period_s: float = 0.0):
         self.cfg, self.cost, self.dir, self.attempt = cfg, cost, spend_dir, attempt
+        self.grace_period_s = grace_period_s
         self.ceiling = max(cfg.price_ceiling_per_node_hour, cfg.price_per_node_hour)
         self.recent: deque[float] = deque(maxlen=20)
         self.save_s: float | None = None
@@ -106,7 +110,7 @@ class BudgetGuard:
             return None
         step_s = max(self.recent, default=0.0)
         save_s = self.save_s if self.save_s is not None else max(FIRST_SAVE_GUESS_S, 2 * step_s)
-        ahead_s = step_s + save_s + self.cfg.stop_margin_s
+        ahead_s = step_s + stop_reserve_s(save_s, self.grace_period_s, self.cfg.stop_margin_s)
         others = self.others()  # first: it also reads the prices in effect
         rate = self.cost.nodes * max(self.ceiling, self.cost.current_price()) / 3600
         mine = self.cost.attempt_entry()["dollars"]

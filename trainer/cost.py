@@ -41,6 +41,15 @@ def launched_at(now: float | None = None) -> float:
         return now
 
 
+def stop_reserve_s(save_s: float, grace_period_s: float, stop_margin_s: float) -> float:
+    """Seconds of money a job keeps back to stop within its budget: the final save (at least the grace period,
+    the time the platform's budget deadline allows between its SIGTERM and SIGKILL) and ``cost.stop_margin_s``
+    for the exit and the node's release. The platform's deadline comes this long (with the grace period) before
+    the money runs out (``airflow_dtrain.launchers.base.budget_deadline``), so a trainer that stops itself with
+    this much left is never cut short by it, and one that hangs is killed within the budget."""
+    return max(save_s, grace_period_s) + stop_margin_s
+
+
 def billed(entry: dict, *, until: float) -> dict:
     """``entry`` (an attempt's spend file) with its node-hours and dollars as of ``until``, never less
     than it already says (the trainer's last write and the provider's view of the end agree or the larger wins)."""

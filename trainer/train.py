@@ -389,7 +389,8 @@ class Job:
                             flops_per_token=fpt),
             progress=Progress(ckpt.root, cfg.steps, enabled=d.rank == 0),
             cost=cost,
-            budget=BudgetGuard(cfg.cost, cost, spend_dir, attempt_name()) if d.rank == 0 else None,
+            budget=BudgetGuard(cfg.cost, cost, spend_dir, attempt_name(), cfg.checkpoint.grace_period_s)
+            if d.rank == 0 else None,
         )
 
     def tokens(self, steps: int) -> int:

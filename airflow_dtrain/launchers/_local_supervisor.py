@@ -186,10 +186,11 @@ def main(group_dir: Path) -> int:
             except (FileNotFoundError, ValueError, KeyError):
                 pass
         if budget and not at_budget and stop_deadline is None and time.time() >= budget["at"]:
-            # The money left is spent (less the final save's, for a program of your own): as the Job
-            # controller does at activeDeadlineSeconds, SIGTERM (each rank saves its step), then the grace.
+            # The money left is spent but for the final save's grace and the exit's margin: as the Job
+            # controller does at activeDeadlineSeconds, SIGTERM (each rank saves its step), then after the grace
+            # SIGKILL, so that what is left running is killed, and its end seen, within the budget.
             at_budget = True
-            stop_deadline = now + budget["grace_s"] + budget.get("margin_s", 0)
+            stop_deadline = now + budget["grace_s"]
             for i in running:
                 nodes[i].send_signal(signal.SIGTERM)
         if stop_requested.is_set() and stop_deadline is None:
@@ -222,9 +223,15 @@ def main(group_dir: Path) -> int:
     codes = {i: n.returncode for i, n in enumerate(nodes)}
     state, message = classify(codes, collateral, stop_requested.is_set())
     if at_budget and not stop_requested.is_set() and state != GroupState.SUCCEEDED:
+        if collateral:  # still running at the end of the grace period (a hung trainer): SIGKILL
+            how = (f"SIGTERM, then SIGKILL after the {budget['grace_s']}s grace period to node(s) "
+                   f"{', '.join(map(str, sorted(collateral)))}, still running: what they trained since their last "
+                   f"checkpoint is lost")  # fmt: skip
+        else:
+            how = "SIGTERM: each rank saved its step within the grace period"
         state, message = GroupState.AT_BUDGET, (
             f"stopped at the job's dollar cap by its supervisor: the group reached its "
-            f"{deadline_words(budget, 'deadline')} (SIGTERM: each rank saved its step within the grace period); {message}"
+            f"{deadline_words(budget, 'deadline')} ({how}); {message}"
         )
     write_json_atomic(
         group_dir / "result.json",

@@ -28,40 +28,36 @@ __all__ = [
 def budget_deadline(spec: JobSpec, spent_usd: float = 0.0) -> dict[str, Any] | None:
     """When the platform stops a group at the job's dollar cap, in seconds after its launch, and how (None: no
     budget, or no price: nothing billed). Kubernetes makes it the Job's ``activeDeadlineSeconds``; the local
-    backend's supervisor keeps it. Either stops the group with SIGTERM (each rank saves its step) and a grace
-    period, even with nobody on the Airflow side watching.
+    backend's supervisor keeps it. Either stops the group with SIGTERM (each rank saves its step) and, after the
+    grace period, SIGKILL, even with nobody on the Airflow side watching.
 
-    The money left, (budget - ``spent_usd``) / (price per node-hour x nodes), buys ``left_s`` seconds.
-
-    - The bundled trainer stops itself before the cap (its projection of the next step and save at the price
-      ceiling, exit 77); the deadline is its backstop for a hung trainer: ``left_s`` plus the grace period.
-    - A program of your own (``entrypoint``) has no such guard: the deadline comes the grace period and
-      ``cost.stop_margin_s`` before the money runs out, so its final save and exit are paid for within the cap.
+    The money left, (budget - ``spent_usd``) / (price per node-hour x nodes), buys ``left_s`` seconds. The
+    deadline comes the grace period and ``cost.stop_margin_s`` before them, so that even a group that ignores
+    SIGTERM (a hung trainer, a program of your own) is killed, and its end seen, within the budget: the money is
+    a hard limit, not a target. The bundled trainer keeps the same reserve (``trainer.cost.stop_reserve_s``) and
+    stops itself, exit 77, just before this deadline; the deadline is the backstop for when it cannot. On
+    Kubernetes the kubelet allows the pods 15 s more than the grace period (``termination_grace_period_s``):
+    within the budget while ``cost.stop_margin_s`` is at least that (default 30).
 
     :param spent_usd: what the job has spent before this group (its spend ledger).
     """
     if not spec.budget_usd or spec.price_per_node_hour <= 0:
         return None
-    own = bool(spec.entrypoint)
     return _deadline(
         budget_usd=spec.budget_usd, spent_usd=spent_usd, nodes=spec.num_nodes, price=spec.price_per_node_hour,
-        grace=math.ceil(spec.train.checkpoint.grace_period_s),
-        margin=math.ceil(spec.train.cost.stop_margin_s) if own else 0, own=own,
+        grace=math.ceil(spec.train.checkpoint.grace_period_s), margin=math.ceil(spec.train.cost.stop_margin_s),
     )  # fmt: skip
 
 
-def _deadline(*, budget_usd: float, spent_usd: float, nodes: int, price: float, grace: int, margin: int, own: bool,
+def _deadline(*, budget_usd: float, spent_usd: float, nodes: int, price: float, grace: int, margin: int,
               elapsed_s: float = 0.0) -> dict[str, Any]:
     """``budget_deadline``'s arithmetic, ``elapsed_s`` into the group's life: the seconds after its launch."""
     usd_per_hour = price * nodes
     left_s = max(0.0, budget_usd - spent_usd) / usd_per_hour * 3600
-    if own:
-        seconds = max(1, math.floor(elapsed_s + left_s) - grace - margin)
-    else:
-        seconds = max(1, math.ceil(elapsed_s + left_s) + grace)
     return {
-        "seconds": seconds, "budget_usd": budget_usd, "spent_usd": round(spent_usd, 6), "nodes": nodes,
-        "usd_per_hour": usd_per_hour, "grace_s": grace, "margin_s": margin, "save": "within" if own else "after",
+        "seconds": max(1, math.floor(elapsed_s + left_s) - grace - margin), "budget_usd": budget_usd,
+        "spent_usd": round(spent_usd, 6), "nodes": nodes, "usd_per_hour": usd_per_hour, "grace_s": grace,
+        "margin_s": margin, "save": "within",
     }  # fmt: skip
 
 
@@ -71,18 +67,14 @@ def repriced_deadline(deadline: dict[str, Any], *, spent_usd: float, price: floa
     buys fewer seconds at ``price`` than at the launch price when the price has risen. The result says what
     it was derived from (``repriced``), for the deadline's words and the Job's annotation."""
     new = _deadline(budget_usd=deadline["budget_usd"], spent_usd=spent_usd, nodes=int(deadline["nodes"]), price=price,
-                    grace=deadline["grace_s"], margin=deadline["margin_s"], own=deadline.get("save") == "within",
-                    elapsed_s=elapsed_s)  # fmt: skip
+                    grace=deadline["grace_s"], margin=deadline["margin_s"], elapsed_s=elapsed_s)  # fmt: skip
     return {**new, "repriced": {"elapsed_s": round(elapsed_s, 3)}}
 
 
 def deadline_words(deadline: dict[str, Any], name: str) -> str:
     """``budget_deadline``'s result for a person: ``name=seconds`` and how the money left gave it."""
     left = max(0.0, deadline["budget_usd"] - deadline["spent_usd"])
-    if deadline.get("save") == "within":
-        save = f"less {deadline['grace_s']}s for a final save and {deadline.get('margin_s', 0)}s to exit"
-    else:
-        save = f"plus {deadline['grace_s']}s for a final save"
+    save = f"less {deadline['grace_s']}s for a final save and {deadline.get('margin_s', 0)}s to exit"
     repriced = deadline.get("repriced")
     if repriced:
         return (f"{name}={deadline['seconds']} (set {repriced['elapsed_s']:.0f}s after the launch, when ${left:.4f} was "

@@ -83,9 +83,10 @@ class FSDPTrainOperator(BaseOperator):
     :param budget_usd: the job's dollar cap over every relaunch, retry and run of it (None or 0: none). The
         trainer saves and stops before its projected spend passes it; a relaunch happens only if the money
         left pays for a start-up and the next checkpoint. The task then succeeds with ``stopped: "budget"``
-        in its summary. On Kubernetes the cluster enforces it too: each group's Job gets an
-        ``activeDeadlineSeconds`` of what the money left buys at ``price_per_node_hour`` (plus the
-        checkpoint grace period), recomputed from the ledger at every relaunch. (templated)
+        in its summary. The platform enforces it too, for a hung trainer or a program of your own: each
+        group's Job gets an ``activeDeadlineSeconds`` (locally: its supervisor keeps one) of what the money
+        left buys at ``price_per_node_hour``, less the checkpoint grace period and ``cost.stop_margin_s``,
+        recomputed from the ledger at every relaunch. (templated)
     :param zone: the availability zone the price was chosen for (the budget decision's offer): on
         Kubernetes the pods require nodes in it (``topology.kubernetes.io/zone``). None: any. (templated)
     :param instance_type: the instance type the price was chosen for: on Kubernetes the pods require

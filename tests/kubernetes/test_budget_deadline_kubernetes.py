@@ -22,7 +22,7 @@ from tests.spot.conftest import moto_server, spot_market  # noqa: F401 - fixture
 from trainer.checkpoint_dir import CheckpointDir
 
 BUDGET, PRICE, NODES, STEPS = 5.0, 3.6, 2, 20  # the group costs $7.20/h: the budget buys 2,500 s of it
-GRACE = 110  # the trainer's default checkpoint.grace_period_s
+GRACE, MARGIN = 110, 30  # the trainer's default checkpoint.grace_period_s and cost.stop_margin_s
 
 
 def _operator(tmp_path: Path, **overrides) -> FSDPTrainOperator:
@@ -37,8 +37,9 @@ def _operator(tmp_path: Path, **overrides) -> FSDPTrainOperator:
 
 
 def _expected_deadline(spent: float) -> float:
-    """What the test computes by hand: the money left over the group's $/s, plus the grace for a final save."""
-    return (BUDGET - spent) / (PRICE * NODES) * 3600 + GRACE
+    """What the test computes by hand: the money left over the group's $/s, less the grace for a final save and
+    the margin for the exit (so that what SIGKILL ends is ended within the budget)."""
+    return (BUDGET - spent) / (PRICE * NODES) * 3600 - GRACE - MARGIN
 
 
 def _wait(predicate, what: str, task: Background | None = None, timeout: float = 120):
@@ -67,7 +68,7 @@ def test_the_jobs_deadline_is_what_the_budget_left_buys_and_a_relaunch_shrinks_i
     task = Background(op.execute, {"ti": ti})
     first = _wait(lambda: ti.xcoms.get("group"), "the first group", task)
     job = fake.get("jobs", first)
-    assert abs(job["spec"]["activeDeadlineSeconds"] - _expected_deadline(0.0)) <= 1  # 2,610 s
+    assert abs(job["spec"]["activeDeadlineSeconds"] - _expected_deadline(0.0)) <= 1  # 2,360 s
     assert job["spec"]["ttlSecondsAfterFinished"] == 86_400
 
     # The group trains; its rank 0 keeps its spend file current (here: $2.00 so far), then a node is reclaimed.
@@ -80,7 +81,7 @@ def test_the_jobs_deadline_is_what_the_budget_left_buys_and_a_relaunch_shrinks_i
     relaunched = fake.get("jobs", second)
     spent = json.loads(relaunched["metadata"]["annotations"]["airflow-dtrain/deadline"])["spent_usd"]
     assert spent == pytest.approx(2.0, abs=0.01)  # the ledger's spend, not the first group's deadline
-    assert abs(relaunched["spec"]["activeDeadlineSeconds"] - _expected_deadline(2.0)) <= 1  # 1,610 s
+    assert abs(relaunched["spec"]["activeDeadlineSeconds"] - _expected_deadline(2.0)) <= 1  # 1,360 s
     assert relaunched["spec"]["activeDeadlineSeconds"] < job["spec"]["activeDeadlineSeconds"]
 
     fake.run(second)
@@ -144,10 +145,11 @@ def test_finished_jobs_are_deleted_after_their_ttl_and_the_task_still_counts_the
     assert "preempted 2 times, more than max_preemptions=1" in str(error)
 
 
-def test_a_program_of_your_own_is_stopped_before_the_money_runs_out_with_its_final_save_paid_for():
-    """The bundled trainer stops itself before the cap; the deadline is its backstop (the money left plus the
-    grace). A program of your own has no such guard: its Job's deadline comes the grace and the stop margin
-    before the money runs out, so SIGTERM, its save and its exit are billed within the budget."""
+def test_every_group_is_stopped_before_the_money_runs_out_with_its_final_save_paid_for():
+    """A program of your own has no guard of its own: its Job's deadline comes the grace and the stop margin
+    before the money runs out, so SIGTERM, its save and its exit are billed within the budget. The bundled
+    trainer stops itself before the cap; its deadline is the same, a backstop that ends even a hung trainer,
+    SIGKILL included, within the budget (it used to come a grace period after the money ran out)."""
     from airflow_dtrain.kubernetes.objects import render_group
     from airflow_dtrain.spec import JobSpec
 
@@ -161,18 +163,18 @@ def test_a_program_of_your_own_is_stopped_before_the_money_runs_out_with_its_fin
 
     left_s = (BUDGET - 1.0) / (PRICE * NODES) * 3600  # 2,000 s
     bundled, own = job(), job(entrypoint=["/opt/own/train.py"])
-    assert bundled["spec"]["activeDeadlineSeconds"] == pytest.approx(left_s + 60, abs=1)
-    assert own["spec"]["activeDeadlineSeconds"] == pytest.approx(left_s - 60 - 20, abs=1)  # 1,920 s
-    pod = own["spec"]["template"]["spec"]
-    assert own["spec"]["activeDeadlineSeconds"] + pod["terminationGracePeriodSeconds"] <= left_s + 1
-    how = json.loads(own["metadata"]["annotations"]["airflow-dtrain/deadline"])
-    assert (how["save"], how["grace_s"], how["margin_s"]) == ("within", 60, 20)
+    for job in (bundled, own):
+        assert job["spec"]["activeDeadlineSeconds"] == pytest.approx(left_s - 60 - 20, abs=1)  # 1,920 s
+        pod = job["spec"]["template"]["spec"]
+        assert job["spec"]["activeDeadlineSeconds"] + pod["terminationGracePeriodSeconds"] <= left_s + 1
+        how = json.loads(job["metadata"]["annotations"]["airflow-dtrain/deadline"])
+        assert (how["save"], how["grace_s"], how["margin_s"]) == ("within", 60, 20)
 
 
 def test_a_spot_price_rise_brings_the_jobs_deadline_forward_and_the_cluster_stops_it_there(fake, tmp_path,
                                                                                              spot_market):
     """Quoted $3.60/node-h, the Job gets 2,610 s; EC2 bills $7.20. The watch reads the zone's price and patches
-    activeDeadlineSeconds to what the money left buys at $7.20 (1,250 s + the grace), so the cluster stops the
+    activeDeadlineSeconds to what the money left buys at $7.20 (1,250 s, less the grace and the margin), so the cluster stops the
     group within the budget even if the Airflow side goes away now."""
     spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 2 * PRICE)]})
     op = _operator(tmp_path, capacity="spot", zone="us-east-1a", instance_type="p3.2xlarge",
@@ -183,7 +185,7 @@ def test_a_spot_price_rise_brings_the_jobs_deadline_forward_and_the_cluster_stop
     fake.run(name)
     job = _wait(lambda: (j := fake.get("jobs", name))["spec"]["activeDeadlineSeconds"] < 2000 and j,
                 "the deadline at the price in effect", task)
-    assert abs(job["spec"]["activeDeadlineSeconds"] - (BUDGET / (2 * PRICE * NODES) * 3600 + GRACE)) <= 2
+    assert abs(job["spec"]["activeDeadlineSeconds"] - (BUDGET / (2 * PRICE * NODES) * 3600 - GRACE - MARGIN)) <= 2
     said = json.loads(job["metadata"]["annotations"]["airflow-dtrain/deadline"])
     assert said["usd_per_hour"] == pytest.approx(2 * PRICE * NODES) and "repriced" in said
 

@@ -166,11 +166,12 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
     from tests.integration.helpers import SMALL
 
     spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 9.0)]})
-    # at $9/h: 60 s, of which 30 s (cost.stop_margin_s) are held back for the last save; at the quote, 600 s
+    # at $9/h: 60 s, of which 40 s (the 10 s grace and cost.stop_margin_s) are held back for the last save and the
+    # exit; at the quote, 600 s
     budget = 0.15
     op = _operator(tmp_path, **SMALL, num_nodes=1, steps=100_000, checkpoint_every=0, budget_usd=budget,
                    local_state_dir=str(tmp_path / "groups"), poll_interval=0.5, deferrable=True,
-                   spot_price_refresh_s=1.0)  # fmt: skip
+                   spot_price_refresh_s=1.0, config={"checkpoint": {"grace_period_s": 10}})  # fmt: skip
     ti = RecordingTI()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
@@ -193,17 +194,14 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
 
 
 def test_a_price_rise_brings_the_platform_deadline_forward_by_what_the_money_left_buys_now():
-    """$10 budget, 2 nodes, quoted $1/node-h: the platform deadline of a program of your own is 5 h less its
-    grace and margin. An hour in, the price is $4 and $5 is spent (at the prices in effect): the $5 left buys
+    """$10 budget, 2 nodes, quoted $1/node-h: the platform deadline of a group is 5 h less its grace and
+    margin. An hour in, the price is $4 and $5 is spent (at the prices in effect): the $5 left buys
     37.5 min of 2 nodes at $4, so the deadline is 1 h 37.5 min after the launch, less the same grace and margin."""
     own = {"seconds": 5 * 3600 - 110 - 30, "budget_usd": 10.0, "spent_usd": 0.0, "nodes": 2, "usd_per_hour": 2.0,
            "grace_s": 110, "margin_s": 30, "save": "within"}  # fmt: skip
     new = repriced_deadline(own, spent_usd=5.0, price=4.0, elapsed_s=3600)
     assert new["seconds"] == 3600 + 2250 - 110 - 30 and new["usd_per_hour"] == 8.0 and new["spent_usd"] == 5.0
     assert "set 3600s after the launch" in deadline_words(new, "deadline") and "$8.0000/h" in deadline_words(new, "d")
-    # the bundled trainer's deadline is its backstop: the grace after the money runs out, as at the launch
-    bundled = {**own, "margin_s": 0, "save": "after", "seconds": 5 * 3600 + 110}
-    assert repriced_deadline(bundled, spent_usd=5.0, price=4.0, elapsed_s=3600)["seconds"] == 3600 + 2250 + 110
     # nothing left: at once (1 s, the least a Job takes)
     assert repriced_deadline(own, spent_usd=12.0, price=4.0, elapsed_s=3600)["seconds"] == 3600 - 110 - 30
 

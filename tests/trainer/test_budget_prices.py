@@ -16,11 +16,12 @@ from trainer.cost import CostLedger
 HOUR = 3600.0
 
 
-def _guard(tmp_path, *, budget: float, launched_hours_ago: float, price: float = 0.9) -> BudgetGuard:
+def _guard(tmp_path, *, budget: float, launched_hours_ago: float, price: float = 0.9,
+           grace_period_s: float = 0.0) -> BudgetGuard:
     cost = CostLedger(price_per_node_hour=price, capacity_type="spot", gpus_per_node=8, nodes=2,
                       since=time.time() - launched_hours_ago * HOUR)  # fmt: skip
     cfg = CostConfig(price_per_node_hour=price, capacity_type="spot", budget_usd=budget, stop_margin_s=30.0)
-    return BudgetGuard(cfg, cost, CheckpointDir(str(tmp_path)), "job-r0")
+    return BudgetGuard(cfg, cost, CheckpointDir(str(tmp_path)), "job-r0", grace_period_s)
 
 
 def test_a_price_rise_counts_from_the_second_it_took_effect_and_stops_the_job_at_its_cap(tmp_path):
@@ -78,3 +79,24 @@ def test_a_malformed_prices_file_is_named_and_the_cap_keeps_the_prices_it_had(tm
     err = capsys.readouterr().err
     assert "could not read the spot prices in effect" in err and "prices/job-r0.json" in err and "yesterday" in err
     assert guard.cost.attempt_entry()["dollars"] == pytest.approx(1.8, rel=1e-3)
+
+
+def test_the_trainer_stops_with_the_grace_period_left_so_the_platform_deadline_never_has_to(tmp_path):
+    """The platform's budget deadline sends SIGTERM a grace period and the stop margin before the money runs out
+    (so that even a hung trainer is killed within the budget). The trainer keeps the same reserve: it stops
+    itself, with its step saved, while more than the grace period and the margin are left."""
+    # 2 nodes at $3.60/node-h: $7.20/h, $0.002/s; an hour in, $7.20 is spent
+    guard = _guard(tmp_path, budget=7.2 + 0.002 * 150, launched_hours_ago=1, price=3.6, grace_period_s=110.0)
+    guard.observe_step(1.0)
+    guard.observe_save(4.0)
+    # $0.30 left buys 150 s: more than a step, the 110 s grace and the 30 s margin (141 s): go on
+    assert guard.over() is None
+    # with a 20 s step, 161 s are needed: stop now, although a save (4 s) and the margin alone would still fit
+    guard.observe_step(20.0)
+    over = guard.over()
+    assert over is not None and over["seconds_ahead"] == pytest.approx(20 + 110 + 30), over
+    # a save slower than the grace period is reserved in full
+    slow = _guard(tmp_path, budget=7.2 + 0.002 * 150, launched_hours_ago=1, price=3.6, grace_period_s=110.0)
+    slow.observe_step(1.0)
+    slow.observe_save(125.0)
+    assert slow.over()["seconds_ahead"] == pytest.approx(1 + 125 + 30)
