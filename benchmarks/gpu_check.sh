@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_check.sh e2e     # the trainer at its fastest settings with async saves, then the held-out
 #                                        # evaluation with --all and the export twice (the second reuses), and the
 #                                        # exported model's loss under transformers on the same batches
+#   bash benchmarks/gpu_check.sh preempt # SIGTERM to trainer.launch at the fastest settings while an async save is in
+#                                        # flight: exit 75, the restart resumes from the step reached (recovery.py)
 # Output goes to $OUT (or ./gpu-out) as one text file per part.
 set -u
 part=${1:-mfu}
@@ -90,6 +92,16 @@ PY
     grep -E '"checkpoint"|"event": "(export|save|stop)|"step": (2|10|40|80|120),|waited|reused|== |rel_diff|torch|code of|name' "$out/e2e.txt" | cut -c1-700
     rm -rf $ck $hf
     ;;
+preempt)
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+        RUN_TIMEOUT=${RUN_TIMEOUT:-420} TAIL=20 run preempt-1b $py benchmarks/recovery.py --rounds 1 --nproc 1 \
+            --at-step 43 --stderr "$out/preempt_stderr.txt" --flavor ${FLAVOR:-llama3_1b} --set data.seq_len=${SEQ:-2048} \
+            --set micro_batch_size=${MB:-16} --set global_batch_size=${MB:-16} --set parallel.compile=${COMPILE:-true} \
+            --set parallel.loss_chunk_tokens=0 --set checkpoint.every=40
+    } 2>&1 | tee "$out/preempt.txt"
+    ;;
 *)
-    echo "unknown part $part (mfu, mfu-large, async, e2e)" >&2; exit 2 ;;
+    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt)" >&2; exit 2 ;;
 esac

@@ -1,13 +1,15 @@
 """Recovery on the local backend: time from SIGTERM to the first completed step after resume,
 and the steps lost.
 
-    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5]
+    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug] [--set KEY=VALUE ...]
 
 Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m trainer`` (torchrun
 with the trainer's exit codes: the launcher a local-backend node runs), debug flavour, sends
 SIGTERM to the agent once step --at-step is logged, waits for exit 75, starts the same command
 again at once and stops the clock at the first "train" event after the resume. Steps lost =
-the preempted step minus the resumed step (progress.json's steps_lost agrees).
+the preempted step minus the resumed step (progress.json's steps_lost agrees). ``--flavor`` and
+``--set`` (the trainer's) change the job, e.g. on a GPU the 1B model with an async save in flight
+when SIGTERM comes (``benchmarks/gpu_check.sh preempt``).
 
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
@@ -24,14 +26,15 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--flavor", "debug", "--set", "data.seq_len=32", "--set", "global_batch_size=8",
-        "--set", "micro_batch_size=4", "--set", "metrics.log_every=1", "--steps", "1000"]
+STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
+ARGS = ["--set", "data.seq_len=32", "--set", "global_batch_size=8", "--set", "micro_batch_size=4",
+        "--set", "metrics.log_every=1", "--steps", "1000"]
 
 
-def start(nproc: int, ckpt: str, env: dict) -> subprocess.Popen:
+def start(nproc: int, ckpt: str, env: dict, extra: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "trainer", *ARGS, "--checkpoint-uri", ckpt]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+           "-m", "trainer", *ARGS, *extra, "--checkpoint-uri", ckpt]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=STDERR, text=True)
 
 
 def events(proc):
@@ -40,19 +43,27 @@ def events(proc):
             yield json.loads(line)
 
 
-def one_round(nproc: int, at_step: int, env: dict) -> dict:
+def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     ckpt = tempfile.mkdtemp(prefix="dtrain-recovery-")
-    first = start(nproc, ckpt, env)
+    first = start(nproc, ckpt, env, extra)
+    saves = []  # (step, async, reason) of the first process's saves, as they committed
     for e in events(first):
+        if e["event"] == "checkpoint":
+            saves.append((e["step"], e.get("async"), e["reason"]))
         if e["event"] == "train" and e["step"] >= at_step:
             t0 = time.perf_counter()
             first.send_signal(signal.SIGTERM)
             break
-    preempted = next(e for e in events(first) if e["event"] == "preempted")
+    for e in events(first):
+        if e["event"] == "checkpoint":
+            saves.append((e["step"], e.get("async"), e["reason"]))
+        if e["event"] == "preempted":
+            preempted = e
+            break
     rc = first.wait()
     t_exit = time.perf_counter()
     assert rc == 75, rc
-    second = start(nproc, ckpt, env)
+    second = start(nproc, ckpt, env, extra)
     resume = None
     for e in events(second):
         if e["event"] == "resume":
@@ -69,7 +80,8 @@ def one_round(nproc: int, at_step: int, env: dict) -> dict:
     return {"recovery_s": t1 - t0, "sigterm_to_exit_s": t_exit - t0, "save_s": preempted["seconds_to_save"],
             "restart_to_first_step_s": t1 - t_exit, "preempted_step": preempted["step"],
             "resumed_from": resume["from_step"], "first_step": first_step,
-            "steps_lost": preempted["step"] - resume["from_step"], "progress_steps_lost": progress["steps_lost"]}
+            "steps_lost": preempted["step"] - resume["from_step"], "progress_steps_lost": progress["steps_lost"],
+            "saves": saves}
 
 
 def main() -> None:
@@ -77,11 +89,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--at-step", type=int, default=5)
+    p.add_argument("--flavor", default="debug")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer setting (repeatable)")
+    p.add_argument("--stderr", metavar="FILE", help="append the trainers' stderr to FILE (default: discarded)")
     args = p.parse_args()
+    global STDERR
+    STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
+    extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]
     env = dict(os.environ, PYTHONPATH=REPO)
     rows = []
     for r in range(args.rounds):
-        rows.append(one_round(args.nproc, args.at_step, env))
+        rows.append(one_round(args.nproc, args.at_step, env, extra))
         print(f"round {r}: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()})}",
               flush=True)
     med = {k: statistics.median(row[k] for row in rows) for k in ("recovery_s", "sigterm_to_exit_s", "save_s",
