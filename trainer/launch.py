@@ -93,10 +93,40 @@ def watch_checkpoint_requests(path: str, poll_s: float = 1.0, stop: threading.Ev
     return thread
 
 
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+
+
+def honour_shutdown_timeout() -> bool:
+    """Make the agent wait ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds between its SIGTERM to the workers and its
+    SIGKILL, on a torch whose agent has no such setting. torch 2.11's ``LocalElasticAgent`` closes its workers
+    with a fixed 30 s and reads no variable; seen on an H100/H200: a 1B model's preemption save (28 s, after the
+    async save in flight) finished 2 s before that SIGKILL, and a larger model's would be killed mid-save,
+    losing every step since the last checkpoint. Here the default of ``PContext.close`` becomes the variable's
+    value (every call in that torch leaves it to the default). True if patched; a torch whose agent takes a
+    ``shutdown_timeout`` (it reads the variable itself) is left as it is."""
+    import inspect
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    if "shutdown_timeout" in inspect.signature(LocalElasticAgent.__init__).parameters:
+        return False
+    seconds = int(os.environ[SHUTDOWN_TIMEOUT_ENV])
+    close = getattr(PContext.close, "__wrapped__", PContext.close)
+
+    def close_after_the_shutdown_timeout(self, death_sig=None, timeout: int = seconds) -> None:
+        close(self, death_sig, timeout)
+
+    close_after_the_shutdown_timeout.__wrapped__ = close
+    PContext.close = close_after_the_shutdown_timeout
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     # torchrun SIGKILLs workers this long after forwarding SIGTERM (its default is 30 s):
     # leave them the time a preemption save needs; the platform's own grace period is the real bound.
-    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
+    os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, "120")
+    honour_shutdown_timeout()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec needed
         watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])

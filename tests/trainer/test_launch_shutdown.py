@@ -1,0 +1,58 @@
+"""A preemption save longer than torchrun's default 30 s is not cut short: the node's agent (python -m
+trainer.launch, real torchrun) waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT between forwarding SIGTERM and its SIGKILL,
+on every supported torch (torch 2.11's agent has no such setting and killed at 30 s: `make test-torch-min`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.torchrun
+
+SAVE_S = 34  # longer than torchrun's fixed 30 s on torch 2.11
+
+WORKER = f"""
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def save_and_exit(*_):
+    time.sleep({SAVE_S})  # a preemption save of a large model
+    (out / "saved").write_text("1")
+    sys.exit(75)
+signal.signal(signal.SIGTERM, save_and_exit)
+(out / "started").write_text("1")
+time.sleep(300)
+"""
+
+
+def test_the_agent_waits_the_shutdown_timeout_not_30s_for_a_preemption_save(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "1", str(script), str(tmp_path)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()
+            time.sleep(0.1)
+        sent = time.monotonic()
+        agent.send_signal(signal.SIGTERM)  # as the kubelet or the local supervisor does
+        _, stderr = agent.communicate(timeout=120)
+        waited = time.monotonic() - sent
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    assert (tmp_path / "saved").exists(), f"the worker was killed mid-save after {waited:.0f}s:\n{stderr[-2000:]}"
+    assert agent.returncode == 75, stderr[-2000:]
+    assert "forcefully exiting via 9" not in stderr, stderr[-2000:]
+    assert waited >= SAVE_S
