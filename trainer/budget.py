@@ -5,11 +5,12 @@ knows what the group costs per second (nodes × the price ceiling) and what the 
 spent (every other attempt's spend file plus this attempt since its group was launched),
 and after every step projects the spend to the moment the job could be stopped if it went
 on: one more step (the slowest of the recent ones), a blocking save (the slowest seen so
-far, or a guess before the first; at least ``checkpoint.grace_period_s``, which the
-platform's budget deadline keeps back for a hung group), and ``cost.stop_margin_s`` for the
-exit and the node's release (``trainer.cost.stop_reserve_s``). When that projection passes
-``cost.budget_usd``, every rank saves the step it has reached and the job exits
-``BUDGET_EXIT_CODE``, just before the platform's deadline would stop it. Rank 0 also keeps this attempt's spend
+far, or a guess before the first) and ``cost.stop_margin_s`` for the exit and the node's
+release, all of it before the platform's budget deadline, which keeps back
+``checkpoint.grace_period_s`` and ``cost.stop_margin_s`` more to end a hung group within the
+budget (``trainer.cost.stop_reserve_s``). When that projection passes ``cost.budget_usd``,
+every rank saves the step it has reached and the job exits ``BUDGET_EXIT_CODE``, before the
+platform's deadline would stop it. Rank 0 also keeps this attempt's spend
 file current, so the spend after the last checkpoint is on record for the next attempt,
 the next run and the budget task.
 """

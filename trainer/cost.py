@@ -42,12 +42,12 @@ def launched_at(now: float | None = None) -> float:
 
 
 def stop_reserve_s(save_s: float, grace_period_s: float, stop_margin_s: float) -> float:
-    """Seconds of money a job keeps back to stop within its budget: the final save (at least the grace period,
-    the time the platform's budget deadline allows between its SIGTERM and SIGKILL) and ``cost.stop_margin_s``
-    for the exit and the node's release. The platform's deadline comes this long (with the grace period) before
-    the money runs out (``airflow_dtrain.launchers.base.budget_deadline``), so a trainer that stops itself with
-    this much left is never cut short by it, and one that hangs is killed within the budget."""
-    return max(save_s, grace_period_s) + stop_margin_s
+    """Seconds of money the bundled trainer keeps back when it decides whether to go on: its own stop (the final
+    save and ``cost.stop_margin_s`` for the exit and the node's release), done before the platform's budget
+    deadline, which itself comes ``checkpoint.grace_period_s`` and ``cost.stop_margin_s`` before the money runs
+    out (``airflow_dtrain.launchers.base.budget_deadline``: what ends a hung trainer within the budget). So a
+    trainer that stops itself is never cut short by the deadline, and a hung one is killed within the budget."""
+    return (save_s + stop_margin_s) + (grace_period_s + stop_margin_s)
 
 
 def billed(entry: dict, *, until: float) -> dict:

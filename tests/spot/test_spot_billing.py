@@ -166,12 +166,13 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
     from tests.integration.helpers import SMALL
 
     spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 9.0)]})
-    # at $9/h: 60 s, of which 40 s (the 10 s grace and cost.stop_margin_s) are held back for the last save and the
-    # exit; at the quote, 600 s
+    # at $9/h: 60 s, of which the trainer holds back ~25 s (its last save and exit, then the platform deadline's
+    # 10 s grace and 5 s margin); at the quote, 600 s
     budget = 0.15
     op = _operator(tmp_path, **SMALL, num_nodes=1, steps=100_000, checkpoint_every=0, budget_usd=budget,
                    local_state_dir=str(tmp_path / "groups"), poll_interval=0.5, deferrable=True,
-                   spot_price_refresh_s=1.0, config={"checkpoint": {"grace_period_s": 10}})  # fmt: skip
+                   spot_price_refresh_s=1.0,
+                   config={"checkpoint": {"grace_period_s": 10}, "cost": {"stop_margin_s": 5}})  # fmt: skip
     ti = RecordingTI()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})

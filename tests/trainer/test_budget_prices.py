@@ -81,22 +81,22 @@ def test_a_malformed_prices_file_is_named_and_the_cap_keeps_the_prices_it_had(tm
     assert guard.cost.attempt_entry()["dollars"] == pytest.approx(1.8, rel=1e-3)
 
 
-def test_the_trainer_stops_with_the_grace_period_left_so_the_platform_deadline_never_has_to(tmp_path):
+def test_the_trainer_stops_before_the_platform_deadline_so_that_it_never_has_to(tmp_path):
     """The platform's budget deadline sends SIGTERM a grace period and the stop margin before the money runs out
-    (so that even a hung trainer is killed within the budget). The trainer keeps the same reserve: it stops
-    itself, with its step saved, while more than the grace period and the margin are left."""
-    # 2 nodes at $3.60/node-h: $7.20/h, $0.002/s; an hour in, $7.20 is spent
-    guard = _guard(tmp_path, budget=7.2 + 0.002 * 150, launched_hours_ago=1, price=3.6, grace_period_s=110.0)
+    (so that even a hung trainer is killed within the budget). The trainer stops itself, its step saved and
+    its process gone, before that deadline: it keeps back its own save and exit, and the deadline's reserve."""
+    # 2 nodes at $3.60/node-h: $7.20/h, $0.002/s; an hour in, $7.20 is spent. $0.40 more buys 200 s.
+    guard = _guard(tmp_path, budget=7.2 + 0.002 * 200, launched_hours_ago=1, price=3.6, grace_period_s=110.0)
     guard.observe_step(1.0)
     guard.observe_save(4.0)
-    # $0.30 left buys 150 s: more than a step, the 110 s grace and the 30 s margin (141 s): go on
+    # a step, its save and exit (4 s + the 30 s margin), then the deadline's 110 s grace and 30 s margin: 175 s
     assert guard.over() is None
-    # with a 20 s step, 161 s are needed: stop now, although a save (4 s) and the margin alone would still fit
-    guard.observe_step(20.0)
+    # with a 30 s step, 204 s are needed: stop now, although a step, a save and the margin alone (64 s) fit
+    guard.observe_step(30.0)
     over = guard.over()
-    assert over is not None and over["seconds_ahead"] == pytest.approx(20 + 110 + 30), over
-    # a save slower than the grace period is reserved in full
-    slow = _guard(tmp_path, budget=7.2 + 0.002 * 150, launched_hours_ago=1, price=3.6, grace_period_s=110.0)
+    assert over is not None and over["seconds_ahead"] == pytest.approx(30 + 4 + 30 + 110 + 30), over
+    # a slow save is reserved in full, on top of the deadline's reserve
+    slow = _guard(tmp_path, budget=7.2 + 0.002 * 200, launched_hours_ago=1, price=3.6, grace_period_s=110.0)
     slow.observe_step(1.0)
-    slow.observe_save(125.0)
-    assert slow.over()["seconds_ahead"] == pytest.approx(1 + 125 + 30)
+    slow.observe_save(60.0)
+    assert slow.over()["seconds_ahead"] == pytest.approx(1 + 60 + 30 + 110 + 30)
