@@ -8,6 +8,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseBranchOperator
 
 from airflow_dtrain.templating import is_template
+from trainer.cost import stop_reserve_s
+
+DEFAULT_STOP_RESERVE_S = stop_reserve_s(5.0, 110.0, 30.0)
+"""What the bundled trainer keeps back with its defaults (a 5 s save and the 30 s stop margin, before the
+platform deadline's 110 s grace and 30 s margin): 175 s of the group."""
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -16,7 +21,7 @@ _NUMBERS = (
     "total_steps", "budget_usd", "step_time_estimate_s", "num_nodes", "spot_price", "on_demand_price",
     "interruption_rate_per_hour", "max_interruption_rate_per_hour", "restart_overhead_s", "lost_work_s",
     "deadline_s", "waited_s", "max_wait_s", "wait_interval_s", "wait_target_price", "max_spot_price",
-    "spot_nodes_available", "max_late_risk", "min_finish_chance",
+    "spot_nodes_available", "max_late_risk", "min_finish_chance", "stop_reserve_s",
 )  # fmt: skip
 
 
@@ -28,7 +33,8 @@ class BudgetBranchOperator(BaseBranchOperator):
     manifest under ``checkpoint_uri`` (``airflow_dtrain.spot.ledger``), takes the spot offer
     chosen by a ``SpotPriceSensor`` (``price_task_id``) or the prices you give, and follows
     the decision table of ``airflow_dtrain.spot.budget``: ``spot``, ``on_demand``, ``wait`` or
-    ``stop``. It never chooses work whose estimate exceeds the remaining budget (with
+    ``stop``. It never chooses work whose estimate exceeds the remaining budget (the money left, less
+    ``stop_reserve_s`` of the group that the training task keeps back to stop within the cap; with
     ``min_finish_chance``: spot whose chance of finishing within it is below that). The
     decision and its reason are logged and pushed to XCom (key ``decision``).
 
@@ -68,6 +74,11 @@ class BudgetBranchOperator(BaseBranchOperator):
         spot cost and hours must fit). (templated)
     :param allow_late: when neither capacity can finish by ``deadline_s`` within the budget, finish
         late within it (spot, on-demand or a wait for spot) rather than stop. (templated)
+    :param stop_reserve_s: seconds of the group that the training task keeps back of the money left, to stop
+        within the cap (``trainer.cost.stop_reserve_s``: the bundled trainer's save and exit, then the
+        platform budget deadline's grace period and margin, which also stop a program of your own); the
+        decision spends only the money left beyond them, counted at the lowest price it knows (the trainer
+        counts them at its price ceiling). Default: the bundled trainer's defaults, 175 s. (templated)
     """
 
     template_fields: Sequence[str] = ("checkpoint_uri", "allow_late", *_NUMBERS)
@@ -101,6 +112,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         max_late_risk: float | str = 0.0,
         min_finish_chance: float | str | None = None,
         allow_late: bool | str = True,
+        stop_reserve_s: float | str = DEFAULT_STOP_RESERVE_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -130,6 +142,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         self.max_late_risk = max_late_risk
         self.min_finish_chance = min_finish_chance
         self.allow_late = allow_late
+        self.stop_reserve_s = stop_reserve_s
         self._numbers(skip_templates=True)  # fail in the DAG file for what is not templated
 
     def _numbers(self, *, skip_templates: bool = False) -> dict[str, float | None]:
@@ -197,6 +210,18 @@ class BudgetBranchOperator(BaseBranchOperator):
         steps_remaining = max(0, int(n["total_steps"]) - ledger.step)
         step_time = ledger.step_time_s or n["step_time_estimate_s"]
         remaining = None if n["budget_usd"] is None else n["budget_usd"] - ledger.total_dollars
+        # the training task stops with this much of the group's time left (the trainer's save and exit, then the
+        # platform deadline's grace and margin): money the run cannot spend on training. At the lowest price known:
+        # the trainer counts it at its price ceiling, so this refuses only launches that would stop at once anyway
+        price = min((float(p) for p in (spot, od) if p is not None), default=0.0)
+        reserve_usd = (n["stop_reserve_s"] or 0.0) * int(n["num_nodes"]) * price / 3600
+        if remaining is not None and reserve_usd:
+            self.log.info(
+                "Money left $%.4f, of which $%.4f is kept back for the training task's stop (stop_reserve_s=%.0f "
+                "of %d node(s) at $%.4f/h): $%.4f to train with", remaining, reserve_usd, n["stop_reserve_s"],
+                int(n["num_nodes"]), price, remaining - reserve_usd,
+            )  # fmt: skip
+            remaining -= reserve_usd
         self.log.info(
             "Ledger: step %d of %d, $%.2f spent (%s), step time %s s (%s)",
             ledger.step, int(n["total_steps"]), ledger.total_dollars, ledger.path or "no checkpoint yet",
@@ -238,7 +263,8 @@ class BudgetBranchOperator(BaseBranchOperator):
             metrics.gauge("budget.estimate_dollars", estimate, tags=tags)
         context["ti"].xcom_push(
             key="decision",
-            value={**decision.to_dict(), "ledger": ledger.to_dict(), "offer": offer, "steps_remaining": steps_remaining},
+            value={**decision.to_dict(), "ledger": ledger.to_dict(), "offer": offer, "steps_remaining": steps_remaining,
+                   "stop_reserve_usd": round(reserve_usd, 6)},
         )
         branch = {
             Choice.SPOT: self.spot_task_id,

@@ -111,11 +111,30 @@ class _TI:
 
 
 def _branch(**kwargs) -> BudgetBranchOperator:
+    """The operator with no stop reserve unless a test gives one: these tests check the policy's inputs."""
     arguments = dict(
         task_id="budget", spot_task_id="train_spot", on_demand_task_id="train_on_demand",
-        wait_task_id="wait_for_price", stop_task_id="stop", total_steps=10_000, num_nodes=2,
+        wait_task_id="wait_for_price", stop_task_id="stop", total_steps=10_000, num_nodes=2, stop_reserve_s=0,
     )  # fmt: skip
     return BudgetBranchOperator(**{**arguments, **kwargs})
+
+
+def test_the_money_the_training_task_keeps_back_to_stop_is_not_spent_on_training(tmp_path):
+    """The bundled trainer stops with its save and exit, and the platform deadline's grace and margin, still
+    paid for (175 s of the group with the defaults): a job whose estimate fits the money left but not beyond
+    that reserve is not launched, since it would stop at once, having paid for its start-up."""
+    write_manifest(tmp_path, 9_900, spot_dollars=29.8, step_time_s=1.8)  # 100 steps left: 180 s, $0.12 of spot
+    kwargs = dict(checkpoint_uri=str(tmp_path), budget_usd=30.0, spot_price=1.168, on_demand_price=3.06)
+    ti = _TI()
+    assert _branch(**kwargs).choose_branch({"ti": ti}) == "train_spot"  # $0.20 left, and no reserve counted
+    default = BudgetBranchOperator(task_id="b", spot_task_id="s", on_demand_task_id="o", total_steps=1)
+    assert default.stop_reserve_s == 175  # the bundled trainer's, with its defaults
+    ti = _TI()
+    assert _branch(**kwargs, stop_reserve_s=175).choose_branch({"ti": ti}) == "stop"
+    decision = ti.pushed["decision"]
+    # 175 s of 2 nodes at the lowest price known ($1.168 spot): $0.1136, and the $0.12 of spot is not in the rest
+    assert decision["stop_reserve_usd"] == pytest.approx(175 * 2 * 1.168 / 3600, abs=1e-6)
+    assert "exceeds the remaining budget $0.09" in decision["reason"], decision["reason"]
 
 
 def test_branch_uses_the_ledger_and_the_sensors_offer(tmp_path):
