@@ -27,6 +27,7 @@ from airflow_dtrain.launchers.base import (GroupState, GroupStatus, PodGroupLaun
                                            poll_group, repriced_deadline)
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, log_lines
+from trainer.budget import FIRST_SAVE_GUESS_S
 from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
@@ -41,8 +42,6 @@ log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 40
 STARTUP_GUESS_S = 120.0
 """Seconds from a launch to the first step, before any attempt of the job has measured it."""
-SAVE_GUESS_S = 5.0
-"""Seconds of a blocking save, before any attempt of the job has measured one."""
 
 EVENT_STATUS = {GroupState.SUCCEEDED: "success", GroupState.PREEMPTED: "preempted"}
 """How a group's end state reads in a trigger event (anything else is "error")."""
@@ -461,7 +460,7 @@ class GroupSession:
             return max((float(e[key]) for e in measured if e.get(key)), default=default)
 
         step_s = ledger.step_time_s or most("step_time_s", 0.0)
-        startup_s, save_s = most("startup_s", STARTUP_GUESS_S), most("save_s", SAVE_GUESS_S)
+        startup_s, save_s = most("startup_s", STARTUP_GUESS_S), most("save_s", FIRST_SAVE_GUESS_S)
         steps_left = max(0, train.steps - ledger.step)
         interval = min(train.checkpoint.every or steps_left, steps_left)
         usd_per_s = self.spec.num_nodes * max(cost.price_ceiling_per_node_hour, cost.price_per_node_hour) / 3600

@@ -18,13 +18,15 @@ annotation ``dtrain.io/checkpoint-now``, the kubelet writes the pod's annotation
 volume (``$DTRAIN_REQUESTS_FILE``), and a thread here sends each new request to the workers as SIGUSR1.
 """
 
+import inspect
 import os
 import signal
 import sys
 import threading
 import time
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
@@ -99,16 +101,11 @@ SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 def honour_shutdown_timeout() -> bool:
     """Make the agent wait ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds between its SIGTERM to the workers and its
     SIGKILL, on a torch whose agent has no such setting. torch 2.11's ``LocalElasticAgent`` closes its workers
-    with a fixed 30 s and reads no variable; seen on an H100/H200: a 1B model's preemption save (28 s, after the
+    with a fixed 30 s and reads no variable; seen on an H200: a 1B model's preemption save (28 s, after the
     async save in flight) finished 2 s before that SIGKILL, and a larger model's would be killed mid-save,
     losing every step since the last checkpoint. Here the default of ``PContext.close`` becomes the variable's
     value (every call in that torch leaves it to the default). True if patched; a torch whose agent takes a
     ``shutdown_timeout`` (it reads the variable itself) is left as it is."""
-    import inspect
-
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.elastic.multiprocessing.api import PContext
-
     if "shutdown_timeout" in inspect.signature(LocalElasticAgent.__init__).parameters:
         return False
     seconds = int(os.environ[SHUTDOWN_TIMEOUT_ENV])

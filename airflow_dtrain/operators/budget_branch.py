@@ -8,11 +8,15 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseBranchOperator
 
 from airflow_dtrain.templating import is_template
+from trainer.budget import FIRST_SAVE_GUESS_S
+from trainer.config import CheckpointConfig, CostConfig
 from trainer.cost import stop_reserve_s
 
-DEFAULT_STOP_RESERVE_S = stop_reserve_s(5.0, 110.0, 30.0)
-"""What the bundled trainer keeps back with its defaults (a 5 s save and the 30 s stop margin, before the
-platform deadline's 110 s grace and 30 s margin): 175 s of the group."""
+DEFAULT_STOP_RESERVE_S = stop_reserve_s(
+    FIRST_SAVE_GUESS_S, CheckpointConfig().grace_period_s, CostConfig().stop_margin_s
+)
+"""What the bundled trainer keeps back with its defaults (its first-save guess and the stop margin, before the
+platform deadline's grace period and margin): 175 s of the group."""
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
