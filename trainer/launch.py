@@ -97,33 +97,52 @@ def watch_checkpoint_requests(path: str, poll_s: float = 1.0, stop: threading.Ev
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
+_forced: list[int] = []
+"""Local ranks that the agent's last close of its workers had to SIGKILL (their save, if any, cut short)."""
 
-def honour_shutdown_timeout() -> bool:
-    """Make the agent wait ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds between its SIGTERM to the workers and its
-    SIGKILL, on a torch whose agent has no such setting. torch 2.11's ``LocalElasticAgent`` closes its workers
-    with a fixed 30 s and reads no variable; seen on an H200: a 1B model's preemption save (28 s, after the
-    async save in flight) finished 2 s before that SIGKILL, and a larger model's would be killed mid-save,
-    losing every step since the last checkpoint. Here the default of ``PContext.close`` becomes the variable's
-    value (every call in that torch leaves it to the default). True if patched; a torch whose agent takes a
-    ``shutdown_timeout`` (it reads the variable itself) is left as it is."""
-    if "shutdown_timeout" in inspect.signature(LocalElasticAgent.__init__).parameters:
-        return False
-    seconds = int(os.environ[SHUTDOWN_TIMEOUT_ENV])
+
+def _killed_ranks(ctx: PContext) -> list[int]:
+    """The workers of ``ctx`` that ended by SIGKILL (a closed context: every one has ended or been abandoned)."""
+    if handlers := getattr(ctx, "subprocess_handlers", None):  # a command entrypoint (ours: python -m ...)
+        codes = {rank: h.proc.returncode for rank, h in handlers.items()}
+    elif pc := getattr(ctx, "_pc", None):  # a Python function entrypoint (multiprocessing)
+        codes = dict(enumerate(p.exitcode for p in pc.processes))
+    else:
+        return []
+    return sorted(rank for rank, code in codes.items() if code == -signal.SIGKILL)
+
+
+def watch_the_agents_close() -> bool:
+    """Wrap ``PContext.close``, which the agent calls to stop its workers (SIGTERM, the shutdown timeout, SIGKILL):
+
+    * on a torch whose agent has no shutdown timeout, wait ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds before the
+      SIGKILL. torch 2.11's ``LocalElasticAgent`` closes its workers with a fixed 30 s and reads no variable;
+      seen on an H200: a 1B model's preemption save (28 s, after the async save in flight) finished 2 s before
+      that SIGKILL, and a larger model's would be killed mid-save, losing every step since the last checkpoint.
+      Here the default of ``PContext.close`` becomes the variable's value (every call in that torch leaves it to
+      the default); a torch whose agent takes a ``shutdown_timeout`` reads the variable itself;
+    * on every torch, note the workers it had to SIGKILL, so that the node's last line says their save was cut
+      short instead of "told to save" alone.
+
+    True if the timeout was patched."""
     close = getattr(PContext.close, "__wrapped__", PContext.close)
+    patch_timeout = "shutdown_timeout" not in inspect.signature(LocalElasticAgent.__init__).parameters
+    default_timeout = int(os.environ[SHUTDOWN_TIMEOUT_ENV]) if patch_timeout else 30
 
-    def close_after_the_shutdown_timeout(self, death_sig=None, timeout: int = seconds) -> None:
+    def close_and_note_the_killed(self, death_sig=None, timeout: int = default_timeout) -> None:
         close(self, death_sig, timeout)
+        _forced[:] = _killed_ranks(self)
 
-    close_after_the_shutdown_timeout.__wrapped__ = close
-    PContext.close = close_after_the_shutdown_timeout
-    return True
+    close_and_note_the_killed.__wrapped__ = close
+    PContext.close = close_and_note_the_killed
+    return patch_timeout
 
 
 def main(argv: list[str] | None = None) -> int:
     # torchrun SIGKILLs workers this long after forwarding SIGTERM (its default is 30 s):
     # leave them the time a preemption save needs; the platform's own grace period is the real bound.
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, "120")
-    honour_shutdown_timeout()
+    watch_the_agents_close()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec needed
         watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])
@@ -151,7 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             code, why = 1, f"workers failed with exit codes {codes}"
     except SignalException as e:
+        # Still a preemption (75, relaunched, not a failure), whatever the save became: the relaunch resumes from the
+        # last committed checkpoint, and a save cut short was never committed.
         code, why = PREEMPTED_EXIT_CODE, f"agent received {e.sigval.name}; workers were told to save and stop"
+        if _forced:
+            why += (f"; local rank(s) {_forced} did not stop within {os.environ[SHUTDOWN_TIMEOUT_ENV]} s "
+                    f"({SHUTDOWN_TIMEOUT_ENV}) and were SIGKILLed, their save cut short: the group resumes from "
+                    "its last committed checkpoint")
     except Exception as e:  # rendezvous errors, bad arguments to the agent, ...
         code, why = 1, f"launcher error: {type(e).__name__}: {e}"
     print(f"[trainer.launch] exit {code}: {why}", file=sys.stderr, flush=True)

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.torchrun
 
 SAVE_S = 34  # longer than torchrun's fixed 30 s on torch 2.11
 
-WORKER = f"""
+WORKER = """
 import pathlib, signal, sys, time
 out = pathlib.Path(sys.argv[1])
 def save_and_exit(*_):
-    time.sleep({SAVE_S})  # a preemption save of a large model
+    time.sleep({save_s})  # a preemption save of a large model
     (out / "saved").write_text("1")
     sys.exit(75)
 signal.signal(signal.SIGTERM, save_and_exit)
@@ -32,10 +32,12 @@ time.sleep(300)
 """
 
 
-def test_the_agent_waits_the_shutdown_timeout_not_30s_for_a_preemption_save(tmp_path):
+def _preempt(tmp_path: Path, save_s: float, shutdown_timeout_s: int) -> tuple[subprocess.Popen, str, float]:
+    """Start the agent with one worker whose SIGTERM save takes ``save_s``, SIGTERM the agent once the worker
+    runs; returns the agent, its stderr and the seconds from the SIGTERM to the agent's exit."""
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}
+    script.write_text(WORKER.format(save_s=save_s))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown_timeout_s)}
     agent = subprocess.Popen(
         [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "1", str(script), str(tmp_path)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -52,7 +54,22 @@ def test_the_agent_waits_the_shutdown_timeout_not_30s_for_a_preemption_save(tmp_
     finally:
         if agent.poll() is None:
             os.killpg(agent.pid, signal.SIGKILL)
+    return agent, stderr, waited
+
+
+def test_the_agent_waits_the_shutdown_timeout_not_30s_for_a_preemption_save(tmp_path):
+    agent, stderr, waited = _preempt(tmp_path, SAVE_S, shutdown_timeout_s=60)
     assert (tmp_path / "saved").exists(), f"the worker was killed mid-save after {waited:.0f}s:\n{stderr[-2000:]}"
     assert agent.returncode == 75, stderr[-2000:]
     assert "forcefully exiting via 9" not in stderr, stderr[-2000:]
     assert waited >= SAVE_S
+    assert "SIGKILLed" not in stderr.splitlines()[-1], stderr[-2000:]
+
+
+def test_a_save_cut_short_by_the_shutdown_timeout_is_said_so_in_the_nodes_last_line(tmp_path):
+    agent, stderr, _ = _preempt(tmp_path, 60, shutdown_timeout_s=3)
+    assert not (tmp_path / "saved").exists()
+    assert agent.returncode == 75, stderr[-2000:]  # still a preemption: relaunched from the last committed step
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("[trainer.launch] exit 75:") and "local rank(s) [0]" in last, stderr[-2000:]
+    assert "SIGKILLed, their save cut short" in last and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in last, last
