@@ -81,8 +81,9 @@ class BudgetBranchOperator(BaseBranchOperator):
     :param stop_reserve_s: seconds of the group that the training task keeps back of the money left, to stop
         within the cap (``trainer.cost.stop_reserve_s``: the bundled trainer's save and exit, then the
         platform budget deadline's grace period and margin, which also stop a program of your own); the
-        decision spends only the money left beyond them, counted at the lowest price it knows (the trainer
-        counts them at its price ceiling). Default: the bundled trainer's defaults, 175 s. (templated)
+        decision spends only the money left beyond them, counted as the trainer counts them, at its price
+        ceiling: the on-demand price when there is one, since a spot price can rise to it while the group
+        runs; the lower price for a fixed-price offer (``source`` "fixed": the local backend). Default: the bundled trainer's defaults, 175 s. (templated)
     """
 
     template_fields: Sequence[str] = ("checkpoint_uri", "allow_late", *_NUMBERS)
@@ -215,9 +216,14 @@ class BudgetBranchOperator(BaseBranchOperator):
         step_time = ledger.step_time_s or n["step_time_estimate_s"]
         remaining = None if n["budget_usd"] is None else n["budget_usd"] - ledger.total_dollars
         # the training task stops with this much of the group's time left (the trainer's save and exit, then the
-        # platform deadline's grace and margin): money the run cannot spend on training. At the lowest price known:
-        # the trainer counts it at its price ceiling, so this refuses only launches that would stop at once anyway
-        price = min((float(p) for p in (spot, od) if p is not None), default=0.0)
+        # platform deadline's grace and margin): money the run cannot spend on training, at the price the trainer
+        # counts it at, its price ceiling. A market's spot price can rise to on-demand while the group runs (EC2
+        # never bills spot above it), so both capacities keep their reserve at on-demand; counted at the spot price
+        # a spot run could be admitted only to stop after a few steps. A fixed price (the local backend's offer)
+        # cannot move: the lowest price known, as before.
+        fixed = offer.get("source") == "fixed"
+        known = [float(p) for p in (spot, od) if p is not None]
+        price = float(od) if od is not None and not fixed else min(known, default=0.0)
         reserve_usd = (n["stop_reserve_s"] or 0.0) * int(n["num_nodes"]) * price / 3600
         if remaining is not None and reserve_usd:
             self.log.info(

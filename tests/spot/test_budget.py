@@ -124,17 +124,27 @@ def test_the_money_the_training_task_keeps_back_to_stop_is_not_spent_on_training
     paid for (175 s of the group with the defaults): a job whose estimate fits the money left but not beyond
     that reserve is not launched, since it would stop at once, having paid for its start-up."""
     write_manifest(tmp_path, 9_900, spot_dollars=29.8, step_time_s=1.8)  # 100 steps left: 180 s, $0.12 of spot
-    kwargs = dict(checkpoint_uri=str(tmp_path), budget_usd=30.0, spot_price=1.168, on_demand_price=3.06)
+    kwargs = dict(checkpoint_uri=str(tmp_path), budget_usd=30.1, spot_price=1.168, on_demand_price=3.06)
     ti = _TI()
-    assert _branch(**kwargs).choose_branch({"ti": ti}) == "train_spot"  # $0.20 left, and no reserve counted
+    assert _branch(**kwargs).choose_branch({"ti": ti}) == "train_spot"  # $0.30 left, and no reserve counted
     default = BudgetBranchOperator(task_id="b", spot_task_id="s", on_demand_task_id="o", total_steps=1)
     assert default.stop_reserve_s == 175  # the bundled trainer's, with its defaults
     ti = _TI()
     assert _branch(**kwargs, stop_reserve_s=175).choose_branch({"ti": ti}) == "stop"
     decision = ti.pushed["decision"]
-    # 175 s of 2 nodes at the lowest price known ($1.168 spot): $0.1136, and the $0.12 of spot is not in the rest
-    assert decision["stop_reserve_usd"] == pytest.approx(175 * 2 * 1.168 / 3600, abs=1e-6)
-    assert "exceeds the remaining budget $0.09" in decision["reason"], decision["reason"]
+    # 175 s of 2 nodes at the trainer's price ceiling, on-demand's $3.06 also for spot: $0.2975, leaving $0.0025.
+    # (At the spot price, $0.1136, the $0.12 of spot would have fitted: a run launched to stop after a few steps.)
+    assert decision["stop_reserve_usd"] == pytest.approx(175 * 2 * 3.06 / 3600, abs=1e-6)
+    assert "exceeds the remaining budget $0.00" in decision["reason"], decision["reason"]
+
+    # A fixed price (the local backend's offer) cannot rise while the group runs: the reserve is at the lower one.
+    from airflow_dtrain.spot.offers import fixed_price_choice
+
+    offer = fixed_price_choice(price_per_hour=1.168, on_demand_price=3.06).to_dict()
+    ti = _TI({"spot_price": offer})
+    fixed = _branch(checkpoint_uri=str(tmp_path), budget_usd=30.1, price_task_id="spot_price", stop_reserve_s=175)
+    assert fixed.choose_branch({"ti": ti}) == "train_spot"
+    assert ti.pushed["decision"]["stop_reserve_usd"] == pytest.approx(175 * 2 * 1.168 / 3600, abs=1e-6)
 
 
 def test_branch_uses_the_ledger_and_the_sensors_offer(tmp_path):
