@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 TORCH_MIN ?= torch==2.11.0
 VENV_MIN ?= .venv-torch-min
 
-.PHONY: venv chromium test test-fast test-torch-min demo clean
+.PHONY: venv chromium test test-faults test-fast test-torch-min demo clean
 
 venv: $(VENV)/.installed
 
@@ -42,12 +42,18 @@ chromium:
 		echo "no chromium, and no apt-get as root to install it: the browser test (tests/ui) will be skipped"; \
 	fi
 
+# Every test but the long fault trials (marker fault_trial), which belong with the benchmarks: `make test-faults`.
 test: venv chromium
-	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --durations=25 -m "not fault_trial" $(PYTEST_ARGS)
 
-# Everything except the tests that start a real Airflow scheduler.
+# The long fault trials: a hung rank, kill -9 during a save, a full disk, spot prices that jump, a second
+# writer, a 34 s preemption save. .ci/run runs them after `make test`; `benchmarks/faults.py` repeats such faults.
+test-faults: venv
+	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --durations=10 -m fault_trial $(PYTEST_ARGS)
+
+# Everything except the tests that start a real Airflow scheduler, and the fault trials.
 test-fast: venv
-	$(PY) -m pytest tests -q --timeout=900 -m "not scheduler" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q --timeout=900 -m "not scheduler and not fault_trial" $(PYTEST_ARGS)
 
 # The trainer and checkpoint tests on the lowest supported torch (a CUDA build from PyPI on
 # x86_64: several GB; it runs on the CPU). `make test` stays on TORCH_SPEC.

@@ -110,6 +110,7 @@ def test_on_kill_stops_the_whole_group(tmp_path, slow_steps):
     assert isinstance(outcome.get("error"), TrainingFailed) and "stopped" in str(outcome["error"])
 
 
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_group_killed_mid_run_is_relaunched_from_its_checkpoint_and_finishes(tmp_path):
     # 40 steps: the kill at step 4 lands long before the end, on a loaded machine too.
     op, ti = _operator(tmp_path, steps=40), RecordingTI()

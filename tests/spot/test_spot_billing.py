@@ -157,6 +157,7 @@ def test_while_a_spot_group_runs_its_prices_are_written_for_its_cap_every_refres
 
 
 @pytest.mark.torchrun
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_in_effect(tmp_path, spot_market,
                                                                                           slow_steps):
     """End to end: the quote says $0.90/node-h, EC2 bills $9.00. The trigger feeds the price to the trainer,
@@ -208,6 +209,7 @@ def test_a_price_rise_brings_the_platform_deadline_forward_by_what_the_money_lef
 
 
 @pytest.mark.torchrun
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_your_program_on_spot_whose_price_doubled_is_stopped_by_its_supervisor_within_the_budget(tmp_path,
                                                                                                   spot_market):
     """A program of your own has no cap of its own: the platform deadline is its cap. Quoted $36/node-h (a cent a

@@ -66,6 +66,7 @@ def reference(data_dir, tmp_path_factory):
 
 
 @pytest.mark.torchrun
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes_from_it(reference, data_dir, tmp_path):
     from trainer.checkpoint_dir import CheckpointDir
 

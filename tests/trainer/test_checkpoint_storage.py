@@ -20,7 +20,8 @@ def _committed(ckpt) -> list[int]:
     return [c.step for c in CheckpointDir(str(ckpt)).committed()]
 
 
-@pytest.mark.parametrize("nproc,at,every,steps", [(2, "6:1", 2, 8), (None, "4", 2, 4)],
+@pytest.mark.parametrize("nproc,at,every,steps", [pytest.param(2, "6:1", 2, 8, marks=pytest.mark.fault_trial),
+                                                   (None, "4", 2, 4)],
                          ids=["async-interval-save-rank1", "final-save-one-process"])
 def test_a_full_disk_exits_74_naming_the_path_and_the_older_checkpoints_resume(data_dir, tmp_path, nproc, at, every,
                                                                                 steps):
@@ -67,6 +68,7 @@ def small_tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_a_real_full_tmpfs_exits_74_and_resumes_once_it_has_room(data_dir, small_tmpfs):
     ckpt = small_tmpfs / "ckpt"
     args = [*FAST, "--steps", "8", "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2",

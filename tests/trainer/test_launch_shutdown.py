@@ -57,6 +57,7 @@ def _preempt(tmp_path: Path, save_s: float, shutdown_timeout_s: int) -> tuple[su
     return agent, stderr, waited
 
 
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_the_agent_waits_the_shutdown_timeout_not_30s_for_a_preemption_save(tmp_path):
     agent, stderr, waited = _preempt(tmp_path, SAVE_S, shutdown_timeout_s=60)
     assert (tmp_path / "saved").exists(), f"the worker was killed mid-save after {waited:.0f}s:\n{stderr[-2000:]}"

@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import FAST, REPO, run_trainer, trainer_cmd, trainer_env
 
 from trainer.checkpoint_dir import CheckpointDir
@@ -20,6 +22,7 @@ def _manifests(ckpt: Path) -> dict[int, dict]:
     return {int(p.parent.name.split("-")[1]): json.loads(p.read_text()) for p in ckpt.glob("step-*/manifest.json")}
 
 
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_a_second_writer_fences_the_first_off_and_finishes(data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [*FAST, "--steps", "8", "--checkpoint-uri", str(ckpt), "--checkpoint-every", "1",

@@ -301,6 +301,7 @@ def test_non_finite_loss_fails_naming_step_and_rank_and_launch_exits_1(data_dir,
 
 
 @pytest.mark.torchrun
+@pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_a_hung_rank_times_its_peers_out_and_the_node_exits_lost_then_resumes(data_dir, tmp_path):
     """A peer that stops answering (SIGSTOP: a hung process, a frozen node) makes the next collective
     time out after parallel.collective_timeout_s: the node exits 76 (lost, resumable from the last
