@@ -11,7 +11,7 @@ The Job controller does most of the work (see ``objects.pod_failure_policy``); w
 cannot express -- a disrupted pod ends the whole group as preempted, a group pending too
 long fails with "no capacity" -- is decided by ``status`` and written on the Job
 (annotation ``airflow-dtrain/outcome``), so any later look -- a restarted worker, the
-triggerer -- sees the same outcome. Ending a group's pods suspends its Job.
+triggerer -- sees the same outcome. Ending a group's pods runs its Job into its deadline (``_settle``).
 """
 
 from __future__ import annotations
@@ -225,8 +225,8 @@ class KubernetesLauncher(PodGroupLauncher):
     def _wait_for_predecessors(self, name: str) -> None:
         """Earlier groups of this task must be gone: two groups never write one checkpoint at once.
 
-        Their pods get their grace period to save and exit (a suspended or deleted Job's pods are
-        saving their step); a pod still there after it (a node that stopped answering, a pod stuck
+        Their pods get their grace period to save and exit (the pods of a Job ended by the launcher or
+        deleted are saving their step); a pod still there after it (a node that stopped answering, a pod stuck
         terminating) fails the launch, naming the group, rather than starting a second writer.
         """
         selector = f"{LABEL_TASK}={task_name(name)},{LABEL_GROUP}!={name}"
@@ -286,7 +286,7 @@ class KubernetesLauncher(PodGroupLauncher):
         seen = group_status.observe(name, job, pods, self._log_tail)
         self._record_placement(name, job, pods, ended=seen.settle or seen.status.state.terminal)
         if seen.settle:
-            return self._settle(name, seen.status, end_pods=seen.end_pods)
+            return self._settle(name, job, seen.status, end_pods=seen.end_pods)
         return seen.status
 
     def placement(self, name: str) -> list[dict[str, Any]] | None:
@@ -368,17 +368,24 @@ class KubernetesLauncher(PodGroupLauncher):
             container=CONTAINER, tail_lines=group_status.TAIL_LINES, missing_ok=True, text=True,
         )  # fmt: skip
 
-    def _settle(self, name: str, status: GroupStatus, *, end_pods: bool) -> GroupStatus:
-        """Write the verdict on the Job; with ``end_pods`` suspend it, so the Job controller ends its pods.
+    def _settle(self, name: str, job: dict[str, Any], status: GroupStatus, *, end_pods: bool) -> GroupStatus:
+        """Write the verdict on the Job; with ``end_pods`` also end its pods.
 
-        Suspended pods get SIGTERM and terminationGracePeriodSeconds: every rank still alive saves
-        its step, as on a preemption notice.
+        The pods are ended by the Job's own deadline: activeDeadlineSeconds becomes 1, long passed, so the Job
+        controller deletes them (SIGTERM and terminationGracePeriodSeconds: every rank still alive saves its
+        step, as on a preemption notice) and fails the Job (DeadlineExceeded, read no further: the verdict
+        written here is the outcome). A failed Job is finished, so ``ttlSecondsAfterFinished`` deletes it with
+        its Service and ConfigMap; a suspended one is not finished and would stay for ever, and Kueue requeues
+        a Job that is suspended, not one that failed at its deadline (kubernetes-sigs/kueue#1091): re-admitted,
+        the ended group's pods would start again beside its successor. A Job that never started (suspended,
+        waiting for Kueue's admission: no pods, and no startTime for a deadline to count from) is suspended.
         """
         patch: dict[str, Any] = {
             "metadata": {"annotations": {ANNOTATION_OUTCOME: json.dumps(status.to_dict())}}
         }
         if end_pods:
-            patch["spec"] = {"suspend": True}
+            started = (job.get("status") or {}).get("startTime") and not job["spec"].get("suspend")
+            patch["spec"] = {"activeDeadlineSeconds": 1} if started else {"suspend": True}
         self.log.info("Group %s is %s: %s", name, status.state.value, status.message.splitlines()[0])
         self._api(self._batch.patch_namespaced_job, name, self.namespace, patch, _content_type=_MERGE_PATCH,
                   missing_ok=True)  # fmt: skip

@@ -89,7 +89,7 @@ class Observation:
     settle: bool = False
     """Write the status on the Job as its outcome (a verdict of this module, not the controller's)."""
     end_pods: bool = False
-    """Also end the pods still running (suspend the Job: every rank gets SIGTERM and saves)."""
+    """Also end the pods still running (the Job run into its deadline: every rank gets SIGTERM and saves)."""
 
 
 def recorded(name: str, job: dict[str, Any]) -> GroupStatus | None:

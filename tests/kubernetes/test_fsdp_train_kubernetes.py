@@ -142,8 +142,11 @@ def test_a_disrupted_pod_relaunches_the_group_from_the_checkpoint_and_it_finishe
     second = relaunched.value.trigger.name
     assert second.endswith("-r1") and second[:-3] == first[:-3]
 
-    # the preempted group is ended (suspended, no pod left), the new one resumes from the same checkpoint
-    assert fake.get("jobs", first)["spec"]["suspend"] is True
+    # the preempted group is ended by its Job's deadline (no pod left, the Job finished: not suspended, which no
+    # TTL deletes and Kueue would requeue); the new one resumes from the same checkpoint
+    ended = fake.get("jobs", first)
+    assert ended["spec"]["activeDeadlineSeconds"] == 1 and not ended["spec"].get("suspend"), ended["spec"]
+    assert [c["reason"] for c in ended["status"]["conditions"] if c["type"] == "Failed"] == ["DeadlineExceeded"]
     left = {fake.get("pods", p)["status"]["phase"] for p in fake.names("pods") if p.startswith(first)}
     assert left <= {"Failed"}, f"pods of the preempted group still alive: {left}"
     configs = [
@@ -158,6 +161,9 @@ def test_a_disrupted_pod_relaunches_the_group_from_the_checkpoint_and_it_finishe
     summary = _complete(op, ti, relaunched.value, run_trigger(relaunched.value.trigger, timeout=30))
     assert summary["final_step"] == STEPS
     assert summary["preemptions"] == 1 and summary["relaunches"] == 1
+
+    fake.advance(86_400 + 1)  # a day later the TTL controller has deleted both Jobs, the ended one too
+    assert fake.jobs() == [] and fake.names("services") == [] and fake.names("configmaps") == []
     assert ti.xcoms["group"] == second
 
 
