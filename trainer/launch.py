@@ -101,15 +101,13 @@ _forced: list[int] = []
 """Local ranks that the agent's last close of its workers had to SIGKILL (their save, if any, cut short)."""
 
 
-def _killed_ranks(ctx: PContext) -> list[int]:
-    """The workers of ``ctx`` that ended by SIGKILL (a closed context: every one has ended or been abandoned)."""
+def _exit_codes(ctx: PContext) -> dict[int, int | None]:
+    """Each worker's exit code by local rank, None while it runs."""
     if handlers := getattr(ctx, "subprocess_handlers", None):  # a command entrypoint (ours: python -m ...)
-        codes = {rank: h.proc.returncode for rank, h in handlers.items()}
-    elif pc := getattr(ctx, "_pc", None):  # a Python function entrypoint (multiprocessing)
-        codes = dict(enumerate(p.exitcode for p in pc.processes))
-    else:
-        return []
-    return sorted(rank for rank, code in codes.items() if code == -signal.SIGKILL)
+        return {rank: h.proc.poll() for rank, h in handlers.items()}
+    if pc := getattr(ctx, "_pc", None):  # a Python function entrypoint (multiprocessing)
+        return dict(enumerate(p.exitcode for p in pc.processes))
+    return {}
 
 
 def watch_the_agents_close() -> bool:
@@ -130,8 +128,10 @@ def watch_the_agents_close() -> bool:
     default_timeout = int(os.environ[SHUTDOWN_TIMEOUT_ENV]) if patch_timeout else 30
 
     def close_and_note_the_killed(self, death_sig=None, timeout: int = default_timeout) -> None:
+        running = [rank for rank, code in _exit_codes(self).items() if code is None]
         close(self, death_sig, timeout)
-        _forced[:] = _killed_ranks(self)
+        after = _exit_codes(self)
+        _forced[:] = [rank for rank in running if after.get(rank) == -signal.SIGKILL]
 
     close_and_note_the_killed.__wrapped__ = close
     PContext.close = close_and_note_the_killed
