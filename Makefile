@@ -8,8 +8,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEMO_HOME ?= $(CURDIR)/.demo
 PYTEST_ARGS ?=
-# Two test processes: they keep the 2-core dev VM's cores about 87 % busy (most of the work is starting
-# real torchrun, Airflow and moto processes); see the README's test section.
+# Two test processes; an idle one takes tests queued for the other (--dist worksteal), so the run does not end
+# with one of them working through its queue alone. See the README's test section.
 TEST_WORKERS ?= 2
 
 # The lowest torch the trainer extra allows (setup.cfg), tested by `make test-torch-min`.
@@ -44,12 +44,12 @@ chromium:
 
 # Every test but the long fault trials (marker fault_trial), which belong with the benchmarks: `make test-faults`.
 test: venv chromium
-	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --durations=25 -m "not fault_trial" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal --durations=25 -m "not fault_trial" $(PYTEST_ARGS)
 
 # The long fault trials: a hung rank, kill -9 during a save, a full disk, spot prices that jump, a second
 # writer, a 34 s preemption save. .ci/run runs them after `make test`; `benchmarks/faults.py` repeats such faults.
 test-faults: venv
-	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --durations=10 -m fault_trial $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal --durations=10 -m fault_trial $(PYTEST_ARGS)
 
 # Everything except the tests that start a real Airflow scheduler, and the fault trials.
 test-fast: venv
