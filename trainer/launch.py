@@ -125,7 +125,8 @@ def watch_the_agents_close() -> bool:
     True if the timeout was patched."""
     close = getattr(PContext.close, "__wrapped__", PContext.close)
     patch_timeout = "shutdown_timeout" not in inspect.signature(LocalElasticAgent.__init__).parameters
-    default_timeout = int(os.environ[SHUTDOWN_TIMEOUT_ENV]) if patch_timeout else 30
+    default_timeout = (int(os.environ[SHUTDOWN_TIMEOUT_ENV]) if patch_timeout
+                       else inspect.signature(close).parameters["timeout"].default)  # torch's own default
 
     def close_and_note_the_killed(self, death_sig=None, timeout: int = default_timeout) -> None:
         running = [rank for rank, code in _exit_codes(self).items() if code is None]

@@ -83,7 +83,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         platform budget deadline's grace period and margin, which also stop a program of your own); the
         decision spends only the money left beyond them, counted as the trainer counts them, at its price
         ceiling: the on-demand price when there is one, since a spot price can rise to it while the group
-        runs; the lower price for a fixed-price offer (``source`` "fixed": the local backend). Default: the bundled trainer's defaults, 175 s. (templated)
+        runs; the lower price for a fixed-price offer (``source`` "fixed": the local backend). Default: the
+        bundled trainer's defaults, 175 s. (templated)
     """
 
     template_fields: Sequence[str] = ("checkpoint_uri", "allow_late", *_NUMBERS)
