@@ -395,6 +395,7 @@ def make_jobs(markets: list[Market], n_jobs: int, nodes: int, half: int, seed: i
         m = markets[i]
         lo, hi = work_range_h(m)
         work = 3600 * math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        work = mech.step_s * max(1, round(work / mech.step_s))  # a job is a whole number of steps
         deadline = rng.uniform(1.2, 2.0) * (work + mech.startup_s)
         room = math.ceil(1.5 * deadline / m.tick_s) + 1
         mid = m.ticks // 2
@@ -526,10 +527,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inputs", choices=INPUTS, default="measured",
                     help="what our policy is told: the zone's measured trailing rate and price low, or what the bundled "
                          "DAG gives it (one fixed rate from the first half, the price limit as the wait target)")
+    ap.add_argument("--scenario", action="append", default=None, metavar="NAME",
+                    help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; repeatable); "
+                         "default: every scenario in TRACE_DIR")
     args = ap.parse_args(argv)
     mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
     t0 = time.monotonic()
     scenarios = load_scenarios(args.trace_dir)
+    if args.scenario:
+        unknown = sorted(set(args.scenario) - {sc.name for sc in scenarios})
+        if unknown:
+            ap.error(f"--scenario {', '.join(unknown)}: not in {args.trace_dir} (there: "
+                     f"{', '.join(sc.name for sc in scenarios)})")
+        scenarios = [sc for sc in scenarios if sc.name in args.scenario]
     print(f"traces: {args.trace_dir}; seed {args.seed}; start-up {mech.startup_s:.0f} s, checkpoint every "
           f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand; "
           f"our policy's inputs: {args.inputs}")  # fmt: skip

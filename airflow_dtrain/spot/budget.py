@@ -13,9 +13,10 @@ Estimates::
     spot hours       = hours × (1 + overhead) + its start-up
     overhead         = interruption_rate_per_hour × (restart_overhead_s + lost_work_s) / 3600
     spot cost        = spot hours × num_nodes × spot_price
-    spot in time     = spot hours fit the deadline and, when the budget pays for on-demand and a preemption
-                       during the spot hours is likelier than ``max_late_risk``, a preemption right after
-                       the start-up still leaves time to finish on on-demand (hours + lost work + start-up)
+    spot in time     = spot hours fit the deadline and, when the budget pays for on-demand and a first
+                       preemption before spot is done (over its start-up and hours) is likelier than
+                       ``max_late_risk``, a preemption right after the start-up still leaves time to finish
+                       on on-demand (hours + lost work + start-up)
 
 Decision, first row that applies:
 
@@ -36,8 +37,9 @@ Decision, first row that applies:
     hoped-for price or on-demand could still finish in time within
     budget
 6   on-demand cost ≤ budget and on-demand in time                     on_demand
-7   ``allow_late``: of spot and on-demand within budget, the one      that one
-    that finishes first (late)
+7   ``allow_late``, spot or on-demand within budget (late): on-demand  that one
+    only if it finishes before spot would even with no preemption
+    (start-ups included), else spot
 8   ``allow_late``, waiting allowed, spot at the hoped-for price      wait
     within budget (late)
 9   otherwise (nothing fits the budget, or nothing in time and        stop
@@ -280,7 +282,9 @@ def decide(inputs: BudgetInputs) -> Decision:
     else:
         od_cost_ok = _fits(od_cost, i.remaining_budget)
         spot_cost_ok, spot_time_ok, chance, time_chance = _spot_fits(i, hours, i.spot_price, spot_start)
-        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * spot_h)
+        # the chance of a first preemption before spot is done: over its start-up and its work (the expected
+        # spot hours would count the later preemptions' time too, which is what a first one is not)
+        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * (spot_start + hours))
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
             # budget pays for on-demand at all, and a preemption is likelier than the lateness risk accepted)
@@ -378,19 +382,23 @@ def decide(inputs: BudgetInputs) -> Decision:
             + (f" + {od_start:.2f} h start-up" if od_start else "") + f" = ${od_cost or 0:.2f} within {money}",
         )
 
-    # Nothing finishes in time within budget. Late within budget, if allowed: the option that finishes first.
+    # Nothing finishes in time within budget. Late within budget, if allowed: on-demand only when it is sure to
+    # finish first (spot's hours without a preemption are longer); spot's expected preemptions alone do not buy
+    # on-demand at several times the price for a result that is late either way.
     spot_late = spot_offered and not risky and spot_cost_ok and hours is not None
     od_late = i.on_demand_price is not None and od_cost_ok and hours is not None
     if i.allow_late and (spot_late or od_late):
-        if od_late and (not spot_late or od_hours <= spot_h):
+        if od_late and (not spot_late or od_hours < hours + spot_start):  # first even if spot is never preempted
             return made(
                 Choice.ON_DEMAND,
-                f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
+                f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget even if "
+                "spot is never preempted; "
                 f"allow_late: ${od_cost or 0:.2f} within {money}",
             )
         return made(
             Choice.SPOT,
-            f"spot past the deadline ({spot_reason}; {od_why}), the first to finish within budget; "
+            f"spot past the deadline ({spot_reason}; {od_why}), within budget and no later than on-demand unless "
+            "preempted; "
             "allow_late: " + (f"a {chance:.0%} chance within {money}" if chance is not None
                               else f"${spot_cost or 0:.2f} within {money}"),
         )
