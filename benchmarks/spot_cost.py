@@ -66,7 +66,7 @@ SIZES = (1, 4, 16)
 PRICE_RATIOS = (0.5, 0.75, 1.0)
 MAX_RISKS = (0.25, 1.0, math.inf)
 LATE_RISKS = (0.0, 0.05, 0.2, 0.5, 1.0)
-BUDGET_CHANCES = (None, 0.05, 0.2, 0.5)
+BUDGET_CHANCES = (None, 0.0, 0.05, 0.2, 0.5)
 # what decide() is told besides the offer and the job's own state: "measured", the offer's zone's interruption rate
 # over the trailing 24 h and the trailing-day low as the price to wait for (inputs the bundled DAG does not gather);
 # "dag", what train_llama gives it: one fixed rate (the author's, from history: here the first half's) and the
