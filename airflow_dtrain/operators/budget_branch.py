@@ -69,8 +69,9 @@ class BudgetBranchOperator(BaseBranchOperator):
         then to wait for a better price (if waiting is allowed), on-demand, or stop. (templated)
     :param spot_nodes_available: spot nodes of the offer that can be had at once (None: as many as the
         group needs; fewer than ``num_nodes`` is no spot at all). (templated)
-    :param max_late_risk: the chance of a preemption during the spot run up to which spot is used
-        without keeping time to finish on on-demand after one (0: always kept). (templated)
+    :param max_late_risk: the chance of a preemption before the spot run is done (over its start-up and its
+        work) up to which spot is used without keeping time to finish on on-demand after one (0: always
+        kept). (templated)
     :param min_finish_chance: train on spot when its chance of finishing within the remaining budget, and
         by ``deadline_s``, is at least this (preemptions at ``interruption_rate_per_hour``, each costing
         ``restart_overhead_s`` + ``lost_work_s``), even if its expected cost or time is over them; the

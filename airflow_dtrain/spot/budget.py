@@ -122,8 +122,9 @@ class BudgetInputs:
     When given, every capacity the job does not run on now is charged its start-up (time and money):
     ``Choice.WAIT`` means nothing runs, so both pay it. None: start-ups are not estimated."""
     max_late_risk: float = 0.0
-    """The chance of a preemption during the spot run up to which spot is used without keeping time to
-    finish on on-demand after one (0: time for the fallback is always kept)."""
+    """The chance of a first preemption before the spot run is done (over its start-up and its work) up to which
+    spot is used without keeping time to finish on on-demand after one (0: time for the fallback is always
+    kept)."""
     min_finish_chance: float | None = None
     """Spot fits the budget, and the deadline, when the chance that it finishes within it, and by it, is at
     least this (preemptions Poisson at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` +
