@@ -284,7 +284,7 @@ def decide(inputs: BudgetInputs) -> Decision:
         od_cost_ok = _fits(od_cost, i.remaining_budget)
         spot_cost_ok, spot_time_ok, chance, time_chance = _spot_fits(i, hours, i.spot_price, spot_start)
         # the chance of a first preemption before spot is done: over its start-up and its work (the expected
-        # spot hours would count the later preemptions' time too, which is what a first one is not)
+        # spot hours already hold the later preemptions' time: over them the risk would be counted twice)
         preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * (spot_start + hours))
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
