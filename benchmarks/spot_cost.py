@@ -8,9 +8,9 @@ files (your own data, format in ``benchmarks/README.md``) or the shared research
 
 Every strategy runs on the same world with the same mechanisms:
 
-- a job is W seconds of compute (a whole number of ``--step-s`` steps) on n nodes (1, 4 or 16); its on-demand time is W + one start-up; its
-  deadline is a stretch (uniform 1.2-2.0) of that, its budget a fraction (uniform 0.5-1.5) of its
-  on-demand cost. Always-on-demand is the reference (cost 100 %).
+- a job is W seconds of compute (a whole number of ``--step-s`` steps) on n nodes (1, 4 or 16); its
+  on-demand time is W + one start-up; its deadline is a stretch (uniform 1.2-2.0) of that, its budget a
+  fraction (uniform 0.5-1.5) of its on-demand cost. Always-on-demand is the reference (cost 100 %).
 - a group of n runs in one zone, only at a tick where the zone has >= n nodes; it is preempted when the
   capacity falls below n, and when the capacity drops from c to c' >= n it loses one of its own nodes
   with the probability that c - c' nodes picked at random out of c hit one of its n (hypergeometric).
