@@ -528,8 +528,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="what our policy is told: the zone's measured trailing rate and price low, or what the bundled "
                          "DAG gives it (one fixed rate from the first half, the price limit as the wait target)")
     ap.add_argument("--scenario", action="append", default=None, metavar="NAME",
-                    help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; repeatable); "
-                         "default: every scenario in TRACE_DIR")
+                    help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; "
+                         "repeatable); default: every scenario in TRACE_DIR")
     args = ap.parse_args(argv)
     mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
     t0 = time.monotonic()

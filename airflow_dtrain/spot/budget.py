@@ -122,9 +122,9 @@ class BudgetInputs:
     When given, every capacity the job does not run on now is charged its start-up (time and money):
     ``Choice.WAIT`` means nothing runs, so both pay it. None: start-ups are not estimated."""
     max_late_risk: float = 0.0
-    """The chance of a first preemption before the spot run is done (over its start-up and its work) up to which
-    spot is used without keeping time to finish on on-demand after one (0: time for the fallback is always
-    kept)."""
+    """The chance of a first preemption before the spot run is done (over its start-up and its work) up to
+    which spot is used without keeping time to finish on on-demand after one (0: time for the fallback is
+    always kept)."""
     min_finish_chance: float | None = None
     """Spot fits the budget, and the deadline, when the chance that it finishes within it, and by it, is at
     least this (preemptions Poisson at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` +
@@ -383,23 +383,23 @@ def decide(inputs: BudgetInputs) -> Decision:
             + (f" + {od_start:.2f} h start-up" if od_start else "") + f" = ${od_cost or 0:.2f} within {money}",
         )
 
-    # Nothing finishes in time within budget. Late within budget, if allowed: on-demand only when it is sure to
-    # finish first (spot's hours without a preemption are longer); spot's expected preemptions alone do not buy
-    # on-demand at several times the price for a result that is late either way.
+    # Nothing finishes in time within budget. Late within budget, if allowed: on-demand only when it is sure
+    # to finish first (spot's hours without a preemption are longer); spot's expected preemptions alone do not
+    # buy on-demand at several times the price for a result that is late either way.
     spot_late = spot_offered and not risky and spot_cost_ok and hours is not None
     od_late = i.on_demand_price is not None and od_cost_ok and hours is not None
     if i.allow_late and (spot_late or od_late):
-        if od_late and (not spot_late or od_hours < hours + spot_start):  # first even if spot is never preempted
+        if od_late and (not spot_late or od_hours < hours + spot_start):  # first even with no preemption
             return made(
                 Choice.ON_DEMAND,
-                f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget even if "
-                "spot is never preempted; "
+                f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget "
+                "even if spot is never preempted; "
                 f"allow_late: ${od_cost or 0:.2f} within {money}",
             )
         return made(
             Choice.SPOT,
-            f"spot past the deadline ({spot_reason}; {od_why}), within budget and no later than on-demand unless "
-            "preempted; "
+            f"spot past the deadline ({spot_reason}; {od_why}), within budget and no later than on-demand "
+            "unless preempted; "
             "allow_late: " + (f"a {chance:.0%} chance within {money}" if chance is not None
                               else f"${spot_cost or 0:.2f} within {money}"),
         )

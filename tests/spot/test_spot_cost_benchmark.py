@@ -67,7 +67,8 @@ def test_a_missing_trace_directory_is_named(tmp_path):
 def test_a_scenario_not_in_the_trace_directory_is_named_with_those_that_are(tmp_path):
     _market(tmp_path)
     done = _run(str(tmp_path), "--scenario", "groups")
-    assert done.returncode == 2 and "--scenario groups: not in" in done.stderr and "(there: synthetic)" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "--scenario groups: not in" in done.stderr and "(there: synthetic)" in done.stderr
 
 
 def test_a_malformed_market_names_the_file_and_the_field(tmp_path):
