@@ -274,6 +274,7 @@ def decide(inputs: BudgetInputs) -> Decision:
     spot_start = start_h if tracked and i.current != Choice.SPOT else 0.0
     od_start = start_h if tracked and i.current != Choice.ON_DEMAND else 0.0
     spot_h = spot_hours(i, hours, spot_start) if hours is not None else None
+    unpreempted_h = spot_start + hours if hours is not None else None  # spot's hours if it is never preempted
     od_hours = hours + od_start if hours is not None else None
     spot_cost = spot_h * i.num_nodes * i.spot_price if spot_h is not None and i.spot_price is not None else None
     od_cost = od_hours * i.num_nodes * i.on_demand_price if od_hours is not None and i.on_demand_price is not None else None
@@ -285,11 +286,11 @@ def decide(inputs: BudgetInputs) -> Decision:
         spot_cost_ok, spot_time_ok, chance, time_chance = _spot_fits(i, hours, i.spot_price, spot_start)
         # the chance of a first preemption before spot is done: over its start-up and its work (the expected
         # spot hours already hold the later preemptions' time: over them the risk would be counted twice)
-        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * (spot_start + hours))
+        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * unpreempted_h)
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
             # budget pays for on-demand at all, and a preemption is likelier than the lateness risk accepted)
-            fallback = spot_start + hours + (i.lost_work_s + i.restart_overhead_s) / 3600.0
+            fallback = unpreempted_h + (i.lost_work_s + i.restart_overhead_s) / 3600.0
             spot_time_ok = _in_time(fallback, i.deadline_s)
 
     def made(choice: Choice, reason: str) -> Decision:
@@ -389,7 +390,7 @@ def decide(inputs: BudgetInputs) -> Decision:
     spot_late = spot_offered and not risky and spot_cost_ok and hours is not None
     od_late = i.on_demand_price is not None and od_cost_ok and hours is not None
     if i.allow_late and (spot_late or od_late):
-        if od_late and (not spot_late or od_hours < hours + spot_start):  # first even with no preemption
+        if od_late and (not spot_late or od_hours < unpreempted_h):
             return made(
                 Choice.ON_DEMAND,
                 f"on-demand past the deadline ({spot_reason}; {od_why}), the first to finish within budget "
