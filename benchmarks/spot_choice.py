@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             for rule, chosen in rules(first, held, late, sets, recent).items():
                 mine = totals(held.sets[late, p][i] for i, p in enumerate(chosen))
                 missed = misses(held, late, chosen)
-                print(f"- {user}, {rule}: {100 * mine[0] / od:.2f}% / {mine[1]} kept: "
+                fixed = f" (set {chosen[0]})" if len(set(chosen)) == 1 else f" ({len(set(chosen))} sets in turn)"
+                print(f"- {user}, {rule}: {100 * mine[0] / od:.2f}% / {mine[1]} kept{fixed}: "
                       + ("meets the line" if not missed else "misses: " + "; ".join(missed)))
             base_tot = [totals(held.base[b]) for b in BASELINES]
             meeting = sum(all(at_or_below(totals(held.sets[late, p]), b) for b in base_tot) for p in sets)
