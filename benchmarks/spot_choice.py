@@ -3,24 +3,25 @@
     python benchmarks/spot_choice.py --seed 6                        # the groups scenario (C)
     python benchmarks/spot_choice.py TRACE_DIR --scenario aws-9az --seed 0 --tune-jobs 300
 
-`benchmarks/spot_cost.py` chooses the four parameters of our policy per scenario, job size and user on 100 jobs of
-the first half of each trace (the set at or below every baseline there with the lowest score, else the lowest
-score) and reports on jobs of the second half. Where that misses the line (at or below every baseline's cost with
-as many jobs on time within budget), this script asks whether another rule of choice, made on the same kind of
-information, would have met it. It runs every parameter set once per job (first-half jobs on the first half, as
-spot_cost's tuning; held-out jobs on the whole trace, as its tables) and then scores each rule on the held-out jobs:
+`benchmarks/spot_cost.py` chooses the four parameters of our policy per scenario, job size and user on 100
+jobs of the first half of each trace (the set at or below every baseline there with the lowest score, else the
+lowest score) and reports on jobs of the second half. Where that misses the line (at or below every baseline's
+cost with as many jobs on time within budget), this script asks whether another rule of choice, made on the
+same kind of information, would have met it. It runs every parameter set once per job (first-half jobs on the
+first half, as spot_cost's tuning; held-out jobs on the whole trace, as its tables) and then scores each rule
+on the held-out jobs:
 
 - ``score, first 100``: spot_cost.py's rule on its 100 first-half jobs (its figures, to the job);
 - ``score, first N``: the same rule on all ``--tune-jobs`` first-half jobs;
 - ``z, first N``: the set whose smallest paired t statistic against any baseline, in cost and in jobs kept, is
   the largest (the set most surely at or below every baseline there, rather than the cheapest that is);
-- ``on-line, last K``: for each held-out job, spot_cost.py's rule on the K jobs (first half or held out) that had
-  ended by the time it is submitted: parameters re-chosen as the market goes;
+- ``on-line, last K``: for each held-out job, spot_cost.py's rule on the K jobs (first half or held out) that
+  had ended by the time it is submitted: parameters re-chosen as the market goes;
 - ``hindsight``: the number of sets that meet the line on the held-out jobs themselves (an oracle, as
   spot_hindsight.py).
 
-Sets that cannot differ on these traces (spot price limits between which no price of the scenario lies) are run
-once. Our policy's inputs are the measured ones (spot_cost.py's default).
+Sets that cannot differ on these traces (spot price limits between which no price of the scenario lies) are
+run once. Our policy's inputs are the measured ones (spot_cost.py's default).
 """
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spot_cost as sc  # noqa: E402
-from spot_traces import load_scenarios  # noqa: E402
+import spot_cost as sc
+from spot_traces import load_scenarios
 
 BASELINES = ("naive spot, with warning", "naive spot, no warning", "Uniform Progress")
 
 
 @dataclass
 class Half:
-    """Per-job outcomes on one half: (cost, kept) for each baseline and each parameter set, the on-demand cost of
-    each job, and the fraction of its trace's time range by which each job was submitted and had ended."""
+    """Per-job outcomes on one half: (cost, kept) for each baseline and each parameter set, the on-demand cost
+    of each job, and the fraction of its trace's time range by which each job was submitted and had ended."""
 
     od: list[float]
     submitted: list[float]
@@ -53,12 +54,16 @@ class Half:
 
 
 def distinct_sets(markets) -> list[tuple]:
-    """The grid, less the sets that differ from an earlier one only in a spot price limit that admits the very same
-    prices on these traces."""
+    """The grid, less the sets that differ from an earlier one only in a spot price limit that admits the very
+    same prices on these traces."""
     admitted: dict[float, int] = {}
     for ratio in sc.PRICE_RATIOS:
-        admitted[ratio] = sum(p <= ratio * m.on_demand_price for m in markets for z in m.zones for p in z.price)
-    keep = {r for r in sc.PRICE_RATIOS if not any(admitted[o] == admitted[r] for o in sc.PRICE_RATIOS if o < r)}
+        admitted[ratio] = sum(
+            p <= ratio * m.on_demand_price for m in markets for z in m.zones for p in z.price
+        )
+    keep = {
+        r for r in sc.PRICE_RATIOS if not any(admitted[o] == admitted[r] for o in sc.PRICE_RATIOS if o < r)
+    }
     return [p for p in sc.param_grid() if p[0] in keep]
 
 
@@ -67,11 +72,19 @@ def run_half(worlds, jobs, sets, mech, full_ticks) -> Half:
         return list(zip((o.cost for o in row.outcomes), row.kept_each()))
 
     bases = sc.run_size(worlds, jobs, [sc.Naive(True), sc.Naive(False), sc.UniformProgress()], mech)
+
+    def ended(j) -> float:  # the latest a job can end: make_jobs leaves it 1.5 deadlines of room
+        return (j.start + math.ceil(1.5 * j.deadline_s / worlds[j.market].market.tick_s) + 1) / full_ticks[
+            j.market
+        ]
+
     out = Half(
-        od=[(j.work_s + mech.startup_s) / 3600 * j.nodes * worlds[j.market].market.on_demand_price for j in jobs],
+        od=[
+            (j.work_s + mech.startup_s) / 3600 * j.nodes * worlds[j.market].market.on_demand_price
+            for j in jobs
+        ],
         submitted=[j.start / full_ticks[j.market] for j in jobs],
-        ended=[(j.start + math.ceil(1.5 * j.deadline_s / worlds[j.market].market.tick_s) + 1) / full_ticks[j.market]
-               for j in jobs],  # fmt: skip
+        ended=[ended(j) for j in jobs],
         base={r.strategy: per_job(r) for r in bases[1:]},
         sets={},
     )
@@ -125,7 +138,8 @@ def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], r
 
 
 def misses(held: Half, late: bool, chosen: list[tuple]) -> list[str]:
-    """The baselines that held-out jobs, each run with its chosen set, are not at or below; with the difference."""
+    """The baselines that the held-out jobs, each run with its chosen set, are not at or below, with the
+    difference."""
     mine = totals(held.sets[late, p][i] for i, p in enumerate(chosen))
     od = sum(held.od)
     out = []
@@ -136,7 +150,9 @@ def misses(held: Half, late: bool, chosen: list[tuple]) -> list[str]:
     return out
 
 
-def rules(first: Half, held: Half, late: bool, sets: list[tuple], recent: list[int]) -> dict[str, list[tuple]]:
+def rules(
+    first: Half, held: Half, late: bool, sets: list[tuple], recent: list[int]
+) -> dict[str, list[tuple]]:
     """Per rule, the set chosen for each held-out job."""
     n_held, all_first = len(held.od), list(range(len(first.od)))
     out = {}
@@ -144,14 +160,18 @@ def rules(first: Half, held: Half, late: bool, sets: list[tuple], recent: list[i
                             (f"score, first {len(all_first)}", all_first, "score"),
                             (f"z, first {len(all_first)}", all_first, "z")):  # fmt: skip
         out[name] = [choose([(first, idx)], late, sets, rule)] * n_held
-    history = sorted([(e, 0, i) for i, e in enumerate(first.ended)] + [(e, 1, i) for i, e in enumerate(held.ended)])
+    history = sorted(
+        [(e, 0, i) for i, e in enumerate(first.ended)] + [(e, 1, i) for i, e in enumerate(held.ended)]
+    )
     for k in recent:
         cache: dict[tuple, tuple] = {}
         chosen = []
         for j in range(n_held):
             known = tuple((h, i) for e, h, i in history if e <= held.submitted[j])[-k:]
             if known not in cache:
-                parts = [(half, [i for h, i in known if h == which]) for which, half in ((0, first), (1, held))]
+                parts = [
+                    (half, [i for h, i in known if h == which]) for which, half in ((0, first), (1, held))
+                ]
                 cache[known] = choose([p for p in parts if p[1]], late, sets)
             chosen.append(cache[known])
         out[f"on-line, last {k}"] = chosen
@@ -161,12 +181,24 @@ def rules(first: Half, held: Half, late: bool, sets: list[tuple], recent: list[i
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace_dir", nargs="?", type=Path, default=sc.DEFAULT_TRACES)
-    ap.add_argument("--scenario", default="groups", help="the scenario's name (aws-9az, aws-4node, groups, or yours)")
+    ap.add_argument(
+        "--scenario", default="groups", help="the scenario's name (aws-9az, aws-4node, groups, or yours)"
+    )
     ap.add_argument("--jobs", type=int, default=200, help="held-out jobs per size (as spot_cost.py)")
-    ap.add_argument("--tune-jobs", type=int, default=300, help="first-half jobs per size (spot_cost.py's first 100 "
-                    "of them are the same jobs)")  # fmt: skip
-    ap.add_argument("--recent", type=int, action="append", default=None, metavar="K",
-                    help="an on-line rule over the last K jobs ended (repeatable; default 100 and 200)")
+    ap.add_argument(
+        "--tune-jobs",
+        type=int,
+        default=300,
+        help="first-half jobs per size (the first 100 are spot_cost.py's: the same jobs)",
+    )
+    ap.add_argument(
+        "--recent",
+        type=int,
+        action="append",
+        default=None,
+        metavar="K",
+        help="an on-line rule over the last K jobs ended (repeatable; default 100 and 200)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     recent = args.recent or [100, 200]
@@ -177,27 +209,42 @@ def main(argv: list[str] | None = None) -> int:
     scen = scenarios[args.scenario]
     t0 = time.monotonic()
     worlds = [sc.World(m, mech, args.seed) for m in scen.markets]
-    halves = [sc.World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, args.seed, w.prior_ticks)
-              for w in worlds]  # fmt: skip
+    halves = [
+        sc.World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, args.seed, w.prior_ticks)
+        for w in worlds
+    ]
     full_ticks = [m.ticks for m in scen.markets]
     sets = distinct_sets(scen.markets)
-    print(f"{scen.name}, seed {args.seed}: {len(sets)} distinct parameter sets of {len(sc.param_grid())} per user; "
-          f"{args.tune_jobs} first-half jobs and {args.jobs} held-out jobs per size")  # fmt: skip
+    print(
+        f"{scen.name}, seed {args.seed}: {len(sets)} distinct parameter sets of {len(sc.param_grid())} per "
+        f"user; {args.tune_jobs} first-half jobs and {args.jobs} held-out jobs per size"
+    )
     cap = max(m.max_capacity for m in scen.markets)
     for n in [s for s in sc.SIZES if s <= cap]:
-        first = run_half(halves, sc.make_jobs([w.market for w in halves], args.tune_jobs, n, 0, args.seed, mech),
-                         sets, mech, full_ticks)  # fmt: skip
-        held = run_half(worlds, sc.make_jobs(scen.markets, args.jobs, n, 1, args.seed, mech), sets, mech, full_ticks)
+        tune = sc.make_jobs([w.market for w in halves], args.tune_jobs, n, 0, args.seed, mech)
+        first = run_half(halves, tune, sets, mech, full_ticks)
+        held = run_half(
+            worlds, sc.make_jobs(scen.markets, args.jobs, n, 1, args.seed, mech), sets, mech, full_ticks
+        )
         od = sum(held.od)
-        print(f"\n{scen.name}, {n} node(s), held out: " + "; ".join(
-            f"{b} {100 * totals(held.base[b])[0] / od:.2f}% / {totals(held.base[b])[1]} kept" for b in BASELINES))
+        print(
+            f"\n{scen.name}, {n} node(s), held out: "
+            + "; ".join(
+                f"{b} {100 * totals(held.base[b])[0] / od:.2f}% / {totals(held.base[b])[1]} kept"
+                for b in BASELINES
+            )
+        )
         for late, user in sc.OURS.items():
             for rule, chosen in rules(first, held, late, sets, recent).items():
                 mine = totals(held.sets[late, p][i] for i, p in enumerate(chosen))
                 missed = misses(held, late, chosen)
-                fixed = f" (set {chosen[0]})" if len(set(chosen)) == 1 else f" ({len(set(chosen))} sets in turn)"
-                print(f"- {user}, {rule}: {100 * mine[0] / od:.2f}% / {mine[1]} kept{fixed}: "
-                      + ("meets the line" if not missed else "misses: " + "; ".join(missed)))
+                fixed = (
+                    f" (set {chosen[0]})" if len(set(chosen)) == 1 else f" ({len(set(chosen))} sets in turn)"
+                )
+                print(
+                    f"- {user}, {rule}: {100 * mine[0] / od:.2f}% / {mine[1]} kept{fixed}: "
+                    + ("meets the line" if not missed else "misses: " + "; ".join(missed))
+                )
             base_tot = [totals(held.base[b]) for b in BASELINES]
             meeting = sum(all(at_or_below(totals(held.sets[late, p]), b) for b in base_tot) for p in sets)
             print(f"- {user}, hindsight: {meeting} of {len(sets)} sets meet the line on these held-out jobs")
