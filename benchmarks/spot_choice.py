@@ -1,27 +1,28 @@
-"""Does a better way of choosing our policy's parameters meet the line that spot_cost.py misses?
+"""Does another way of choosing our policy's parameters meet the line that spot_cost.py misses?
 
     python benchmarks/spot_choice.py --seed 6                        # the groups scenario (C)
     python benchmarks/spot_choice.py TRACE_DIR --scenario aws-9az --seed 0 --tune-jobs 300
 
-`benchmarks/spot_cost.py` chooses the four parameters of our policy per scenario, job size and user on 100
-jobs of the first half of each trace (the set at or below every baseline there with the lowest score, else the
-lowest score) and reports on jobs of the second half. Where that misses the line (at or below every baseline's
-cost with as many jobs on time within budget), this script asks whether another rule of choice, made on the
-same kind of information, would have met it. It runs every parameter set once per job (first-half jobs on the
-first half, as spot_cost's tuning; held-out jobs on the whole trace, as its tables) and then scores each rule
-on the held-out jobs:
+`benchmarks/spot_cost.py` chooses the four parameters of our policy per scenario, job size and user on jobs of
+the first half of each trace and reports on jobs of the second half. Where that misses the line (at or below
+every baseline's cost with as many jobs on time within budget), this script asks whether another rule of
+choice, made on the same kind of information, would have met it. It runs every parameter set once per job
+(first-half jobs on the first half, as spot_cost's tuning; held-out jobs on the whole trace, as its tables) and
+then scores each rule on the held-out jobs:
 
-- ``score, first 100``: spot_cost.py's rule on its 100 first-half jobs (its figures, to the job);
-- ``score, first N``: the same rule on all ``--tune-jobs`` first-half jobs;
-- ``z, first N``: the set whose smallest paired t statistic against any baseline, in cost and in jobs kept, is
-  the largest (the set most surely at or below every baseline there, rather than the cheapest that is);
-- ``on-line, last K``: for each held-out job, spot_cost.py's rule on the K jobs (first half or held out) that
-  had ended by the time it is submitted: parameters re-chosen as the market goes;
+- ``z, first N``: spot_cost.py's rule with ``--tune-jobs N`` (its figures, to the job): the set whose smallest
+  paired t statistic against any baseline, in cost and in jobs kept, is the largest (the set most surely at or
+  below every baseline there), then the lowest score;
+- ``score, first 100``: its rule until 2026-11-27, on 100 first-half jobs: of the sets at or below every
+  baseline there the lowest score (cost + an on-demand job per job not kept), else the lowest score;
+- ``score, first N``: that rule on all N first-half jobs;
+- ``on-line, last K``: for each held-out job, that rule on the K jobs (first half or held out) that had ended by
+  the time it is submitted: parameters re-chosen as the market goes;
 - ``hindsight``: the number of sets that meet the line on the held-out jobs themselves (an oracle, as
   spot_hindsight.py).
 
-Sets that cannot differ on these traces (spot price limits between which no price of the scenario lies) are
-run once. Our policy's inputs are the measured ones (spot_cost.py's default).
+Sets that cannot differ on these traces (``spot_cost.distinct_sets``) are run once. Our policy's inputs are the
+measured ones (spot_cost.py's default).
 """
 
 from __future__ import annotations
@@ -53,24 +54,8 @@ class Half:
     sets: dict[tuple, list[tuple[float, bool]]]
 
 
-def distinct_sets(markets) -> list[tuple]:
-    """The grid, less the sets that differ from an earlier one only in a spot price limit that admits the very
-    same prices on these traces."""
-    admitted: dict[float, int] = {}
-    for ratio in sc.PRICE_RATIOS:
-        admitted[ratio] = sum(
-            p <= ratio * m.on_demand_price for m in markets for z in m.zones for p in z.price
-        )
-    keep = {
-        r for r in sc.PRICE_RATIOS if not any(admitted[o] == admitted[r] for o in sc.PRICE_RATIOS if o < r)
-    }
-    return [p for p in sc.param_grid() if p[0] in keep]
-
-
 def run_half(worlds, jobs, sets, mech, full_ticks) -> Half:
-    def per_job(row):
-        return list(zip((o.cost for o in row.outcomes), row.kept_each()))
-
+    per_job = sc.per_job
     bases = sc.run_size(worlds, jobs, [sc.Naive(True), sc.Naive(False), sc.UniformProgress()], mech)
 
     def ended(j) -> float:  # the latest a job can end: make_jobs leaves it 1.5 deadlines of room
@@ -105,8 +90,9 @@ def at_or_below(ours: tuple[float, int], base: tuple[float, int]) -> bool:
 
 
 def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], rule: str = "score") -> tuple:
-    """The set a rule picks on the jobs ``parts`` ((half, job indices) pairs). "score": spot_cost.tune's rule;
-    "z": the largest smallest paired t statistic against any baseline (cost and jobs kept)."""
+    """The set a rule picks on the jobs ``parts`` ((half, job indices) pairs). "z": spot_cost.tune's rule (the
+    largest ``spot_cost.surest``, then the lowest score); "score": its rule until 2026-11-27 (of the sets at or
+    below every baseline there, the lowest score; if none is, the lowest score)."""
 
     def pick(d, idx, key):
         return [d.sets[key][i] if isinstance(key, tuple) else d.base[key][i] for i in idx]
@@ -121,15 +107,7 @@ def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], r
         cost, kept = totals(mine)
         score = (cost + od / max(1, n) * (n - kept)) / od if od else math.inf
         if rule == "z":
-            zs = []
-            for b in BASELINES:
-                for comp, sign in ((0, -1), (1, 1)):
-                    diff = [sign * (float(o[comp]) - float(r[comp])) for o, r in zip(mine, bases[b])]
-                    total, mean = sum(diff), sum(diff) / len(diff)
-                    var = sum((x - mean) ** 2 for x in diff) / max(1, len(diff) - 1)
-                    zs.append(0.0 if abs(total) < 1e-9 else math.copysign(math.inf, total) if var == 0
-                              else total / math.sqrt(len(diff) * var))  # fmt: skip
-            key = (-min(zs), score)
+            key = (-sc.surest(mine, [bases[b] for b in BASELINES]), score)
         else:
             key = (not all(at_or_below((cost, kept), base_tot[b]) for b in BASELINES), score)
         if best is None or key < best[0]:
@@ -156,9 +134,9 @@ def rules(
     """Per rule, the set chosen for each held-out job."""
     n_held, all_first = len(held.od), list(range(len(first.od)))
     out = {}
-    for name, idx, rule in ((f"score, first {min(100, len(all_first))}", all_first[:100], "score"),
-                            (f"score, first {len(all_first)}", all_first, "score"),
-                            (f"z, first {len(all_first)}", all_first, "z")):  # fmt: skip
+    for name, idx, rule in ((f"z, first {len(all_first)}", all_first, "z"),
+                            (f"score, first {min(100, len(all_first))}", all_first[:100], "score"),
+                            (f"score, first {len(all_first)}", all_first, "score")):  # fmt: skip
         out[name] = [choose([(first, idx)], late, sets, rule)] * n_held
     history = sorted(
         [(e, 0, i) for i, e in enumerate(first.ended)] + [(e, 1, i) for i, e in enumerate(held.ended)]
@@ -214,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in worlds
     ]
     full_ticks = [m.ticks for m in scen.markets]
-    sets = distinct_sets(scen.markets)
+    sets = sc.distinct_sets(scen.markets)
     print(
         f"{scen.name}, seed {args.seed}: {len(sets)} distinct parameter sets of {len(sc.param_grid())} per "
         f"user; {args.tune_jobs} first-half jobs and {args.jobs} held-out jobs per size"

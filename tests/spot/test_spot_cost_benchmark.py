@@ -221,10 +221,10 @@ def test_the_hindsight_check_counts_every_parameter_set_per_user_and_size(tmp_pa
 
 
 def test_the_choice_study_reproduces_spot_costs_rule_and_scores_every_other_rule(tmp_path):
-    """benchmarks/spot_choice.py: its "score, first N" rule (N <= 100) is spot_cost.py's choice, so on the
-    same jobs it chooses spot_cost.py's sets and gives its held-out figures for both users; every other rule
-    and the hindsight count are printed per size and user, and what a line claims (meets the line, or misses
-    a baseline) holds by the baselines' figures."""
+    """benchmarks/spot_choice.py: its "z, first N" rule is spot_cost.py's choice, so on the same jobs it
+    chooses spot_cost.py's sets and gives its held-out figures for both users; every other rule and the
+    hindsight count are printed per size and user, and what a line claims (meets the line, or misses a
+    baseline) holds by the baselines' figures."""
     _market(tmp_path)
     choice = subprocess.run(
         [
@@ -272,7 +272,7 @@ def test_the_choice_study_reproduces_spot_costs_rule_and_scores_every_other_rule
                 and (user != "our policy" or not line.startswith("- our policy, on time or stop"))
             ]
             rules = [line[len(f"- {user}, ") :].split(":")[0] for line in mine]
-            assert rules == ["score, first 20", "z, first 20", "on-line, last 10", "hindsight"], lines
+            assert rules == ["z, first 20", "score, first 20", "on-line, last 10", "hindsight"], lines
             figures = mine[0].split(": ")[1]
             pct, kept = float(figures.split("% / ")[0]), int(figures.split("% / ")[1].split(" kept")[0])
             assert f"{pct:.1f}%" == rows[user][2].strip() and kept == int(rows[user][9]), (
