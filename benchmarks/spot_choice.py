@@ -7,8 +7,8 @@
 the first half of each trace and reports on jobs of the second half. Where that misses the line (at or below
 every baseline's cost with as many jobs on time within budget), this script asks whether another rule of
 choice, made on the same kind of information, would have met it. It runs every parameter set once per job
-(first-half jobs on the first half, as spot_cost's tuning; held-out jobs on the whole trace, as its tables) and
-then scores each rule on the held-out jobs:
+(first-half jobs on the first half, as spot_cost's tuning; held-out jobs on the whole trace, as its tables)
+and then scores each rule on the held-out jobs:
 
 - ``z, first N``: spot_cost.py's rule with ``--tune-jobs N`` (its figures, to the job): the set whose smallest
   paired t statistic against any baseline, in cost and in jobs kept, is the largest (the set most surely at or
@@ -16,13 +16,13 @@ then scores each rule on the held-out jobs:
 - ``score, first 100``: its rule until 2026-11-27, on 100 first-half jobs: of the sets at or below every
   baseline there the lowest score (cost + an on-demand job per job not kept), else the lowest score;
 - ``score, first N``: that rule on all N first-half jobs;
-- ``on-line, last K``: for each held-out job, that rule on the K jobs (first half or held out) that had ended by
-  the time it is submitted: parameters re-chosen as the market goes;
+- ``on-line, last K``: for each held-out job, that rule on the K jobs (first half or held out) that had ended
+  by the time it is submitted: parameters re-chosen as the market goes;
 - ``hindsight``: the number of sets that meet the line on the held-out jobs themselves (an oracle, as
   spot_hindsight.py).
 
-Sets that cannot differ on these traces (``spot_cost.distinct_sets``) are run once. Our policy's inputs are the
-measured ones (spot_cost.py's default).
+Sets that cannot differ on these traces (``spot_cost.distinct_sets``) are run once. Our policy's inputs are
+the measured ones (spot_cost.py's default).
 """
 
 from __future__ import annotations
@@ -89,10 +89,10 @@ def at_or_below(ours: tuple[float, int], base: tuple[float, int]) -> bool:
     return ours[0] <= base[0] + 1e-9 and ours[1] >= base[1]
 
 
-def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], rule: str = "score") -> tuple:
-    """The set a rule picks on the jobs ``parts`` ((half, job indices) pairs). "z": spot_cost.tune's rule (the
-    largest ``spot_cost.surest``, then the lowest score); "score": its rule until 2026-11-27 (of the sets at or
-    below every baseline there, the lowest score; if none is, the lowest score)."""
+def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], rule: str = "z") -> tuple:
+    """The set a rule picks on the jobs ``parts`` ((half, job indices) pairs). "z": spot_cost.tune's rule
+    (the largest ``spot_cost.surest``, then the lowest score); "score": its rule until 2026-11-27 (of the sets
+    at or below every baseline there, the lowest score; if none is, the lowest score)."""
 
     def pick(d, idx, key):
         return [d.sets[key][i] if isinstance(key, tuple) else d.base[key][i] for i in idx]
@@ -150,7 +150,7 @@ def rules(
                 parts = [
                     (half, [i for h, i in known if h == which]) for which, half in ((0, first), (1, held))
                 ]
-                cache[known] = choose([p for p in parts if p[1]], late, sets)
+                cache[known] = choose([p for p in parts if p[1]], late, sets, "score")
             chosen.append(cache[known])
         out[f"on-line, last {k}"] = chosen
     return out

@@ -1,6 +1,6 @@
 """Spot-cost simulator: the budget policy vs naive spot (with and without the warning) vs Uniform Progress.
 
-    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 100] [--seed 0] [--inputs measured|dag]
+    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 300] [--seed 0] [--inputs measured|dag]
 
 TRACE_DIR (default ``../shared/data/spot`` relative to the repository) holds either ``*.market.json``
 files (your own data, format in ``benchmarks/README.md``) or the shared research traces
@@ -35,10 +35,11 @@ Every strategy runs on the same world with the same mechanisms:
 - held out: the policy's four parameters (the highest spot price accepted, as a fraction of on-demand,
   the highest interruption rate accepted, ``max_late_risk`` and ``min_finish_chance``) are chosen per
   scenario and job size (a size is known when a job is submitted) on jobs in the first half of each trace's
-  time range, simulated on that half only: of the sets at or below every baseline there (cost, and jobs kept
-  on time within budget), the one with the lowest cost + a full on-demand job per job not kept; the tables
-  are jobs in the second half. Where ours is not at or below a baseline, the verdict adds a 95 % paired
-  bootstrap interval of the difference over the cell's jobs.
+  time range (``--tune-jobs``, 300), simulated on that half only: the set most surely at or below every
+  baseline there (the largest smallest paired t statistic of the difference, in cost and in jobs kept on time
+  within budget, against any baseline; ``surest``), of equals the one with the lowest cost + a full on-demand
+  job per job not kept; the tables are jobs in the second half. Where ours is not at or below a baseline, the
+  verdict adds a 95 % paired bootstrap interval of the difference over the cell's jobs.
 """
 
 from __future__ import annotations
@@ -497,14 +498,14 @@ def param_grid() -> list[tuple]:
 
 
 def distinct_sets(markets: list[Market], inputs: str = "measured") -> list[tuple]:
-    """The grid, less the sets that cannot differ from an earlier one on these markets: with the measured inputs, a
-    spot price limit at or above every price of the markets admits every offer and leaves the wait target at the
-    trailing low, so the lowest such limit stands for the others. (With the DAG's inputs the limit is the wait
-    target: no set is left out.)"""
+    """The grid, less the sets that cannot differ from an earlier one on these markets: with the measured
+    inputs, a spot price limit at or above every price of the markets admits every offer and leaves the wait
+    target at the trailing low, so the lowest such limit stands for the others. (With the DAG's inputs the
+    limit is the wait target: no set is left out.)"""
     if inputs != "measured":
         return param_grid()
-    admits_all = [r for r in PRICE_RATIOS
-                  if all(p <= r * m.on_demand_price for m in markets for z in m.zones for p in z.price)]  # fmt: skip
+    prices = [(p, m.on_demand_price) for m in markets for z in m.zones for p in z.price]
+    admits_all = [r for r in PRICE_RATIOS if all(p <= r * od for p, od in prices)]
     return [p for p in param_grid() if p[0] not in admits_all[1:]]
 
 
@@ -514,9 +515,9 @@ def per_job(row: Row) -> list[tuple[float, bool]]:
 
 
 def surest(mine: list[tuple[float, bool]], bases: list[list[tuple[float, bool]]]) -> float:
-    """How surely the per-job outcomes ``mine`` are at or below every baseline's on the same jobs: the smallest,
-    over the baselines and over cost (lower is better) and jobs kept, of the paired t statistic of the
-    difference (0 where it sums to nothing; +-inf where it is the same on every job)."""
+    """How surely the per-job outcomes ``mine`` are at or below every baseline's on the same jobs: the
+    smallest, over the baselines and over cost (lower is better) and jobs kept, of the paired t statistic of
+    the difference (0 where it sums to nothing; +-inf where it is the same on every job)."""
     out = math.inf
     for base in bases:
         for i, sign in ((0, -1.0), (1, 1.0)):
@@ -543,11 +544,11 @@ def _tune_set(task: tuple[bool, tuple]) -> dict[int, list[tuple[float, bool]]]:
 
 
 def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics, inputs: str = "measured"):
-    """Per user (``allow_late`` on and off) and job size (known when a job is submitted), on ``n_jobs`` jobs of
-    the first half simulated on that half: the parameter set most surely at or below every baseline there, that
-    is with the largest ``surest`` (cost, and jobs kept on time within budget, against each baseline); of equals,
-    the lowest cost + a full on-demand job's cost per job not kept. Every set runs in a process pool (fork, one
-    process per CPU). Returns {(allow_late, size): (below, score, surest, *parameters)}."""
+    """Per user (``allow_late`` on and off) and job size (known when a job is submitted), on ``n_jobs`` jobs
+    of the first half simulated on that half: the parameter set most surely at or below every baseline there,
+    that is with the largest ``surest`` (cost, and jobs kept on time within budget, against each baseline); of
+    equals, the lowest cost + a full on-demand job's cost per job not kept. Every set runs in a process pool
+    (fork, one process per CPU). Returns {(allow_late, size): (below, score, surest, *parameters)}."""
     global _TUNING
     halves = [World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed, w.prior_ticks) for w in worlds]
     jobs = {n: make_jobs([w.market for w in halves], n_jobs, n, 0, seed, mech) for n in sizes}
@@ -558,7 +559,8 @@ def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Me
             w.rate(n), w.prior_rate(n)
     tasks = list(itertools.product(OURS, distinct_sets([w.market for w in worlds], inputs)))
     _TUNING = (halves, jobs, mech, inputs)
-    procs = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, len(tasks))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    procs = min(cpus, len(tasks))
     try:
         if procs > 1 and "fork" in multiprocessing.get_all_start_methods():
             with multiprocessing.get_context("fork").Pool(procs) as pool:
@@ -570,11 +572,13 @@ def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Me
     best: dict[tuple[bool, int], tuple] = {}
     for (late, params), outcome in zip(tasks, results):
         for n in sizes:
-            mine, od = outcome[n], sum((j.work_s + mech.startup_s) / 3600 * n * halves[j.market].market.on_demand_price
-                                       for j in jobs[n])  # fmt: skip
+            mine = outcome[n]
+            od = sum((j.work_s + mech.startup_s) / 3600 * n * halves[j.market].market.on_demand_price
+                     for j in jobs[n])  # fmt: skip
             cost, kept = sum(c for c, _ in mine), sum(k for _, k in mine)
             score = (cost + od / max(1, len(mine)) * (len(mine) - kept)) / od if od else math.inf
-            below = all(cost <= sum(c for c, _ in b) + 1e-9 and kept >= sum(k for _, k in b) for b in bases[n])
+            below = all(cost <= sum(c for c, _ in b) + 1e-9 and kept >= sum(k for _, k in b)
+                        for b in bases[n])  # fmt: skip
             z = surest(mine, bases[n])
             if (late, n) not in best or (-z, score) < best[late, n][0]:
                 best[late, n] = ((-z, score), below, score, z, *params)
