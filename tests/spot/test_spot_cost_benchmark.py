@@ -293,3 +293,30 @@ def test_the_choice_study_reproduces_spot_costs_rule_and_scores_every_other_rule
                 meets = all(pct <= c + 0.005 and kept >= k for c, k in base_figures)
                 assert line.endswith("meets the line") == meets, (line, base_figures)
             assert 0 <= int(mine[-1].split(": ")[1].split(" of ")[0]) <= 75
+
+
+def test_a_parameter_set_is_left_out_of_the_tuning_only_where_it_cannot_differ():
+    """spot_cost.distinct_sets runs one of the price limits that admit every price of the markets (with the
+    measured inputs, they leave the same offers and the same wait target: same outcomes, job by job); a limit
+    that some price lies above stays, and with the DAG's inputs (the limit is the wait target) every set stays."""
+    spot_cost, spot_traces = _benchmark_modules()
+    Market, Zone = spot_traces.Market, spot_traces.Zone
+    ticks, od = 2 * 288, 4.0
+    cap = [3 if (k % 96) < 9 else 6 for k in range(ticks)]
+    cheap = Market("cheap", 300.0, od, [Zone("a", [1.0] * ticks, cap), Zone("b", [1.6] * ticks, [20] * ticks)])
+    grid = spot_cost.param_grid()
+    kept = spot_cost.distinct_sets([cheap])
+    assert {p[0] for p in kept} == {0.5} and len(kept) == len(grid) // len(spot_cost.PRICE_RATIOS)
+    assert spot_cost.distinct_sets([cheap], "dag") == grid
+    # a price of 0.6 x on-demand: the 0.5 limit refuses it, 0.75 and 1.0 admit every price
+    dear = Market("dear", 300.0, od, [Zone("a", [2.4] * ticks, cap), Zone("b", [1.6] * ticks, [20] * ticks)])
+    assert {p[0] for p in spot_cost.distinct_sets([dear])} == {0.5, 0.75}
+
+    mech = spot_cost.Mechanics()
+    world = spot_cost.World(cheap, mech, seed=1)
+    jobs = spot_cost.make_jobs([cheap], 8, 4, 1, 1, mech)
+    for rest in [(1.0, 0.2, None), (float("inf"), 0.0, 0.2)]:
+        outcomes = [[spot_cost.simulate(world, j, spot_cost.Policy(ratio, *rest)) for j in jobs]
+                    for ratio in spot_cost.PRICE_RATIOS]  # fmt: skip
+        assert outcomes[0] == outcomes[1] == outcomes[2]
+        assert any(o.started for o in outcomes[0])
