@@ -298,18 +298,20 @@ def test_the_choice_study_reproduces_spot_costs_rule_and_scores_every_other_rule
 def test_a_parameter_set_is_left_out_of_the_tuning_only_where_it_cannot_differ():
     """spot_cost.distinct_sets runs one of the price limits that admit every price of the markets (with the
     measured inputs, they leave the same offers and the same wait target: same outcomes, job by job); a limit
-    that some price lies above stays, and with the DAG's inputs (the limit is the wait target) every set stays."""
+    that some price lies above stays, and with the DAG's inputs (the limit is the wait target) every set
+    stays."""
     spot_cost, spot_traces = _benchmark_modules()
     Market, Zone = spot_traces.Market, spot_traces.Zone
     ticks, od = 2 * 288, 4.0
     cap = [3 if (k % 96) < 9 else 6 for k in range(ticks)]
-    cheap = Market("cheap", 300.0, od, [Zone("a", [1.0] * ticks, cap), Zone("b", [1.6] * ticks, [20] * ticks)])
+    steady = Zone("b", [1.6] * ticks, [20] * ticks)
+    cheap = Market("cheap", 300.0, od, [Zone("a", [1.0] * ticks, cap), steady])
     grid = spot_cost.param_grid()
     kept = spot_cost.distinct_sets([cheap])
     assert {p[0] for p in kept} == {0.5} and len(kept) == len(grid) // len(spot_cost.PRICE_RATIOS)
     assert spot_cost.distinct_sets([cheap], "dag") == grid
     # a price of 0.6 x on-demand: the 0.5 limit refuses it, 0.75 and 1.0 admit every price
-    dear = Market("dear", 300.0, od, [Zone("a", [2.4] * ticks, cap), Zone("b", [1.6] * ticks, [20] * ticks)])
+    dear = Market("dear", 300.0, od, [Zone("a", [2.4] * ticks, cap), steady])
     assert {p[0] for p in spot_cost.distinct_sets([dear])} == {0.5, 0.75}
 
     mech = spot_cost.Mechanics()
