@@ -556,8 +556,9 @@ def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Me
                                               mech)[1:]] for n in sizes}  # fmt: skip
     for w in halves:  # the worlds' lazy tables, once, before the workers fork
         for n in sizes:
-            w.rate(n), w.prior_rate(n)
-    tasks = list(itertools.product(OURS, distinct_sets([w.market for w in worlds], inputs)))
+            w.rate(n)
+            w.prior_rate(n)
+    tasks = list(itertools.product(OURS, distinct_sets([w.market for w in halves], inputs)))
     _TUNING = (halves, jobs, mech, inputs)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     procs = min(cpus, len(tasks))
