@@ -55,7 +55,6 @@ class Half:
 
 
 def run_half(worlds, jobs, sets, mech, full_ticks) -> Half:
-    per_job = sc.per_job
     bases = sc.run_size(worlds, jobs, [sc.Naive(True), sc.Naive(False), sc.UniformProgress()], mech)
 
     def ended(j) -> float:  # the latest a job can end: make_jobs leaves it 1.5 deadlines of room
@@ -64,29 +63,17 @@ def run_half(worlds, jobs, sets, mech, full_ticks) -> Half:
         ]
 
     out = Half(
-        od=[
-            (j.work_s + mech.startup_s) / 3600 * j.nodes * worlds[j.market].market.on_demand_price
-            for j in jobs
-        ],
+        od=[j.od_cost(mech, worlds[j.market].market.on_demand_price) for j in jobs],
         submitted=[j.start / full_ticks[j.market] for j in jobs],
         ended=[ended(j) for j in jobs],
-        base={r.strategy: per_job(r) for r in bases[1:]},
+        base={r.strategy: sc.per_job(r) for r in bases[1:]},
         sets={},
     )
     for late in sc.OURS:
         for params in sets:
             [_, ours] = sc.run_size(worlds, jobs, [sc.Policy(*params, allow_late=late)], mech)
-            out.sets[late, params] = per_job(ours)
+            out.sets[late, params] = sc.per_job(ours)
     return out
-
-
-def totals(pairs) -> tuple[float, int]:
-    pairs = list(pairs)
-    return sum(c for c, _ in pairs), sum(k for _, k in pairs)
-
-
-def at_or_below(ours: tuple[float, int], base: tuple[float, int]) -> bool:
-    return ours[0] <= base[0] + 1e-9 and ours[1] >= base[1]
 
 
 def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], rule: str = "z") -> tuple:
@@ -98,18 +85,16 @@ def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], r
         return [d.sets[key][i] if isinstance(key, tuple) else d.base[key][i] for i in idx]
 
     od = sum(d.od[i] for d, idx in parts for i in idx)
-    n = sum(len(idx) for _, idx in parts)
     bases = {b: [x for d, idx in parts for x in pick(d, idx, b)] for b in BASELINES}
-    base_tot = {b: totals(v) for b, v in bases.items()}
+    base_tot = {b: sc.totals(v) for b, v in bases.items()}
     best = None
     for params in sets:
         mine = [x for d, idx in parts for x in pick(d, idx, (late, params))]
-        cost, kept = totals(mine)
-        score = (cost + od / max(1, n) * (n - kept)) / od if od else math.inf
+        score = sc.score(mine, od)
         if rule == "z":
             key = (-sc.surest(mine, [bases[b] for b in BASELINES]), score)
         else:
-            key = (not all(at_or_below((cost, kept), base_tot[b]) for b in BASELINES), score)
+            key = (not all(sc.at_or_below(sc.totals(mine), base_tot[b]) for b in BASELINES), score)
         if best is None or key < best[0]:
             best = (key, params)
     return best[1]
@@ -118,12 +103,12 @@ def choose(parts: list[tuple[Half, list[int]]], late: bool, sets: list[tuple], r
 def misses(held: Half, late: bool, chosen: list[tuple]) -> list[str]:
     """The baselines that the held-out jobs, each run with its chosen set, are not at or below, with the
     difference."""
-    mine = totals(held.sets[late, p][i] for i, p in enumerate(chosen))
+    mine = sc.totals(held.sets[late, p][i] for i, p in enumerate(chosen))
     od = sum(held.od)
     out = []
     for b in BASELINES:
-        base = totals(held.base[b])
-        if not at_or_below(mine, base):
+        base = sc.totals(held.base[b])
+        if not sc.at_or_below(mine, base):
             out.append(f"{b} {100 * (mine[0] - base[0]) / od:+.2f} pt, {mine[1] - base[1]:+d} kept")
     return out
 
@@ -208,13 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n{scen.name}, {n} node(s), held out: "
             + "; ".join(
-                f"{b} {100 * totals(held.base[b])[0] / od:.2f}% / {totals(held.base[b])[1]} kept"
+                f"{b} {100 * sc.totals(held.base[b])[0] / od:.2f}% / {sc.totals(held.base[b])[1]} kept"
                 for b in BASELINES
             )
         )
         for late, user in sc.OURS.items():
             for rule, chosen in rules(first, held, late, sets, recent).items():
-                mine = totals(held.sets[late, p][i] for i, p in enumerate(chosen))
+                mine = sc.totals(held.sets[late, p][i] for i, p in enumerate(chosen))
                 missed = misses(held, late, chosen)
                 fixed = (
                     f" (set {chosen[0]})" if len(set(chosen)) == 1 else f" ({len(set(chosen))} sets in turn)"
@@ -223,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"- {user}, {rule}: {100 * mine[0] / od:.2f}% / {mine[1]} kept{fixed}: "
                     + ("meets the line" if not missed else "misses: " + "; ".join(missed))
                 )
-            base_tot = [totals(held.base[b]) for b in BASELINES]
-            meeting = sum(all(at_or_below(totals(held.sets[late, p]), b) for b in base_tot) for p in sets)
+            base_tot = [sc.totals(held.base[b]) for b in BASELINES]
+            meeting = sum(
+                all(sc.at_or_below(sc.totals(held.sets[late, p]), b) for b in base_tot) for p in sets
+            )
             print(f"- {user}, hindsight: {meeting} of {len(sets)} sets meet the line on these held-out jobs")
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0

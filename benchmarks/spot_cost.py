@@ -100,6 +100,10 @@ class Job:
     def od_time(self, mech: Mechanics) -> float:
         return self.work_s + mech.startup_s
 
+    def od_cost(self, mech: Mechanics, on_demand_price: float) -> float:
+        """What always-on-demand pays for it: its on-demand time on all its nodes."""
+        return self.od_time(mech) / 3600 * self.nodes * on_demand_price
+
 
 @dataclass
 class Outcome:
@@ -480,9 +484,9 @@ HEAD = (
 
 
 def run_size(worlds: list[World], jobs: list[Job], strategies: list, mech: Mechanics) -> list[Row]:
-    od_cost = sum((j.work_s + mech.startup_s) / 3600 * j.nodes * worlds[j.market].market.on_demand_price for j in jobs)
+    od_cost = sum(j.od_cost(mech, worlds[j.market].market.on_demand_price) for j in jobs)
     rows = [Row("always on-demand", jobs, [
-        Outcome(cost=(j.work_s + mech.startup_s) / 3600 * j.nodes * worlds[j.market].market.on_demand_price,
+        Outcome(cost=j.od_cost(mech, worlds[j.market].market.on_demand_price),
                 time_s=j.od_time(mech), finished=True, started=True, launches=1)
         for j in jobs], od_cost, mech)]  # fmt: skip
     for strategy in strategies:
@@ -512,6 +516,24 @@ def distinct_sets(markets: list[Market], inputs: str = "measured") -> list[tuple
 def per_job(row: Row) -> list[tuple[float, bool]]:
     """(cost, kept on time within budget) of each job of a row."""
     return list(zip((o.cost for o in row.outcomes), row.kept_each()))
+
+
+def totals(pairs) -> tuple[float, int]:
+    """(cost, jobs kept) of per-job outcomes."""
+    pairs = list(pairs)
+    return sum(c for c, _ in pairs), sum(k for _, k in pairs)
+
+
+def at_or_below(ours: tuple[float, int], base: tuple[float, int]) -> bool:
+    """(cost, kept) no dearer, and keeping as many jobs on time within budget."""
+    return ours[0] <= base[0] + 1e-9 and ours[1] >= base[1]
+
+
+def score(pairs, od_cost: float) -> float:
+    """Cost + a full on-demand job's cost per job not kept, as a fraction of the jobs' on-demand cost."""
+    pairs = list(pairs)
+    (cost, kept), n = totals(pairs), len(pairs)
+    return (cost + od_cost / max(1, n) * (n - kept)) / od_cost if od_cost else math.inf
 
 
 def surest(mine: list[tuple[float, bool]], bases: list[list[tuple[float, bool]]]) -> float:
@@ -570,19 +592,16 @@ def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Me
             results = [_tune_set(t) for t in tasks]
     finally:
         _TUNING = ()
+    od = {n: sum(j.od_cost(mech, halves[j.market].market.on_demand_price) for j in js) for n, js in jobs.items()}
     best: dict[tuple[bool, int], tuple] = {}
     for (late, params), outcome in zip(tasks, results):
         for n in sizes:
             mine = outcome[n]
-            od = sum((j.work_s + mech.startup_s) / 3600 * n * halves[j.market].market.on_demand_price
-                     for j in jobs[n])  # fmt: skip
-            cost, kept = sum(c for c, _ in mine), sum(k for _, k in mine)
-            score = (cost + od / max(1, len(mine)) * (len(mine) - kept)) / od if od else math.inf
-            below = all(cost <= sum(c for c, _ in b) + 1e-9 and kept >= sum(k for _, k in b)
-                        for b in bases[n])  # fmt: skip
+            points = score(mine, od[n])
+            below = all(at_or_below(totals(mine), totals(b)) for b in bases[n])
             z = surest(mine, bases[n])
-            if (late, n) not in best or (-z, score) < best[late, n][0]:
-                best[late, n] = ((-z, score), below, score, z, *params)
+            if (late, n) not in best or (-z, points) < best[late, n][0]:
+                best[late, n] = ((-z, points), below, points, z, *params)
     return {key: value[1:] for key, value in best.items()}
 
 
@@ -669,7 +688,7 @@ def _baselines(rows: list[Row]) -> list[Row]:
 
 
 def _at_or_below(ours: Row, base: Row) -> bool:
-    return ours.cost <= base.cost + 1e-9 and ours.kept >= base.kept
+    return at_or_below((ours.cost, ours.kept), (base.cost, base.kept))
 
 
 def paired_interval(ours: Row, base: Row, draws: int = 2000, level: float = 0.95):
