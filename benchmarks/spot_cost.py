@@ -635,6 +635,21 @@ def main(argv: list[str] | None = None) -> int:
           f"our policy's inputs: {args.inputs}")  # fmt: skip
     totals: dict[str, list[Row]] = {}
     by_size: dict[tuple[int, str], list[Row]] = {}
+    judged_at: dict[str, int] = {}  # level -> how many verdicts
+    misses: dict[str, dict[str, list[str]]] = {name: {} for name in OURS.values()}  # level -> where ours missed
+
+    def merged(name: str, rows: list[Row]) -> Row:
+        return Row(name, [j for r in rows for j in r.jobs], [o for r in rows for o in r.outcomes],
+                   sum(r.od_cost for r in rows), mech)  # fmt: skip
+
+    def judged(rows: list[Row], level: str, where: str) -> None:
+        print("\n".join(verdict(rows, name) for name in OURS.values()))
+        print(frontier(rows))
+        judged_at[level] = judged_at.get(level, 0) + 1
+        for name in OURS.values():
+            if not below_every(rows, name):
+                misses[name].setdefault(level, []).append(where)
+
     for sc in scenarios:
         worlds = [World(m, mech, args.seed) for m in sc.markets]
         cap = max(m.max_capacity for m in sc.markets)
@@ -653,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"on-demand, max interruption rate {risk:g}/h, max late risk {late_risk:g}, min finish chance {'- (expected cost and time)' if chance is None else chance} "
                   f"(smallest paired t against a baseline {z:+.2f}; score {score:.3f}; at or below every baseline there: "
                   f"{'yes' if below else 'no'})")  # fmt: skip
+        in_scenario: dict[str, list[Row]] = {}
         for n in sizes:
             ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
             jobs = make_jobs(sc.markets, args.jobs, n, 1, args.seed, mech)
@@ -664,21 +680,32 @@ def main(argv: list[str] | None = None) -> int:
                 print(r.line())
                 totals.setdefault(r.strategy, []).append(r)
                 by_size.setdefault((n, r.strategy), []).append(r)
-            print("\n".join(verdict(rows, name) for name in OURS.values()))
-            print(frontier(rows))
-
-    def merged(name: str, rows: list[Row]) -> Row:
-        return Row(name, [j for r in rows for j in r.jobs], [o for r in rows for o in r.outcomes],
-                   sum(r.od_cost for r in rows), mech)  # fmt: skip
+                in_scenario.setdefault(r.strategy, []).append(r)
+            judged(rows, "cells", f"{sc.name} at {n} node(s)")
+        rows = [merged(name, rs) for name, rs in in_scenario.items()]
+        print(f"\n### {sc.name}: all sizes together, {len(rows[0].jobs)} held-out jobs\n{HEAD}")
+        print("\n".join(r.line() for r in rows))
+        judged(rows, "scenarios", sc.name)
 
     for n in SIZES:
         names = [name for (size, name) in by_size if size == n]
         if names:
             print(f"\n## all scenarios, {n} node(s) (held out)\n{HEAD}")
-            print("\n".join(merged(name, by_size[n, name]).line() for name in names))
+            rows = [merged(name, by_size[n, name]) for name in names]
+            print("\n".join(r.line() for r in rows))
+            judged(rows, "sizes", f"{n} node(s)")
     print(f"\n## all scenarios and sizes together (held out)\n{HEAD}")
-    for name, rows in totals.items():
-        print(merged(name, rows).line())
+    rows = [merged(name, rs) for name, rs in totals.items()]
+    print("\n".join(r.line() for r in rows))
+    judged(rows, "all", "all together")
+    print("\n## Where each setting of ours is at or below every baseline (cost, jobs on time within budget), held out")
+    levels = {"cells": "per scenario and size", "scenarios": "per scenario, all sizes",
+              "sizes": "per size, all scenarios", "all": "all jobs together"}  # fmt: skip
+    for name, by_level in misses.items():
+        for level, title in levels.items():
+            missed = by_level.get(level, [])
+            print(f"- {name}, {title}: {judged_at[level] - len(missed)} of {judged_at[level]}"
+                  + (f" (not: {'; '.join(missed)})" if missed else ""))
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0
 
@@ -707,6 +734,12 @@ def paired_interval(ours: Row, base: Row, draws: int = 2000, level: float = 0.95
     kept.sort()
     lo, hi = round((1 - level) / 2 * (draws - 1)), round((1 + level) / 2 * (draws - 1))
     return (costs[lo], costs[hi]), (kept[lo], kept[hi])
+
+
+def below_every(rows: list[Row], name: str) -> bool:
+    """Whether ours (``name``) is at or below every baseline of ``rows``."""
+    ours = next(r for r in rows if r.strategy == name)
+    return all(_at_or_below(ours, r) for r in _baselines(rows))
 
 
 def verdict(rows: list[Row], name: str) -> str:

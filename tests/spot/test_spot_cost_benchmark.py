@@ -56,7 +56,20 @@ def test_every_job_is_counted_per_size_and_the_policy_keeps_every_budget(tmp_pat
         assert float(rows["our policy"][2].strip().rstrip("%")) < 100.0  # spot at 25-40 % of on-demand
     assert "our policy, 16 node(s), chosen on the first half" in out
     assert "our policy, on time or stop, 16 node(s), chosen on the first half" in out
-    assert out.count("either setting of ours: ") == 3  # one frontier verdict per size
+    # a frontier verdict per size, for the scenario's sizes together, per size over scenarios, and for everything
+    assert out.count("either setting of ours: ") == 3 + 1 + 3 + 1
+    summary = out.split("## Where each setting of ours is at or below every baseline")[1]
+    together = out.split("## all scenarios and sizes together")[1].split("\n## ")[0]
+    for name in ("our policy", "our policy, on time or stop"):
+        met = [not _verdict(t, name).startswith("NOT") for t in tables]
+        assert f"- {name}, per scenario and size: {sum(met)} of 3" in summary, summary
+        assert f"- {name}, all jobs together: {0 if _verdict(together, name).startswith('NOT') else 1} of 1" in summary
+
+
+def _verdict(text: str, name: str) -> str:
+    """The verdict on ``name`` in a block of the simulator's output, after its figures."""
+    line = next(line for line in text.splitlines() if line.startswith(f"{name}: "))
+    return line.split(" kept: ", 1)[1]
 
 
 def test_a_missing_trace_directory_is_named(tmp_path):
@@ -252,7 +265,7 @@ def test_the_choice_study_reproduces_spot_costs_rule_and_scores_every_other_rule
     assert "75 distinct parameter sets of 225 per user" in choice.stdout
     cost = _run(str(tmp_path), "--jobs", "12", "--tune-jobs", "20", "--seed", "3")
     assert cost.returncode == 0, cost.stderr
-    tables = {t.split(" ")[0]: t.split("\n## ")[0] for t in cost.stdout.split("\nsynthetic, ")[1:]}
+    tables = {t.split(" ")[0]: t.split("\n\n")[0] for t in cost.stdout.split("\nsynthetic, ")[1:]}
     cells = {c.split(" ")[0]: c for c in choice.stdout.split("\n\nsynthetic, ")[1:]}
     assert list(cells) == ["1", "4", "16"]
     for size, cell in cells.items():
