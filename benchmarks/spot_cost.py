@@ -27,7 +27,8 @@ Every strategy runs on the same world with the same mechanisms:
   until progress is ahead of the line at t + 2d; idle with less than remaining work + 2d left ->
   on-demand to the end; d = the start-up), with the warning, on the same zone choice; our policy:
   ``airflow_dtrain.spot.budget.decide`` every tick with the cheapest acceptable zone's offer (as
-  SpotPriceSensor -> BudgetBranchOperator), its past-only interruption rate, ``current`` and the budget
+  SpotPriceSensor -> BudgetBranchOperator), its past-only interruption rate, ``current`` (so its deadline
+  guard, Uniform Progress' safety net where a preemption is likelier than not, applies) and the budget
   and deadline left, with the warning, and the trainer's hard budget cap (it stops before a tick that
   would pass the budget). Naive spot and Uniform Progress know no budget: their overruns are counted.
   Our policy runs twice: with ``allow_late`` (late but within budget goes on; the operator's default) and

@@ -26,23 +26,29 @@ Decision, first row that applies:
 1   no steps remaining                                                stop
 2   no step time (none measured, no estimate) and a budget is set     stop
 3   no price at all (spot nor on-demand)                              stop
-4   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
+4   deadline guard (``deadline_guard``, ``current`` given, not on     on_demand
+    spot): less time to spare after the hours left than a spot
+    (re)launch and one preemption (2 × ``restart_overhead_s`` +
+    ``lost_work_s``), a first preemption before spot is done
+    likelier than ``GUARD_RISK`` (0.5), on-demand within budget and
+    in time
+5   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
     spot cost ≤ budget, spot in time (with ``min_finish_chance``:
     the chance of each is at least that) -- unless
     on-demand also fits (budget and deadline) and costs no more,
     start-ups included:
     then on-demand (a job on on-demand stays for a saving smaller
     than the switch's start-up)
-5   waiting allowed, and after ``wait_interval_s`` spot at the        wait
+6   waiting allowed, and after ``wait_interval_s`` spot at the        wait
     hoped-for price or on-demand could still finish in time within
     budget
-6   on-demand cost ≤ budget and on-demand in time                     on_demand
-7   ``allow_late``, spot or on-demand within budget (late): on-demand  that one
-    only if it finishes before spot would even with no preemption
-    (start-ups included), else spot
-8   ``allow_late``, waiting allowed, spot at the hoped-for price      wait
+7   on-demand cost ≤ budget and on-demand in time                     on_demand
+8   ``allow_late``, spot or on-demand within budget (late): on-      that one
+    demand only if it finishes before spot would even with no
+    preemption (start-ups included), else spot
+9   ``allow_late``, waiting allowed, spot at the hoped-for price      wait
     within budget (late)
-9   otherwise (nothing fits the budget, or nothing in time and        stop
+10  otherwise (nothing fits the budget, or nothing in time and        stop
     ``allow_late`` off)
 ==  ================================================================  =========
 
@@ -64,6 +70,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainer.capacity import Capacity
+
+
+GUARD_RISK = 0.5
+"""The deadline guard takes on-demand when a first preemption before spot is done is likelier than this."""
 
 
 class Choice(str, enum.Enum):
@@ -130,6 +140,11 @@ class BudgetInputs:
     least this (preemptions Poisson at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` +
     ``lost_work_s``; 0: any chance at all); the trainer's hard cap stops a run that is out of luck.
     None: the expected spot cost and hours must fit."""
+    deadline_guard: bool = True
+    """Can't Be Late's safety net (Wu et al., NSDI'24): when ``current`` is given and is not spot, and the time
+    to spare before the deadline after the remaining hours is less than a spot (re)launch and one preemption
+    (2 × ``restart_overhead_s`` + ``lost_work_s``), on-demand, when it finishes in time within the budget. Off:
+    only ``max_late_risk`` keeps time for the fallback."""
     allow_late: bool = True
     """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
     Off: once neither capacity can finish in time within the budget, the job stops."""
@@ -278,6 +293,7 @@ def decide(inputs: BudgetInputs) -> Decision:
     od_hours = hours + od_start if hours is not None else None
     spot_cost = spot_h * i.num_nodes * i.spot_price if spot_h is not None and i.spot_price is not None else None
     od_cost = od_hours * i.num_nodes * i.on_demand_price if od_hours is not None and i.on_demand_price is not None else None
+    preempt_risk = 0.0  # of a first preemption before spot is done
     if hours is None:  # no budget, no step time: decide on price and risk alone
         spot_cost_ok = od_cost_ok = True
         spot_time_ok = i.deadline_s is None
@@ -330,6 +346,19 @@ def decide(inputs: BudgetInputs) -> Decision:
                 "past the deadline"
             )  # fmt: skip
     od_in_time = od_hours is not None and _in_time(od_hours, i.deadline_s)
+    # Can't Be Late's safety net, where a preemption before spot is done is likelier than not: a (re)launch on
+    # spot that one preemption would make late is a losing bet, and on-demand that is in time within budget wins.
+    guard_h = 2 * start_h + i.lost_work_s / 3600.0  # a (re)launch's start-up, one preemption's restart and loss
+    if (
+        i.deadline_guard and tracked and i.current != Choice.SPOT and i.deadline_s is not None and hours is not None
+        and preempt_risk > GUARD_RISK and od_cost_ok and od_in_time and i.deadline_s / 3600.0 - hours < guard_h
+    ):  # fmt: skip
+        return made(
+            Choice.ON_DEMAND,
+            f"on-demand to the deadline (deadline guard): {i.deadline_s / 3600.0 - hours:.2f} h to spare after "
+            f"{est} of work, less than a spot (re)launch and one preemption ({guard_h:.2f} h), which is likelier "
+            f"than not ({preempt_risk:.0%}); on-demand ${od_cost:.2f} finishes in time within {money}",
+        )
     if not spot_why and od_cost_ok and od_in_time and od_cost is not None and spot_cost is not None:
         if od_cost <= spot_cost:  # the cheaper of two capacities that both fit, start-ups included
             if i.current == Choice.ON_DEMAND:

@@ -98,6 +98,30 @@ def test_the_late_risk_is_the_chance_of_a_first_preemption_before_spot_is_done()
     assert "no time to finish on on-demand" in cautious.reason, cautious.reason
 
 
+def test_the_deadline_guard_buys_on_demand_when_a_preemption_is_likelier_than_not_and_would_make_it_late():
+    # 1 h of work, nothing runs, 1.3 h to the deadline: 0.30 h to spare, under a spot launch and one preemption
+    # (2 x 600 s + 30 s = 0.34 h). 1 preemption/h: a first one before spot is done (7/6 h) has a chance of 69 %.
+    # The user accepts any late risk (max_late_risk 1) and any chance of finishing in time (min_finish_chance 0),
+    # so spot would do; yet on-demand, in time within budget, is taken.
+    inputs = BudgetInputs(**{**BASE, "interruption_rate_per_hour": 1.0}, spot_price=1.0, on_demand_price=3.0,
+                          remaining_budget=10.0, lost_work_s=30.0, deadline_s=1.3 * 3600, current=Choice.WAIT,
+                          max_late_risk=1.0, min_finish_chance=0.0)  # fmt: skip
+    decision = decide(inputs)
+    assert decision.choice == Choice.ON_DEMAND, decision.reason
+    assert "deadline guard" in decision.reason and "69%" in decision.reason, decision.reason
+    assert decide(BudgetInputs(**{**inputs.__dict__, "current": Choice.ON_DEMAND})).choice == Choice.ON_DEMAND
+
+    def spot_when(**change) -> bool:
+        return decide(BudgetInputs(**{**inputs.__dict__, **change})).choice == Choice.SPOT
+
+    assert spot_when(interruption_rate_per_hour=0.5)  # 44 %: no likelier than not, the user's risk stands
+    assert spot_when(deadline_s=1.4 * 3600)  # 0.40 h to spare: room for a launch and a preemption
+    assert spot_when(current=Choice.SPOT)  # a running group is not moved: no launch to bet on
+    assert spot_when(remaining_budget=3.4)  # on-demand ($3.50) over the budget: spot is the only way in budget
+    assert spot_when(deadline_guard=False)
+    assert spot_when(current=None)  # start-ups not tracked: no launch to weigh
+
+
 def test_late_within_budget_takes_the_capacity_that_finishes_first():
     # 30 min to the deadline, 1 h of work: nothing is in time. On spot now, on-demand needs a start-up:
     # spot finishes first and is within budget.
