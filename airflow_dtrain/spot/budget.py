@@ -141,10 +141,12 @@ class BudgetInputs:
     ``lost_work_s``; 0: any chance at all); the trainer's hard cap stops a run that is out of luck.
     None: the expected spot cost and hours must fit."""
     deadline_guard: bool = True
-    """Can't Be Late's safety net (Wu et al., NSDI'24): when ``current`` is given and is not spot, and the time
-    to spare before the deadline after the remaining hours is less than a spot (re)launch and one preemption
-    (2 × ``restart_overhead_s`` + ``lost_work_s``), on-demand, when it finishes in time within the budget. Off:
-    only ``max_late_risk`` keeps time for the fallback."""
+    """Can't Be Late's safety net (Wu et al., NSDI'24), where a preemption is likelier than not: when ``current``
+    is given and is not spot, the time to spare before the deadline after the remaining hours is less than a
+    spot (re)launch and one preemption (2 × ``restart_overhead_s`` + ``lost_work_s``), and a first preemption
+    before spot would be done is likelier than ``GUARD_RISK``: on-demand, when it finishes in time within the
+    budget, whatever ``max_late_risk`` and ``min_finish_chance`` accept. Off: only they keep time for the
+    fallback."""
     allow_late: bool = True
     """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
     Off: once neither capacity can finish in time within the budget, the job stops."""
