@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"traces: {args.trace_dir}; seed {args.seed}; start-up {mech.startup_s:.0f} s, checkpoint every "
           f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand; "
           f"our policy's inputs: {args.inputs}")  # fmt: skip
-    totals: dict[str, list[Row]] = {}
+    every_row: dict[str, list[Row]] = {}  # strategy -> its rows of every scenario and size
     by_size: dict[tuple[int, str], list[Row]] = {}
     judged_at: dict[str, int] = {}  # level -> how many verdicts
     misses: dict[str, dict[str, list[str]]] = {name: {} for name in OURS.values()}  # level -> where ours missed
@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
             print(HEAD)
             for r in rows:
                 print(r.line())
-                totals.setdefault(r.strategy, []).append(r)
+                every_row.setdefault(r.strategy, []).append(r)
                 by_size.setdefault((n, r.strategy), []).append(r)
                 in_scenario.setdefault(r.strategy, []).append(r)
             judged(rows, "cells", f"{sc.name} at {n} node(s)")
@@ -696,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(r.line() for r in rows))
             judged(rows, "sizes", f"{n} node(s)")
     print(f"\n## all scenarios and sizes together (held out)\n{HEAD}")
-    rows = [merged(name, rs) for name, rs in totals.items()]
+    rows = [merged(name, rs) for name, rs in every_row.items()]
     print("\n".join(r.line() for r in rows))
     judged(rows, "all", "all together")
     print("\n## Where each setting of ours is at or below every baseline (cost, jobs on time within budget), held out")
