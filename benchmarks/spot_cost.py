@@ -325,7 +325,7 @@ class Policy:
             min_finish_chance=self.chance,
             restart_overhead_s=mech.startup_s,
             lost_work_s=mech.step_s,
-            deadline_s=max(0.0, job.deadline_s - elapsed - m.tick_s),  # the next decision is a tick away
+            deadline_s=max(0.0, job.deadline_s - elapsed),  # what it runs now starts now, as for the baselines
             max_wait_s=math.inf,
             wait_interval_s=m.tick_s,
             wait_target_price=min(world.recent_low[k], self.limit(m)) if measured else self.limit(m),

@@ -335,3 +335,19 @@ def test_a_parameter_set_is_left_out_of_the_tuning_only_where_it_cannot_differ()
                     for ratio in spot_cost.PRICE_RATIOS]  # fmt: skip
         assert outcomes[0] == outcomes[1] == outcomes[2]
         assert any(o.started for o in outcomes[0])
+
+
+def test_the_policy_is_told_the_time_left_to_the_deadline_not_a_tick_less():
+    # a run chosen at a tick starts at that tick (the baselines count from there too): a job that spot finishes
+    # with no preemption 100 s before its deadline, on a market that never loses a node, is run and kept by
+    # "on time or stop", not stopped because the deadline was shaved by a 300 s tick
+    sc, spot_traces = _benchmark_modules()
+    ticks = 200
+    market = spot_traces.Market("m", 300.0, 4.0, [spot_traces.Zone("z", [1.0] * ticks, [20] * ticks)])
+    mech = sc.Mechanics()
+    world = sc.World(market, mech, seed=0)
+    job = sc.Job(0, 50, ticks, 3600.0, 4, 3600.0 + mech.startup_s + 100.0, 100.0)
+    strict = sc.Policy(0.5, float("inf"), 1.0, 0.0, allow_late=False)
+    out = sc.simulate(world, job, strict)
+    assert out.finished and not out.stopped and out.time_s == 3600.0 + mech.startup_s <= job.deadline_s
+    assert out.cost == (3600.0 + mech.startup_s) / 3600 * 4 * 1.0  # on spot all the way
