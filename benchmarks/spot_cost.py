@@ -1,6 +1,7 @@
 """Spot-cost simulator: the budget policy vs naive spot (with and without the warning) vs Uniform Progress.
 
-    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 300] [--seed 0] [--inputs measured|dag]
+    python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 300] [--seed 0 | --seeds A-B]
+                                   [--inputs measured|dag] [--scenario NAME]
 
 TRACE_DIR (default ``../shared/data/spot`` relative to the repository) holds either ``*.market.json``
 files (your own data, format in ``benchmarks/README.md``) or the shared research traces
@@ -41,6 +42,11 @@ Every strategy runs on the same world with the same mechanisms:
   within budget, against any baseline; ``surest``), of equals the one with the lowest cost + a full on-demand
   job per job not kept; the tables are jobs in the second half. Where ours is not at or below a baseline, the
   verdict adds a 95 % paired bootstrap interval of the difference over the cell's jobs.
+- ``--seeds``: the whole of the above once per seed (its own jobs, preemption draws and choice of parameters),
+  the held-out jobs of every seed pooled in the tables and verdicts, and after each verdict the number of seeds
+  on whose jobs alone each setting met it. A cell of one seed is 200 jobs that share one draw of the market's
+  preemptions: its verdict is a coin toss where two strategies differ by a point or a job; pooled seeds are
+  the expectation the verdict is about.
 """
 
 from __future__ import annotations
@@ -612,6 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=200, help="held-out jobs per scenario and size")
     ap.add_argument("--tune-jobs", type=int, default=300, help="jobs per size in the first half, to choose the parameters")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=seed_list, default=None, metavar="A-B|A,B,...",
+                    help="run every seed (each with its own jobs, draws and parameter choice) and report their "
+                         "held-out jobs pooled, with how many seeds each setting met the line on; replaces --seed")
     ap.add_argument("--startup-s", type=float, default=300.0)
     ap.add_argument("--checkpoint-s", type=float, default=1800.0)
     ap.add_argument("--step-s", type=float, default=30.0)
@@ -622,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; "
                          "repeatable); default: every scenario in TRACE_DIR")
     args = ap.parse_args(argv)
+    seeds = args.seeds or [args.seed]
     mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
     t0 = time.monotonic()
     scenarios = load_scenarios(args.trace_dir)
@@ -631,28 +641,43 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--scenario {', '.join(unknown)}: not in {args.trace_dir} (there: "
                      f"{', '.join(sc.name for sc in scenarios)})")
         scenarios = [sc for sc in scenarios if sc.name in args.scenario]
-    print(f"traces: {args.trace_dir}; seed {args.seed}; start-up {mech.startup_s:.0f} s, checkpoint every "
+    print(f"traces: {args.trace_dir}; {_seeds_text(seeds)}; start-up {mech.startup_s:.0f} s, checkpoint every "
           f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand; "
           f"our policy's inputs: {args.inputs}")  # fmt: skip
     every_row: dict[str, list[Row]] = {}  # strategy -> its rows of every scenario and size
     by_size: dict[tuple[int, str], list[Row]] = {}
     judged_at: dict[str, int] = {}  # level -> how many verdicts
     misses: dict[str, dict[str, list[str]]] = {name: {} for name in OURS.values()}  # level -> where ours missed
+    runs: list[tuple[int, int, list[Row]]] = []  # (seed, size, rows) of every scenario
+    seed_met: dict[tuple[str, str], list[int]] = {}  # (ours, level) -> [seeds x places met, seeds x places]
+
+    def of_seeds(keep) -> list[list[Row]]:
+        """Per seed, the rows of the runs ``keep(size)`` accepts, merged per strategy."""
+        out = []
+        for seed in seeds:
+            mine = [rows for s_, n, rows in runs if s_ == seed and keep(n)]
+            out.append([merged(r.strategy, [rows[j] for rows in mine]) for j, r in enumerate(mine[0])])
+        return out
 
     def merged(name: str, rows: list[Row]) -> Row:
         return Row(name, [j for r in rows for j in r.jobs], [o for r in rows for o in r.outcomes],
                    sum(r.od_cost for r in rows), mech)  # fmt: skip
 
-    def judged(rows: list[Row], level: str, where: str) -> None:
+    def judged(rows: list[Row], level: str, where: str, by_seed: list[list[Row]] | None = None) -> None:
         print("\n".join(verdict(rows, name) for name in OURS.values()))
         print(frontier(rows))
+        if len(seeds) > 1 and by_seed:
+            print("\n".join(seed_by_seed(by_seed, seeds, name) for name in OURS.values()))
+            for name in OURS.values():
+                tally = seed_met.setdefault((name, level), [0, 0])
+                tally[0] += sum(below_every(rows, name) for rows in by_seed)
+                tally[1] += len(by_seed)
         judged_at[level] = judged_at.get(level, 0) + 1
         for name in OURS.values():
             if not below_every(rows, name):
                 misses[name].setdefault(level, []).append(where)
 
     for sc in scenarios:
-        worlds = [World(m, mech, args.seed) for m in sc.markets]
         cap = max(m.max_capacity for m in sc.markets)
         sizes = [n for n in SIZES if n <= cap]
         print(f"\n## {sc.title}")
@@ -663,30 +688,39 @@ def main(argv: list[str] | None = None) -> int:
         skipped = [n for n in SIZES if n > cap]
         if skipped:
             print(f"- sizes {skipped}: not simulated, no zone here ever has that many nodes")
-        best = tune(worlds, sizes, args.tune_jobs, args.seed, mech, args.inputs)
-        for (late, n), (below, score, z, ratio, risk, late_risk, chance) in best.items():
-            print(f"- {OURS[late]}, {n} node(s), chosen on the first half ({args.tune_jobs} jobs): max spot price {ratio:.2f} x "
-                  f"on-demand, max interruption rate {risk:g}/h, max late risk {late_risk:g}, min finish chance {'- (expected cost and time)' if chance is None else chance} "
-                  f"(smallest paired t against a baseline {z:+.2f}; score {score:.3f}; at or below every baseline there: "
-                  f"{'yes' if below else 'no'})")  # fmt: skip
+        cells: dict[int, list[list[Row]]] = {n: [] for n in sizes}  # size -> each seed's rows
+        for seed in seeds:
+            worlds = [World(m, mech, seed) for m in sc.markets]
+            best = tune(worlds, sizes, args.tune_jobs, seed, mech, args.inputs)
+            at = f"seed {seed}, " if len(seeds) > 1 else ""
+            for (late, n), (below, score, z, ratio, risk, late_risk, chance) in best.items():
+                print(f"- {at}{OURS[late]}, {n} node(s), chosen on the first half ({args.tune_jobs} jobs): max spot price {ratio:.2f} x "
+                      f"on-demand, max interruption rate {risk:g}/h, max late risk {late_risk:g}, min finish chance {'- (expected cost and time)' if chance is None else chance} "
+                      f"(smallest paired t against a baseline {z:+.2f}; score {score:.3f}; at or below every baseline there: "
+                      f"{'yes' if below else 'no'})")  # fmt: skip
+            for n in sizes:
+                ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
+                jobs = make_jobs(sc.markets, args.jobs, n, 1, seed, mech)
+                cells[n].append(run_size(worlds, jobs, [*ours, Naive(True), Naive(False), UniformProgress()], mech))
+                runs.append((seed, n, cells[n][-1]))
         in_scenario: dict[str, list[Row]] = {}
         for n in sizes:
-            ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
-            jobs = make_jobs(sc.markets, args.jobs, n, 1, args.seed, mech)
-            strategies = [*ours, Naive(True), Naive(False), UniformProgress()]
-            rows = run_size(worlds, jobs, strategies, mech)
-            print(f"\n{sc.name}, {n} node(s), {len(jobs)} held-out jobs (second half):")
+            rows = [merged(r.strategy, [rs[i] for rs in cells[n]]) for i, r in enumerate(cells[n][0])]
+            print(f"\n{sc.name}, {n} node(s), {len(rows[0].jobs)} held-out jobs (second half"
+                  + (f", {len(seeds)} seeds" if len(seeds) > 1 else "") + "):")
             print(HEAD)
             for r in rows:
                 print(r.line())
                 every_row.setdefault(r.strategy, []).append(r)
                 by_size.setdefault((n, r.strategy), []).append(r)
                 in_scenario.setdefault(r.strategy, []).append(r)
-            judged(rows, "cells", f"{sc.name} at {n} node(s)")
+            judged(rows, "cells", f"{sc.name} at {n} node(s)", cells[n])
         rows = [merged(name, rs) for name, rs in in_scenario.items()]
         print(f"\n### {sc.name}: all sizes together, {len(rows[0].jobs)} held-out jobs\n{HEAD}")
         print("\n".join(r.line() for r in rows))
-        judged(rows, "scenarios", sc.name)
+        per_seed = [[merged(r.strategy, [cells[n][i][j] for n in sizes]) for j, r in enumerate(cells[sizes[0]][i])]
+                    for i in range(len(seeds))]  # fmt: skip
+        judged(rows, "scenarios", sc.name, per_seed)
 
     for n in SIZES:
         names = [name for (size, name) in by_size if size == n]
@@ -694,21 +728,55 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n## all scenarios, {n} node(s) (held out)\n{HEAD}")
             rows = [merged(name, by_size[n, name]) for name in names]
             print("\n".join(r.line() for r in rows))
-            judged(rows, "sizes", f"{n} node(s)")
+            judged(rows, "sizes", f"{n} node(s)", of_seeds(lambda size: size == n))
     print(f"\n## all scenarios and sizes together (held out)\n{HEAD}")
     rows = [merged(name, rs) for name, rs in every_row.items()]
     print("\n".join(r.line() for r in rows))
-    judged(rows, "all", "all together")
-    print("\n## Where each setting of ours is at or below every baseline (cost, jobs on time within budget), held out")
+    judged(rows, "all", "all together", of_seeds(lambda size: True))
+    print("\n## Where each setting of ours is at or below every baseline (cost, jobs on time within budget), held out"
+          + (f", the {len(seeds)} seeds' jobs pooled (seed by seed: each seed's jobs alone, places x seeds)"
+             if len(seeds) > 1 else ""))
     levels = {"cells": "per scenario and size", "scenarios": "per scenario, all sizes",
               "sizes": "per size, all scenarios", "all": "all jobs together"}  # fmt: skip
     for name, by_level in misses.items():
         for level, title in levels.items():
             missed = by_level.get(level, [])
             print(f"- {name}, {title}: {judged_at[level] - len(missed)} of {judged_at[level]}"
-                  + (f" (not: {'; '.join(missed)})" if missed else ""))
+                  + (f" (not: {'; '.join(missed)})" if missed else "")
+                  + (f"; seed by seed: {seed_met[name, level][0]} of {seed_met[name, level][1]}"
+                     if (name, level) in seed_met else ""))
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0
+
+
+def seed_list(text: str) -> list[int]:
+    """``A-B`` (both included) or ``A,B,...``: the seeds of a pooled run."""
+    try:
+        if "-" in text.strip("-"):
+            lo, hi = (int(x) for x in text.split("-"))
+            seeds = list(range(lo, hi + 1))
+        else:
+            seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be A-B or A,B,...: got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"seeds must name at least one seed, each once: got {text!r}")
+    return seeds
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}, pooled)"
+    return f"seeds {','.join(map(str, seeds))} ({len(seeds)}, pooled)"
+
+
+def seed_by_seed(by_seed: list[list[Row]], seeds: list[int], name: str) -> str:
+    """On how many of the seeds ``name`` was at or below every baseline on that seed's jobs alone."""
+    missed = [str(seed) for seed, rows in zip(seeds, by_seed) if not below_every(rows, name)]
+    return (f"{name}, seed by seed: at or below every baseline on {len(seeds) - len(missed)} of {len(seeds)} seeds"
+            + (f" (not: {', '.join(missed)})" if missed else ""))
 
 
 def _baselines(rows: list[Row]) -> list[Row]:

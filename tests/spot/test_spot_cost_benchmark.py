@@ -351,3 +351,44 @@ def test_the_policy_is_told_the_time_left_to_the_deadline_not_a_tick_less():
     out = sc.simulate(world, job, strict)
     assert out.finished and not out.stopped and out.time_s == 3600.0 + mech.startup_s <= job.deadline_s
     assert out.cost == (3600.0 + mech.startup_s) / 3600 * 4 * 1.0  # on spot all the way
+
+
+def _rows(table: str) -> dict[str, list[str]]:
+    return {line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")}
+
+
+def test_several_seeds_pool_their_held_out_jobs_and_count_the_seeds_each_setting_met_the_line_on(tmp_path):
+    _market(tmp_path)
+    single = {}
+    for seed in ("3", "4"):
+        done = _run(str(tmp_path), "--jobs", "12", "--tune-jobs", "6", "--seed", seed)
+        assert done.returncode == 0, done.stderr
+        single[seed] = done.stdout
+    done = _run(str(tmp_path), "--jobs", "12", "--tune-jobs", "6", "--seeds", "3-4")
+    assert done.returncode == 0, done.stderr
+    pooled = done.stdout
+    assert "seeds 3-4 (2, pooled)" in pooled
+    # each seed chose its own parameters, as its own run did
+    for seed, out in single.items():
+        for line in out.splitlines():
+            if ", chosen on the first half" in line:
+                assert line.replace("- ", f"- seed {seed}, ", 1) in pooled
+    # every count of a pooled table is the sum of the seeds' own tables, strategy by strategy
+    for size in ("1", "4", "16"):
+        def table(out: str) -> dict[str, list[str]]:
+            return _rows(out.split(f"\nsynthetic, {size} node(s), ")[1].split("\n\n")[0])
+
+        mine, parts = table(pooled), [table(out) for out in single.values()]
+        assert f"\nsynthetic, {size} node(s), 24 held-out jobs (second half, 2 seeds):" in pooled
+        for name, cells in mine.items():
+            if name == "strategy" or set(cells[2]) <= set("-:| "):
+                continue
+            for col in (5, 6, 8, 9, 10):  # on time, late, never started, kept, violations
+                assert int(cells[col]) == sum(int(p[name][col]) for p in parts), (size, name, col)
+        # the seed-by-seed count says on how many seeds the setting met the line on that seed's jobs alone
+        block = pooled.split(f"\nsynthetic, {size} node(s), ")[1].split("\n\n")[0]
+        for name in ("our policy", "our policy, on time or stop"):
+            met = [seed for seed, out in single.items()
+                   if not _verdict(out.split(f"\nsynthetic, {size} node(s), ")[1].split("\n\n")[0], name).startswith("NOT")]  # fmt: skip
+            assert f"{name}, seed by seed: at or below every baseline on {len(met)} of 2 seeds" in block, block
+    assert _run(str(tmp_path), "--seeds", "4-x").returncode == 2
