@@ -648,20 +648,22 @@ def main(argv: list[str] | None = None) -> int:
     by_size: dict[tuple[int, str], list[Row]] = {}
     judged_at: dict[str, int] = {}  # level -> how many verdicts
     misses: dict[str, dict[str, list[str]]] = {name: {} for name in OURS.values()}  # level -> where ours missed
-    runs: list[tuple[int, int, list[Row]]] = []  # (seed, size, rows) of every scenario
+    runs: list[tuple[int, str, int, list[Row]]] = []  # (seed, scenario, size, rows) of every run
     seed_met: dict[tuple[str, str], list[int]] = {}  # (ours, level) -> [seeds x places met, seeds x places]
-
-    def of_seeds(keep) -> list[list[Row]]:
-        """Per seed, the rows of the runs ``keep(size)`` accepts, merged per strategy."""
-        out = []
-        for seed in seeds:
-            mine = [rows for s_, n, rows in runs if s_ == seed and keep(n)]
-            out.append([merged(r.strategy, [rows[j] for rows in mine]) for j, r in enumerate(mine[0])])
-        return out
 
     def merged(name: str, rows: list[Row]) -> Row:
         return Row(name, [j for r in rows for j in r.jobs], [o for r in rows for o in r.outcomes],
                    sum(r.od_cost for r in rows), mech)  # fmt: skip
+
+    def pooled(runs_rows: list[list[Row]]) -> list[Row]:
+        """Runs of the same strategies, in the same order, merged strategy by strategy."""
+        return [merged(r.strategy, [rows[j] for rows in runs_rows]) for j, r in enumerate(runs_rows[0])]
+
+    def of_seeds(keep) -> list[list[Row]]:
+        """Per seed, its runs that ``keep(scenario, size)`` accepts, pooled (none for a single seed)."""
+        if len(seeds) == 1:
+            return []
+        return [pooled([rows for s_, name, n, rows in runs if s_ == seed and keep(name, n)]) for seed in seeds]
 
     def judged(rows: list[Row], level: str, where: str, by_seed: list[list[Row]] | None = None) -> None:
         print("\n".join(verdict(rows, name) for name in OURS.values()))
@@ -702,10 +704,10 @@ def main(argv: list[str] | None = None) -> int:
                 ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
                 jobs = make_jobs(sc.markets, args.jobs, n, 1, seed, mech)
                 cells[n].append(run_size(worlds, jobs, [*ours, Naive(True), Naive(False), UniformProgress()], mech))
-                runs.append((seed, n, cells[n][-1]))
+                runs.append((seed, sc.name, n, cells[n][-1]))
         in_scenario: dict[str, list[Row]] = {}
         for n in sizes:
-            rows = [merged(r.strategy, [rs[i] for rs in cells[n]]) for i, r in enumerate(cells[n][0])]
+            rows = pooled(cells[n])
             print(f"\n{sc.name}, {n} node(s), {len(rows[0].jobs)} held-out jobs (second half"
                   + (f", {len(seeds)} seeds" if len(seeds) > 1 else "") + "):")
             print(HEAD)
@@ -718,9 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [merged(name, rs) for name, rs in in_scenario.items()]
         print(f"\n### {sc.name}: all sizes together, {len(rows[0].jobs)} held-out jobs\n{HEAD}")
         print("\n".join(r.line() for r in rows))
-        per_seed = [[merged(r.strategy, [cells[n][i][j] for n in sizes]) for j, r in enumerate(cells[sizes[0]][i])]
-                    for i in range(len(seeds))]  # fmt: skip
-        judged(rows, "scenarios", sc.name, per_seed)
+        judged(rows, "scenarios", sc.name, of_seeds(lambda name, size: name == sc.name))
 
     for n in SIZES:
         names = [name for (size, name) in by_size if size == n]
@@ -728,11 +728,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n## all scenarios, {n} node(s) (held out)\n{HEAD}")
             rows = [merged(name, by_size[n, name]) for name in names]
             print("\n".join(r.line() for r in rows))
-            judged(rows, "sizes", f"{n} node(s)", of_seeds(lambda size: size == n))
+            judged(rows, "sizes", f"{n} node(s)", of_seeds(lambda name, size: size == n))
     print(f"\n## all scenarios and sizes together (held out)\n{HEAD}")
     rows = [merged(name, rs) for name, rs in every_row.items()]
     print("\n".join(r.line() for r in rows))
-    judged(rows, "all", "all together", of_seeds(lambda size: True))
+    judged(rows, "all", "all together", of_seeds(lambda name, size: True))
     print("\n## Where each setting of ours is at or below every baseline (cost, jobs on time within budget), held out"
           + (f", the {len(seeds)} seeds' jobs pooled (seed by seed: each seed's jobs alone, places x seeds)"
              if len(seeds) > 1 else ""))
