@@ -27,14 +27,13 @@ from trainer.fields import check, coerce, field_types, flatten, meta, setting, w
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import KubernetesSpec
+from airflow_dtrain.trust import BACKENDS, Limits, within_roots
 
 __all__ = [
-    "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Resources", "SpecError", "TRAIN_ARGUMENTS",
-    "parse_entrypoint",
+    "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Limits", "Resources", "SpecError", "TRAIN_ARGUMENTS",
+    "parse_entrypoint", "within_roots",
 ]  # fmt: skip
 
-BACKENDS = ("local", "kubernetes")
-"""Backends this version can launch."""
 GROUP = "Group"
 """Trigger-form section of the group's shape."""
 KUBERNETES = "Kubernetes"
@@ -205,6 +204,12 @@ class JobSpec:
         help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from its "
         "last checkpoint; counted apart from max_preemptions.",
     )  # fmt: skip
+    max_runtime_s: int | None = setting(
+        None, ge=1, arg="max_runtime_s",
+        help="Longest one group may run, with or without a budget (on Kubernetes the Job's activeDeadlineSeconds, "
+        "locally the supervisor's deadline; the earlier of this and the budget's). Empty: the limits' "
+        "max_runtime_s (the platform's default: a day).",
+    )  # fmt: skip
     kubernetes: KubernetesSpec = setting(
         factory=KubernetesSpec, cli=False,
         help="Pods of the kubernetes backend: image, namespace, volumes, secret_env, kueue_queue, ... "
@@ -313,6 +318,7 @@ class JobSpec:
             "resources": self.resources.to_dict(),
             "max_preemptions": self.max_preemptions,
             "max_failures": self.max_failures,
+            "max_runtime_s": self.max_runtime_s,
             "kubernetes": self.kubernetes.to_dict(),
             "entrypoint": list(self.entrypoint),
             "zone": self.zone,
@@ -327,7 +333,7 @@ class JobSpec:
         kubernetes, capacity = _kubernetes_and_capacity(data.pop("kubernetes", None), data.pop("capacity", None))
         entrypoint = data.pop("entrypoint", None)
         unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
-                                      "max_failures", "price_per_node_hour", "price_ceiling_per_node_hour",
+                                      "max_failures", "max_runtime_s", "price_per_node_hour", "price_ceiling_per_node_hour",
                                       "budget_usd", "zone", "instance_type"})  # fmt: skip
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
@@ -396,84 +402,8 @@ class JobSpec:
                    entrypoint=entrypoint, **group)  # fmt: skip
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobLimits:
-    """What the DAG author allows a run to ask for (operator arguments, never templated): a trigger
-    form or ``dag_run.conf`` can choose within these bounds, never widen them."""
-
-    max_nodes: int | None = setting(None, ge=1, help="Most nodes a group may have.")
-    max_procs_per_node: int | None = setting(None, ge=1, help="Most processes (GPUs) per node.")
-    max_steps: int | None = setting(None, ge=1, help="Most optimizer steps a job may train.")
-    backends: tuple[str, ...] | None = setting(None, help="Backends a run may choose (default: any).")
-    storage_roots: tuple[str, ...] | None = setting(
-        None, help="Where a run's checkpoint_uri, dataset and init_from may point: directories or s3:// prefixes "
-        "(default: anywhere). A trigger form can then not read or write other places of the worker or the bucket.",
-    )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        _checked(check, self, "limits")
-        if self.storage_roots is not None:
-            object.__setattr__(self, "storage_roots", tuple(self.storage_roots))
-            for root in self.storage_roots:
-                if not isinstance(root, str) or not (root.startswith(("/", "s3://", "file://"))):
-                    raise SpecError(f"limits.storage_roots: expected absolute paths or s3:// prefixes, got {root!r}")
-        if self.backends is not None:
-            object.__setattr__(self, "backends", tuple(self.backends))
-            for backend in self.backends:
-                if backend not in BACKENDS:
-                    raise SpecError(f"limits.backends: unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-
-    @classmethod
-    def from_value(cls, value: Any) -> JobLimits:
-        if value is None or isinstance(value, JobLimits):
-            return value or cls()
-        if not isinstance(value, dict):
-            raise SpecError(f"limits: expected a mapping, got {value!r}")
-        unknown = sorted(set(value) - set(field_types(cls)))
-        if unknown:
-            raise SpecError(f"limits: unknown key {unknown[0]!r} (allowed: {', '.join(field_types(cls))})")
-        return cls(**value)
-
-    def check(self, spec: JobSpec) -> None:
-        """Raise SpecError naming the field, the value and the limit it passes."""
-        for name, value, limit_name in (
-            ("num_nodes", spec.num_nodes, "max_nodes"),
-            ("procs_per_node", spec.procs_per_node, "max_procs_per_node"),
-            ("steps", spec.train.steps, "max_steps"),
-        ):
-            limit = getattr(self, limit_name)
-            if limit is not None and value > limit:
-                raise SpecError(f"{name}: {value} is above this DAG's limit of {limit} (limits.{limit_name})")
-        if self.storage_roots is not None:
-            train = spec.train
-            for name, uri in (("checkpoint_uri", train.checkpoint.uri), ("dataset", train.data.dataset),
-                              ("init_from", train.model.init_from)):  # fmt: skip
-                if uri and uri != "builtin" and not within_roots(uri, self.storage_roots):
-                    raise SpecError(f"{name}: {uri!r} is outside the places this DAG allows "
-                                    f"(limits.storage_roots: {', '.join(self.storage_roots)})")
-        if self.backends is not None and spec.backend not in self.backends:
-            raise SpecError(f"backend: {spec.backend!r} is not allowed here (limits.backends: {', '.join(self.backends)})")
-
-
-def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
-    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first (``..``,
-    symbolic links), so it cannot climb out."""
-    def local(u: str) -> str | None:
-        if u.startswith("file://"):
-            u = u[len("file://"):]
-        return os.path.realpath(u) if "://" not in u else None
-
-    path = local(uri)
-    for root in roots:
-        base = local(root)
-        if path is not None and base is not None:
-            if path == base or path.startswith(base.rstrip("/") + "/"):
-                return True
-        elif path is None and base is None:
-            prefix = root.rstrip("/") + "/"
-            if (uri.rstrip("/") + "/").startswith(prefix) and ".." not in uri.split("/"):
-                return True
-    return False
+JobLimits = Limits
+"""The older name of ``airflow_dtrain.trust.Limits``."""
 
 
 def _kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec, Any]:

@@ -25,6 +25,10 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflo
 # and OpenMP threads beyond the cores spin; torch runs several times slower, and the local launcher gives every
 # group's processes this value instead of a share of all the cores (airflow_dtrain/launchers/local.py).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The platform's storage roots of the test session: the temporary directory (every test's tmp_path) and every moto
+# bucket. A deployment names its own (the default is $AIRFLOW_HOME/dtrain alone); tests/unit/test_trust.py sets
+# narrower ones where refusals are what it checks.
+os.environ.setdefault("AIRFLOW__DTRAIN__STORAGE_ROOTS", f"{os.path.realpath(tempfile.gettempdir())},s3://")
 # One copy of the built-in corpus for the whole session.
 os.environ.setdefault("DTRAIN_DATA_DIR", str(_HOME / "data"))
 

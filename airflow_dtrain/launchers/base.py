@@ -39,14 +39,25 @@ def budget_deadline(spec: JobSpec, spent_usd: float = 0.0) -> dict[str, Any] | N
     Kubernetes the kubelet allows the pods 15 s more than the grace period (``termination_grace_period_s``):
     within the budget while ``cost.stop_margin_s`` is at least that (default 30).
 
+    The job's ``max_runtime_s`` (the limits' ceiling, set even without a budget) bounds it too: the earlier of the
+    two wins, and the result then says so (``"by": "max_runtime_s"``), with ``budget_usd`` None when there is none.
+
     :param spent_usd: what the job has spent before this group (its spend ledger).
     """
-    if not spec.budget_usd or spec.price_per_node_hour <= 0:
-        return None
-    return _deadline(
-        budget_usd=spec.budget_usd, spent_usd=spent_usd, nodes=spec.num_nodes, price=spec.price_per_node_hour,
-        grace=math.ceil(spec.train.checkpoint.grace_period_s), margin=math.ceil(spec.train.cost.stop_margin_s),
-    )  # fmt: skip
+    grace, margin = math.ceil(spec.train.checkpoint.grace_period_s), math.ceil(spec.train.cost.stop_margin_s)
+    by_budget = None
+    if spec.budget_usd and spec.price_per_node_hour > 0:
+        by_budget = _deadline(budget_usd=spec.budget_usd, spent_usd=spent_usd, nodes=spec.num_nodes,
+                              price=spec.price_per_node_hour, grace=grace, margin=margin)  # fmt: skip
+    runtime = getattr(spec, "max_runtime_s", None)
+    if runtime is None or (by_budget is not None and by_budget["seconds"] <= runtime):
+        return by_budget
+    return {
+        **(by_budget or {"budget_usd": None, "spent_usd": round(spent_usd, 6), "nodes": spec.num_nodes,
+                         "usd_per_hour": spec.price_per_node_hour * spec.num_nodes, "grace_s": grace,
+                         "margin_s": margin, "save": "within"}),
+        "seconds": int(runtime), "by": "max_runtime_s",
+    }  # fmt: skip
 
 
 def _deadline(*, budget_usd: float, spent_usd: float, nodes: int, price: float, grace: int, margin: int,
@@ -66,13 +77,20 @@ def repriced_deadline(deadline: dict[str, Any], *, spent_usd: float, price: floa
     now: ``spent_usd`` (every attempt, this group's seconds so far at the prices in effect) leaves money that
     buys fewer seconds at ``price`` than at the launch price when the price has risen. The result says what
     it was derived from (``repriced``), for the deadline's words and the Job's annotation."""
+    if not deadline.get("budget_usd"):
+        return deadline  # bound by max_runtime_s alone: no price moves it
     new = _deadline(budget_usd=deadline["budget_usd"], spent_usd=spent_usd, nodes=int(deadline["nodes"]), price=price,
                     grace=deadline["grace_s"], margin=deadline["margin_s"], elapsed_s=elapsed_s)  # fmt: skip
+    if deadline.get("by") == "max_runtime_s" and new["seconds"] >= deadline["seconds"]:
+        return deadline  # the runtime ceiling is still the earlier
     return {**new, "repriced": {"elapsed_s": round(elapsed_s, 3)}}
 
 
 def deadline_words(deadline: dict[str, Any], name: str) -> str:
     """``budget_deadline``'s result for a person: ``name=seconds`` and how the money left gave it."""
+    if deadline.get("by") == "max_runtime_s":
+        return (f"{name}={deadline['seconds']} (the job's max_runtime_s ceiling"
+                + (", before its budget's" if deadline.get("budget_usd") else ", no budget") + ")")
     left = max(0.0, deadline["budget_usd"] - deadline["spent_usd"])
     save = f"less {deadline['grace_s']}s for a final save and {deadline.get('margin_s', 0)}s to exit"
     repriced = deadline.get("repriced")

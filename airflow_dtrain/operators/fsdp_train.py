@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -13,9 +14,10 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
 from airflow_dtrain.links import TrainingDashboardLink, TrainingReportLink
 from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobLimits, JobSpec, SpecError, group_base_name, kubernetes_for_run
+from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobSpec, SpecError, group_base_name, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
+from airflow_dtrain.trust import Limits, check_job_dir, limits_for, owner_of
 from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.statsd import format_tags, parse_tags
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
 _TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
 _GROUP_ARGUMENTS = (
     "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "price_ceiling_per_node_hour",
-    "budget_usd", "zone", "instance_type", "node_resources", "max_preemptions", "max_failures", "config",
-    "kubernetes", "kubernetes_overrides",
+    "budget_usd", "zone", "instance_type", "node_resources", "max_preemptions", "max_failures", "max_runtime_s",
+    "config", "kubernetes", "kubernetes_overrides",
 )  # fmt: skip
 
 
@@ -111,8 +113,12 @@ class FSDPTrainOperator(BaseOperator):
     :param kubernetes_overrides: what a run chooses of the pods (the trigger form's ``kubernetes``):
         only ``image`` (one of ``kubernetes.allowed_images``) and ``namespace`` (one of
         ``kubernetes.allowed_namespaces``); any other key is refused naming it. (templated)
+    :param max_runtime_s: the longest one group may run, with or without a budget (the Job's
+        activeDeadlineSeconds, the local supervisor's deadline). Default: the limits' ``max_runtime_s``. (templated)
     :param limits: what a run may ask for, set by the DAG author (not templated, so a trigger form
-        cannot widen it): ``{"max_nodes", "max_procs_per_node", "max_steps", "backends"}``.
+        cannot widen it), within the platform admin's ``[dtrain] limits`` (``airflow_dtrain.trust.Limits``):
+        ``{"max_nodes", "max_procs_per_node", "max_steps", "max_tokens_per_micro_batch", "max_price_per_node_hour",
+        "max_runtime_s", "backends", "storage_roots"}``.
     :param entrypoint: run your own training program instead of the bundled trainer, under the same group,
         relaunches and spend ledger: ``["/opt/train.py", "--lr", "3e-4"]`` or ``["-m", "my_pkg.train", ...]``.
         It gets the job's settings as DTRAIN_* environment variables and keeps the contract of
@@ -169,9 +175,10 @@ class FSDPTrainOperator(BaseOperator):
         node_resources: dict[str, Any] | None = None,
         max_preemptions: int = 3,
         max_failures: int | None = None,
+        max_runtime_s: int | None = None,
         kubernetes: dict[str, Any] | None = None,
         kubernetes_overrides: dict[str, Any] | None = None,
-        limits: dict[str, Any] | JobLimits | None = None,
+        limits: dict[str, Any] | Limits | None = None,
         entrypoint: Sequence[str] | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         aws_conn_id: str | None = "aws_default",
@@ -214,10 +221,11 @@ class FSDPTrainOperator(BaseOperator):
         self.node_resources = node_resources
         self.max_preemptions = max_preemptions
         self.max_failures = max_failures
+        self.max_runtime_s = max_runtime_s
         check_author_template(f"{type(self).__name__}(task_id={self.task_id!r}): kubernetes", kubernetes)
         self.kubernetes = kubernetes
         self.kubernetes_overrides = kubernetes_overrides
-        self.limits = JobLimits.from_value(limits)
+        self.limits = Limits.from_value(limits)  # the author's; job_spec() narrows the admin's by them
         self.entrypoint = entrypoint
         self.kubernetes_conn_id = kubernetes_conn_id
         self.aws_conn_id = aws_conn_id
@@ -254,7 +262,10 @@ class FSDPTrainOperator(BaseOperator):
             arguments["config"] = _with_statsd_defaults(arguments.get("config"), tags)
         try:
             spec = JobSpec.from_arguments(**arguments, entrypoint=self.entrypoint)
-            self.limits.check(spec)
+            limits = limits_for(self.limits)
+            if spec.max_runtime_s is None and limits.max_runtime_s is not None:
+                spec = dataclasses.replace(spec, max_runtime_s=limits.max_runtime_s)
+            limits.check(spec)
             if not skip_templates and spec.backend == "local" and spec.own_program:
                 _check_local_program(spec.entrypoint)
             return spec
@@ -288,12 +299,24 @@ class FSDPTrainOperator(BaseOperator):
         # what tells this task instance's series from every other's, on both sides of statsd
         self._statsd_tags = format_tags(metrics.task_tags(context, job=self.job or self._base))
         spec = self.job_spec()
+        self._check_ownership(context, spec)  # before the session writes a lease or a spend file there
         launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
         self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed,
                                      spot_prices=self._spot_prices(spec))
         for link in self.operator_extra_links:  # while it trains; Airflow writes them again when it ends
             ti.xcom_push(key=link.xcom_key, value=link.get_link(self, ti_key=ti))
         return self._session
+
+    def _check_ownership(self, context: Context, spec: JobSpec) -> None:
+        """Refuse a checkpoint directory (or a ledger) of another owner or another job; claim a new one."""
+        owner, job = owner_of(context), self.job if self.job is not None else self._base
+        train = spec.train
+        try:
+            check_job_dir(train.checkpoint.uri, owner=owner, job=job)
+            if train.cost.ledger_uri and train.cost.ledger_uri.rstrip("/") != train.checkpoint.uri.rstrip("/"):
+                check_job_dir(train.cost.ledger_uri, owner=owner, job=None, what="cost.ledger_uri")
+        except SpecError as err:
+            raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
 
     def _spot_prices(self, spec: JobSpec) -> SpotPriceFeed | None:
         """Where the session reads a spot group's prices in effect (None: nowhere to read them)."""

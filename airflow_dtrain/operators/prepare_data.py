@@ -86,13 +86,16 @@ class PrepareDataOperator(BaseOperator):
         dataset = str(self.dataset or BUILTIN).strip()
         tokenizer_spec = str(self.tokenizer or "").strip()
         text_field = str(self.text_field or "text")
-        if self.allowed_roots is not None:
-            from airflow_dtrain.spec import within_roots
+        from airflow_dtrain.errors import SpecError
+        from airflow_dtrain.trust import limits_for
 
-            for name, value in (("dataset", dataset), ("tokenizer", tokenizer_spec)):
-                if value and value != BUILTIN and not within_roots(value, self.allowed_roots):
-                    raise DataError(f"{name}: {value!r} is outside the places this DAG allows "
-                                    f"(allowed_roots: {', '.join(self.allowed_roots)})")
+        # the platform's storage roots, narrowed by this DAG's (allowed_roots): where a run may read and write
+        limits = limits_for(None if self.allowed_roots is None else {"storage_roots": self.allowed_roots})
+        for name, value in (("dataset", dataset), ("tokenizer", tokenizer_spec)):
+            try:
+                limits.check_uri(name, value)
+            except SpecError as err:
+                raise DataError(str(err)) from None
         if dataset == BUILTIN and not tokenizer_spec:
             self.log.info("dataset: the built-in demo corpus, byte-level (the trainer builds it)")
             return BUILTIN

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shlex
 
@@ -40,8 +41,11 @@ def test_the_readme_has_python_examples():
 
 
 @pytest.mark.parametrize(("line", "code"), PYTHON, ids=[f"README.md:{line}" for line, _ in PYTHON])
-def test_every_python_example_builds(line, code):
+def test_every_python_example_builds(line, code, monkeypatch):
     from airflow.sdk import DAG
+
+    # the examples' checkpoints live on the PVC /mnt/ckpt: a deployment's [dtrain] storage_roots names it
+    monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", os.environ["AIRFLOW__DTRAIN__STORAGE_ROOTS"] + ",/mnt/ckpt")
 
     namespace: dict = {}
     # The examples build tasks as they would inside `with DAG(...)`; earlier blocks' imports carry over.

@@ -79,7 +79,7 @@ def test_group_names_are_deterministic_dns_safe_and_distinct():
 
 
 def test_the_dag_authors_limits_bound_what_a_rendered_trigger_value_may_ask(tmp_path, airflow_home):
-    with pytest.raises(SpecError, match=r"num_nodes: 16 is above this DAG's limit of 8 \(limits.max_nodes\)"):
+    with pytest.raises(SpecError, match=r"num_nodes: 16 is above the limit of 8 \(limits.max_nodes\)"):
         FSDPTrainOperator(task_id="train", num_nodes=16, global_batch_size=16, micro_batch_size=1,
                           limits={"max_nodes": 8}, local_state_dir=str(tmp_path))
     op = FSDPTrainOperator(task_id="train", num_nodes="{{ params.num_nodes }}", limits={"max_nodes": 2, "backends": ["local"]},

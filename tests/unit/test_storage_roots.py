@@ -31,7 +31,7 @@ def test_the_train_task_refuses_a_trigger_pointing_outside(tmp_path):
     for argument, value in (("checkpoint_uri", "/var/lib/other-team/ckpt"), ("dataset", "/etc"),
                             ("init_from", "s3://someone-elses-bucket/llama")):  # fmt: skip
         spec = JobSpec.from_arguments(**{"checkpoint_uri": str(tmp_path / "ckpt"), argument: value})
-        with pytest.raises(SpecError, match=rf"^{argument}: '{value}' is outside the places this DAG allows"):
+        with pytest.raises(SpecError, match=rf"^{argument}: '{value}' is outside the storage roots"):
             limits.check(spec)
     with pytest.raises(SpecError, match=r"limits.storage_roots: expected absolute paths or s3:// prefixes, got 'data'"):
         JobLimits(storage_roots=("data",))
@@ -40,7 +40,7 @@ def test_the_train_task_refuses_a_trigger_pointing_outside(tmp_path):
 def test_prepare_data_refuses_to_read_outside(tmp_path):
     op = PrepareDataOperator(task_id="prepare_data", dataset="/etc/hostname", tokenizer="",
                              output_root=str(tmp_path / "out"), allowed_roots=[str(tmp_path)])  # fmt: skip
-    with pytest.raises(DataError, match=r"^dataset: '/etc/hostname' is outside the places this DAG allows"):
+    with pytest.raises(DataError, match=r"^dataset: '/etc/hostname' is outside the storage roots"):
         op.execute({})
     assert not (tmp_path / "out").exists()  # nothing read, nothing written
     builtin = PrepareDataOperator(task_id="p", dataset="builtin", tokenizer="", allowed_roots=[str(tmp_path)])

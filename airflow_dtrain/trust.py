@@ -1,0 +1,336 @@
+"""Who may choose what, and the one place that enforces it.
+
+Three parties, each trusted less than the next:
+
+* whoever can press **Trigger** fills the trigger form (``dag_run.conf``): a job's name, its size, its data,
+  where its checkpoints go, prices on the local backend;
+* the **DAG author** writes the DAG file: the operators' arguments, and ``limits=`` that narrow what a run may
+  ask for (``Limits``), never widened by a run;
+* the **platform admin** sets the ``[dtrain]`` options of the Airflow deployment: the limits every DAG lives
+  within (``[dtrain] limits``, ``storage_roots``), who owns which jobs (``[dtrain] owners``), the SQS queues a
+  DAG may read (``[dtrain] interruption_queues``) and the Kubernetes policy (the connection's ``dtrain_policy``).
+
+What one job shares with another is the worker, the cluster and the storage roots; what belongs to a job --
+its checkpoint directory, spend ledger, leases and registry entries -- belongs to its **owner** (``owner_of``:
+a team the admin maps from the DAG or the triggering user), recorded in the directory's ``owner.json`` and in
+every manifest. ``check_job_dir`` refuses another owner's or another job's directory before anything is
+written there. Every operator of this package goes through ``limits_for`` and ``check_job_dir``: the bundled
+DAGs and a user's own DAG alike.
+
+Cheap at parse time: dataclasses and the stdlib; Airflow's ``conf`` and fsspec are imported where used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.fields import check, field_types, setting
+
+from airflow_dtrain.errors import SpecError
+
+__all__ = [
+    "ADMIN_DEFAULTS", "Limits", "OWNER_FILE", "OwnershipError", "admin_limits", "check_job_dir", "limits_for",
+    "owner_of", "run_key", "within_roots",
+]  # fmt: skip
+
+BACKENDS = ("local", "kubernetes")
+"""Backends this version can launch."""
+OWNER_FILE = "owner.json"
+"""At the root of a job's directory (checkpoints, ledger, registry entry): ``{"owner", "job"}``."""
+_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """What a run may ask for. The admin's (``[dtrain] limits`` and ``storage_roots``) bound every DAG; a DAG
+    author's (``FSDPTrainOperator(limits=...)``) narrow them; a trigger chooses within both (``limits_for``)."""
+
+    max_nodes: int | None = setting(None, ge=1, help="Most nodes a group may have.")
+    max_procs_per_node: int | None = setting(None, ge=1, help="Most processes (GPUs) per node.")
+    max_steps: int | None = setting(None, ge=1, help="Most optimizer steps a job may train.")
+    max_tokens_per_micro_batch: int | None = setting(
+        None, ge=1, help="Most tokens per micro-batch and process (seq_len x micro_batch_size): what bounds a "
+        "process's activation memory.",
+    )  # fmt: skip
+    max_sweep_members: int | None = setting(None, ge=1, help="Most trainings one sweep may start.")
+    max_price_per_node_hour: float | None = setting(
+        None, gt=0, help="Highest price per node-hour a run may set or accept (local prices, max spot price).",
+    )  # fmt: skip
+    max_runtime_s: int | None = setting(
+        None, ge=1, help="Longest a group may run, with or without a budget: the Job's activeDeadlineSeconds "
+        "and the local supervisor's deadline (the earlier of this and the budget's).",
+    )  # fmt: skip
+    backends: tuple[str, ...] | None = setting(None, help="Backends a run may choose (default: any).")
+    storage_roots: tuple[str, ...] | None = setting(
+        None, help="Where checkpoint_uri, dataset, init_from, the ledger and the registry may point: directories "
+        "or s3:// prefixes. The admin's default: the local backend's directory ($AIRFLOW_HOME/dtrain).",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        try:
+            check(self, "limits")
+        except ValueError as err:
+            raise SpecError(str(err)) from None
+        if self.storage_roots is not None:
+            if isinstance(self.storage_roots, str):
+                raise SpecError(f"limits.storage_roots: expected a list of roots, got {self.storage_roots!r}")
+            object.__setattr__(self, "storage_roots", tuple(self.storage_roots))
+            for root in self.storage_roots:
+                if not isinstance(root, str) or not root.startswith(("/", "s3://", "file://")):
+                    raise SpecError(f"limits.storage_roots: expected absolute paths or s3:// prefixes, got {root!r}")
+        if self.backends is not None:
+            object.__setattr__(self, "backends", tuple(self.backends))
+            for backend in self.backends:
+                if backend not in BACKENDS:
+                    raise SpecError(f"limits.backends: unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+
+    @classmethod
+    def from_value(cls, value: Any) -> Limits:
+        if value is None or isinstance(value, Limits):
+            return value or cls()
+        if not isinstance(value, dict):
+            raise SpecError(f"limits: expected a mapping, got {value!r}")
+        unknown = sorted(set(value) - set(field_types(cls)))
+        if unknown:
+            raise SpecError(f"limits: unknown key {unknown[0]!r} (allowed: {', '.join(field_types(cls))})")
+        return cls(**value)
+
+    def narrowed(self, author: Limits) -> Limits:
+        """These (the admin's) limits narrowed by a DAG author's: the lower maximum of each, the backends both
+        allow, and the author's roots, each of which must lie under one of these (an author cannot widen them)."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(author, f.name)
+            if f.name == "backends":
+                values[f.name] = theirs if mine is None else mine if theirs is None else \
+                    tuple(b for b in theirs if b in mine)  # fmt: skip
+            elif f.name == "storage_roots":
+                if theirs is not None and mine is not None:
+                    for root in theirs:
+                        if not within_roots(root, mine):
+                            raise SpecError(f"limits.storage_roots: {root!r} is outside the platform's storage roots "
+                                            f"([dtrain] storage_roots: {', '.join(mine)})")  # fmt: skip
+                values[f.name] = theirs if theirs is not None else mine
+            else:
+                values[f.name] = mine if theirs is None else theirs if mine is None else min(mine, theirs)
+        return Limits(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self)}  # fmt: skip
+
+    # -- checks: each raises SpecError naming the field, the value and the limit -------------------
+    def _above(self, name: str, value: float, limit_name: str) -> None:
+        limit = getattr(self, limit_name)
+        if limit is not None and value is not None and value > limit:
+            raise SpecError(f"{name}: {value:g} is above the limit of {limit:g} (limits.{limit_name})")
+
+    def check_price(self, name: str, value: Any) -> None:
+        """A price a run set (a trigger-form price, a max spot price): at most ``max_price_per_node_hour``."""
+        if value not in (None, "", "None"):
+            self._above(name, float(value), "max_price_per_node_hour")
+
+    def check_sweep(self, members: int) -> None:
+        self._above("learning_rates", members, "max_sweep_members")
+
+    def check_uri(self, name: str, uri: str | None) -> None:
+        """``uri`` (a path, file:// or s3://) lies under ``storage_roots``."""
+        if self.storage_roots is not None and uri and uri != "builtin" and not within_roots(uri, self.storage_roots):
+            raise SpecError(f"{name}: {uri!r} is outside the storage roots "
+                            f"(limits.storage_roots: {', '.join(self.storage_roots)})")  # fmt: skip
+
+    def check(self, spec: Any) -> None:
+        """Every limit on a ``JobSpec``."""
+        train = spec.train
+        for name, value, limit_name in (
+            ("num_nodes", spec.num_nodes, "max_nodes"),
+            ("procs_per_node", spec.procs_per_node, "max_procs_per_node"),
+            ("steps", train.steps, "max_steps"),
+            ("price_per_node_hour", spec.price_per_node_hour, "max_price_per_node_hour"),
+            ("price_ceiling_per_node_hour", spec.price_ceiling_per_node_hour, "max_price_per_node_hour"),
+            ("max_runtime_s", spec.max_runtime_s, "max_runtime_s"),
+        ):
+            self._above(name, value, limit_name)
+        tokens = train.data.seq_len * train.micro_batch_size
+        limit = self.max_tokens_per_micro_batch
+        if limit is not None and tokens > limit:
+            raise SpecError(f"seq_len x micro_batch_size: {train.data.seq_len} x {train.micro_batch_size} = {tokens} "
+                            f"tokens is above the limit of {limit} (limits.max_tokens_per_micro_batch)")  # fmt: skip
+        for name, uri in (("checkpoint_uri", train.checkpoint.uri), ("dataset", train.data.dataset),
+                          ("init_from", train.model.init_from), ("cost.ledger_uri", train.cost.ledger_uri)):  # fmt: skip
+            self.check_uri(name, uri)
+        if self.backends is not None and spec.backend not in self.backends:
+            raise SpecError(f"backend: {spec.backend!r} is not allowed here (limits.backends: {', '.join(self.backends)})")
+
+    def form_maxima(self) -> dict[str, dict[str, Any]]:
+        """The trigger form's bounds from these limits (``trigger_params(schemas=...)``): the form shows them."""
+        out: dict[str, dict[str, Any]] = {}
+        for arg, name in (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_node"),
+                          ("steps", "max_steps"), ("max_price", "max_price_per_node_hour"),
+                          ("local_spot_price", "max_price_per_node_hour"),
+                          ("local_on_demand_price", "max_price_per_node_hour"),
+                          ("price_per_hour", "max_price_per_node_hour")):  # fmt: skip
+            if getattr(self, name) is not None:
+                out[arg] = {"maximum": getattr(self, name)}
+        if self.max_sweep_members is not None:
+            out["learning_rates"] = {"maxItems": self.max_sweep_members}
+        return out
+
+
+ADMIN_DEFAULTS = Limits(max_tokens_per_micro_batch=1 << 18, max_price_per_node_hour=500.0, max_runtime_s=86_400)
+"""What bounds every DAG when ``[dtrain] limits`` leaves a field out: 262,144 tokens per micro-batch (32 x 8,192),
+$500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain] limits`` removes one."""
+
+WHO_SETS_WHAT: dict[str, str] = {
+    "max_nodes": "admin, narrowed by the author",
+    "max_procs_per_node": "admin, narrowed by the author",
+    "max_steps": "admin, narrowed by the author",
+    "max_tokens_per_micro_batch": "admin (default 262144), narrowed by the author",
+    "max_sweep_members": "admin, narrowed by the author",
+    "max_price_per_node_hour": "admin (default 500), narrowed by the author",
+    "max_runtime_s": "admin (default 86400), narrowed by the author",
+    "backends": "admin, narrowed by the author",
+    "storage_roots": "admin (default: $AIRFLOW_HOME/dtrain), narrowed by the author",
+}
+"""The README's "who sets what" rows of the limits (tests/unit/test_trust.py compares the two)."""
+
+
+def local_root() -> str:
+    """The local backend's own directory: checkpoints, data, registry and groups of the bundled DAGs."""
+    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    return os.path.join(home, "dtrain")
+
+
+def admin_limits() -> Limits:
+    """The platform admin's limits: ``[dtrain] limits`` (JSON of ``Limits`` fields; absent fields take
+    ``ADMIN_DEFAULTS``) and ``[dtrain] storage_roots`` (comma-separated), always with the local backend's own
+    directory among the roots. A bad value raises naming the option."""
+    from airflow.sdk import conf
+
+    raw = (conf.get("dtrain", "limits", fallback="") or "").strip()
+    try:
+        configured = json.loads(raw) if raw else {}
+    except ValueError as err:
+        raise SpecError(f"[dtrain] limits: not JSON ({err}), got {raw!r}") from None
+    if not isinstance(configured, dict):
+        raise SpecError(f"[dtrain] limits: expected a JSON object, got {raw!r}")
+    values = {**ADMIN_DEFAULTS.to_dict(), **configured}
+    roots = [r.strip() for r in (conf.get("dtrain", "storage_roots", fallback="") or "").split(",") if r.strip()]
+    state = conf.get("dtrain", "local_state_dir", fallback="") or ""
+    values["storage_roots"] = [local_root(), *([os.path.dirname(state.rstrip("/"))] if state else []),
+                               *(values.get("storage_roots") or []), *roots]  # fmt: skip
+    try:
+        return Limits.from_value(values)
+    except SpecError as err:
+        raise SpecError(f"[dtrain] limits: {err}") from None
+
+
+def limits_for(author: Any = None) -> Limits:
+    """The limits a DAG's runs live within: the admin's narrowed by the author's (``Limits`` or a mapping)."""
+    return admin_limits().narrowed(Limits.from_value(author))
+
+
+def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
+    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first (``..``,
+    symbolic links), so it cannot climb out. The root ``s3://`` alone allows every bucket."""
+    def local(u: str) -> str | None:
+        if u.startswith("file://"):
+            u = u[len("file://"):]
+        return os.path.realpath(u) if "://" not in u else None
+
+    path = local(uri)
+    for root in roots:
+        base = local(root)
+        if path is not None and base is not None:
+            if path == base or path.startswith(base.rstrip("/") + "/"):
+                return True
+        elif path is None and base is None and ".." not in uri.split("/"):
+            if root == "s3://" and uri.startswith("s3://"):
+                return True
+            if (uri.rstrip("/") + "/").startswith(root.rstrip("/") + "/"):
+                return True
+    return False
+
+
+# -- ownership ---------------------------------------------------------------------------------------------
+class OwnershipError(SpecError):
+    """A run named a job, a directory or a registry entry that is not its owner's."""
+
+
+def owner_of(context: Any) -> str:
+    """Who a run acts for: ``[dtrain] owners`` (JSON ``{"users": {user: team}, "dags": {dag_id: team}}``) maps
+    the user who triggered it, else its DAG, to a team; unmapped, the owner is the DAG itself. A scheduled run has
+    no triggering user: it acts for the DAG's team."""
+    from airflow.sdk import conf
+
+    raw = (conf.get("dtrain", "owners", fallback="") or "").strip()
+    try:
+        owners = json.loads(raw) if raw else {}
+    except ValueError as err:
+        raise SpecError(f"[dtrain] owners: not JSON ({err}), got {raw!r}") from None
+    ti = context["ti"]
+    dag_run = context.get("dag_run")
+    user = getattr(dag_run, "triggering_user_name", None) if dag_run is not None else None
+    owner = (owners.get("users") or {}).get(user) if user else None
+    owner = owner or (owners.get("dags") or {}).get(ti.dag_id) or ti.dag_id
+    if not isinstance(owner, str) or not owner:
+        raise SpecError(f"[dtrain] owners: the owner of {user or ti.dag_id!r} is {owner!r}, not a name")
+    return owner
+
+
+def _claimed(uri: str) -> dict[str, Any] | None:
+    from trainer.storage import Storage
+
+    storage = Storage(uri)
+    path = storage.path(OWNER_FILE)
+    return storage.read_json(path) if storage.exists(path) else None
+
+
+def check_job_dir(uri: str, *, owner: str, job: str | None, what: str = "checkpoint_uri", claim: bool = True) -> None:
+    """Refuse ``uri`` unless it is ``owner``'s directory of ``job`` (``job`` None: any job of ``owner``, e.g. a
+    sweep's shared ledger), or a new one; with ``claim``, a new one is claimed (``owner.json``) before anything
+    else is written there. A directory holding data of no recorded owner is taken only if every checkpoint in it
+    names ``job`` (a job's directory from before owners were recorded). Nothing is written when refused."""
+    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.storage import Storage
+
+    if job is not None and not _NAME.fullmatch(job):
+        raise OwnershipError(f"job: {job!r} is not a job name (lowercase letters, digits, . _ -; not empty): a "
+                             f"job's checkpoints, ledger and models are found by it")  # fmt: skip
+    recorded = _claimed(uri)
+    if recorded is not None:
+        if recorded.get("owner") != owner or (job is not None and recorded.get("job") not in (job, None)):
+            raise OwnershipError(
+                f"{what}: {uri!r} belongs to job {recorded.get('job')!r} of {recorded.get('owner')!r}, not to job "
+                f"{job!r} of {owner!r}: choose another job or directory (nothing was written there)"
+            )
+        return
+    storage = Storage(uri)
+    present = storage.exists(storage.root) and bool(storage.listdir(storage.root))
+    if present:
+        jobs = {c.path: CheckpointDir(uri).job_of(c.path) for c in CheckpointDir(uri).committed()}
+        foreign = sorted({j or "(none)" for j in jobs.values() if j != job})
+        if not jobs or foreign:
+            raise OwnershipError(
+                f"{what}: {uri!r} already holds data of no recorded owner"
+                + (f" (checkpoints of job {', '.join(foreign)})" if foreign else "")
+                + f": refused for job {job!r} of {owner!r} (nothing was written there)"
+            )
+    if claim:
+        storage.makedirs()
+        body = json.dumps({"owner": owner, "job": job}, sort_keys=True)
+        if not storage.create_exclusive(storage.path(OWNER_FILE), body):
+            check_job_dir(uri, owner=owner, job=job, what=what, claim=False)  # another run claimed it just now
+
+
+def run_key(run_id: str) -> str:
+    """A path segment for a run id, one-to-one: the run id's safe characters and a digest of the whole id, so
+    ``manual__2026-01-01T00:00:00+00:00`` and ``manual__2026-01-01T00-00-00-00-00`` never share a directory."""
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
+    return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', run_id).strip('-.')[:80]}-{digest}"
