@@ -66,6 +66,24 @@ _CONTAINER_SECURITY: dict[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
+
+class EnvRef(str):
+    """A container argument the provider writes with a ``$(VAR)`` reference to the container's own env, on
+    purpose (``node_command``'s statsd flags): the one kind of provider-built string the kubelet may expand."""
+
+
+def literal(value: str) -> str:
+    """``value`` as the container must receive it, whatever it holds.
+
+    The kubelet expands ``$(VAR)`` in a container's ``command``, ``args`` and ``env[].value`` from the
+    container's env, a ``secretKeyRef`` one such as ``HF_TOKEN`` included, and reads ``$$`` as ``$``
+    (k8s.io/kubernetes third_party/forked/golang/expansion). A checkpoint URI or an entrypoint argument
+    from a trigger holding ``$(HF_TOKEN)`` would hand the secret to the program, its logs and its object
+    keys: every ``$`` is doubled, so nothing in it is ever expanded. An ``EnvRef`` stays as it is.
+    """
+    return str(value) if isinstance(value, EnvRef) else value.replace("$", "$$")
+
+
 def task_name(group: str) -> str:
     """``<base>-r3`` -> ``<base>``: what every relaunch of one task instance shares."""
     stem, sep, suffix = group.rpartition("-r")
@@ -137,13 +155,15 @@ def render_service(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any
 def node_command(name: str, spec: JobSpec) -> NodeCommand:
     """The torchrun agent of every pod: rendezvous with pod 0 through the headless Service.
 
-    No ``is_host``: c10d makes the pod whose address the endpoint resolves to the store host.
+    No ``is_host``: c10d makes the pod whose address the endpoint resolves to the store host. The
+    arguments as the program receives them: the container's ``args`` are ``literal`` of each.
     """
     trainer_args: list[str] = []
     if spec.kubernetes.statsd_host:
-        # $(VAR) is expanded by the kubelet from the container's env, not by a shell
-        trainer_args = ["--set", "metrics.statsd_host=$(DTRAIN_STATSD_HOST)",
-                        "--set", "metrics.statsd_port=$(DTRAIN_STATSD_PORT)"]  # fmt: skip
+        # $(VAR) is expanded by the kubelet from the container's env, not by a shell: the provider's own
+        # references, kept apart from every other argument (EnvRef), which ``literal`` escapes
+        trainer_args = ["--set", EnvRef("metrics.statsd_host=$(DTRAIN_STATSD_HOST)"),
+                        "--set", EnvRef("metrics.statsd_port=$(DTRAIN_STATSD_PORT)")]  # fmt: skip
     return torchrun.node_command(
         name, spec,
         rdzv_endpoint=rendezvous_endpoint(name, spec.kubernetes.rdzv_port),
@@ -153,6 +173,8 @@ def node_command(name: str, spec: JobSpec) -> NodeCommand:
 
 
 def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
+    """The trainer container's env. Every value the provider builds from the spec is ``literal``; the DAG
+    author's own ``kubernetes.env`` is not (see below)."""
     k8s = spec.kubernetes
     env: list[dict[str, Any]] = [
         # c10d assigns node ranks at the rendezvous; the completion index is the pod's node
@@ -180,6 +202,11 @@ def _env(name: str, spec: JobSpec) -> list[dict[str, Any]]:
         env.append({"name": "DTRAIN_STATSD_HOST", "value": k8s.statsd_host})
     if k8s.statsd_host:  # for the trainer's --set flags, and for a program of your own that reports there too
         env.append({"name": "DTRAIN_STATSD_PORT", "value": str(k8s.statsd_port)})
+    # Each value built from the spec (the checkpoint URI, the job and group names, ...) arrives as it is.
+    env = [{**var, "value": literal(var["value"])} if "value" in var else var for var in env]
+    # The DAG author's own variables, read as Kubernetes reads any env: a value may refer to a variable above it
+    # ("$(DTRAIN_NODE_RANK)") and "$$" is a "$"; so may the containers of the author's pod_template. Only the
+    # author sets either (a run may not: KubernetesSpec.choose), so neither is escaped.
     env += [{"name": key, "value": value} for key, value in sorted(k8s.env.items())]
     env += [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}}}
@@ -321,8 +348,9 @@ def render_job(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0
         "name": CONTAINER,
         "image": k8s.image,
         "imagePullPolicy": k8s.image_pull_policy,
-        "command": list(command.executable),
-        "args": list(command.args),
+        # the kubelet would expand $(VAR) in these from the env, secrets included: each arrives as it is
+        "command": [literal(arg) for arg in command.executable],
+        "args": [literal(arg) for arg in command.args],
         "env": _env(name, spec),
         "ports": [{"name": "rdzv", "containerPort": k8s.rdzv_port, "protocol": "TCP"}],
         "volumeMounts": volume_mounts,
