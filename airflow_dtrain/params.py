@@ -270,6 +270,19 @@ def deployed_kubernetes() -> dict[str, Any]:
     return value
 
 
+BUNDLED_LIMITS: dict[str, Any] = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000, "max_sweep_members": 16}
+"""What the bundled DAGs' author allows a run (train_llama and sweep_llama alike), within the platform admin's
+``[dtrain] limits`` (``airflow_dtrain.trust.limits_for``)."""
+
+
+def form_limits(author: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The trigger form's maxima from the limits a DAG's runs live within (the admin's narrowed by ``author``), so
+    the form shows and refuses what the tasks would refuse again."""
+    from airflow_dtrain.trust import limits_for
+
+    return limits_for(author).form_maxima()
+
+
 def deployed_storage_roots() -> tuple[str, ...] | None:
     """``[dtrain] storage_roots`` (``AIRFLOW__DTRAIN__STORAGE_ROOTS``): comma-separated directories or s3://
     prefixes the bundled DAGs' checkpoint_uri, dataset and init_from must lie under; unset: anywhere."""

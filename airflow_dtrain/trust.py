@@ -35,8 +35,8 @@ from trainer.fields import check, field_types, setting
 from airflow_dtrain.errors import SpecError
 
 __all__ = [
-    "ADMIN_DEFAULTS", "Limits", "OWNER_FILE", "OwnershipError", "admin_limits", "check_job_dir", "limits_for",
-    "owner_of", "run_key", "within_roots",
+    "ADMIN_DEFAULTS", "Limits", "OWNER_FILE", "OwnershipError", "admin_limits", "check_job_dir", "check_run",
+    "limits_for", "limits_table", "owner_of", "run_key", "within_roots",
 ]  # fmt: skip
 
 BACKENDS = ("local", "kubernetes")
@@ -139,6 +139,13 @@ class Limits:
     def check_sweep(self, members: int) -> None:
         self._above("learning_rates", members, "max_sweep_members")
 
+    def check_tokens(self, seq_len: int, micro_batch_size: int) -> None:
+        """``seq_len x micro_batch_size``, what one process's activations grow with, within the limit."""
+        tokens, limit = int(seq_len) * int(micro_batch_size), self.max_tokens_per_micro_batch
+        if limit is not None and tokens > limit:
+            raise SpecError(f"seq_len x micro_batch_size: {seq_len} x {micro_batch_size} = {tokens} tokens is above "
+                            f"the limit of {limit} (limits.max_tokens_per_micro_batch)")  # fmt: skip
+
     def check_uri(self, name: str, uri: str | None) -> None:
         """``uri`` (a path, file:// or s3://) lies under ``storage_roots``."""
         if self.storage_roots is not None and uri and uri != "builtin" and not within_roots(uri, self.storage_roots):
@@ -157,11 +164,7 @@ class Limits:
             ("max_runtime_s", spec.max_runtime_s, "max_runtime_s"),
         ):
             self._above(name, value, limit_name)
-        tokens = train.data.seq_len * train.micro_batch_size
-        limit = self.max_tokens_per_micro_batch
-        if limit is not None and tokens > limit:
-            raise SpecError(f"seq_len x micro_batch_size: {train.data.seq_len} x {train.micro_batch_size} = {tokens} "
-                            f"tokens is above the limit of {limit} (limits.max_tokens_per_micro_batch)")  # fmt: skip
+        self.check_tokens(train.data.seq_len, train.micro_batch_size)
         for name, uri in (("checkpoint_uri", train.checkpoint.uri), ("dataset", train.data.dataset),
                           ("init_from", train.model.init_from), ("cost.ledger_uri", train.cost.ledger_uri)):  # fmt: skip
             self.check_uri(name, uri)
@@ -274,13 +277,14 @@ def owner_of(context: Any) -> str:
         owners = json.loads(raw) if raw else {}
     except ValueError as err:
         raise SpecError(f"[dtrain] owners: not JSON ({err}), got {raw!r}") from None
-    ti = context["ti"]
+    # a real context always has both; a bare one (an operator called outside Airflow) acts for nobody in particular
+    dag_id = getattr(context.get("ti"), "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "unowned"
     dag_run = context.get("dag_run")
     user = getattr(dag_run, "triggering_user_name", None) if dag_run is not None else None
     owner = (owners.get("users") or {}).get(user) if user else None
-    owner = owner or (owners.get("dags") or {}).get(ti.dag_id) or ti.dag_id
+    owner = owner or (owners.get("dags") or {}).get(dag_id) or dag_id
     if not isinstance(owner, str) or not owner:
-        raise SpecError(f"[dtrain] owners: the owner of {user or ti.dag_id!r} is {owner!r}, not a name")
+        raise SpecError(f"[dtrain] owners: the owner of {user or dag_id!r} is {owner!r}, not a name")
     return owner
 
 
@@ -296,7 +300,8 @@ def check_job_dir(uri: str, *, owner: str, job: str | None, what: str = "checkpo
     """Refuse ``uri`` unless it is ``owner``'s directory of ``job`` (``job`` None: any job of ``owner``, e.g. a
     sweep's shared ledger), or a new one; with ``claim``, a new one is claimed (``owner.json``) before anything
     else is written there. A directory holding data of no recorded owner is taken only if every checkpoint in it
-    names ``job`` (a job's directory from before owners were recorded). Nothing is written when refused."""
+    names ``job`` (a job's directory from before owners were recorded); without ``claim`` (a read) it is refused only
+    when a checkpoint there names another job. Nothing is written when refused."""
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.storage import Storage
 
@@ -313,10 +318,11 @@ def check_job_dir(uri: str, *, owner: str, job: str | None, what: str = "checkpo
         return
     storage = Storage(uri)
     present = storage.exists(storage.root) and bool(storage.listdir(storage.root))
-    if present:
+    if present and (claim or job is not None):  # a read of any job's unclaimed directory is not refused
         jobs = {c.path: CheckpointDir(uri).job_of(c.path) for c in CheckpointDir(uri).committed()}
-        foreign = sorted({j or "(none)" for j in jobs.values() if j != job})
-        if not jobs or foreign:
+        # a shared ledger (job None) holds its members' directories, never a checkpoint of its own
+        foreign = sorted({j or "(none)" for j in jobs.values() if job is None or j != job})
+        if (claim and job is not None and not jobs) or foreign:
             raise OwnershipError(
                 f"{what}: {uri!r} already holds data of no recorded owner"
                 + (f" (checkpoints of job {', '.join(foreign)})" if foreign else "")
@@ -334,3 +340,38 @@ def run_key(run_id: str) -> str:
     ``manual__2026-01-01T00:00:00+00:00`` and ``manual__2026-01-01T00-00-00-00-00`` never share a directory."""
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', run_id).strip('-.')[:80]}-{digest}"
+
+
+def limits_table() -> str:
+    """The README's table of the limits: each field of ``Limits``, who sets it, what it bounds."""
+    rows = ["| limit | who sets it | what it bounds |", "|---|---|---|"]
+    for f in dataclasses.fields(Limits):
+        rows.append(f"| `{f.name}` | {WHO_SETS_WHAT[f.name]} | {f.metadata['dtrain'].help} |")
+    return "\n".join(rows)
+
+
+_RUN_URIS = ("checkpoint_uri", "registry_uri", "dataset", "init_from", "sweep_root")
+_RUN_PRICES = ("max_price", "local_spot_price", "local_on_demand_price", "price_per_hour")
+_RUN_MAXIMA = (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_node"), ("steps", "max_steps"))
+
+
+def check_run(params: Any, author: Any = None) -> None:
+    """A run's trigger form against the limits its DAG lives within, before any task reads or writes anything:
+    a DAG's first task calls it (the tasks check again what reaches them). Raises ``SpecError`` naming the field
+    and the value."""
+    limits = limits_for(author)
+    if "job" in params and not _NAME.fullmatch(str(params["job"] or "")):
+        raise OwnershipError(f"job: {params['job']!r} is not a job name (lowercase letters, digits, . _ -; not "
+                             f"empty): a job's checkpoints, ledger and models are found, and owned, by it")  # fmt: skip
+    for name in _RUN_URIS:
+        if params.get(name):
+            limits.check_uri(name, str(params[name]))
+    for name in _RUN_PRICES:
+        limits.check_price(name, params.get(name))
+    for name, limit in _RUN_MAXIMA:
+        if params.get(name) is not None:
+            limits._above(name, int(params[name]), limit)
+    if params.get("learning_rates") is not None:
+        limits.check_sweep(len(params["learning_rates"]))
+    if params.get("seq_len") and params.get("micro_batch_size"):
+        limits.check_tokens(params["seq_len"], params["micro_batch_size"])

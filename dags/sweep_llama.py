@@ -14,12 +14,16 @@ import pendulum
 from airflow.sdk import DAG, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
-from airflow_dtrain.params import reject_unknown_conf, trigger_params
+from airflow_dtrain.params import BUNDLED_LIMITS, form_limits, reject_unknown_conf, trigger_params
+from airflow_dtrain.trust import limits_for, run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "sweep_llama")
-# This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/).
-SWEEP_DIR = "{{ (params.sweep_root or '" + SWEEP_ROOT + "') ~ '/' ~ run_id | replace(':', '-') | replace('+', '-') }}"
+# This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/). run_key maps run
+# ids to directory names one-to-one (two run ids never share one).
+SWEEP_DIR = "{{ (params.sweep_root or '" + SWEEP_ROOT + "') ~ '/' ~ run_key(run_id) }}"
+# The train_llama limits (nodes, processes, steps, tokens, prices, roots, runtime), and at most this many members.
+LIMITS = BUNDLED_LIMITS
 
 with DAG(
     dag_id="sweep_llama",
@@ -28,6 +32,7 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     render_template_as_native_obj=True,
+    user_defined_macros={"run_key": run_key},
     doc_md=__doc__,
     tags=["llm", "training", "sweep", "airflow-dtrain"],
     params=trigger_params(
@@ -35,18 +40,25 @@ with DAG(
          "num_nodes", "procs_per_node", "sweep_root", "budget_usd", "price_per_hour", "step_time_estimate_s"],
         defaults={"steps": 20, "global_batch_size": 4, "seq_len": 64, "budget_usd": 5.0},
         descriptions={"budget_usd": "Dollar budget of the whole sweep (every member's steps)."},
+        schemas={"sweep_root": {"pattern": r"^$|^/|^file://.+|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"},
+                 **form_limits(LIMITS)},
     ),
 ) as dag:
 
     @task(task_id="check_conf")
-    def check_conf(dag_run=None, dag=None) -> None:
-        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default)."""
+    def check_conf(dag_run=None, dag=None, params=None) -> None:
+        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a run
+        that asks for more than the limits or for a place outside the storage roots, before any task runs."""
+        from airflow_dtrain.trust import check_run
+
         reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
+        check_run(params, LIMITS)
 
     @task(templates_dict={"root": SWEEP_DIR})
     def configs(params=None, templates_dict=None) -> list[dict]:
         """One member per learning rate, each in its own directory, all on the sweep's spend ledger."""
         rates = params["learning_rates"]
+        limits_for(LIMITS).check_sweep(len(rates))  # the form says so too; a conf that bypasses it is refused here
         repeated = sorted({f"{lr:g}" for lr in rates if sum(f"{x:g}" == f"{lr:g}" for x in rates) > 1})
         if repeated:  # two members would write one directory
             raise ValueError(f"learning_rates: each rate once, got {rates!r} (repeated: {', '.join(repeated)})")
@@ -63,6 +75,7 @@ with DAG(
         on_demand_task_id="train",
         stop_task_id="over_budget",
         checkpoint_uri=SWEEP_DIR,  # its spend/ is every member's: the sweep's one ledger
+        limits=LIMITS,
         # the whole sweep: every config's steps, on the same nodes
         total_steps="{{ params.steps * (params.learning_rates | length) }}",
         num_nodes="{{ params.num_nodes }}",
@@ -84,6 +97,7 @@ with DAG(
         # the cap holds for the sweep as a whole: every member counts every member's spend
         budget_usd="{{ params.budget_usd }}",
         price_per_node_hour="{{ params.price_per_hour }}",
+        limits=LIMITS,
         log_every=5,
         poll_interval=1.0,
     ).expand_kwargs(sweep)

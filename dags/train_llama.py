@@ -48,9 +48,10 @@ from airflow_dtrain import (
     SpotPriceSensor,
 )
 from airflow_dtrain.params import (
+    BUNDLED_LIMITS,
     deployed_interruption_rate,
     deployed_kubernetes,
-    deployed_storage_roots,
+    form_limits,
     reject_unknown_conf,
     trigger_params,
 )
@@ -63,12 +64,11 @@ DATA_ROOT = os.environ.get("DTRAIN_PREPARED_DATA_ROOT") or os.path.join(_HOME, "
 # Name only: a URI with a scheme makes Airflow load every provider's URI handlers (boto3 among
 # them) while parsing this file.
 BEST_MODEL = Asset(name="train_llama_best_model")
-# What this DAG's author allows a run to ask for: the trigger form's maxima, enforced again by the
-# train tasks (a trigger can choose within them, never widen them); and where a trigger's checkpoint_uri,
-# dataset and init_from may point: [dtrain] storage_roots plus this DAG's own directories (unset: anywhere).
-_ROOTS = deployed_storage_roots()
-LIMITS = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000,
-          "storage_roots": _ROOTS and (*_ROOTS, CHECKPOINT_ROOT, DATA_ROOT)}  # fmt: skip
+# What this DAG's author allows a run to ask for, within the platform admin's [dtrain] limits: the trigger form's
+# maxima, enforced again by every task (a trigger can choose within them, never widen them). Where a run's
+# checkpoint_uri, registry_uri, dataset and init_from may point: the admin's [dtrain] storage_roots, which always
+# hold $AIRFLOW_HOME/dtrain (this DAG's own directories; DTRAIN_PREPARED_DATA_ROOT must lie under them too).
+LIMITS = BUNDLED_LIMITS
 
 # The pods of the kubernetes backend: whoever deploys this DAG sets them ([dtrain] kubernetes, JSON:
 # image, volumes, service account, pod template, allowed_images, allowed_namespaces...). A trigger
@@ -83,7 +83,7 @@ KUBERNETES_CHOICE = "{{ params.kubernetes if params.backend == 'kubernetes' else
 
 # One checkpoint directory per job, unless the trigger form names one: every run of a job (the next
 # scheduled one after a `wait`, a re-trigger after a budget stop) continues it, with its ledger.
-CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ (params.job or 'default') }}"
+CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ params.job }}"
 LOCAL = "params.backend == 'local'"
 DATASET_PATTERN = r"^builtin$|" + URI_PATTERN.removeprefix("^$|")
 
@@ -126,16 +126,21 @@ with DAG(
             "checkpoint_uri": {"pattern": URI_PATTERN},
             "init_from": {"pattern": URI_PATTERN},
             "dataset": {"pattern": DATASET_PATTERN},
-            "num_nodes": {"maximum": LIMITS["max_nodes"]},
-            "procs_per_node": {"maximum": LIMITS["max_procs_per_node"]},
-            "steps": {"maximum": LIMITS["max_steps"]},
+            # a job is always named: its checkpoints, ledger and models are found, and owned, by it
+            "job": {"pattern": r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$", "minLength": 1},
+            "registry_uri": {"pattern": URI_PATTERN},
+            **form_limits(LIMITS),
         },
     ),
 ) as dag:
     @task(task_id="check_conf")
-    def check_conf(dag_run=None, dag=None) -> None:
-        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default)."""
+    def check_conf(dag_run=None, dag=None, params=None) -> None:
+        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a run
+        that asks for more than the limits or for a place outside the storage roots, before any task runs."""
+        from airflow_dtrain.trust import check_run
+
         reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
+        check_run(params, LIMITS)
 
     prepare_data = PrepareDataOperator(
         task_id="prepare_data",
@@ -143,7 +148,6 @@ with DAG(
         tokenizer="{{ params.init_from or '' }}",  # the model's own tokenizer
         text_field="{{ params.text_field or 'text' }}",
         output_root=DATA_ROOT,
-        allowed_roots=LIMITS["storage_roots"],
     )
 
     spot_price = SpotPriceSensor(
@@ -167,6 +171,8 @@ with DAG(
         stop_task_id="stop",
         price_task_id="spot_price",
         checkpoint_uri=CHECKPOINT_URI,
+        job="{{ params.job }}",
+        limits=LIMITS,
         total_steps="{{ params.steps }}",
         budget_usd="{{ params.budget_usd }}",
         step_time_estimate_s="{{ params.step_time_estimate_s }}",
@@ -255,6 +261,8 @@ with DAG(
         checkpoint_uri=CHECKPOINT_URI,
         step="{{ ti.xcom_pull(task_ids='validate')['step'] }}",
         registry_uri="{{ params.registry_uri or '" + REGISTRY + "' }}",
+        job="{{ params.job }}",
+        limits=LIMITS,
         asset=BEST_MODEL,
         backend="{{ params.backend }}",
         kubernetes=KUBERNETES or None,
@@ -272,38 +280,57 @@ with DAG(
     schedule=[BEST_MODEL],
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    doc_md="Runs when `train_llama` promotes a checkpoint (asset `train_llama_best_model`): "
-    "copies the exported safetensors to `<registry>/published/latest` and writes a model card.",
+    doc_md="Runs when `train_llama` promotes a checkpoint (asset `train_llama_best_model`): copies the export that "
+    "the registry's own `<registry>/<job>/<evaluation set>/best.json` names to `published/latest` beside it, and "
+    "writes a model card.",
     tags=["llm", "airflow-dtrain"],
 ) as publish_dag:
 
     @task
     def publish(triggering_asset_events=None) -> dict:
+        """Publish what the registry itself holds for the promoted job and evaluation set: its best.json, and the
+        export it names inside that entry. The event names only the registry's root (under the storage roots),
+        the job and the evaluation set; no path is copied from it."""
         import json
+        import re
 
         import fsspec
 
+        from airflow_dtrain.trust import OWNER_FILE, limits_for
+
         event = triggering_asset_events[BEST_MODEL][-1]
         info = dict(event.extra)
-        if not info.get("export"):
-            raise ValueError(f"the promotion of {info.get('checkpoint')} carries no export")
-        # The registry the promoting run used (a path or s3://), where its export lies.
-        target = f"{str(info.get('registry') or REGISTRY).rstrip('/')}/published/latest"
-        fs, target_path = fsspec.core.url_to_fs(target, skip_instance_cache=True)
-        source_fs, source = fsspec.core.url_to_fs(info["export"], skip_instance_cache=True)
+        registry = str(info.get("registry") or REGISTRY).rstrip("/")
+        limits_for(LIMITS).check_uri("registry", registry)
+        for key in ("job", "evaluation_set"):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", str(info.get(key) or "")):
+                raise ValueError(f"the promotion event's {key} is not a name: {info.get(key)!r}")
+        entry = f"{registry}/{info['job']}/{info['evaluation_set']}"
+        fs, entry_path = fsspec.core.url_to_fs(entry, skip_instance_cache=True)
+        owner_path = f"{entry_path.rsplit('/', 1)[0]}/{OWNER_FILE}"
+        if not fs.exists(owner_path) or json.loads(fs.cat_file(owner_path)).get("job") != info["job"]:
+            raise ValueError(f"{registry}/{info['job']}: not a registry entry of job {info['job']!r}")
+        best = json.loads(fs.cat_file(f"{entry_path}/best.json"))
+        export = str(best.get("export") or "")
+        _, export_path = fsspec.core.url_to_fs(export) if export else (None, "")
+        if not export_path.startswith(entry_path + "/") or ".." in export_path.split("/"):
+            raise ValueError(f"{entry}/best.json: its export {export!r} is not inside the entry")
+        target_path = f"{entry_path}/published/latest"
         if fs.exists(target_path):
             fs.rm(target_path, recursive=True)
         fs.makedirs(target_path, exist_ok=True)
-        for path in source_fs.ls(source, detail=False):  # config.json and the safetensors
-            with source_fs.open(path, "rb") as src, fs.open(f"{target_path}/{path.rsplit('/', 1)[-1]}", "wb") as dst:
+        for path in fs.ls(export_path, detail=False):  # config.json, the tokenizer and the safetensors
+            with fs.open(path, "rb") as src, fs.open(f"{target_path}/{path.rsplit('/', 1)[-1]}", "wb") as dst:
                 while chunk := src.read(8 << 20):
                     dst.write(chunk)
         with fs.open(f"{target_path}/MODEL_CARD.md", "w") as card:
             card.write(
-                f"# train_llama\n\nHeld-out loss {info['loss']:.4f} (perplexity {info['perplexity']:.2f}) "
-                f"at step {info['step']}.\n\nCheckpoint: `{info['checkpoint']}`\n"
+                f"# train_llama: job {best['job']}\n\nHeld-out loss {best['loss']:.4f} (perplexity "
+                f"{best['perplexity']:.2f}) at step {best['step']}, evaluation set {best['evaluation_set']}.\n\n"
+                f"Checkpoint: `{best['checkpoint']}`\n"
             )
-        print(json.dumps({"published": target, **info}))
-        return {"published": target, **info}
+        target = f"{entry}/published/latest"
+        print(json.dumps({"published": target, **best}))
+        return {"published": target, **best}
 
     publish()

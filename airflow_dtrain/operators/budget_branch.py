@@ -47,7 +47,13 @@ class BudgetBranchOperator(BaseBranchOperator):
     :param on_demand_task_id: task to run when training on on-demand.
     :param wait_task_id: task to run when waiting for a better price (None: skip everything).
     :param stop_task_id: task to run when stopping (None: skip everything).
-    :param checkpoint_uri: the job's checkpoint directory (local path or ``s3://``). (templated)
+    :param checkpoint_uri: the job's checkpoint directory (local path or ``s3://``): under the storage roots, and the
+        run's owner's directory of ``job`` (``airflow_dtrain.trust``); read, never written here. (templated)
+    :param job: the job whose ledger this is (None: any job of the run's owner, e.g. a sweep's shared ledger).
+        (templated)
+    :param limits: the DAG author's limits (``airflow_dtrain.trust.Limits``), within the platform admin's: the
+        prices a run gives (``spot_price``, ``on_demand_price``, ``max_spot_price``) are at most
+        ``max_price_per_node_hour``, the directory lies under ``storage_roots``.
     :param total_steps: optimizer steps of the whole job. (templated)
     :param budget_usd: the job's budget in US$, across every run, retry and preemption (None: no budget). (templated)
     :param step_time_estimate_s: seconds per step before one has been measured. (templated)
@@ -88,7 +94,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         bundled trainer's defaults, 175 s. (templated)
     """
 
-    template_fields: Sequence[str] = ("checkpoint_uri", "allow_late", *_NUMBERS)
+    template_fields: Sequence[str] = ("checkpoint_uri", "job", "allow_late", *_NUMBERS)
 
     def __init__(
         self,
@@ -98,6 +104,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         wait_task_id: str | None = None,
         stop_task_id: str | None = None,
         checkpoint_uri: str | None = None,
+        job: str | None = None,
+        limits: dict[str, Any] | None = None,
         total_steps: int | str,
         budget_usd: float | str | None = None,
         step_time_estimate_s: float | str | None = None,
@@ -128,6 +136,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         self.wait_task_id = wait_task_id
         self.stop_task_id = stop_task_id
         self.checkpoint_uri = checkpoint_uri
+        self.job = job
+        self.limits = limits
         self.total_steps = total_steps
         self.budget_usd = budget_usd
         self.step_time_estimate_s = step_time_estimate_s
@@ -203,17 +213,49 @@ class BudgetBranchOperator(BaseBranchOperator):
             spot = None
         return spot, od, offer
 
+    def _check_trust(self, context: Context, numbers: dict[str, Any]) -> None:
+        """Before the ledger is read or a branch taken: the run's prices within the limits, its directory under the
+        storage roots and its owner's (another team's ledger is neither read nor billed)."""
+        from airflow_dtrain.errors import SpecError
+        from airflow_dtrain.trust import check_job_dir, limits_for, owner_of
+
+        limits = limits_for(self.limits)
+        try:
+            for name in ("spot_price", "on_demand_price", "max_spot_price", "wait_target_price"):
+                limits.check_price(name, numbers.get(name))
+            if self.checkpoint_uri:
+                limits.check_uri("checkpoint_uri", str(self.checkpoint_uri))
+                job = None if self.job in (None, "", "None") else str(self.job)
+                if self.job == "":
+                    raise SpecError("job: '' is empty: name the job (its checkpoints, ledger and models are found by it)")
+                check_job_dir(str(self.checkpoint_uri), owner=owner_of(context), job=job, claim=False)
+        except SpecError as err:
+            raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
+
+    def _check_prices(self, spot: Any, on_demand: Any) -> None:
+        from airflow_dtrain.errors import SpecError
+        from airflow_dtrain.trust import limits_for
+
+        limits = limits_for(self.limits)
+        try:
+            limits.check_price("spot price", spot)
+            limits.check_price("on-demand price", on_demand)
+        except SpecError as err:
+            raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
+
     def choose_branch(self, context: Context) -> str | list[str] | None:
         from airflow_dtrain import metrics
         from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
         from airflow_dtrain.spot.ledger import Ledger, read_ledger
 
         n = self._numbers()
+        self._check_trust(context, n)
         ledger = read_ledger(self.checkpoint_uri) if self.checkpoint_uri else Ledger()
         for bad in ledger.skipped:  # the trainer's resume skips them too (and verifies the shards as well)
             self.log.warning("Checkpoint %s skipped: its %s check failed for %s: %s", bad["checkpoint"], bad["check"],
                              bad["file"], bad["detail"])  # fmt: skip
         spot, od, offer = self._prices(context, n)
+        self._check_prices(spot, od)  # a trigger-set local price arrives through the price task's offer
         steps_remaining = max(0, int(n["total_steps"]) - ledger.step)
         step_time = ledger.step_time_s or n["step_time_estimate_s"]
         remaining = None if n["budget_usd"] is None else n["budget_usd"] - ledger.total_dollars

@@ -14,6 +14,7 @@ from airflow_dtrain.launchers import get_launcher, launcher_kwargs
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template
+from airflow_dtrain.trust import OWNER_FILE, OwnershipError, check_job_dir, limits_for, owner_of, run_key
 from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir
 
 if TYPE_CHECKING:
@@ -31,15 +32,26 @@ class EvaluateCheckpointOperator(BaseOperator):
     Kubernetes): ``python -m trainer.evaluate`` over every committed checkpoint of the run
     (the eval curve), writing ``evals/latest.json`` and ``report.png`` (train and held-out loss
     curves) next to the checkpoints. If the latest checkpoint's held-out loss is lower than
-    the one in ``<registry_uri>/best.json`` it is promoted: marked best (retention keeps it),
-    exported as Hugging Face safetensors under ``<registry_uri>/<run>/`` (by the evaluation job
+    the best so far *of the same job on the same evaluation set* (``<registry_uri>/<job>/<eval set>/best.json``;
+    the evaluation set is the dataset, tokenizer, sequence length and batches the loss was measured on, so a
+    loss on easier data never displaces another model) it is promoted: marked best (retention keeps it),
+    exported as Hugging Face safetensors under ``<registry_uri>/<job>/<eval set>/<run>/`` (by the evaluation job
     itself, which is told the loss to beat: one job, one pod), recorded in ``best.json``, and an
     asset event for ``asset`` is emitted. Nothing is emitted otherwise.
+
+    The checkpoint directory must be the run's owner's directory of ``job`` (``airflow_dtrain.trust``), and the
+    registry must lie under the storage roots; a job's registry entry is claimed for its owner like its
+    checkpoints.
 
     :param checkpoint_uri: the run's checkpoint directory (as given to FSDPTrainOperator). (templated)
     :param step: the checkpoint step to evaluate and maybe promote, e.g. the one validation
         chose (default: the latest committed). (templated)
-    :param registry_uri: where the best model so far is recorded and exported. (templated)
+    :param registry_uri: where the best models are recorded and exported, one entry per job and evaluation
+        set; under the storage roots (``limits``). (templated)
+    :param job: the job the checkpoints belong to (default: the one recorded in the directory's owner.json,
+        which the train task wrote). (templated)
+    :param limits: the DAG author's limits (``airflow_dtrain.trust.Limits``; only ``storage_roots`` applies here),
+        within the platform admin's.
     :param asset: the asset a promotion updates (a downstream DAG can be scheduled on it).
     :param batches: held-out batches per checkpoint. (templated)
     :param batch_size: sequences per batch. (templated)
@@ -61,7 +73,7 @@ class EvaluateCheckpointOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "checkpoint_uri", "step", "registry_uri", "batches", "batch_size", "eval_all", "export", "min_improvement",
+        "checkpoint_uri", "step", "registry_uri", "job", "batches", "batch_size", "eval_all", "export", "min_improvement",
         "backend", "kubernetes", "kubernetes_overrides", "node_resources",
     )  # fmt: skip
     template_fields_renderers = {"kubernetes": "json", "node_resources": "json"}
@@ -73,6 +85,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         checkpoint_uri: str,
         registry_uri: str,
         step: int | str | None = None,
+        job: str | None = None,
+        limits: dict[str, Any] | None = None,
         asset: Asset | None = None,
         batches: int | str = 20,
         batch_size: int | str = 8,
@@ -96,6 +110,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         self.checkpoint_uri = checkpoint_uri
         self.registry_uri = registry_uri
         self.step = step
+        self.job = job
+        self.limits = limits
         self.asset = asset
         self.batches = batches
         self.batch_size = batch_size
@@ -146,22 +162,49 @@ class EvaluateCheckpointOperator(BaseOperator):
         self._session.run(poll_interval=self.poll_interval, reuse_succeeded=False, timeout_s=self.job_timeout_s)
 
     # -- execution -----------------------------------------------------------------------------
+    def _entry(self, context: Context, root: str) -> tuple[str, str]:
+        """The job and the evaluation set whose registry entry this run competes in, after checking that the
+        checkpoints are the run's owner's and the registry lies under the storage roots."""
+        limits = limits_for(self.limits)
+        where = f"{type(self).__name__}(task_id={self.task_id!r})"
+        try:
+            limits.check_uri("checkpoint_uri", root)
+            limits.check_uri("registry_uri", str(self.registry_uri))
+            owner = owner_of(context)
+            job = self.job if self.job not in (None, "None") else None
+            if job is None:  # the job the train task claimed the directory for
+                recorded = CheckpointDir(root).read_json(OWNER_FILE) or {}
+                job = recorded.get("job")
+                if not job:
+                    raise OwnershipError(f"checkpoint_uri: {root!r} records no job ({OWNER_FILE}): pass job=")
+            check_job_dir(root, owner=owner, job=str(job), claim=False)
+        except SpecError as err:
+            raise SpecError(f"{where}: {err}") from None
+        return str(job), owner
+
     def execute(self, context: Context) -> dict[str, Any]:
         root = str(self.checkpoint_uri).rstrip("/")
-        checkpoints, registry = CheckpointDir(root), CheckpointDir(str(self.registry_uri))
+        job, owner = self._entry(context, root)
+        checkpoints = CheckpointDir(root)
+        step = None if self.step in (None, "", "None") else int(self.step)
+        latest = checkpoints.latest() if step is None else None
+        step = step if step is not None else (latest.step if latest else None)
+        if step is None or not checkpoints.is_committed(step):
+            raise EvaluationFailed(f"no committed checkpoint {step if step is not None else ''} under {root}")
+        eval_set = evaluation_set(checkpoints.manifest(step), int(self.batches), int(self.batch_size))
+        job_entry = f"{str(self.registry_uri).rstrip('/')}/{job}"
+        check_job_dir(job_entry, owner=owner, job=job, what="registry_uri")  # claims a new job's entry
+        registry = CheckpointDir(f"{job_entry}/{eval_set}")
         out, report = checkpoints.path(EVAL_RESULTS), checkpoints.path(REPORT)
         entry = ["trainer.evaluate", "--checkpoint-uri", root, "--out", out, "--report", report,
-                 "--batches", int(self.batches), "--batch-size", int(self.batch_size)]  # fmt: skip
-        if self.step not in (None, "", "None"):
-            entry += ["--step", int(self.step)]
+                 "--batches", int(self.batches), "--batch-size", int(self.batch_size), "--step", step]  # fmt: skip
         if _true(self.eval_all):
             entry.append("--all")
         best = registry.read_json(REGISTRY_BEST)
         # the loss a promotion must beat; the eval job exports the checkpoint itself when it does (no second job)
         threshold = best["loss"] - float(self.min_improvement) if best is not None else None
         if _true(self.export):
-            run = context["ti"].run_id.replace(":", "-").replace("+", "-")
-            entry += ["--export-to", registry.path(run)]
+            entry += ["--export-to", registry.path(run_key(context["ti"].run_id))]
             if threshold is not None:
                 entry += ["--export-if-below", repr(threshold)]
         self._run_job(context, "eval", self._job_spec(*entry))
@@ -185,6 +228,9 @@ class EvaluateCheckpointOperator(BaseOperator):
             "tokens_per_s": result["tokens_per_s"],
             "eval_curve": result.get("eval_curve"),
             "report": report,
+            "job": job,
+            "evaluation_set": eval_set,
+            "registry_entry": registry.root,
             "best_loss_before": best["loss"] if best else None,
             "promoted": False,
             "export": None,
@@ -214,7 +260,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         summary.update(promoted=True, export=export_dir)
         registry.write_json(
             REGISTRY_BEST,
-            {**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export", "report")},
+            {**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export", "report", "job",
+                                        "evaluation_set")},
              "run_id": context["ti"].run_id, "promoted_at": time.time()},
         )  # fmt: skip
         metrics.incr("checkpoint.promotions", tags=metrics.task_tags(context))
@@ -223,8 +270,10 @@ class EvaluateCheckpointOperator(BaseOperator):
         if self.asset is not None:
             context["outlet_events"][AssetAlias(self.alias_name(self.asset))].add(
                 self.asset,
-                extra={**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export")},
-                       "registry": registry.root},
+                # what publish_llama reads back from the registry itself (it takes no path from here but the
+                # registry's root, which must lie under the storage roots)
+                extra={**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "job", "evaluation_set")},
+                       "registry": str(self.registry_uri).rstrip("/")},
             )
         return summary
 
@@ -232,6 +281,18 @@ class EvaluateCheckpointOperator(BaseOperator):
         session = getattr(self, "_session", None)
         if session is not None:
             session.stop()
+
+
+def evaluation_set(manifest: dict[str, Any], batches: int, batch_size: int) -> str:
+    """What a held-out loss was measured on, as a registry key: the dataset, the tokenizer, the sequence length
+    and the batches. Two losses compare only when this is equal."""
+    import hashlib
+    import json
+
+    data = (manifest.get("config") or {}).get("data") or {}
+    what = [data.get("dataset"), data.get("val_fraction"), data.get("seq_len"), manifest.get("tokenizer"),
+            batches, batch_size]  # fmt: skip
+    return "eval-" + hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def _true(value: Any) -> bool:

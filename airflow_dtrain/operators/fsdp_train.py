@@ -312,9 +312,10 @@ class FSDPTrainOperator(BaseOperator):
         owner, job = owner_of(context), self.job if self.job is not None else self._base
         train = spec.train
         try:
-            check_job_dir(train.checkpoint.uri, owner=owner, job=job)
+            # a shared ledger (a sweep's) first: it holds its members' directories
             if train.cost.ledger_uri and train.cost.ledger_uri.rstrip("/") != train.checkpoint.uri.rstrip("/"):
                 check_job_dir(train.cost.ledger_uri, owner=owner, job=None, what="cost.ledger_uri")
+            check_job_dir(train.checkpoint.uri, owner=owner, job=job)
         except SpecError as err:
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
 

@@ -90,8 +90,16 @@ def test_the_jobs_deadline_is_what_the_budget_left_buys_and_a_relaunch_shrinks_i
     assert summary["preemptions"] == 1 and "stopped" not in summary
 
 
-def test_no_budget_no_deadline(fake, tmp_path):
+def test_no_budget_still_a_deadline_the_runtime_ceiling(fake, tmp_path, monkeypatch):
     op, ti = _operator(tmp_path, budget_usd=None, deferrable=True), RecordingTI()
+    with pytest.raises(TaskDeferred):
+        op.execute({"ti": ti})
+    job = fake.get("jobs", ti.xcoms["group"])
+    assert job["spec"]["activeDeadlineSeconds"] == 86_400  # the platform's default max_runtime_s
+    assert json.loads(job["metadata"]["annotations"]["airflow-dtrain/deadline"])["by"] == "max_runtime_s"
+    # only an admin can take the ceiling away
+    monkeypatch.setenv("AIRFLOW__DTRAIN__LIMITS", '{"max_runtime_s": null}')
+    op, ti = _operator(tmp_path / "other", budget_usd=None, deferrable=True), RecordingTI(run_id="other")
     with pytest.raises(TaskDeferred):
         op.execute({"ti": ti})
     assert "activeDeadlineSeconds" not in fake.get("jobs", ti.xcoms["group"])["spec"]
@@ -125,7 +133,9 @@ def test_a_group_left_running_with_its_airflow_side_gone_is_stopped_by_the_clust
     assert fake.jobs() == [name], "no group launched after the budget was spent"
 
 
-def test_finished_jobs_are_deleted_after_their_ttl_and_the_task_still_counts_their_preemptions(fake, tmp_path):
+def test_finished_jobs_are_deleted_after_their_ttl_and_the_task_still_counts_their_preemptions(fake, tmp_path,
+                                                                                              monkeypatch):
+    monkeypatch.setenv("AIRFLOW__DTRAIN__LIMITS", '{"max_runtime_s": null}')  # the second group outlives a day
     op, ti = _operator(tmp_path, budget_usd=None, max_preemptions=1), RecordingTI()
     task = Background(op.execute, {"ti": ti})
     first = _wait(lambda: ti.xcoms.get("group"), "the first group", task)

@@ -37,7 +37,9 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     assert manifest["config"]["data"]["dataset"] == prepared and prepared != "builtin"
     assert manifest["tokenizer"]["kind"] == "hf" and manifest["tokenizer"]["name"] == "my-llama"
 
-    best = json.loads((registry / "best.json").read_text())
+    # one registry entry: the job's, on its evaluation set
+    (best_file,) = registry.glob("*/eval-*/best.json")
+    best = json.loads(best_file.read_text())
     exported = transformers.AutoModelForCausalLM.from_pretrained(best["export"])
     source = json.loads((tmp_path / "my-llama" / "config.json").read_text())
     assert exported.config.hidden_size == source["hidden_size"]
