@@ -37,6 +37,12 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_PORT", str(listener.port))
     orchestration.reset()
     ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
+    # the job's best model on another evaluation set (other data): a lower loss measured here must not replace it
+    other_set = registry / "train-llama" / "eval-0123456789ab"
+    other_set.mkdir(parents=True)
+    (registry / "train-llama" / "owner.json").write_text(json.dumps({"owner": "train_llama", "job": "train-llama"}))
+    other_best = json.dumps({"loss": 5.0, "step": 1000, "export": str(other_set / "run" / "step-00001000")})
+    (other_set / "best.json").write_text(other_best)
     try:
         # the defaults, but our own directories (the default ones are shared by the session)
         run = dags["train_llama"].test(run_conf={"checkpoint_uri": str(ckpt), "registry_uri": str(registry)})
@@ -65,10 +71,11 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     assert summary["preemptions"] == 1 and summary["steps_lost"] == 0
     assert summary["dollars"] > 0, "the local price is charged to the ledger"
 
-    # one registry entry: the job's, on its evaluation set
-    (best_file,) = registry.glob("*/eval-*/best.json")
+    # the job's entry on this run's evaluation set; the other set's best is untouched though its loss is higher
+    (best_file,) = [p for p in registry.glob("*/eval-*/best.json") if p.parent != other_set]
     best = json.loads(best_file.read_text())
     assert best["step"] == 60 and best["loss"] < 3.0
+    assert (other_set / "best.json").read_text() == other_best
     assert (ckpt / "report.png").stat().st_size > 10_000
     # beside it, the HTML report: the image and the run's summary, the preemption counted
     report = (ckpt / "report.html").read_text()
