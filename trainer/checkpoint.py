@@ -46,6 +46,7 @@ import socket
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
@@ -61,6 +62,7 @@ from trainer.config import CheckpointConfig, ConfigError
 from trainer.fields import flatten
 from trainer.checkpoint_dir import (FORMAT_DCP, CheckpointDir, CheckpointStorageError, Lease, WriterFenced,
                                    step_dir_name, step_of, storage_cause)
+from trainer.safe_pickle import safe_reader
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
@@ -190,12 +192,10 @@ def _plain(state: Any) -> Any:
 
 
 def storage_reader(storage: Storage, step_dir: str):
-    """DCP's reader for a step directory: the filesystem one locally, its fsspec one for s3://."""
-    if storage.remote:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-        return FsspecReader(step_dir)
-    return dcp.FileSystemReader(step_dir)
+    """DCP's reader for a step directory (the filesystem one locally, its fsspec one for s3://), made to run
+    nothing the checkpoint holds: .metadata is unpickled with an allowlist and each byte item by torch's
+    weights-only unpickler (trainer/safe_pickle.py). Every reader of a checkpoint comes through here."""
+    return safe_reader(step_dir, remote=storage.remote)
 
 
 def _short_write(err: BaseException | None) -> bool:
@@ -211,23 +211,20 @@ def _short_write(err: BaseException | None) -> bool:
 
 def checkpoint_tensors(step_dir: str) -> dict[str, torch.Tensor]:
     """Every tensor of a local DCP checkpoint, unsharded and flattened to dotted keys
-    (``{"model.x": t, "optim.state.x.exp_avg": t, ...}``): what a bitwise comparison of two runs reads."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    (``{"model.x": t, "optim.state.x.exp_avg": t, ...}``): what a bitwise comparison of two runs reads.
 
-    with tempfile.TemporaryDirectory(prefix="dtrain-tensors-") as scratch:
-        out = os.path.join(scratch, "state.pt")
-        dcp_to_torch_save(str(step_dir), out)
-        state = torch.load(out, weights_only=False)
-    flat: dict[str, torch.Tensor] = {}
+    The keys are the FQNs DCP stored, so a flat dict of full-size tensors loads them whatever the world size
+    that saved them; the non-tensor items are not read at all (torch's dcp_to_torch_save would read them, and
+    the whole checkpoint, through its own reader, which unpickles whatever the files hold).
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, torch.Tensor):
-            flat[prefix] = node
-
-    walk("", state)
+    metadata = storage_reader(Storage(step_dir), step_dir).read_metadata()
+    flat = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
+            if isinstance(m, TensorStorageMetadata)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(flat, storage_reader=storage_reader(Storage(step_dir), step_dir), no_dist=True)
     return flat
 
 

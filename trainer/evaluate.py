@@ -34,6 +34,7 @@ from trainer.data import default_data_dir, ensure_builtin, eval_batches
 from trainer.export import export_weights
 from trainer.token_store import cache_remote, is_remote
 from trainer.model import Llama, ModelArgs
+from trainer.safe_pickle import UnsafeCheckpoint
 from trainer.storage import Storage
 
 
@@ -50,9 +51,13 @@ def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
     model.init_weights(cfg.seed)  # fills the rotary tables; the weights are overwritten below
     state = {"model": model.state_dict()}
     # DCP reads the sharded save into these full tensors; no process group needed.
+    reader = storage_reader(root.storage, step_dir)
+    # A forged .metadata is refused here, as itself (UnsafeCheckpoint): inside dcp.load, DCP would log the
+    # refusal and go on to look for per-rank metadata before failing with an error of its own.
+    reader.read_metadata()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=storage_reader(root.storage, step_dir), no_dist=True)
+        dcp.load(state, storage_reader=reader, no_dist=True)
     model.load_state_dict(state["model"])
     return model.eval(), manifest
 
@@ -116,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 reused.append(s)
                 continue
         start = time.perf_counter()
-        model, manifest = load_model(found[s], device)
+        try:
+            model, manifest = load_model(found[s], device)
+        except UnsafeCheckpoint as err:  # a forged checkpoint: refused, nothing in it ran
+            print(f"refused: {err}", file=sys.stderr, flush=True)
+            return 1
         cfg = TrainConfig.from_dict(manifest["config"])
         data_dir = local_dataset(cfg.data.dataset)
         result = evaluate(model, data_dir, cfg.data.seq_len, args.batches, args.batch_size, device)

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from trainer.checkpoint import storage_reader
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.model import ModelArgs
+from trainer.safe_pickle import UnsafeCheckpoint
 from trainer.storage import Storage
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         result = export(args.checkpoint_uri, args.out, getattr(torch, args.dtype) if args.dtype else None)
     except FileNotFoundError as err:
         print(f"export: {err}", file=sys.stderr)
+        return 1
+    except UnsafeCheckpoint as err:  # a forged checkpoint: refused, nothing in it ran
+        print(f"export: refused: {err}", file=sys.stderr)
         return 1
     print(json.dumps(result), flush=True)
     return 0

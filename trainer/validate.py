@@ -7,17 +7,21 @@ Checks, in order (the names are those a failure reports):
 * ``size``          ... has the size the manifest records
 * ``checksum``      ... and the checksum it records (xxh3_128; sha256 in older manifests and your own)
 * ``dcp_metadata``  DCP's .metadata loads and every file it points into is in the manifest
+* ``dcp_objects``   every non-tensor item (the step, the scheduler, the data position) loads
 * ``step_forward``  the step is past the previous checkpoint's (or ``previous_step``)
 * ``finite``        a sample of floating-point tensors holds no NaN/Inf
 
-The DCP checks (``dcp_metadata``, ``finite``) are for a manifest whose ``format`` is ``"dcp"``: the
-bundled trainer's (also when it has no ``format``: older ones). A checkpoint of a program of your own
-(trainer/contract.py, another format) is checked by its manifest and its files: presence always,
-size and checksum where the manifest records them; its report says the DCP checks were skipped.
+The DCP checks (``dcp_metadata``, ``dcp_objects``, ``finite``) are for a manifest whose ``format`` is
+``"dcp"``: the bundled trainer's (also when it has no ``format``: older ones). A checkpoint of a program
+of your own (trainer/contract.py, another format) is checked by its manifest and its files: presence
+always, size and checksum where the manifest records them; its report says the DCP checks were skipped.
 
 A failure raises CheckpointInvalid, whose message names the checkpoint, the check and
-the file (or tensor). Standard library only at module level: torch is imported for the
-last two checks only, so the Airflow operator module that imports this stays light.
+the file (or tensor). Nothing a checkpoint holds is run: .metadata is unpickled with an allowlist and
+every other object with torch's weights-only unpickler (trainer/safe_pickle.py); a file that holds
+anything else fails ``dcp_metadata`` or ``dcp_objects``, naming what it holds. Standard library only at
+module level: torch is imported for the DCP checks only, so the Airflow operator module that imports
+this stays light.
 """
 
 import argparse
@@ -113,15 +117,18 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
     if not dcp_format:
         checks["step_forward"] = _step_forward(path, manifest, previous_step)
         skipped = f"skipped: format {fmt!r} is not a torch.distributed.checkpoint save"
-        checks["dcp_metadata"] = checks["finite"] = skipped
+        checks["dcp_metadata"] = checks["dcp_objects"] = checks["finite"] = skipped
         return {"checkpoint": path, "step": manifest["step"], "valid": True, "checks": checks,
                 "tokens_seen": manifest.get("tokens_seen"), "world_size": manifest.get("world_size")}
 
     # -- DCP metadata
     from trainer.checkpoint import storage_reader  # torch from here on
+    from trainer.safe_pickle import UnsafeCheckpoint
 
     try:
         metadata = storage_reader(storage, path).read_metadata()
+    except UnsafeCheckpoint as err:  # a forged .metadata: refused before anything in it ran
+        raise CheckpointInvalid(path, "dcp_metadata", ".metadata", err.detail) from None
     except Exception as err:  # a truncated or foreign .metadata: any unpickling error
         raise CheckpointInvalid(path, "dcp_metadata", ".metadata", f"does not load: {type(err).__name__}: {err}") from None
     referenced = {info.relative_path for info in (metadata.storage_data or {}).values()}
@@ -129,6 +136,7 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
     if unlisted:
         raise CheckpointInvalid(path, "dcp_metadata", unlisted[0], "holds tensors but is not in the manifest")
     checks["dcp_metadata"] = {"entries": len(metadata.state_dict_metadata)}
+    checks["dcp_objects"] = {"loaded": _check_objects(storage, path, metadata)}
 
     # -- progress
     checks["step_forward"] = _step_forward(path, manifest, previous_step)
@@ -146,6 +154,32 @@ def _step_forward(path: str, manifest: dict, previous_step: int | None) -> dict 
         raise CheckpointInvalid(path, "step_forward", MANIFEST,
                                 f"step {manifest['step']} did not move past the previous checkpoint's {previous_step}")
     return {"previous_step": previous_step}
+
+
+def _check_objects(storage: Storage, path: str, metadata) -> int:
+    """Load every non-tensor item as a resume does, through the weights-only unpickler; returns how many.
+
+    They are small (the step, the scheduler, the data position, the optimizer's settings), and a forged one
+    found here fails validation, so a resume falls back past its checkpoint instead of stopping at its load.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from trainer.checkpoint import storage_reader
+    from trainer.safe_pickle import UnsafeCheckpoint, refusals_raised
+
+    items = metadata.state_dict_metadata.items()
+    state = dict.fromkeys(k for k, m in items if isinstance(m, BytesStorageMetadata))  # DCP fills in each value
+    if not state:
+        return 0
+    reader = storage_reader(storage, path)
+    try:
+        with warnings.catch_warnings(), refusals_raised(reader):
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except UnsafeCheckpoint as err:
+        raise CheckpointInvalid(path, "dcp_objects", err.file.rsplit("/", 1)[-1], err.detail) from None
+    return len(state)
 
 
 def _check_finite(storage: Storage, path: str, metadata, sample_tensors: int | None) -> list[str]:
