@@ -87,12 +87,7 @@ class KubernetesPolicy:
                 if image and self.allowed_images and not _within(image, self.allowed_images):
                     raise SpecError(f"{field}: {image!r} is not allowed on this cluster "
                                     f"(the admin's {POLICY_EXTRA}.allowed_images: {', '.join(self.allowed_images)})")
-        for field, names in (("kubernetes.namespace", (namespace,)),
-                             ("kubernetes.allowed_namespaces", k8s.allowed_namespaces)):  # fmt: skip
-            for name in names:
-                if self.allowed_namespaces and name not in self.allowed_namespaces:
-                    raise SpecError(f"{field}: {name!r} is not allowed on this cluster "
-                                    f"(the admin's {POLICY_EXTRA}.allowed_namespaces: {', '.join(self.allowed_namespaces)})")
+        self.check_namespaces(namespace, k8s.allowed_namespaces)
         if self.allowed_service_accounts and k8s.service_account not in self.allowed_service_accounts:
             raise SpecError(f"kubernetes.service_account: {k8s.service_account!r} is not allowed on this cluster "
                             f"(the admin's {POLICY_EXTRA}.allowed_service_accounts: "
@@ -108,6 +103,16 @@ class KubernetesPolicy:
         for setting in found:
             if log is not None:
                 log.warning("Privileged pod setting allowed by the admin's policy: %s", setting)
+
+    def check_namespaces(self, namespace: str, allowed_namespaces: tuple[str, ...] = ()) -> None:
+        """Raise SpecError if ``namespace``, or one the DAG lets a run choose (``allowed_namespaces``), is
+        outside this policy: the launcher's check, and the interruption sensor's before it watches a group."""
+        for field, names in (("kubernetes.namespace", (namespace,)),
+                             ("kubernetes.allowed_namespaces", allowed_namespaces)):  # fmt: skip
+            for name in names:
+                if self.allowed_namespaces and name not in self.allowed_namespaces:
+                    raise SpecError(f"{field}: {name!r} is not allowed on this cluster "
+                                    f"(the admin's {POLICY_EXTRA}.allowed_namespaces: {', '.join(self.allowed_namespaces)})")
 
 
 def _within(image: str, patterns: tuple[str, ...]) -> bool:

@@ -10,15 +10,19 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_dtrain import metrics
+from airflow_dtrain.aws.sqs import check_queue, queue_patterns
+from airflow_dtrain.errors import SpecError
 from airflow_dtrain.launchers.factory import launcher_kwargs
 from airflow_dtrain.spot.events import KINDS
 from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
 from airflow_dtrain.spot.members import InstanceSource, StaticInstances
-from airflow_dtrain.templating import is_template
+from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.spot_interruption import SpotInterruptionTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_dtrain.kubernetes.spec import KubernetesSpec
 
 
 class SpotInterruptionSensor(BaseSensorOperator):
@@ -42,6 +46,13 @@ class SpotInterruptionSensor(BaseSensorOperator):
     ``KubernetesGroupNodes`` (the nodes its pods run on, in ``namespace``), and a ``local`` group
     has no instances to watch: the task is skipped (so one DAG serves both backends).
 
+    What a run may point the sensor at is bounded like the train task's pods (a trigger form can set
+    the queue and the namespace): before any AWS call, the queue must be on the platform admin's
+    ``[dtrain] interruption_queues`` (and on ``interruption_queues`` if given; see
+    ``airflow_dtrain.aws.sqs``); before any Kubernetes call, the namespace must be one the DAG's author
+    allows (``kubernetes``: its ``namespace`` or ``allowed_namespaces``) and one the admin allows (the
+    connection's ``dtrain_policy.allowed_namespaces``). Either is refused with an error naming the field.
+
     :param group: the group's name, e.g. ``"{{ ti.xcom_pull(task_ids='train', key='group') }}"``; a
         prefix of relaunched groups' names also works (the newest one is watched). (templated)
     :param train_task_id: instead of ``group``: watch the groups of this FSDPTrainOperator task of
@@ -54,12 +65,21 @@ class SpotInterruptionSensor(BaseSensorOperator):
     :param instance_ids: EC2 instance ids of the group. (templated)
     :param node_names: Kubernetes node names of the group. (templated)
     :param instance_source: where the group's instances come from (instead of the two above).
-    :param sqs_queue_url: the SQS queue EventBridge sends interruption events to. (templated)
+    :param sqs_queue_url: the SQS queue EventBridge sends interruption events to; it must be on the admin's
+        ``[dtrain] interruption_queues``. (templated)
+    :param interruption_queues: the queues this task may read, set by the DAG's author (not templated):
+        queue URLs, or account prefixes ending in ``/``; narrows the admin's list, never widens it.
+        None: the admin's.
     :param kinds: which notices count: ``spot-interruption``, ``rebalance-recommendation``,
         ``scheduled-maintenance``, ``disruption``. Default: all but ``scheduled-maintenance``
         (``disruption`` is how Karpenter marks a node it is about to drain, spot reclaims included).
     :param backend: the group's launcher backend, ``local`` or ``kubernetes``. (templated)
-    :param namespace: the group's namespace (``kubernetes``; default: the connection's). (templated)
+    :param namespace: the group's namespace (``kubernetes``), as a run chooses it: ``kubernetes``'s
+        ``namespace`` or one of its ``allowed_namespaces``. Written in the DAG without ``kubernetes`` (not a
+        template), it is the author's own. Default: ``kubernetes``'s, else the connection's. (templated)
+    :param kubernetes: the DAG author's pod settings, as given to ``FSDPTrainOperator(kubernetes=...)``
+        (``KubernetesSpec``); only ``namespace`` and ``allowed_namespaces`` are read. A template here may not
+        read ``params`` or ``dag_run``. (templated)
     :param kubernetes_conn_id: the Kubernetes connection (``kubernetes``).
     :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
     :param wait_time_seconds: SQS long-poll seconds per look (0-20).
@@ -69,7 +89,9 @@ class SpotInterruptionSensor(BaseSensorOperator):
         needs a watch that remembers what it acted on: deferrable or ``mode="poke"``, not ``"reschedule"``.
     """
 
-    template_fields: Sequence[str] = ("group", "instance_ids", "node_names", "sqs_queue_url", "backend", "namespace")
+    template_fields: Sequence[str] = (
+        "group", "instance_ids", "node_names", "sqs_queue_url", "backend", "namespace", "kubernetes",
+    )  # fmt: skip
     ui_color = "#ffe0cc"
 
     def __init__(
@@ -82,9 +104,11 @@ class SpotInterruptionSensor(BaseSensorOperator):
         node_names: list[str] | None = None,
         instance_source: InstanceSource | None = None,
         sqs_queue_url: str | None = None,
+        interruption_queues: Sequence[str] | None = None,
         kinds: Sequence[str] = DEFAULT_KINDS,
         backend: str = "local",
         namespace: str | None = None,
+        kubernetes: dict[str, Any] | KubernetesSpec | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         local_state_dir: str | None = None,
         wait_time_seconds: int = 5,
@@ -103,9 +127,14 @@ class SpotInterruptionSensor(BaseSensorOperator):
         self.node_names = node_names
         self.instance_source = instance_source
         self.sqs_queue_url = sqs_queue_url
+        # for errors: which trigger-form field the queue came from
+        self._queue_template = sqs_queue_url if is_template(sqs_queue_url) else None
         self.kinds = tuple(kinds)
         self.backend = backend
         self.namespace = namespace
+        if kubernetes is None and isinstance(namespace, str) and namespace and not is_template(namespace):
+            kubernetes = {"namespace": namespace}  # written in the DAG: the author's own
+        self.kubernetes = kubernetes
         self.kubernetes_conn_id = kubernetes_conn_id
         self.local_state_dir = local_state_dir
         self.wait_time_seconds = wait_time_seconds
@@ -130,6 +159,15 @@ class SpotInterruptionSensor(BaseSensorOperator):
                              "deferrable=True (no worker slot held) or mode='poke'")
         if not isinstance(wait_time_seconds, int) or not 0 <= wait_time_seconds <= 20:
             raise ValueError(f"{prefix}wait_time_seconds: must be an integer 0-20, got {wait_time_seconds!r}")
+        try:
+            check_author_template("kubernetes", kubernetes)
+            self.interruption_queues = None
+            if interruption_queues is not None:
+                self.interruption_queues = queue_patterns("interruption_queues", interruption_queues)
+            if not is_template(kubernetes) and not is_template(namespace):
+                self._kubernetes_spec()  # fail in the DAG file: a bad setting, a namespace outside it
+        except SpecError as err:
+            raise SpecError(f"{prefix}{err}") from None
         if not is_template(backend) and not is_template(sqs_queue_url):
             self._check_sources()
 
@@ -145,20 +183,19 @@ class SpotInterruptionSensor(BaseSensorOperator):
             taints = type(self.instance_source).node_notices is not InstanceSource.node_notices
         else:  # instance ids/node names: no; nothing given: a Kubernetes group's nodes, yes
             taints = self.backend == "kubernetes" and not self._given_instances()
-        if not _queue(self.sqs_queue_url) and not taints:
+        if not _given(self.sqs_queue_url) and not taints:
             raise ValueError(f"{prefix}sqs_queue_url: required unless the instances come from node taints "
                              "(instance_source=KubernetesGroupNodes, or backend='kubernetes' without instance_ids)")
 
     def _given_instances(self) -> bool:
         return self.instance_source is not None or bool(self.instance_ids) or bool(self.node_names)
 
-    def _source(self) -> InstanceSource:
+    def _source(self, namespace: str | None) -> InstanceSource:
         if self.instance_source is not None:
             return self.instance_source
         if self.backend == "kubernetes" and not self._given_instances():
             from airflow_dtrain.kubernetes.nodes import KubernetesGroupNodes
 
-            namespace = self._launcher_kwargs()["namespace"] or self._connection_namespace()
             return KubernetesGroupNodes(namespace=namespace, kubernetes_conn_id=self.kubernetes_conn_id)
         ids, names = self.instance_ids or [], self.node_names or []
         for field, value in (("instance_ids", ids), ("node_names", names)):
@@ -166,14 +203,31 @@ class SpotInterruptionSensor(BaseSensorOperator):
                 raise ValueError(f"{type(self).__name__}(task_id={self.task_id!r}): {field}: expected a list of names, got {value!r}")
         return StaticInstances(instance_ids=ids, node_names=names)
 
-    def _launcher_kwargs(self) -> dict[str, Any]:
-        return launcher_kwargs(self.backend, kubernetes={"namespace": self.namespace or None},
-                               kubernetes_conn_id=self.kubernetes_conn_id, local_state_dir_setting=self.local_state_dir)
+    def _kubernetes_spec(self) -> KubernetesSpec:
+        """The DAG author's pod settings with the namespace this task was given, checked against them the
+        way the train task checks a run's choice (``KubernetesSpec.choose``)."""
+        from airflow_dtrain.kubernetes.spec import KubernetesSpec
 
-    def _connection_namespace(self) -> str:
+        value = self.kubernetes
+        if isinstance(value, dict):  # the older capacity_type spelling is the train task's, not read here
+            value = {k: v for k, v in value.items() if k != "capacity_type"}
+        chosen = _given(self.namespace)
+        return KubernetesSpec.from_value(value).choose({"namespace": chosen} if chosen else None)
+
+    def _namespace(self) -> str | None:
+        """The group's namespace on the ``kubernetes`` backend (else None), within the DAG author's bounds and
+        the admin's (``dtrain_policy``, as the launcher checks it): checked before any Kubernetes call."""
+        if self.backend != "kubernetes":
+            return None
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        return KubernetesHook(conn_id=self.kubernetes_conn_id).get_namespace() or "default"
+        from airflow_dtrain.kubernetes.policy import KubernetesPolicy
+
+        spec = self._kubernetes_spec()
+        hook = KubernetesHook(conn_id=self.kubernetes_conn_id)
+        namespace = spec.namespace or hook.get_namespace() or "default"
+        KubernetesPolicy.from_extra(hook.conn_extras).check_namespaces(namespace, spec.allowed_namespaces)
+        return namespace
 
     def _group(self, context: Context) -> str:
         if self.train_task_id is not None:
@@ -186,12 +240,22 @@ class SpotInterruptionSensor(BaseSensorOperator):
         return self.group
 
     def _watch_kwargs(self, context: Context) -> dict[str, Any]:
+        """The watch's arguments, once the namespace and the queue are checked (nothing is called before)."""
+        queue = _given(self.sqs_queue_url)
+        field = f"sqs_queue_url (from {self._queue_template!r})" if self._queue_template else "sqs_queue_url"
+        try:
+            namespace = self._namespace()
+            check_queue(queue, field=field, allowed=self.interruption_queues)
+        except SpecError as err:
+            raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
         return {
             "group": self._group(context),
-            "source": self._source(),
+            "source": self._source(namespace),
             "backend": self.backend,
-            "launcher_kwargs": self._launcher_kwargs(),
-            "sqs_queue_url": _queue(self.sqs_queue_url),
+            "launcher_kwargs": launcher_kwargs(self.backend, kubernetes={"namespace": namespace},
+                                               kubernetes_conn_id=self.kubernetes_conn_id,
+                                               local_state_dir_setting=self.local_state_dir),
+            "sqs_queue_url": queue,
             "aws_conn_id": self.aws_conn_id,
             "region_name": self.region_name,
             "kinds": list(self.kinds),
@@ -247,6 +311,6 @@ class SpotInterruptionSensor(BaseSensorOperator):
             )  # fmt: skip
 
 
-def _queue(url: Any) -> str | None:
-    """The queue URL, None for none (a template that rendered ``None`` or nothing included)."""
-    return url if isinstance(url, str) and url.strip() not in ("", "None") else None
+def _given(value: Any) -> str | None:
+    """A queue URL or namespace, None for none (a template that rendered ``None`` or nothing included)."""
+    return value if isinstance(value, str) and value.strip() not in ("", "None") else None

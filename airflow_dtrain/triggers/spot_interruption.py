@@ -15,7 +15,9 @@ class SpotInterruptionTrigger(BaseTrigger):
     (``follow_relaunches_s`` in ``watch_kwargs``) for as long as the group and its relaunches train.
 
     The checkpoint-now request is sent from here, not from the resumed task: a spot warning
-    gives two minutes, and a resumed task may take longer than that to be scheduled.
+    gives two minutes, and a resumed task may take longer than that to be scheduled. The queue is
+    checked against the admin's ``[dtrain] interruption_queues`` (as this triggerer reads it) before
+    anything is looked at.
 
     :param watch_kwargs: keyword arguments of ``airflow_dtrain.interruption_watch.InterruptionWatch``,
         with the instance source as ``source: [classpath, kwargs]`` (plain values).
@@ -34,11 +36,18 @@ class SpotInterruptionTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_dtrain.aws.sqs import check_queue
+        from airflow_dtrain.errors import SpecError
         from airflow_dtrain.interruption_watch import InterruptionWatch
         from airflow_dtrain.spot.members import deserialize_source
 
         kwargs = dict(self.watch_kwargs)
         group = kwargs["group"]
+        try:
+            check_queue(kwargs.get("sqs_queue_url"))
+        except SpecError as err:  # refused, not failed: the message as it is
+            yield TriggerEvent({"status": "error", "group": group, "message": str(err)})
+            return
         try:
             kwargs["source"] = deserialize_source(*kwargs["source"])
             watch = InterruptionWatch(**kwargs)

@@ -151,8 +151,8 @@ def spot_market(moto_server, monkeypatch) -> FakeSpotMarket:
 
 
 @pytest.fixture
-def sqs_queue(moto_server):
-    """A fresh SQS queue on the moto server: (client, queue url)."""
+def sqs_queue(moto_server, monkeypatch):
+    """A fresh SQS queue on the moto server, on the admin's [dtrain] interruption_queues: (client, url)."""
     import uuid
 
     from airflow.providers.amazon.aws.hooks.sqs import SqsHook
@@ -161,6 +161,7 @@ def sqs_queue(moto_server):
     url = client.create_queue(QueueName=f"spot-events-{uuid.uuid4().hex[:8]}", Attributes={"VisibilityTimeout": "30"})[
         "QueueUrl"
     ]
+    monkeypatch.setenv("AIRFLOW__DTRAIN__INTERRUPTION_QUEUES", url)
     return client, url
 
 
