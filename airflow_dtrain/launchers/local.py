@@ -11,6 +11,10 @@ Group directory ``<state_dir>/<name>/``: ``group.json`` (what to run),
 ``train_config.json``, ``supervisor.json`` and ``nodes.json`` (pids),
 ``group.log`` (every process's output, ``[nodeN][rankR]:`` prefixed) and
 ``result.json`` (written last: the group has ended).
+
+Each node runs under a memory limit (``memory_limit``), so that a job that asks for
+too much fails, saying which limit it ran out of, instead of taking the machine and
+the Airflow worker on it down.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +49,11 @@ group of the same name in another state directory."""
 _MAX_LOG_CHUNK = 1 << 20
 PREDECESSOR_WAIT_CAP_S = 600.0
 """The longest a launch waits for an earlier group's processes, whatever the spec's grace period."""
+MEMORY_OPTION = "local_memory_per_node"
+"""``[dtrain] local_memory_per_node``: the memory limit of each node of a local group, unless its
+``resources.memory`` sets one."""
+DEFAULT_MEMORY_GI_PER_PROCESS = 4
+"""Without either: what a CPU pod of the group gets on Kubernetes (``kubernetes/objects.py``), per process."""
 
 
 def _threads_per_process(processes: int) -> int:
@@ -56,6 +67,53 @@ def _threads_per_process(processes: int) -> int:
     if not explicit.isdigit() or int(explicit) < 1:
         raise ValueError(f"OMP_NUM_THREADS: a whole number of threads, at least 1, got {explicit!r}")
     return int(explicit)
+
+
+_QUANTITY_UNITS = {
+    "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+
+
+def quantity_bytes(value: str, where: str) -> int:
+    """A Kubernetes memory quantity (``"64Gi"``, ``"1.5G"``, ``"512Mi"``, ``"1000000"``) in bytes, rounded
+    down; ``ValueError`` naming ``where`` (the field or option it was read from) for anything else."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", value.strip())
+    if not match or match[2] not in _QUANTITY_UNITS or Fraction(match[1]) * _QUANTITY_UNITS[match[2]] < 1:
+        raise ValueError(f"{where}: not a Kubernetes memory quantity such as '16Gi' or '512Mi', got "
+                         f"{value!r}")  # fmt: skip
+    return int(Fraction(match[1]) * _QUANTITY_UNITS[match[2]])
+
+
+def memory_limit(spec: JobSpec) -> dict[str, Any]:
+    """How much memory each node of a local group may use (``bytes``) and where the number comes from
+    (``source``, for the message of a group that runs out of it): the job's ``resources.memory``, else the
+    admin's ``[dtrain] local_memory_per_node`` (``AIRFLOW__DTRAIN__LOCAL_MEMORY_PER_NODE``), else the limit a
+    pod of the group would get on Kubernetes: 32Gi per GPU, else 4Gi per process. The group's supervisor
+    enforces it (``_local_supervisor.MemoryLimit``: a cgroup per node where the machine lets it make one, else
+    RLIMIT_DATA per process, which counts differently: read there what it covers)."""
+    if spec.resources.memory:
+        field = "resources.memory"
+        return {"bytes": quantity_bytes(spec.resources.memory, field), "source": field}
+    option = f"[dtrain] {MEMORY_OPTION}"
+    configured = _configured(MEMORY_OPTION)
+    if configured:
+        return {"bytes": quantity_bytes(configured, option), "source": option}
+    from airflow_dtrain.kubernetes.objects import DEFAULT_MEMORY_GI_PER_GPU
+
+    gpus = spec.resources.gpus_per_node
+    per, unit = (DEFAULT_MEMORY_GI_PER_GPU, "GPU") if gpus else (DEFAULT_MEMORY_GI_PER_PROCESS, "process")
+    return {"bytes": per * (gpus or spec.procs_per_node) * 2**30,
+            "source": f"the default, {per}Gi per {unit}; set resources.memory or {option}"}  # fmt: skip
+
+
+def _configured(option: str) -> str:
+    """``[dtrain] <option>`` of the Airflow deployment; "" when unset, or without Airflow (unit tests)."""
+    try:
+        from airflow.sdk import conf
+    except ImportError:
+        return ""
+    return (conf.get("dtrain", option, fallback="") or "").strip()
 
 
 def _free_port() -> int:
@@ -108,6 +166,7 @@ class LocalLauncher(PodGroupLauncher):
         if (group_dir / "group.json").exists():
             raise ValueError(f"group {name!r} already exists in {self.state_dir}")
         threads = _threads_per_process(spec.num_nodes * spec.procs_per_node)
+        memory = {**memory_limit(spec), "procs_per_node": spec.procs_per_node}
         self._end_predecessors(name, min(spec.train.checkpoint.grace_period_s + 15, PREDECESSOR_WAIT_CAP_S))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -144,6 +203,7 @@ class LocalLauncher(PodGroupLauncher):
             "env": env,
             "rdzv_port": port,
             "peer_exit_grace_s": self.peer_exit_grace_s,
+            "memory_limit": memory,  # per node; the supervisor enforces it
             "created_at": time.time(),
         }
         deadline = budget_deadline(spec, spent_usd)
