@@ -115,12 +115,58 @@ def get_provider_info() -> dict:
                     },
                     "storage_roots": {
                         "description": (
-                            "Comma-separated directories or s3:// prefixes that the bundled DAGs' checkpoint_uri, "
-                            "dataset and init_from (trigger-form fields) must lie under; empty: anywhere."
+                            "Comma-separated directories or s3:// prefixes where every DAG's checkpoint_uri, "
+                            "registry_uri, dataset, init_from and ledger must lie, besides the local backend's own "
+                            "$AIRFLOW_HOME/dtrain (always allowed); empty: that directory only."
                         ),
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "/mnt/ckpt, s3://ml-data/, s3://ml-checkpoints/",
+                        "default": "",
+                    },
+                    "limits": {
+                        "description": (
+                            "What any DAG's run may ask for, as JSON of airflow_dtrain.trust.Limits fields "
+                            "(max_nodes, max_procs_per_node, max_steps, max_tokens_per_micro_batch, "
+                            "max_sweep_members, max_price_per_node_hour, max_runtime_s, backends); a DAG author's "
+                            "limits only narrow them. A field left out takes its default (262144 tokens per "
+                            "micro-batch, $500 per node-hour, 86400 s per group); null removes it."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": '{"max_nodes": 16, "max_runtime_s": 172800}',
+                        "default": "",
+                    },
+                    "owners": {
+                        "description": (
+                            "Who owns a run's jobs, as JSON: {\"users\": {user: team}, \"dags\": {dag_id: team}}; "
+                            "the triggering user's team, else the DAG's, else the DAG id. A job's directory, ledger "
+                            "and registry entry belong to the owner that first wrote them."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": '{"users": {"alice": "team-a"}, "dags": {"train_llama": "ml-platform"}}',
+                        "default": "",
+                    },
+                    "interruption_queues": {
+                        "description": (
+                            "SQS queues SpotInterruptionSensor may read: comma-separated queue URLs, or account "
+                            "prefixes ending in / (any queue of that account and region); empty: none."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "https://sqs.us-east-1.amazonaws.com/123456789012/",
+                        "default": "",
+                    },
+                    "local_memory_per_node": {
+                        "description": (
+                            "Memory limit of each node of a local group without resources.memory, a Kubernetes "
+                            "quantity such as 16Gi (cgroup v2 where delegated, else RLIMIT_DATA per process). "
+                            "Empty: 32Gi per GPU, else 4Gi per process, as on Kubernetes."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "16Gi",
                         "default": "",
                     },
                     "interruption_rate_per_hour": {

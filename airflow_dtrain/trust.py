@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.checkpoint_dir import OWNER
 from trainer.fields import check, field_types, setting
 
 from airflow_dtrain.errors import SpecError
@@ -41,8 +42,8 @@ __all__ = [
 
 BACKENDS = ("local", "kubernetes")
 """Backends this version can launch."""
-OWNER_FILE = "owner.json"
-"""At the root of a job's directory (checkpoints, ledger, registry entry): ``{"owner", "job"}``."""
+OWNER_FILE = OWNER
+"""At the root of a job's directory: ``{"owner", "job"}`` (``trainer.checkpoint_dir.OWNER``)."""
 _NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")
 
 

@@ -228,6 +228,8 @@ with DAG(
         task_id="spot_watch",
         train_task_id="train_spot",
         backend="{{ params.backend }}",
+        # the run's namespace, checked like the train task's against the pods' allowed_namespaces and the admin's
+        kubernetes=KUBERNETES or None,
         namespace="{{ params.kubernetes.get('namespace') or '" + (KUBERNETES.get("namespace") or "") + "' }}",
         sqs_queue_url="{{ params.interruption_queue_url or None }}",
         deferrable=True,
@@ -281,8 +283,8 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     doc_md="Runs when `train_llama` promotes a checkpoint (asset `train_llama_best_model`): copies the export that "
-    "the registry's own `<registry>/<job>/<evaluation set>/best.json` names to `published/latest` beside it, and "
-    "writes a model card.",
+    "the registry's own record of the job's best model on its evaluation set names to `published/latest` beside "
+    "it, and writes a model card.",
     tags=["llm", "airflow-dtrain"],
 ) as publish_dag:
 
@@ -297,6 +299,7 @@ with DAG(
         import fsspec
 
         from airflow_dtrain.trust import OWNER_FILE, limits_for
+        from trainer.checkpoint_dir import REGISTRY_BEST
 
         event = triggering_asset_events[BEST_MODEL][-1]
         info = dict(event.extra)
@@ -310,11 +313,11 @@ with DAG(
         owner_path = f"{entry_path.rsplit('/', 1)[0]}/{OWNER_FILE}"
         if not fs.exists(owner_path) or json.loads(fs.cat_file(owner_path)).get("job") != info["job"]:
             raise ValueError(f"{registry}/{info['job']}: not a registry entry of job {info['job']!r}")
-        best = json.loads(fs.cat_file(f"{entry_path}/best.json"))
+        best = json.loads(fs.cat_file(f"{entry_path}/{REGISTRY_BEST}"))
         export = str(best.get("export") or "")
         _, export_path = fsspec.core.url_to_fs(export) if export else (None, "")
         if not export_path.startswith(entry_path + "/") or ".." in export_path.split("/"):
-            raise ValueError(f"{entry}/best.json: its export {export!r} is not inside the entry")
+            raise ValueError(f"{entry}/{REGISTRY_BEST}: its export {export!r} is not inside the entry")
         target_path = f"{entry_path}/published/latest"
         if fs.exists(target_path):
             fs.rm(target_path, recursive=True)

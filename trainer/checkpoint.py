@@ -556,6 +556,7 @@ class Checkpointer:
                 "step": step,
                 "format": FORMAT_DCP,
                 "job": self.job,
+                "owner": str(self.config.get("owner") or ""),
                 "lease": self.lease.token,
                 "world_size": self.world_size,
                 "flavor": self.flavor,

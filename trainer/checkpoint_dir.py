@@ -74,6 +74,9 @@ LEASES = "lease"
 LEASES_KEPT = 4
 """Lease files kept (the newest); older ones only tell the history, and the current one is never pruned."""
 REGISTRY_BEST = "best.json"
+OWNER = "owner.json"
+"""At the root of a job's directory (its checkpoints, a sweep's ledger, its registry entry): ``{"owner", "job"}``,
+written once, before anything else is (``airflow_dtrain.trust.check_job_dir``)."""
 """In a model registry, not a checkpoint directory: the best checkpoint so far."""
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")

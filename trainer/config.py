@@ -345,6 +345,11 @@ class TrainConfig:
         help="The job's name: what outlives one DAG run. Its checkpoints, its spend ledger and its budget belong "
         "to it; a run of the same job continues it. Checkpoints of another job are never resumed or pruned.",
     )  # fmt: skip
+    owner: str = setting(
+        "", cli=False,
+        help="Who the job belongs to (a team the platform admin maps: airflow_dtrain.trust.owner_of), set by the "
+        "operator once the directory is known to be the owner's; every manifest records it.",
+    )  # fmt: skip
     simulate_preemption_at_step: int = setting(
         0, ge=0, arg="simulate_preemption_at_step", section=CHECKPOINTS, title="Simulate a preemption at step",
         help="0 = off. k > 0: after step k the group gets a SIGTERM once, as from a spot reclaim "

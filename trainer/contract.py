@@ -10,6 +10,7 @@ What every process gets (both backends), read by ``job_env()``::
 
     DTRAIN_CHECKPOINT_URI              where checkpoints, progress.json and the spend ledger go
     DTRAIN_JOB                         the job's name ("" for none); a manifest records it
+    DTRAIN_OWNER                       only when set: who the job belongs to ([dtrain] owners); a manifest records it
     DTRAIN_STEPS                       optimizer steps of the whole job (a resumed run goes on to it)
     DTRAIN_CHECKPOINT_EVERY            save every N steps (0: only at the end and when asked)
     DTRAIN_GRACE_PERIOD_S              seconds a preemption save may take before SIGKILL
@@ -395,6 +396,7 @@ def commit_checkpoint(uri: str, step: int, *, format: str = "torch", world_size:
         "step": step,
         "format": format,
         "job": env.get("DTRAIN_JOB", "") if job is None else job,
+        "owner": env.get("DTRAIN_OWNER", ""),
         **({"lease": lease} if lease is not None else {}),
         "world_size": int(env.get("WORLD_SIZE", "1")) if world_size is None else world_size,
         "flavor": fields.pop("flavor", "own"),

@@ -299,7 +299,8 @@ class FSDPTrainOperator(BaseOperator):
         # what tells this task instance's series from every other's, on both sides of statsd
         self._statsd_tags = format_tags(metrics.task_tags(context, job=self.job or self._base))
         spec = self.job_spec()
-        self._check_ownership(context, spec)  # before the session writes a lease or a spend file there
+        owner = self._check_ownership(context, spec)  # before the session writes a lease or a spend file there
+        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, owner=owner))  # the manifests'
         launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
         self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed,
                                      spot_prices=self._spot_prices(spec))
@@ -307,7 +308,7 @@ class FSDPTrainOperator(BaseOperator):
             ti.xcom_push(key=link.xcom_key, value=link.get_link(self, ti_key=ti))
         return self._session
 
-    def _check_ownership(self, context: Context, spec: JobSpec) -> None:
+    def _check_ownership(self, context: Context, spec: JobSpec) -> str:
         """Refuse a checkpoint directory (or a ledger) of another owner or another job; claim a new one."""
         owner, job = owner_of(context), self.job if self.job is not None else self._base
         train = spec.train
@@ -318,6 +319,7 @@ class FSDPTrainOperator(BaseOperator):
             check_job_dir(train.checkpoint.uri, owner=owner, job=job)
         except SpecError as err:
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
+        return owner
 
     def _spot_prices(self, spec: JobSpec) -> SpotPriceFeed | None:
         """Where the session reads a spot group's prices in effect (None: nowhere to read them)."""
