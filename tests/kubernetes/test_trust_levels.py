@@ -126,6 +126,23 @@ def test_a_trigger_may_choose_an_allowed_tag_and_namespace(deployed, fake, tmp_p
         _rendered_train_task(deployed, {"kubernetes": {"image": "ghcr.io/acme/dtrain-evil:1.0"}}, tmp_path).job_spec()
 
 
+def test_a_run_without_a_budget_still_gets_a_deadline(deployed, fake, tmp_path):
+    """budget_usd null on the form: the Job still has activeDeadlineSeconds, the platform's max_runtime_s."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    task = _rendered_train_task(deployed, {"budget_usd": None, "checkpoint_uri": str(tmp_path / "nobudget")}, tmp_path)
+    task.deferrable = True
+    with fake.lock:
+        fake._create("namespaces", "", {"metadata": {"name": "ml"}})  # the deployed pods' namespace
+    ti = DecisionTI(dag_id="train_llama", run_id="manual__nobudget", task_id="train_on_demand")
+    with pytest.raises(TaskDeferred):
+        task.execute({"ti": ti})
+    job = fake.get("jobs", ti.xcoms["group"], namespace="ml")
+    assert task.job_spec().budget_usd is None
+    assert job["spec"]["activeDeadlineSeconds"] == 86_400
+    assert json.loads(job["metadata"]["annotations"]["airflow-dtrain/deadline"])["by"] == "max_runtime_s"
+
+
 def test_a_dag_template_cannot_hand_pod_settings_to_the_trigger():
     with pytest.raises(SpecError, match=r"kubernetes: a template here may not read params or dag_run"):
         FSDPTrainOperator(task_id="t", backend="kubernetes", kubernetes="{{ params.kubernetes }}")
