@@ -7,27 +7,43 @@ directory, each local or s3:// (an s3:// export is written to a local temporary
 directory, then uploaded, config.json last: a reader that finds it finds the weights).
 Our parameter names are HF's without its "model." prefix and rotary embeddings use its
 rotate-half layout (see trainer/model.py), so the weights map one to one.
+
+A model continued from a Hugging Face model (``model.init_from``) is given back as the source was,
+only its weights trained: the source's config.json (context length, RoPE settings, special token
+ids, everything training does not change), its generation_config.json (or one made from the
+config's bos/eos/pad ids, so ``generate`` stops at EOS) and its weights' dtype, unless ``--dtype``
+says otherwise. These come from the manifest, which records them at training start (``hf_source``,
+trainer/hf.py), so the source directory need not exist any more; for a checkpoint from before that
+record, from the source directory if it is still readable. What could not be kept is listed in the
+result (``not_kept``) and said on stderr.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from trainer import hf
 from trainer.checkpoint import storage_reader
 from trainer.checkpoint_dir import CheckpointDir
+from trainer.config import ConfigError
 from trainer.model import ModelArgs
 from trainer.safe_pickle import UnsafeCheckpoint
 from trainer.storage import Storage
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
+# config.json's dtype field: transformers >= 5 writes "dtype", older releases "torch_dtype"
+DTYPE_KEYS = ("dtype", "torch_dtype")
+GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def hf_config(args: ModelArgs, seq_len: int, dtype: torch.dtype) -> dict:
@@ -77,25 +93,106 @@ def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
     return {k.removeprefix("model."): v for k, v in state.items()}, manifest, step_dir
 
 
+@dataclass
+class Source:
+    """The init_from model as the export gives it back: its config files (parsed) and weights' dtype, and what
+    of it could not be found (``not_kept``, said with the export's result)."""
+
+    uri: str
+    config: dict | None = None
+    generation_config: dict | None = None
+    dtype: str | None = None
+    not_kept: list[str] = field(default_factory=list)
+
+
+def source_of(manifest: dict) -> Source | None:
+    """The init_from model of a checkpoint (None: trained from scratch): as its manifest recorded it, else
+    (a checkpoint from before that record) read from the source itself, if it is still there."""
+    uri = ((manifest.get("config") or {}).get("model") or {}).get("init_from") or ""
+    if not uri:
+        return None
+    record, why = manifest.get("hf_source"), ""
+    if record is None:
+        record, why = _read_source(uri)
+    source = Source(uri)
+    if record is not None:
+        files = {name: json.loads(record[name]) for name in hf.SOURCE_FILES if record.get(name)}
+        source.config = files.get("config.json")
+        source.generation_config = files.get("generation_config.json")
+        declared = [source.config[k] for k in DTYPE_KEYS if (source.config or {}).get(k)]
+        dtype = record.get("dtype") or (declared[0] if declared else None)
+        source.dtype = dtype if isinstance(getattr(torch, str(dtype), None), torch.dtype) else None
+    if source.config is not None:  # a config that is not this checkpoint's shape would lie about the weights
+        trained = ModelArgs.from_manifest(manifest)
+        try:
+            described = hf.model_args_from_config(source.config, trained.max_seq_len, uri)
+        except ConfigError as err:
+            described, why = None, str(err)
+        if described != trained:
+            why = why or f"its config.json does not describe the trained shape {dataclasses.asdict(trained)}"
+            source.config = source.generation_config = None
+    if source.config is None:
+        seq_len = manifest["config"]["data"]["seq_len"]
+        why = why or "the recorded source has no config.json"
+        source.not_kept = [f"config.json (written from the trained shape instead: max_position_embeddings is "
+                           f"the training seq_len {seq_len} or the RoPE scaling's, no bos/eos/pad token ids) "
+                           f"and generation_config.json, because {why}"]
+    return source
+
+
+def _read_source(uri: str) -> tuple[dict | None, str]:
+    """(the record trainer.hf.source_record would have made, or None, and why not) of a source read now."""
+    try:
+        storage = Storage(uri)
+        record = {"uri": uri}
+        for name in hf.SOURCE_FILES:
+            if storage.exists(storage.path(name)):
+                with storage.open(storage.path(name), "rb") as f:
+                    record[name] = f.read().decode()
+        if not storage.remote and "config.json" in record:
+            record["dtype"] = hf.weights_dtype(storage.root)
+    except (OSError, ValueError, ConfigError) as err:
+        return None, f"{uri} cannot be read ({err})"
+    if "config.json" not in record:
+        return None, f"{uri} has no config.json (any more), and the manifest holds no record of it"
+    return record, ""
+
+
 def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
-    """Write out/config.json and out/model*.safetensors; returns {"step", "checkpoint", "out", "files"}."""
+    """Write out/config.json and out/model*.safetensors; returns {"step", "checkpoint", "out", "files"} (and
+    ``not_kept`` when the source of an init_from model could not be given back whole)."""
     return export_weights(*load_weights(uri), out, dtype)
 
 
 def export_weights(weights: dict[str, torch.Tensor], manifest: dict, step_dir: str, out: str,
                    dtype: torch.dtype | None = None) -> dict:
     """``export`` of weights already read from the checkpoint ``step_dir`` (``manifest``'s): a caller that has
-    just loaded them, as the evaluation has, need not read the checkpoint again."""
+    just loaded them, as the evaluation has, need not read the checkpoint again.
+
+    dtype: the weights' dtype in the export; default the init_from model's (a bf16 source stays bf16, not
+    twice its size in float32), else as trained."""
+    source = source_of(manifest)
+    not_kept = list(source.not_kept) if source is not None else []
+    if dtype is None and source is not None:
+        if source.dtype is not None:
+            dtype = getattr(torch, source.dtype)  # checked to be a dtype's name by source_of
+        else:
+            not_kept.append("the weights' dtype (unknown: saved as trained)")
     dtype = dtype or next(iter(weights.values())).dtype
     destination = Storage(out)
     if not destination.remote:
-        files = write_hf_directory(destination.root, weights, manifest, dtype)
+        files = write_hf_directory(destination.root, weights, manifest, dtype, source)
     else:
         with tempfile.TemporaryDirectory(prefix="dtrain-export-") as staging:
-            files = write_hf_directory(staging, weights, manifest, dtype)
+            files = write_hf_directory(staging, weights, manifest, dtype, source)
             for name in [*files, "config.json"]:  # config.json last
                 destination.put_file(os.path.join(staging, name), destination.path(name))
-    return {"step": manifest["step"], "checkpoint": step_dir, "out": destination.root, "files": files}
+    result = {"step": manifest["step"], "checkpoint": step_dir, "out": destination.root, "files": files}
+    if not_kept:
+        print(f"[trainer.export] from the init_from model {source.uri}, not kept: {'; '.join(not_kept)}",
+              file=sys.stderr, flush=True)
+        result["not_kept"] = not_kept
+    return result
 
 
 def copy_tokenizer(dataset: str, out: str) -> list[str]:
@@ -121,9 +218,31 @@ def copy_tokenizer(dataset: str, out: str) -> list[str]:
     return copied
 
 
-def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dict, dtype: torch.dtype) -> list[str]:
-    """config.json, safetensors shards (plus their index when there are several) and the training data's
-    tokenizer files in a local directory; returns the files' names, config.json not."""
+def kept_config(source: dict, dtype: torch.dtype) -> dict:
+    """The source's config.json as it was: training changes no field of it, only the weights' dtype may differ
+    (written where the source keeps it)."""
+    config = dict(source)
+    name = str(dtype).removeprefix("torch.")
+    keys = [k for k in DTYPE_KEYS if k in config] or ["torch_dtype"]
+    config.update({k: name for k in keys})
+    return config
+
+
+def generation_config(config: dict, source: Source | None) -> dict | None:
+    """The source's generation_config.json, else one made from config.json's special token ids (what
+    transformers' ``GenerationConfig.from_model_config`` takes), so that ``generate`` stops at EOS; None
+    when the config names none (a model trained from scratch)."""
+    if source is not None and source.generation_config is not None:
+        return source.generation_config
+    ids = {k: config[k] for k in GENERATION_IDS if config.get(k) is not None}
+    return ids or None
+
+
+def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dict, dtype: torch.dtype,
+                       source: Source | None = None) -> list[str]:
+    """config.json, generation_config.json (when there are token ids to stop at), safetensors shards (plus
+    their index when there are several) and the training data's tokenizer files in a local directory; returns
+    the files' names, config.json not."""
     from safetensors.torch import save_file
 
     # HF: "model." + our name for the decoder, lm_head.weight at the top (absent when tied).
@@ -153,9 +272,17 @@ def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dic
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
         files.append("model.safetensors.index.json")
     files += copy_tokenizer(manifest["config"]["data"]["dataset"], out)
+    if source is not None and source.config is not None:
+        config = kept_config(source.config, dtype)
+    else:
+        config = hf_config(ModelArgs.from_manifest(manifest), manifest["config"]["data"]["seq_len"], dtype)
+    generation = generation_config(config, source)
+    if generation is not None:
+        with open(os.path.join(out, "generation_config.json"), "w") as f:
+            json.dump(generation, f, indent=2)
+        files.append("generation_config.json")
     with open(os.path.join(out, "config.json"), "w") as f:
-        args = ModelArgs.from_manifest(manifest)
-        json.dump(hf_config(args, manifest["config"]["data"]["seq_len"], dtype), f, indent=2)
+        json.dump(config, f, indent=2)
     return files
 
 
@@ -163,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint-uri", required=True, help="a checkpoint root (latest committed) or a step directory")
     p.add_argument("--out", required=True, help="output directory, local or s3://")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: as trained")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="the weights' dtype; default: the init_from model's, else as trained")
     args = p.parse_args(argv)
     try:
         result = export(args.checkpoint_uri, args.out, getattr(torch, args.dtype) if args.dtype else None)

@@ -31,9 +31,13 @@ from torch.distributed.tensor import DTensor
 
 from trainer.config import ConfigError, TrainConfig
 from trainer.model import ModelArgs
+from trainer.token_store import BYTES_TOKENIZER, canonical_sha256, describe_tokenizer, same_tokenizer
 
 SUPPORTED_ROPE = ("default", "llama3")
 LLAMA3_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+SOURCE_FILES = ("config.json", "generation_config.json")
+"""The source's files an export gives back as they were (trainer/export.py), recorded in every manifest."""
+SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
 
 def _field(uri: str) -> str:
@@ -185,3 +189,79 @@ def load_weights(model: torch.nn.Module, directory: str, uri: str = "") -> int:
                     local, rows = param, lazy[:]
                 local.copy_(rows.to(dtype=local.dtype, device=local.device))
     return sum(len(p) for p in by_file.values())
+
+
+def weights_dtype(directory: str) -> str | None:
+    """The dtype of the source's weights as stored (read from the safetensors headers, not config.json's
+    ``torch_dtype``, which may be absent or say otherwise); None when the tensors are of several dtypes."""
+    from safetensors import safe_open
+
+    dtypes = set()
+    for path in sorted(set(_weight_files(directory).values())):
+        with safe_open(path, framework="pt") as f:
+            dtypes.update(f.get_slice(name).get_dtype() for name in f.keys())
+    names = {SAFETENSORS_DTYPES.get(d, d) for d in dtypes}
+    return names.pop() if len(names) == 1 else None
+
+
+def source_record(directory: str, uri: str) -> dict:
+    """What an export needs to give the source model back as it was, beside the trained weights: its
+    config.json and generation_config.json verbatim (small JSON files; kept as text, so a manifest's checks
+    never see the source's own numbers) and its weights' dtype. Recorded in every manifest of the job
+    (``hf_source``), so that an export never depends on the source directory still being there."""
+    record = {"uri": uri, "dtype": weights_dtype(directory)}
+    for name in SOURCE_FILES:
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                record[name] = f.read()
+    return record
+
+
+def model_tokenizer(directory: str, uri: str) -> dict | None:
+    """The identity (trainer.token_store) of the tokenizer the init_from model ships (its tokenizer.json),
+    as ``prepare_data --tokenizer`` computes it for a store prepared with that directory; None: none there."""
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        from tokenizers import Tokenizer
+
+        vocab = Tokenizer.from_str(raw.decode()).get_vocab_size(with_added_tokens=True)
+        sha = canonical_sha256(raw)
+    except ImportError:  # the trainer extra has it; without it, only the vocabulary goes unnamed
+        vocab, sha = None, canonical_sha256(raw)
+    except Exception as err:  # noqa: BLE001 - the library's own words, with the file named
+        message = f"model.init_from: {uri}/tokenizer.json is not a tokenizers JSON file: {err}"
+        raise ConfigError(message) from None
+    return {"kind": "hf", "name": os.path.basename(uri.rstrip("/")), "sha256": sha, "vocab_size": vocab}
+
+
+def check_data_tokenizer(directory: str, uri: str, dataset: str, data_tokenizer: dict | None) -> None:
+    """Refuse data the init_from model cannot read: its embeddings mean its own tokenizer's tokens, so
+    training it on byte-level data (the built-in corpus, a store prepared without ``--tokenizer``) or on
+    another tokenizer's ids would overwrite what it knows, silently. A model without a tokenizer.json
+    takes any data: there is nothing to compare (a sentencepiece-only model still refuses bytes)."""
+    model = model_tokenizer(directory, uri)
+    data = data_tokenizer or BYTES_TOKENIZER
+    fix = (f"prepare the text with the model's tokenizer (python -m trainer.prepare_data --input FILE "
+           f"--tokenizer {uri} --out DIR; the train_llama DAG's prepare_data task does it itself) and give "
+           "that store as data.dataset")
+    where = f"data.dataset: {dataset!r}" + (" (the built-in demo corpus)" if dataset == "builtin" else "")
+    if model is None:
+        if data.get("kind") == "bytes" and os.path.exists(os.path.join(directory, "tokenizer.model")):
+            raise ConfigError(f"{where} is byte-level text ({describe_tokenizer(data)}), but model.init_from "
+                              f"{uri!r} has its own tokenizer (sentencepiece, tokenizer.model): its "
+                              f"embeddings mean that tokenizer's tokens; {fix}")
+        return
+    if same_tokenizer(model, data):
+        return
+    if data.get("kind") == "bytes":
+        raise ConfigError(f"{where} is byte-level text ({describe_tokenizer(data)}, no tokenizer), but "
+                          f"model.init_from {uri!r} has its own tokenizer {describe_tokenizer(model)}: its "
+                          f"embeddings mean that tokenizer's tokens; {fix}")
+    raise ConfigError(f"{where} was prepared with tokenizer {describe_tokenizer(data)}, but model.init_from "
+                      f"{uri!r} has tokenizer {describe_tokenizer(model)}: its embeddings mean that "
+                      f"tokenizer's tokens; {fix}")

@@ -204,6 +204,7 @@ class Job:
     data_dir: str = ""  # the token directory (the held-out split is read from it)
     resume_point: tuple[int, str] | None = None  # the verified checkpoint to resume from (None: from scratch)
     resumed_from: int | None = None  # the step this attempt resumed from (None: from scratch)
+    hf_source: dict | None = None  # the init_from model's config files and dtype, for the export (trainer.hf)
     _unsettled: tuple | None = None  # (step, lr, loss, grad_norm) of the last step, not read yet
     _last_step_end: float = 0.0
     _budget_stop: dict | None = None  # rank 0: why the job stops at its cap
@@ -352,6 +353,8 @@ class Job:
             dist.barrier()
             hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())
         args = hf.model_args(cfg, hf_dir)  # a bad config.json is refused before the checkpoint directory is touched
+        if hf_dir is not None:  # so is data of another tokenizer than the model's
+            hf.check_data_tokenizer(hf_dir, cfg.model.init_from, cfg.data.dataset, data.tokenizer)
         # data.tokenizer: manifests record it, and a checkpoint of another tokenizer's data is refused.
         ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, shape=dataclasses.asdict(args), config=cfg.to_dict(),
                             config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device,
@@ -384,6 +387,7 @@ class Job:
         return cls(
             cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, data_dir=data_dir, model=model, optimizer=optimizer,
             resume_point=None if point is None else (point[0], point[1]),
+            hf_source=hf.source_record(hf_dir, cfg.model.init_from) if hf_dir and d.rank == 0 else None,
             scheduler=build_scheduler(optimizer, cfg.optim, cfg.steps),
             metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, rank=d.rank, world_size=d.world_size, device=d.device,
                             flops_per_token=fpt),
@@ -419,7 +423,8 @@ class Job:
             return 0.0
         start = time.perf_counter()
         fields = {"tokens_seen": self.tokens(step), "wall_time_s": round(self.progress.wall_time_s, 3),
-                  "step_time_s": self.cost.step_time_s, "cost": self.cost.snapshot()}
+                  "step_time_s": self.cost.step_time_s, "cost": self.cost.snapshot(),
+                  **({"hf_source": self.hf_source} if self.hf_source else {})}
         self.ckpt.save(step, self.model, self.optimizer, self.scheduler, self.data, manifest_fields=fields,
                        reason=reason, blocking=blocking)
         seconds = time.perf_counter() - start
