@@ -29,12 +29,13 @@ if [ "$status" -ne 0 ] || [ -z "$summary" ]; then
 fi
 echo
 echo "==> What happened (from the task logs):"
-grep -E 'status: step|Decision: |simulating preemption|"reason": "preemption"|"event": "preempted"|relaunching from|"event": "resume"|Held-out loss|Promoted|Not promoted' \
+grep -E 'status: step|Decision: |simulating preemption|"reason": "preemption"|"event": "preempted"|relaunching from|"event": "resume"|Held-out loss|Promoted|not the best of job' \
   "$DEMO_HOME/train_llama.log" | sed -E 's/^[0-9TZ:.-]+ \[[a-z ]+\] //; s/ \[airflow[^]]*\].*$//' | cut -c1-200 | sed 's/^/    /' || true
 echo
 echo "==> train_llama succeeded in ${elapsed}s"
 echo "    run summary:  $summary"
-"$PY" - "$summary" "$AIRFLOW_HOME/dtrain/models/train_llama/best.json" <<'PYEOF'
+best=$(ls -t "$AIRFLOW_HOME"/dtrain/models/train_llama/*/eval-*/best.json 2>/dev/null | head -n 1 || true)
+"$PY" - "$summary" "${best:-none}" <<'PYEOF'
 import json, os, sys
 s = json.load(open(sys.argv[1]))
 print("    checkpoint:   %s" % s["latest_checkpoint"])

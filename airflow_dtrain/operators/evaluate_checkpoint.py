@@ -35,9 +35,10 @@ class EvaluateCheckpointOperator(BaseOperator):
     the best so far *of the same job on the same evaluation set* (``<registry_uri>/<job>/<eval set>/best.json``;
     the evaluation set is the dataset, tokenizer, sequence length and batches the loss was measured on, so a
     loss on easier data never displaces another model) it is promoted: marked best (retention keeps it),
-    exported as Hugging Face safetensors under ``<registry_uri>/<job>/<eval set>/<run>/`` (by the evaluation job
-    itself, which is told the loss to beat: one job, one pod), recorded in ``best.json``, and an
-    asset event for ``asset`` is emitted. Nothing is emitted otherwise.
+    recorded in ``best.json``, and an asset event for ``asset`` is emitted. Promoted or not, the evaluated
+    checkpoint is exported as Hugging Face safetensors under ``<registry_uri>/<job>/<eval set>/<run>/`` (by the
+    evaluation job itself: one job, one pod), and the XCom says where (``export``) and whether it became the best
+    (``promoted``, ``best_loss_before``).
 
     The checkpoint directory must be the run's owner's directory of ``job`` (``airflow_dtrain.trust``), and the
     registry must lie under the storage roots; a job's registry entry is claimed for its owner like its
@@ -58,7 +59,8 @@ class EvaluateCheckpointOperator(BaseOperator):
     :param eval_all: evaluate every committed checkpoint for the curve, not only the latest; one that an
         earlier run evaluated, as it is committed now and with the same batches, is read back from
         ``evals/latest.json``, not evaluated again. (templated)
-    :param export: export a promoted checkpoint as safetensors. (templated)
+    :param export: export the evaluated checkpoint as safetensors, promoted or not (every run's model can be
+        loaded; the entry's best.json names the best). (templated)
     :param min_improvement: promote only if the loss improves by more than this. (templated)
     :param backend: ``local`` or ``kubernetes``, as for training. (templated)
     :param kubernetes: the DAG author's pod settings of the ``kubernetes`` backend (see FSDPTrainOperator;
@@ -201,12 +203,11 @@ class EvaluateCheckpointOperator(BaseOperator):
         if _true(self.eval_all):
             entry.append("--all")
         best = registry.read_json(REGISTRY_BEST)
-        # the loss a promotion must beat; the eval job exports the checkpoint itself when it does (no second job)
+        # the loss a promotion must beat. Every run's model is exported, by the eval job itself (no second job),
+        # into the entry's directory of this run: a run that is not the best still leaves its model to load
         threshold = best["loss"] - float(self.min_improvement) if best is not None else None
         if _true(self.export):
             entry += ["--export-to", registry.path(run_key(context["ti"].run_id))]
-            if threshold is not None:
-                entry += ["--export-if-below", repr(threshold)]
         self._run_job(context, "eval", self._job_spec(*entry))
         result = checkpoints.read_json(EVAL_RESULTS)
         if result is None:
@@ -233,31 +234,30 @@ class EvaluateCheckpointOperator(BaseOperator):
             "registry_entry": registry.root,
             "best_loss_before": best["loss"] if best else None,
             "promoted": False,
-            "export": None,
+            "export": self._exported(summary_step=result["step"], exported=result.get("export"), checkpoints=checkpoints),
         }
         if threshold is not None and not result["loss"] < threshold:
             self.log.info(
-                "Not promoted: loss %.4f does not beat the best so far, %.4f (%s)",
-                result["loss"], best["loss"], best["checkpoint"],
+                "Exported %s; not the best of job %s on evaluation set %s: loss %.4f does not beat %.4f (%s)",
+                summary["export"], job, eval_set, result["loss"], best["loss"], best["checkpoint"],
             )  # fmt: skip
             return summary
-        return self._promote(context, summary, registry, result.get("export"))
+        return self._promote(context, summary, registry)
 
-    def _promote(
-        self, context: Context, summary: dict[str, Any], registry: CheckpointDir, exported: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        checkpoint = summary["checkpoint"]
+    def _exported(self, *, summary_step: int, exported: dict[str, Any] | None, checkpoints: CheckpointDir) -> str | None:
+        """Where the eval job exported the evaluated step (None when export is off); it must have."""
+        if not _true(self.export):
+            return None
+        if not exported:
+            raise EvaluationFailed(f"the evaluation job exported nothing for step {summary_step} "
+                                   f"(its results: {checkpoints.path(EVAL_RESULTS)})")  # fmt: skip
+        return exported["out"]
+
+    def _promote(self, context: Context, summary: dict[str, Any], registry: CheckpointDir) -> dict[str, Any]:
+        checkpoint, export_dir = summary["checkpoint"], summary["export"]
         checkpoints, step_dir = CheckpointDir.split(checkpoint)
         checkpoints.mark_best(step_dir or checkpoint, {"loss": summary["loss"]})  # retention keeps it
-        export_dir = None
-        if _true(self.export):
-            if not exported:
-                raise EvaluationFailed(
-                    f"step {summary['step']} beats the best so far, but the evaluation job exported nothing "
-                    f"(its results: {checkpoints.path(EVAL_RESULTS)})"
-                )
-            export_dir = exported["out"]
-        summary.update(promoted=True, export=export_dir)
+        summary.update(promoted=True)
         registry.write_json(
             REGISTRY_BEST,
             {**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "export", "report", "job",

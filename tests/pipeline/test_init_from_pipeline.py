@@ -23,8 +23,15 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     src = tiny_llama(tmp_path / "my-llama", n_kv_heads=2, tie=False)
     tiny_tokenizer(src, vocab_size=256, corpus=builtin_documents()[:300])  # the model directory's tokenizer files
     ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
+    # a byte-level job's best model in the same registry (loss 2.14, measured with another tokenizer on other
+    # data): this job's model is exported and becomes the best of its own job and evaluation set all the same
+    byte_entry = registry / "train-llama" / "eval-0123456789ab"
+    byte_entry.mkdir(parents=True)
+    (registry / "train-llama" / "owner.json").write_text(json.dumps({"owner": "train_llama", "job": "train-llama"}))
+    (byte_entry / "best.json").write_text(json.dumps({"loss": 2.14, "step": 60}))
+    job = f"hf-{uuid.uuid4().hex[:8]}"
     run = dags["train_llama"].test(run_conf={
-        "job": f"hf-{uuid.uuid4().hex[:8]}", "init_from": src, "checkpoint_uri": str(ckpt),
+        "job": job, "init_from": src, "checkpoint_uri": str(ckpt),
         "registry_uri": str(registry), "steps": 6, "checkpoint_every": 3, "num_nodes": 1,
         "simulate_preemption_at_step": 0, "budget_usd": 5.0, "local_spot_price": 0.5, "max_price": 1.0,
     })  # fmt: skip
@@ -37,9 +44,12 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     assert manifest["config"]["data"]["dataset"] == prepared and prepared != "builtin"
     assert manifest["tokenizer"]["kind"] == "hf" and manifest["tokenizer"]["name"] == "my-llama"
 
-    # one registry entry: the job's, on its evaluation set
-    (best_file,) = registry.glob("*/eval-*/best.json")
+    # the job's own registry entry, on its evaluation set; the DAG run says what it exported and that it is the best
+    (best_file,) = registry.glob(f"{job}/eval-*/best.json")
     best = json.loads(best_file.read_text())
+    assert best_file.parent.parent.name == job and json.loads((byte_entry / "best.json").read_text())["loss"] == 2.14
+    evaluation = run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate")
+    assert evaluation["promoted"] is True and evaluation["export"] == best["export"], evaluation
     exported = transformers.AutoModelForCausalLM.from_pretrained(best["export"])
     source = json.loads((tmp_path / "my-llama" / "config.json").read_text())
     assert exported.config.hidden_size == source["hidden_size"]
