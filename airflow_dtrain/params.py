@@ -60,6 +60,11 @@ class RunSettings:
         rule="must be a field or column name (letters, digits, _ . -)",
         help="When the dataset is text to prepare: the JSON field (.jsonl) or column (.parquet, datasets) with the text.",
     )  # fmt: skip
+    on_bad_row: str = setting(
+        "error", choices=("error", "skip"), arg="on_bad_row", section=MODEL_AND_DATA, title="Bad rows",
+        help="When the dataset is text to prepare: a row without text (null, not a string, not UTF-8, not JSON) is "
+        "refused naming its file and line (error) or counted and skipped (skip).",
+    )  # fmt: skip
     instance_types: list[str] = setting(
         factory=lambda: ["p4d.24xlarge", "p5.48xlarge"], arg="instance_types", section=BUDGET_AND_SPOT,
         title="EC2 instance types", help="EC2 instance types whose spot prices are considered (kubernetes backend).",

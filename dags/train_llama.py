@@ -101,7 +101,7 @@ with DAG(
     # sections): only this DAG's defaults are given here.
     params=trigger_params(
         [
-            "job", "flavor", "init_from", "dataset", "text_field", "steps", "global_batch_size", "micro_batch_size",
+            "job", "flavor", "init_from", "dataset", "text_field", "on_bad_row", "steps", "global_batch_size", "micro_batch_size",
             "seq_len", "lr",
             "backend", "num_nodes", "procs_per_node", "max_preemptions",
             "checkpoint_uri", "checkpoint_every", "simulate_preemption_at_step", "registry_uri",
@@ -116,7 +116,8 @@ with DAG(
         },
         descriptions={
             "dataset": '"builtin" (the generated demo corpus), a token store, or text to prepare: a .txt, .jsonl '
-            "or .parquet file or a Hugging Face datasets directory, local or s3://. Text is tokenised by the "
+            "or .parquet file, a directory of such files or a glob (e.g. /data/c4/*.parquet), or a Hugging Face "
+            "datasets directory, local or s3://. Text is tokenised by the "
             "prepare_data task with init_from's tokenizer (byte-level without init_from).",
             "checkpoint_uri": "Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
             "Empty: the job's directory, $AIRFLOW_HOME/dtrain/checkpoints/train_llama/<job>.",
@@ -147,6 +148,8 @@ with DAG(
         dataset="{{ params.dataset or 'builtin' }}",
         tokenizer="{{ params.init_from or '' }}",  # the model's own tokenizer
         text_field="{{ params.text_field or 'text' }}",
+        on_bad_row="{{ params.on_bad_row or 'error' }}",
+        seq_len="{{ params.seq_len }}",  # a held-out split of at least one sequence, or a refusal naming the counts
         output_root=DATA_ROOT,
     )
 

@@ -149,8 +149,15 @@ class TrainBatches:
         self.rank = rank
         # Each sequence needs seq_len + 1 tokens (inputs and next-token targets).
         self.n_seq = (len(self.tokens) - 1) // seq_len
-        if self.n_seq < 1:
-            raise ValueError(f"{directory}: train split has {len(self.tokens)} tokens, fewer than seq_len+1 = {seq_len + 1}")
+        # The held-out split too: checked at start, not by the first evaluation (step 0, or after the spend).
+        held_out = len(open_split(directory, "val")[0])
+        for split, n in (("train", len(self.tokens)), ("held-out", held_out)):
+            if n < seq_len + 1:
+                raise ConfigError(
+                    f"data.dataset: {directory} ({self.meta.get('source', '?')}): its {split} split has "
+                    f"{n:,} tokens, fewer than one sequence of seq_len + 1 = {seq_len + 1:,}: prepare it "
+                    f"again with `python -m trainer.prepare_data --seq-len {seq_len}`, which holds out "
+                    "enough or says how much text is missing")
         self.samples_seen = 0  # global samples consumed; the loader's whole state
         self._perm_epoch, self._perm = -1, (1, 0)
 

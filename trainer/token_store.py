@@ -11,7 +11,9 @@ Format "dtrain-tokens" version 2 (written by ``python -m trainer.prepare_data``)
                          "splits": {"train": {"tokens": n, "documents": n,
                                               "shards": [{"file": "train-00000.bin", "tokens": n}, ...]},
                                     "val": {...}},
-                         "source": "..."}
+                         "source": "...", "text_field": "text",
+                         "bad_rows": {"policy": "error" | "skip", "rows": n, "skipped": n,
+                                      "first": [{"file": "...", "line" | "row": n, "why": "..."}, ...]}}
     train-00000.bin ... raw little-endian ids (uint16 while every id fits, uint32 above 65,535)
     val-00000.bin ...
     tokenizer/          tokenizer.json (+ tokenizer_config.json, special_tokens_map.json when the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,13 +37,21 @@ class PrepareDataOperator(BaseOperator):
     * a token store already (a directory or ``s3://`` prefix with the store's ``meta.json``): used
       as is, after checking it was prepared with the same tokenizer.
     * text to prepare: a ``.txt``, ``.jsonl`` (field ``text_field``) or ``.parquet`` file (column
-      ``text_field``), local or ``s3://``, or a directory saved by Hugging Face ``datasets``
+      ``text_field``), a directory of such files (shards, all of one format, in name order) or a glob
+      (``/data/c4/*.parquet``), local or ``s3://``; or a directory saved by Hugging Face ``datasets``
       (``save_to_disk``). Hub dataset names are not fetched: save one with ``datasets`` first.
+
+    A row without text (null, not a string, not UTF-8, not JSON) is refused naming its file and line or
+    row (``on_bad_row="error"``, the default), or counted and skipped (``"skip"``: the count and the first
+    few places are in the log and in the store's ``meta.json``), the same in every format. The held-out
+    split holds at least one document, and one evaluation sequence of ``seq_len`` when it is given;
+    data too small for that is refused here with its counts, not by the first evaluation.
 
     A prepared store goes to ``<output_root>/<name>-<key>``, where the key hashes the input (path,
     size and modification time), the tokenizer's identity, ``text_field`` and the split settings:
     the next run of the DAG (a relaunch, the next scheduled run) finds it there and does not
-    tokenise again. Progress is printed to the task log every few seconds.
+    tokenise again (a directory's or a glob's files are each part of the key). Progress is printed to
+    the task log every few seconds.
 
     :param dataset: see above. (templated)
     :param tokenizer: a ``tokenizer.json``, or a model directory / ``s3://`` prefix holding one
@@ -56,9 +65,15 @@ class PrepareDataOperator(BaseOperator):
         read another place.
     :param val_fraction: share of the text held out for evaluation.
     :param shard_tokens: tokens per shard file (default: the store's).
+    :param on_bad_row: ``"error"`` (refuse a row without text, naming it) or ``"skip"`` (count and skip
+        it). (templated)
+    :param seq_len: the training job's sequence length: both splits must hold one sequence of it (seq_len
+        + 1 tokens), a store given as ``dataset`` included; empty: at least one document each. (templated)
     """
 
-    template_fields: Sequence[str] = ("dataset", "tokenizer", "text_field", "output_root")
+    template_fields: Sequence[str] = (
+        "dataset", "tokenizer", "text_field", "output_root", "on_bad_row", "seq_len",
+    )  # fmt: skip
     ui_color = "#fdf1d6"
 
     def __init__(
@@ -71,6 +86,8 @@ class PrepareDataOperator(BaseOperator):
         allowed_roots: list[str] | tuple[str, ...] | None = None,
         val_fraction: float = 0.05,
         shard_tokens: int | None = None,
+        on_bad_row: str = "error",
+        seq_len: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -81,11 +98,22 @@ class PrepareDataOperator(BaseOperator):
         self.allowed_roots = tuple(allowed_roots) if allowed_roots is not None else None
         self.val_fraction = val_fraction
         self.shard_tokens = shard_tokens
+        self.on_bad_row = on_bad_row
+        self.seq_len = seq_len
 
     def execute(self, context: Context) -> str:
         dataset = str(self.dataset or BUILTIN).strip()
         tokenizer_spec = str(self.tokenizer or "").strip()
         text_field = str(self.text_field or "text")
+        on_bad_row = str(self.on_bad_row or "error").strip()
+        if on_bad_row not in ("error", "skip"):
+            raise DataError(f"on_bad_row: must be 'error' or 'skip', got {self.on_bad_row!r}")
+        try:
+            seq_len = int(self.seq_len) if self.seq_len not in (None, "", "None") else None
+        except (TypeError, ValueError):
+            seq_len = 0
+        if seq_len is not None and seq_len < 1:
+            raise DataError(f"seq_len: must be a whole number of tokens, at least 1, got {self.seq_len!r}")
         from airflow_dtrain.errors import SpecError
         from airflow_dtrain.trust import limits_for
 
@@ -110,10 +138,10 @@ class PrepareDataOperator(BaseOperator):
                 raise DataError(_named(e)) from None
             store = _read_store_meta(dataset) if dataset != BUILTIN else None
             if store is not None:
-                return self._use_store(dataset, store, tok, tokenizer_spec)
-            return self._prepare(dataset, tok, local_spec, text_field, scratch)
+                return self._use_store(dataset, store, tok, tokenizer_spec, seq_len)
+            return self._prepare(dataset, tok, local_spec, text_field, scratch, limits, on_bad_row, seq_len)
 
-    def _use_store(self, dataset: str, meta: dict, tok, tokenizer_spec: str) -> str:
+    def _use_store(self, dataset: str, meta: dict, tok, tokenizer_spec: str, seq_len: int | None) -> str:
         from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
         saved = meta.get("tokenizer")
@@ -124,12 +152,19 @@ class PrepareDataOperator(BaseOperator):
                 f"tokenizer ({tokenizer_spec!r}) is {describe_tokenizer(tok.identity)}: prepare the data with the "
                 "model's tokenizer, or give the text itself as dataset and this task prepares it"
             )
+        short = _short_of(meta, seq_len)
+        if short:
+            raise DataError(f"dataset: {dataset!r} is a token store whose {short}: prepare it again with "
+                            f"`python -m trainer.prepare_data --seq-len {seq_len}`, or give the text itself "
+                            "as dataset and this task prepares it")
         self.log.info("dataset: %s is a token store already (%s tokens, tokenizer %s)", dataset,
                       _tokens(meta), describe_tokenizer(saved))
         return dataset
 
-    def _prepare(self, dataset: str, tok, local_spec: str | None, text_field: str, scratch: str) -> str:
-        from trainer.prepare_data import DEFAULT_SHARD_TOKENS, PrepareError, input_kind, prepare
+    def _prepare(self, dataset: str, tok, local_spec: str | None, text_field: str, scratch: str, limits,
+                 on_bad_row: str, seq_len: int | None) -> str:
+        from airflow_dtrain.errors import SpecError
+        from trainer.prepare_data import DEFAULT_SHARD_TOKENS, PrepareError, expand_input, prepare
 
         shard_tokens = int(self.shard_tokens or DEFAULT_SHARD_TOKENS)
         if dataset == BUILTIN:
@@ -142,28 +177,37 @@ class PrepareDataOperator(BaseOperator):
             source, text_field, name = BUILTIN_NAME, "text", BUILTIN_NAME
         else:
             try:
-                input_kind(dataset)
+                files = expand_input(dataset)
             except PrepareError as e:
-                hint = ("" if os.path.exists(dataset) or "://" in dataset else
+                hint = ("" if os.path.exists(dataset) or "://" in dataset or "*" in dataset else
                         " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it with "
                         "datasets' save_to_disk and give that directory)")
                 raise DataError(_named(e) + hint) from None
-            inputs, source = [dataset], _fingerprint(dataset)
-            name = os.path.splitext(os.path.basename(dataset.rstrip("/")))[0] or "data"
+            for path, _ in files:  # a glob's match or a shard behind a symbolic link: within the roots too
+                try:
+                    limits.check_uri("dataset", path)
+                except SpecError as err:
+                    raise DataError(str(err)) from None
+            inputs, source, name = [dataset], _fingerprint(dataset, files), _store_name(dataset)
+        # on_bad_row: a store that skipped rows is never handed to a run that asked for them to be refused
         key = hashlib.sha256(json.dumps(
-            [source, tok.identity, text_field, self.val_fraction, shard_tokens], sort_keys=True
+            [source, tok.identity, text_field, self.val_fraction, shard_tokens, on_bad_row], sort_keys=True
         ).encode()).hexdigest()[:16]  # fmt: skip
         tok_name = tok.identity.get("name") or tok.identity.get("kind")
         out = f"{self._root().rstrip('/')}/{name}-{tok_name}-{key}"
         existing = _read_store_meta(out)
+        if existing is not None and _short_of(existing, seq_len):
+            # prepared for shorter sequences (a small corpus): a store of its own holds out enough for these
+            out = f"{out}-seq{seq_len}"
+            existing = _read_store_meta(out)
         if existing is not None:
             self.log.info("dataset: %s was prepared before with the same input and tokenizer: %s (%s tokens)",
                           dataset, out, _tokens(existing))
             return out
         self.log.info("dataset: preparing %s with tokenizer %s into %s", dataset, tok_name, out)
         try:
-            prepare(inputs, out, tokenizer=local_spec, text_field=text_field, val_fraction=self.val_fraction, shard_tokens=shard_tokens,
-                    log=self.log.info)
+            prepare(inputs, out, tokenizer=local_spec, text_field=text_field, val_fraction=self.val_fraction,
+                    shard_tokens=shard_tokens, log=self.log.info, on_bad_row=on_bad_row, seq_len=seq_len)
         except PrepareError as e:
             if "already exists" in str(e) or "appeared while preparing" in str(e):
                 # Another run prepared the same store meanwhile: the same input and tokenizer, so the same data.
@@ -182,13 +226,36 @@ class PrepareDataOperator(BaseOperator):
 
 
 def _named(error: Exception) -> str:
-    """trainer.prepare_data's message with its command-line option renamed to this task's argument."""
+    """trainer.prepare_data's message with its command-line options renamed to this task's arguments."""
     message = str(error)
-    for option, argument in (("--input", "dataset"), ("--text-field", "text_field"), ("--tokenizer", "tokenizer"),
-                             ("--out", "output_root")):
-        if message.startswith(option):
-            return argument + message[len(option):]
+    for option, argument in (
+        ("--on-bad-row=skip", "on_bad_row='skip'"), ("--on-bad-row", "on_bad_row"), ("--input", "dataset"),
+        ("--text-field", "text_field"), ("--tokenizer", "tokenizer"), ("--out", "output_root"),
+        ("--seq-len", "seq_len"),
+    ):  # fmt: skip
+        message = message.replace(option, argument)
     return message
+
+
+def _short_of(meta: dict, seq_len: int | None) -> str | None:
+    """What a store lacks for one training and one evaluation sequence of `seq_len`, in words; None if
+    nothing (or no seq_len)."""
+    if not seq_len:
+        return None
+    for split, label in (("train", "train"), ("val", "held-out")):
+        entry = (meta.get("splits") or {}).get(split)
+        n = entry.get("tokens") if isinstance(entry, dict) else entry
+        if isinstance(n, int) and n < seq_len + 1:
+            return f"{label} split has {n:,} tokens, fewer than one sequence of seq_len + 1 = {seq_len + 1:,}"
+    return None
+
+
+def _store_name(dataset: str) -> str:
+    """A store's name from its dataset: the file's stem, the directory's name, a glob's directory."""
+    parts = [p for p in dataset.split("://")[-1].rstrip("/").split("/") if p]
+    parts = parts[:next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))]
+    stem = os.path.splitext(parts[-1])[0] if parts else ""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip("._") or "data"
 
 
 def _tokens(meta: dict) -> str:
@@ -217,20 +284,27 @@ def _read_store_meta(location: str) -> dict | None:
     return meta if meta.get("format") == FORMAT else None
 
 
-def _fingerprint(dataset: str) -> list:
-    """What identifies the input's content cheaply: its location, size and modification time
-    (the ETag for object storage); a datasets directory by its files'."""
+def _fingerprint(dataset: str, files: list[tuple[str, str]]) -> list:
+    """What identifies the input's content cheaply: each file's location, size and modification time (the
+    ETag for object storage), a shard added to a directory or a glob included; a datasets directory by its
+    files'."""
     from trainer.token_store import is_remote, remote_fs
 
     if is_remote(dataset):
-        fs, path = remote_fs(dataset)
-        info = fs.info(path)
-        return [dataset, info.get("size"), str(info.get("ETag") or info.get("LastModified") or "")]
-    path = os.path.abspath(dataset)
-    if os.path.isdir(path):
-        return [path, sorted((os.path.relpath(os.path.join(d, n), path), os.path.getsize(os.path.join(d, n)),
-                              os.path.getmtime(os.path.join(d, n))) for d, _, names in os.walk(path) for n in names)]
-    return [path, os.path.getsize(path), os.path.getmtime(path)]
+        fs, _ = remote_fs(dataset)
+        infos = [(path, fs.info(path.split("://", 1)[1])) for path, _ in files]
+        return [dataset, [[path, info.get("size"), str(info.get("ETag") or info.get("LastModified") or "")]
+                          for path, info in infos]]
+    out = []
+    for path, kind in files:
+        path = os.path.abspath(path.removeprefix("file://"))
+        if kind == "datasets":
+            inside = [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
+            out.append([path, sorted((os.path.relpath(f, path), os.path.getsize(f), os.path.getmtime(f))
+                                     for f in inside)])
+        else:
+            out.append([path, os.path.getsize(path), os.path.getmtime(path)])
+    return [dataset, out]
 
 
 def _local_tokenizer(spec: str, scratch: str) -> str:

@@ -86,7 +86,7 @@ def test_bad_inputs_are_refused_naming_the_argument_and_the_value(tmp_path, mode
     monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", "/")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"text": "a document."}) + "\n")
-    with pytest.raises(DataError, match=r"^text_field: 'body' is missing in .*corpus.jsonl line 1 \(it has: text\)"):
+    with pytest.raises(DataError, match=r"^text_field: .*corpus.jsonl line 1: 'body' is missing \(it has: text\)"):
         run(tmp_path, dataset=str(corpus), tokenizer=model_dir, text_field="body")
     with pytest.raises(DataError, match=r"^dataset: wikitext: unknown input kind .*hub dataset name is not fetched"):
         run(tmp_path, dataset="wikitext", tokenizer=model_dir)
