@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 TORCH_MIN ?= torch==2.11.0
 VENV_MIN ?= .venv-torch-min
 
-.PHONY: venv chromium test test-faults test-fast test-torch-min demo clean
+.PHONY: venv chromium test test-faults test-fast test-torch-min bench-smoke demo clean
 
 venv: $(VENV)/.installed
 
@@ -50,6 +50,24 @@ test: venv chromium
 # writer, a 34 s preemption save. .ci/run runs them after `make test`; `benchmarks/faults.py` repeats such faults.
 test-faults: venv
 	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal --durations=10 -m fault_trial $(PYTEST_ARGS)
+
+# Every benchmark in its --quick mode (small sizes, one trial, the same code as the full run), each
+# printing its table: a check that they still run against the current code, not a measurement. About
+# 3 minutes on 2 cores; .ci/run runs it after the tests. gpu_check.sh says so and passes without a
+# GPU. benchmarks/spot_traces.py is not a script: the spot scripts read their traces
+# (../shared/data/spot) with it.
+BENCH_SCRIPTS := checkpoint.py data_throughput.py faults.py mfu.py recovery.py spot_choice.py spot_cost.py \
+	spot_hindsight.py trainer_overhead.py gpu_check.sh
+
+bench-smoke: venv
+	@failed=; for s in $(BENCH_SCRIPTS); do \
+		echo "== benchmarks/$$s --quick"; start=$$(date +%s); \
+		case $$s in *.sh) PYTHON=$(PY) bash benchmarks/$$s --quick;; *) $(PY) benchmarks/$$s --quick;; esac \
+			|| failed="$$failed $$s"; \
+		echo "== benchmarks/$$s --quick: $$(( $$(date +%s) - start )) s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "bench-smoke FAILED:$$failed"; exit 1; fi; \
+	echo "bench-smoke: every benchmark ran"
 
 # Everything except the tests that start a real Airflow scheduler, and the fault trials.
 test-fast: venv

@@ -1,6 +1,7 @@
 """Checkpoint throughput against the disk's own bandwidth, and the stall of an async save.
 
-    python benchmarks/checkpoint.py [--mb 200] [--batch 64] [--dir DIR] [--rounds 3]
+    python benchmarks/checkpoint.py [--mb 200] [--batch 64] [--dir DIR] [--rounds 6]
+    python benchmarks/checkpoint.py --quick     # 16 MiB, 2 rounds: a check that it runs
 
 One process (a 1-rank gloo group), the trainer's real Checkpointer (get_state_dict, DCP
 FileSystemWriter with fsync, xxh3_128 of every file, manifest), on a model of stacked
@@ -139,7 +140,10 @@ def main() -> None:
     p.add_argument("--write-threads", type=int, default=CheckpointConfig.write_threads,
                    help="checkpoint.write_threads of the sync and async saves")
     p.add_argument("--batch", type=int, default=64, help="rows per training step of the async-stall measurement")
+    p.add_argument("--quick", action="store_true", help="--mb 16 --rounds 2: every measurement, once warm")
     args = p.parse_args()
+    if args.quick:
+        args.mb, args.rounds = 16, 2
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
     dist.init_process_group("gloo")
     base = tempfile.mkdtemp(dir=args.dir, prefix="dtrain-ckpt-bench-")

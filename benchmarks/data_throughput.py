@@ -29,9 +29,10 @@ consumes on this machine, and the peak memory of loading a Hugging Face model wi
    each measurement is a fresh process reporting ``getrusage(RUSAGE_SELF).ru_maxrss``, plus its
    anonymous / file-backed split sampled from /proc/self/status (the safetensors files are
    memory-mapped: their pages count in RSS while mapped, but are page cache, not allocations):
-   * trainer, 1 rank and --world ranks under torchrun: ``trainer.train.build_model`` (meta
-     device, FSDP2, ``init_weights``) then ``trainer.hf.load_weights``, exactly Job.build's
-     init_from path; each rank's parameter bytes are its shard's (fp32 on CPU);
+   * trainer, 1 rank and --world ranks under torchrun: Job.build's init_from path for a fresh job:
+     ``trainer.hf.local_copy`` and ``model_args``, ``trainer.train.build_model(..., random_init=False)``
+     (meta device; FSDP2 on --world ranks, a plain module on one CPU process; only the rotary tables
+     computed) then ``trainer.hf.load_weights``; each rank's parameter bytes are its shard's (fp32 on CPU);
    * reference: ``transformers.AutoModelForCausalLM.from_pretrained`` on the same directory,
      in fp32 (the trainer's parameter dtype on CPU) and in the checkpoint's bf16; every parameter
      is then read once (in bf16 they may still be views of the mapped file, not in memory yet).
@@ -101,11 +102,14 @@ def max_rss() -> int:
 
 
 def worker_trainer_load(model_dir: str, seq_len: int) -> None:
-    """One rank of the trainer's init_from load; prints one JSON line (every rank)."""
+    """One rank of the trainer's init_from load, as ``Job.build`` runs it for a fresh job; prints one JSON
+    line (every rank)."""
     import torch
+    from torch.distributed.tensor import DTensor
 
     from trainer import hf
     from trainer.config import TrainConfig
+    from trainer.data import default_data_dir
     from trainer.train import build_model, setup_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -115,16 +119,19 @@ def worker_trainer_load(model_dir: str, seq_len: int) -> None:
                                  "global_batch_size": world, "micro_batch_size": 1})
     d = setup_distributed(cfg.parallel)
     start = time.perf_counter()
-    model = build_model(cfg, d, hf.model_args(cfg, model_dir))
+    hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())  # a local directory: itself
+    # No checkpoint to resume and a model loaded whole: Job.build skips the random draw (random_init=False).
+    model = build_model(cfg, d, hf.model_args(cfg, hf_dir), random_init=False)
     build_s = time.perf_counter() - start
     after_build = max_rss()
     start = time.perf_counter()
-    n = hf.load_weights(model, model_dir, model_dir)
+    n = hf.load_weights(model, hf_dir, cfg.model.init_from)
     load_s = time.perf_counter() - start
     peak = max_rss()  # the parameters are copies: resident already
     split = sampler.stop()
     params = list(model.parameters())
-    local = sum(p.to_local().numel() * p.element_size() for p in params)
+    # DTensors on several ranks; plain tensors on one CPU process (trainer.parallelize.needs_fsdp)
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in params)
     full = sum(p.numel() * p.element_size() for p in params)
     print(json.dumps({"rank": d.rank, "world": d.world_size, "tensors": n, "baseline": baseline,
                       "peak_after_build": after_build, "peak": peak, "peak_anon": split["RssAnon"],
@@ -243,7 +250,8 @@ def fmt_bytes(n: float) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a 4 MB corpus, 20 steps, a 0.03 B model")
+    p.add_argument("--quick", action="store_true",
+                   help="every part, small (a 2 MB corpus, 10 steps, a 0.01 B model): a check that it runs")
     p.add_argument("--corpus-mb", type=float, default=32, help="size of the generated JSON-lines corpus")
     p.add_argument("--tokenizer-vocab", type=int, default=70_000, help="BPE vocabulary (> 65,535: uint32 ids)")
     p.add_argument("--world", type=int, default=2, help="ranks: the data path's views and torchrun's workers")
@@ -277,8 +285,8 @@ def main() -> int:
         worker_build(args.model_dir, json.loads(args.spec))
         return 0
     if args.quick:
-        args.corpus_mb, args.steps, args.data_seconds = 4, 20, 1.0
-        args.layers, args.hidden, args.ffn, args.heads, args.kv_heads, args.vocab = 4, 512, 1536, 8, 4, 32_000
+        args.corpus_mb, args.steps, args.data_seconds = 2, 10, 0.5
+        args.layers, args.hidden, args.ffn, args.heads, args.kv_heads, args.vocab = 2, 256, 768, 4, 2, 32_000
     if args.batch % args.world:
         sys.exit(f"--batch {args.batch} is not divisible by --world {args.world}")
 

@@ -8,11 +8,13 @@
 #                                        # exported model's loss under transformers on the same batches
 #   bash benchmarks/gpu_check.sh preempt # SIGTERM to trainer.launch at the fastest settings while an async save is in
 #                                        # flight: exit 75, the restart resumes from the step reached (recovery.py)
-# Output goes to $OUT (or ./gpu-out) as one text file per part.
+#   bash benchmarks/gpu_check.sh --quick # `make bench-smoke`: mfu.py and recovery.py --quick on the GPU, exit 1
+#                                        # if either fails; without a GPU, says so and exits 0
+# Output goes to $OUT (or ./gpu-out) as one text file per part (--quick: to stdout only).
 set -u
 part=${1:-mfu}
 out=${OUT:-gpu-out}
-mkdir -p "$out"
+[ "$part" = --quick ] || mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
@@ -21,10 +23,23 @@ run() {  # run NAME ARGS...: one measurement, bounded, its wall time printed
     local t0=$SECONDS
     echo "== $name: $*"
     timeout "${RUN_TIMEOUT:-150}" "$@" 2>&1 | grep -v -E 'Warning|warn\(' | tail -"${TAIL:-8}"
-    echo "== $name: rc ${PIPESTATUS[0]}, ${SECONDS}s total, $((SECONDS - t0))s this run"
+    local rc=${PIPESTATUS[0]}
+    echo "== $name: rc $rc, ${SECONDS}s total, $((SECONDS - t0))s this run"
+    return "$rc"
 }
 
 case $part in
+--quick)
+    if ! $py -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+        echo "gpu_check.sh --quick: skipped: no GPU here (torch.cuda.is_available() is not True for $py)"
+        exit 0
+    fi
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    rc=0
+    run mfu-quick $py benchmarks/mfu.py --quick || rc=1
+    run preempt-quick $py benchmarks/recovery.py --quick --nproc 1 || rc=1
+    exit $rc
+    ;;
 mfu)
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -103,5 +118,5 @@ preempt)
     } 2>&1 | tee "$out/preempt.txt"
     ;;
 *)
-    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt)" >&2; exit 2 ;;
+    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, --quick)" >&2; exit 2 ;;
 esac

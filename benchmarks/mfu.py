@@ -4,6 +4,7 @@
     python benchmarks/mfu.py --ac selective --micro-batch 8 --no-compile
     torchrun --nproc-per-node 1 benchmarks/mfu.py  # the same, under torchrun
     python benchmarks/mfu.py --flavor debug --allow-cpu --steps 2 --warmup 1 --seq-len 64   # smoke test on CPU
+    python benchmarks/mfu.py --quick               # the same on a GPU (compiled) or a CPU (eager, no MFU)
 
 What runs is the trainer's own step: the model built by trainer.train.build_model (FSDP2
 over this rank, bf16 parameters with fp32 gradient reduction and master weights),
@@ -42,7 +43,14 @@ def main() -> int:
     p.add_argument("--loss-chunk-tokens", type=int, default=None,
                    help="parallel.loss_chunk_tokens (default: the trainer's; 0 = whole logits, no recompute)")
     p.add_argument("--allow-cpu", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="--flavor debug --seq-len 64 --steps 2 --warmup 1, on a GPU or (eager) a CPU: "
+                   "a check that it runs")
     args = p.parse_args()
+    if args.quick:
+        args.flavor, args.seq_len, args.steps, args.warmup = "debug", 64, 2, 1
+        if not torch.cuda.is_available():  # compiling for a CPU would take most of the run, to no purpose
+            args.allow_cpu, args.compile = True, False
     if not torch.cuda.is_available() and not args.allow_cpu:
         print("benchmarks/mfu.py measures a GPU: torch.cuda.is_available() is False on this machine "
               f"(torch {torch.__version__}). Not measured. (--allow-cpu runs it anyway, without MFU.)",
@@ -94,10 +102,13 @@ def main() -> int:
     peak = peak_flops(d.device)
     if d.rank == 0:
         name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
+        # one CPU process trains a plain module (trainer.parallelize.needs_fsdp)
+        layout = ("bf16 FSDP2 (fp32 reduce)" if d.device.type == "cuda"
+                  else "fp32 FSDP2" if world > 1 else "fp32, plain module")
         print(f"device {name} x {world}, torch {torch.__version__}, cuda {torch.version.cuda}")
         print(f"flavour {args.flavor} ({model.num_params() / 1e9:.3f} B params), seq_len {args.seq_len}, "
               f"micro-batch {args.micro_batch} x accum {args.accum} x {world} ranks, "
-              f"{'bf16 FSDP2 (fp32 reduce)' if d.device.type == 'cuda' else 'fp32 FSDP2'}, "
+              f"{layout}, "
               f"compile {args.compile} (loss {model.compile_loss}), "
               f"loss chunk {cfg.parallel.loss_chunk_tokens or 'none'}, AC {args.ac}"
               + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")

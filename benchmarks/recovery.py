@@ -2,6 +2,7 @@
 and the steps lost.
 
     python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug] [--set KEY=VALUE ...]
+    python benchmarks/recovery.py --quick      # one round: a check that it runs
 
 Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m trainer`` (torchrun
 with the trainer's exit codes: the launcher a local-backend node runs), debug flavour, sends
@@ -92,7 +93,10 @@ def main() -> None:
     p.add_argument("--flavor", default="debug")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer setting (repeatable)")
     p.add_argument("--stderr", metavar="FILE", help="append the trainers' stderr to FILE (default: discarded)")
+    p.add_argument("--quick", action="store_true", help="--rounds 1")
     args = p.parse_args()
+    if args.quick:
+        args.rounds = 1
     global STDERR
     STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
     extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]

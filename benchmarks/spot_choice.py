@@ -2,6 +2,7 @@
 
     python benchmarks/spot_choice.py --seed 6                        # the groups scenario (C)
     python benchmarks/spot_choice.py TRACE_DIR --scenario aws-9az --seed 0 --tune-jobs 300
+    python benchmarks/spot_choice.py --quick                         # 8 jobs per size: a check that it runs
 
 `benchmarks/spot_cost.py` chooses the four parameters of our policy per scenario, job size and user on jobs of
 the first half of each trace and reports on jobs of the second half. Where that misses the line (at or below
@@ -37,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import spot_cost as sc
-from spot_traces import load_scenarios
+from spot_traces import load_scenarios, quick_traces
 
 BASELINES = ("naive spot, with warning", "naive spot, no warning", "Uniform Progress")
 
@@ -163,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         help="an on-line rule over the last K jobs ended (repeatable; default 100 and 200)",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="--jobs 8 --tune-jobs 8 --recent 4")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.jobs, args.tune_jobs, args.recent = 8, 8, [4]
+        if quick_traces(args.trace_dir) != args.trace_dir:  # no shared traces here: the bundled market's scenario
+            args.trace_dir, args.scenario = quick_traces(args.trace_dir), "synthetic"
     recent = args.recent or [100, 200]
     mech = sc.Mechanics()
     scenarios = {s.name: s for s in load_scenarios(args.trace_dir)}

@@ -2,6 +2,7 @@
 
     python benchmarks/spot_cost.py [TRACE_DIR] [--jobs 200] [--tune-jobs 300] [--seed 0 | --seeds A-B]
                                    [--inputs measured|dag] [--scenario NAME]
+    python benchmarks/spot_cost.py --quick      # every scenario, 8 jobs per size: a check that it runs
 
 TRACE_DIR (default ``../shared/data/spot`` relative to the repository) holds either ``*.market.json``
 files (your own data, format in ``benchmarks/README.md``) or the shared research traces
@@ -69,7 +70,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide  # noqa: E402
-from spot_traces import Market, load_scenarios  # noqa: E402
+from spot_traces import Market, load_scenarios, quick_traces  # noqa: E402
 
 DEFAULT_TRACES = REPO.parent / "shared" / "data" / "spot"
 SIZES = (1, 4, 16)
@@ -630,7 +631,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", action="append", default=None, metavar="NAME",
                     help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; "
                          "repeatable); default: every scenario in TRACE_DIR")
+    ap.add_argument("--quick", action="store_true", help="--jobs 8 --tune-jobs 8: every part, on few jobs")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.jobs, args.tune_jobs = 8, 8
+        args.trace_dir = quick_traces(args.trace_dir)
     seeds = args.seeds or [args.seed]
     mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
     t0 = time.monotonic()

@@ -2,6 +2,7 @@
 
     python benchmarks/spot_hindsight.py --seed 18                   # the groups scenario (C), 200 jobs per size
     python benchmarks/spot_hindsight.py TRACE_DIR --scenario aws-9az --seed 0
+    python benchmarks/spot_hindsight.py --quick                      # 8 jobs per size: a check that it runs
 
 `benchmarks/spot_cost.py` chooses our policy's parameters on the first half of each trace and reports on the
 second. Where it misses the line (at or below every baseline's cost with as many jobs on time within budget),
@@ -22,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import spot_cost as sc  # noqa: E402
-from spot_traces import load_scenarios  # noqa: E402
+from spot_traces import load_scenarios, quick_traces  # noqa: E402
 
 
 def gap(ours: sc.Row, bases: list[sc.Row]) -> tuple[float, int]:
@@ -56,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-s", type=float, default=300.0)
     ap.add_argument("--checkpoint-s", type=float, default=1800.0)
     ap.add_argument("--step-s", type=float, default=30.0)
+    ap.add_argument("--quick", action="store_true", help="--jobs 8")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.jobs = 8
+        if quick_traces(args.trace_dir) != args.trace_dir:  # no shared traces here: the bundled market's scenario
+            args.trace_dir, args.scenario = quick_traces(args.trace_dir), "synthetic"
     mech = sc.Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
     scenarios = {s.name: s for s in load_scenarios(args.trace_dir)}
     if args.scenario not in scenarios:

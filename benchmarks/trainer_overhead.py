@@ -2,6 +2,7 @@
 
     python benchmarks/trainer_overhead.py [--steps 20] [--rounds 10] [--seq-len 128] [--batch 8]
     torchrun --nproc-per-node 2 benchmarks/trainer_overhead.py
+    python benchmarks/trainer_overhead.py --quick   # 2 rounds x 2 steps at seq_len 32: a check that it runs
 
 Both drive the same model (the debug flavour, as the trainer lays it out: FSDP2-sharded on
 several ranks or a GPU, a plain module on one CPU process, see trainer.parallelize.needs_fsdp)
@@ -62,7 +63,10 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="(one process) also profile N steps of plain and of bare with torch.profiler and print "
                         "the ops where bare (FSDP2) spends more CPU time than plain: what the wrapper costs")
+    p.add_argument("--quick", action="store_true", help="--steps 2 --rounds 2 --seq-len 32")
     args = p.parse_args()
+    if args.quick:
+        args.steps, args.rounds, args.seq_len = 2, 2, 32
     world = int(os.environ.get("WORLD_SIZE", "1"))
     # One directory for all ranks: progress.json is written there, as in a real run.
     root = os.path.join(tempfile.gettempdir(), f"dtrain-bench-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}")
