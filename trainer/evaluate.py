@@ -125,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             model, manifest = load_model(found[s], device)
         except UnsafeCheckpoint as err:  # a forged checkpoint: refused, nothing in it ran
             print(f"refused: {err}", file=sys.stderr, flush=True)
-            return 1
+            if s == step:
+                return 1
+            continue  # another point of the curve: left out, the checkpoint asked for is still evaluated
         cfg = TrainConfig.from_dict(manifest["config"])
         data_dir = local_dataset(cfg.data.dataset)
         result = evaluate(model, data_dir, cfg.data.seq_len, args.batches, args.batch_size, device)

@@ -100,3 +100,29 @@ def test_the_sweeps_limits_are_the_train_limits(dags, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", str(tmp_path / "mine"))
     run = dags["sweep_llama"].test(run_conf={"sweep_root": "/srv/other-team/sweeps"})
     assert _states(run)["check_conf"] == TaskInstanceState.FAILED and not os.path.exists("/srv/other-team")
+
+
+def test_a_forged_checkpoint_runs_nothing_when_a_run_resumes_validates_and_evaluates(dags, tmp_path, monkeypatch):
+    """The job's directory holds a checkpoint whose .metadata would run a command when unpickled (its manifest's
+    checksums match): the run resumes past it, validates and evaluates, and the command never runs."""
+    from tests.trainer.conftest import FAST, run_trainer
+    from tests.trainer.test_forged_checkpoint import _forge_metadata
+
+    monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(tmp_path / "groups"))
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "MARKER"
+    trained = run_trainer([*FAST, "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2", "--steps", "6",
+                           "--set", "job=train-llama"], os.environ["DTRAIN_DATA_DIR"])  # fmt: skip
+    assert trained.returncode == 0, trained
+    _forge_metadata(ckpt / "step-00000006", marker)
+    run = dags["train_llama"].test(run_conf={
+        "checkpoint_uri": str(ckpt), "registry_uri": str(tmp_path / "registry"), "steps": 8, "num_nodes": 1,
+        "seq_len": 32, "global_batch_size": 8, "micro_batch_size": 4, "checkpoint_every": 2,
+        "simulate_preemption_at_step": 0,
+    })  # fmt: skip
+    states = _states(run)
+    assert run.state == DagRunState.SUCCESS, states
+    assert not marker.exists(), "the forged pickle ran"
+    summary = json.loads((ckpt / "summary.json").read_text())
+    assert summary["final_step"] == 8
+    validated = run.get_task_instance("validate").xcom_pull(task_ids="validate")
+    assert validated["step"] == 8
