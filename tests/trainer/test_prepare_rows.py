@@ -5,6 +5,7 @@ evaluation."""
 
 import json
 import os
+import uuid
 import re
 import shutil
 import sys
@@ -185,20 +186,22 @@ def test_a_glob_of_shards_on_s3(s3, tmp_path, tok):
     from conftest import BUCKET
 
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    # a prefix of its own: moto keeps one bucket per process, which other tests of this worker write to
+    raw = f"raw{uuid.uuid4().hex[:8]}"
     shards = _shards(tmp_path / "shards")
     for name in sorted(os.listdir(shards)):
-        fs.put_file(str(shards / name), f"{BUCKET}/raw/{name}")
+        fs.put_file(str(shards / name), f"{BUCKET}/{raw}/{name}")
     local = prepare([str(shards)], str(tmp_path / "local"), tokenizer=tok, log=_quiet)
-    for n, spec in enumerate((f"s3://{BUCKET}/raw/part-*.jsonl", f"s3://{BUCKET}/raw")):
+    for n, spec in enumerate((f"s3://{BUCKET}/{raw}/part-*.jsonl", f"s3://{BUCKET}/{raw}")):
         meta = prepare([spec], str(tmp_path / f"from-s3-{n}"), tokenizer=tok, log=_quiet)
         assert meta["splits"] == local["splits"], spec
     # the DAG's task: its store named after the glob's directory, keyed by every shard's ETag
     from airflow_dtrain.operators.prepare_data import PrepareDataOperator
 
-    task = PrepareDataOperator(task_id="prepare_data", dataset=f"s3://{BUCKET}/raw/part-*.jsonl",
+    task = PrepareDataOperator(task_id="prepare_data", dataset=f"s3://{BUCKET}/{raw}/part-*.jsonl",
                                tokenizer=tok, output_root=f"s3://{BUCKET}/prepared")
     store = task.execute({})
-    assert store.startswith(f"s3://{BUCKET}/prepared/raw-tok-")
+    assert store.startswith(f"s3://{BUCKET}/prepared/{raw}-tok-")
     assert json.loads(fs.cat_file(f"{store}/meta.json"))["splits"] == local["splits"]
 
 
