@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 TORCH_MIN ?= torch==2.11.0
 VENV_MIN ?= .venv-torch-min
 
-.PHONY: venv chromium test test-faults test-fast test-torch-min bench-smoke demo clean
+.PHONY: venv chromium lint test test-faults test-fast test-torch-min bench-smoke demo clean
 
 venv: $(VENV)/.installed
 
@@ -41,6 +41,10 @@ chromium:
 	else \
 		echo "no chromium, and no apt-get as root to install it: the browser test (tests/ui) will be skipped"; \
 	fi
+
+# Syntax errors and pyflakes over the whole tree (the rules: pyproject.toml [tool.ruff.lint]); .ci/run runs it first.
+lint: venv
+	$(PY) -m ruff check .
 
 # Every test but the long fault trials (marker fault_trial), which belong with the benchmarks: `make test-faults`.
 test: venv chromium

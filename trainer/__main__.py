@@ -9,7 +9,6 @@ in ``trainer/config.py``. Flags override the config file; ``--set`` overrides an
 """
 
 import argparse
-import os
 import sys
 
 from trainer.checkpoint_dir import CheckpointStorageError, WriterFenced

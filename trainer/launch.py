@@ -23,7 +23,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException

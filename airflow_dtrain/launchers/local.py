@@ -176,7 +176,7 @@ class LocalLauncher(PodGroupLauncher):
 
         config_path = group_dir / "train_config.json"
         config_path.write_text(json.dumps(spec.train.to_dict(), indent=1))
-        num_nodes, procs = spec.num_nodes, spec.procs_per_node
+        num_nodes = spec.num_nodes
         gpus = spec.resources.gpus_per_node
         port = _free_port()
         commands = [

@@ -19,7 +19,7 @@ from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import GROUP_DIR_ENV, LocalLauncher
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI
-from tests.integration.helpers import SMALL, progress, wait_for, wait_for_step
+from tests.integration.helpers import SMALL, progress, wait_for_step
 from trainer.checkpoint_dir import CheckpointDir
 
 pytestmark = pytest.mark.torchrun

@@ -4,7 +4,6 @@ processes, and a real UDP statsd listener."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from datetime import datetime
 from pathlib import Path

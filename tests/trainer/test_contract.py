@@ -3,7 +3,6 @@ the ledger and CheckpointValidationOperator read; and the copy of the layout the
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

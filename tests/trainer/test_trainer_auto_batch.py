@@ -6,7 +6,6 @@ mid-backward.
 """
 
 import math
-import os
 import socket
 
 import pytest
