@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from airflow_dtrain.cli import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT
-from airflow_dtrain.cli import RENDER_ARGS
+from airflow_dtrain.render_args import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT
+from airflow_dtrain.render_args import RENDER_ARGS
 from airflow_dtrain.spec import JobSpec, SpecError
 
 

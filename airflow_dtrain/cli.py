@@ -11,25 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-DEFAULT_CHECKPOINT = "s3://change-me/dtrain/{name}"
+from airflow_dtrain.render_args import DEFAULT_CHECKPOINT, RENDER_ARGS
+
+__all__ = ["DEFAULT_CHECKPOINT", "RENDER_ARGS", "RENDER_HELP", "get_dtrain_cli_commands", "render_command"]
 
 RENDER_HELP = "Print a pod group's Kubernetes objects as YAML (what FSDPTrainOperator creates for the spec)"
-
-RENDER_ARGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
-    (("--backend",), {"required": True, "choices": ["kubernetes"], "help": "the backend (kubernetes only)"}),
-    (("--nodes",), {"type": int, "help": "num_nodes"}),
-    (("--gpus-per-node",), {"type": int, "help": "GPUs (and training processes) per node"}),
-    (("--image",), {"help": "the trainer image (kubernetes.image)"}),
-    (("--spec",), {"help": "a JobSpec as JSON or YAML"}),
-    (("--checkpoint-uri",), {"help": f"checkpoint.uri (default {DEFAULT_CHECKPOINT})"}),
-    (("--flavor",), {"help": "model.flavor"}),
-    (("--name",), {"default": "dtrain-manual-r0", "help": "the group's name (default dtrain-manual-r0)"}),
-    (("--namespace",), {"help": "kubernetes.namespace (default: default)"}),
-    (("--capacity",), {"help": "capacity: spot, on_demand or any (the node labels the pods require)"}),
-    (("--zone",), {"help": "the availability zone the price was chosen for (required node affinity)"}),
-    (("--instance-type",), {"help": "the instance type the price was chosen for (required node affinity)"}),
-)
-"""The arguments of ``render``, as ``(flags, argparse keywords)``: one definition for both command lines."""
 
 
 def get_dtrain_cli_commands() -> list:

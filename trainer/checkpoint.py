@@ -62,7 +62,7 @@ from trainer.config import CheckpointConfig, ConfigError
 from trainer.fields import flatten
 from trainer.checkpoint_dir import (FORMAT_DCP, CheckpointDir, CheckpointStorageError, Lease, WriterFenced,
                                    step_dir_name, step_of, storage_cause)
-from trainer.safe_pickle import safe_reader
+from trainer.checkpoint_reader import storage_reader
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
@@ -189,13 +189,6 @@ def _plain(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return [_plain(v) for v in state]
     return state
-
-
-def storage_reader(storage: Storage, step_dir: str):
-    """DCP's reader for a step directory (the filesystem one locally, its fsspec one for s3://), made to run
-    nothing the checkpoint holds: .metadata is unpickled with an allowlist and each byte item by torch's
-    weights-only unpickler (trainer/safe_pickle.py). Every reader of a checkpoint comes through here."""
-    return safe_reader(step_dir, remote=storage.remote)
 
 
 def _short_write(err: BaseException | None) -> bool:

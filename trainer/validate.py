@@ -122,7 +122,7 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
                 "tokens_seen": manifest.get("tokens_seen"), "world_size": manifest.get("world_size")}
 
     # -- DCP metadata
-    from trainer.checkpoint import storage_reader  # torch from here on
+    from trainer.checkpoint_reader import storage_reader  # torch from here on
     from trainer.safe_pickle import UnsafeCheckpoint
 
     try:
@@ -165,7 +165,7 @@ def _check_objects(storage: Storage, path: str, metadata) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from trainer.checkpoint import storage_reader
+    from trainer.checkpoint_reader import storage_reader
     from trainer.safe_pickle import UnsafeCheckpoint, refusals_raised
 
     items = metadata.state_dict_metadata.items()
@@ -187,7 +187,7 @@ def _check_finite(storage: Storage, path: str, metadata, sample_tensors: int | N
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from trainer.checkpoint import storage_reader
+    from trainer.checkpoint_reader import storage_reader
 
     keys = sorted(k for k, m in metadata.state_dict_metadata.items()
                   if isinstance(m, TensorStorageMetadata) and m.properties.dtype.is_floating_point)

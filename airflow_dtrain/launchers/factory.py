@@ -6,9 +6,10 @@ so parsing a DAG imports nothing heavy. ``base`` (the interface) knows none of t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from airflow_dtrain.launchers.state_dir import default_state_dir
 
 if TYPE_CHECKING:
     from airflow_dtrain.launchers.base import PodGroupLauncher
@@ -25,14 +26,6 @@ def get_launcher(backend: str, **kwargs: Any) -> PodGroupLauncher:
 
         return KubernetesLauncher(**kwargs)
     raise ValueError(f"backend: unknown backend {backend!r}")
-
-
-def default_state_dir() -> Path:
-    """``$DTRAIN_LOCAL_STATE_DIR``, else ``$AIRFLOW_HOME/dtrain/groups``."""
-    if os.environ.get("DTRAIN_LOCAL_STATE_DIR"):
-        return Path(os.environ["DTRAIN_LOCAL_STATE_DIR"])
-    airflow_home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-    return Path(airflow_home) / "dtrain" / "groups"
 
 
 def local_state_dir(configured: str | None = None) -> Path:

@@ -37,7 +37,7 @@ import psutil
 
 from airflow_dtrain.launchers._local_supervisor import kill_tree, write_json_atomic
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, budget_deadline
-from airflow_dtrain.launchers.factory import default_state_dir
+from airflow_dtrain.launchers.state_dir import default_state_dir
 from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE, agent_env, node_command
 
 if TYPE_CHECKING:
