@@ -28,6 +28,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint_dir import OWNER
@@ -297,12 +298,25 @@ def _claimed(uri: str) -> dict[str, Any] | None:
     return storage.read_json(path) if storage.exists(path) else None
 
 
+def _claims_above(storage: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The claimed directories above ``storage``'s root, nearest first: (directory, its owner.json)."""
+    root = storage.root
+    if storage.remote:
+        bucket, _, key = root.removeprefix("s3://").partition("/")
+        parts = [p for p in key.split("/") if p]
+        parents = [f"s3://{bucket}/{'/'.join(parts[:i])}".rstrip("/") for i in range(len(parts) - 1, -1, -1)]
+    else:
+        parents = [str(p) for p in Path(root).parents]
+    return [(parent, found) for parent in parents if (found := _claimed(parent)) is not None]
+
+
 def check_job_dir(uri: str, *, owner: str, job: str | None, what: str = "checkpoint_uri", claim: bool = True) -> None:
     """Refuse ``uri`` unless it is ``owner``'s directory of ``job`` (``job`` None: any job of ``owner``, e.g. a
     sweep's shared ledger), or a new one; with ``claim``, a new one is claimed (``owner.json``) before anything
     else is written there. A directory holding data of no recorded owner is taken only if every checkpoint in it
     names ``job`` (a job's directory from before owners were recorded); without ``claim`` (a read) it is refused only
-    when a checkpoint there names another job. Nothing is written when refused."""
+    when a checkpoint there names another job. A new directory inside a claimed one must be the same owner's, and
+    of the same job unless the one above is a shared ledger (a sweep's). Nothing is written when refused."""
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.storage import Storage
 
@@ -318,6 +332,12 @@ def check_job_dir(uri: str, *, owner: str, job: str | None, what: str = "checkpo
             )
         return
     storage = Storage(uri)
+    for parent, above in _claims_above(storage):  # a new directory inside another job's is that job's
+        if above.get("owner") != owner or above.get("job") not in (None, job):
+            raise OwnershipError(
+                f"{what}: {uri!r} lies inside {parent!r}, the directory of job {above.get('job')!r} of "
+                f"{above.get('owner')!r}: refused for job {job!r} of {owner!r} (nothing was written there)"
+            )
     present = storage.exists(storage.root) and bool(storage.listdir(storage.root))
     if present and (claim or job is not None):  # a read of any job's unclaimed directory is not refused
         jobs = {c.path: CheckpointDir(uri).job_of(c.path) for c in CheckpointDir(uri).committed()}

@@ -148,3 +148,21 @@ def test_run_ids_map_to_directories_one_to_one():
     a, b = "manual__2026-01-01T00:00:00+00:00", "manual__2026-01-01T00-00-00-00-00"
     assert run_key(a) != run_key(b)
     assert run_key(a) == run_key(a) and "/" not in run_key(a) and ":" not in run_key(a)
+
+
+def test_a_new_directory_inside_another_jobs_directory_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    check_job_dir(str(theirs), owner="team-b", job="llama")
+    before = tree(tmp_path)
+    for inside, job in ((theirs / "registry", "llama"), (theirs / "sub" / "ckpt", "mine")):
+        with pytest.raises(OwnershipError, match=r"lies inside .*theirs', the directory of job 'llama' of 'team-b'"):
+            check_job_dir(str(inside), owner="team-a", job=job)
+    with pytest.raises(OwnershipError, match=r"the directory of job 'llama' of 'team-b': refused for job 'other'"):
+        check_job_dir(str(theirs / "x"), owner="team-b", job="other")
+    assert tree(tmp_path) == before
+    # a shared ledger (a sweep's, job None) holds its members' directories, of its owner
+    sweep = tmp_path / "sweep"
+    check_job_dir(str(sweep), owner="team-a", job=None, what="cost.ledger_uri")
+    check_job_dir(str(sweep / "lr-0.001"), owner="team-a", job="member-0")
+    with pytest.raises(OwnershipError, match=r"lies inside"):
+        check_job_dir(str(sweep / "lr-0.003"), owner="team-b", job="member-1")
