@@ -42,7 +42,10 @@ def get_provider_info() -> dict:
         "sensors": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_dtrain.sensors.spot_interruption", "airflow_dtrain.sensors.spot_price"],
+                "python-modules": [
+                    "airflow_dtrain.sensors.spot_interruption",
+                    "airflow_dtrain.sensors.spot_price",
+                ],
             },
         ],
         "triggers": [
@@ -139,7 +142,7 @@ def get_provider_info() -> dict:
                     },
                     "owners": {
                         "description": (
-                            "Who owns a run's jobs, as JSON: {\"users\": {user: team}, \"dags\": {dag_id: team}}; "
+                            'Who owns a run\'s jobs, as JSON: {"users": {user: team}, "dags": {dag_id: team}}; '
                             "the triggering user's team, else the DAG's, else the DAG id. A job's directory, ledger "
                             "and registry entry belong to the owner that first wrote them."
                         ),

@@ -114,6 +114,9 @@ class InterruptionWatch:
 def _count(notices: list[InterruptionNotice], tags: dict[str, str] | None) -> None:
     from airflow_dtrain import metrics
 
-    names = {"spot-interruption": "spot.interruption_warning", "rebalance-recommendation": "spot.rebalance_recommendation"}
+    names = {
+        "spot-interruption": "spot.interruption_warning",
+        "rebalance-recommendation": "spot.rebalance_recommendation",
+    }
     for notice in notices:
         metrics.incr(names.get(notice.kind, "spot.node_disruption"), tags=tags)

@@ -50,8 +50,9 @@ class TrainingReportLink(BaseOperatorLink):
         return browsable_url(uri) if uri and not is_template(uri) else ""
 
 
-def dashboard_url(base: str, *, dag_id: str, run_id: str, job: str | None, start: datetime | None,
-                  end: datetime | None) -> str:
+def dashboard_url(
+    base: str, *, dag_id: str, run_id: str, job: str | None, start: datetime | None, end: datetime | None
+) -> str:
     """The dashboard with its ``dag``/``run``/``job`` variables set, from a minute before ``start`` to a
     minute after ``end`` (None: now; no start: Grafana's default range)."""
     from urllib.parse import urlencode

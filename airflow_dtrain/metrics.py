@@ -29,11 +29,20 @@ log = logging.getLogger(__name__)
 
 # name -> (statsd type, description). Names with {decision} expand to each decision.
 ORCHESTRATION_METRICS: dict[str, tuple[str, str]] = {
-    "spot.price_dollars_per_hour": ("gauge", "spot dollars per node-hour of the option SpotPriceSensor chose"),
-    "spot.on_demand_price_dollars_per_hour": ("gauge", "on-demand dollars per node-hour of that instance type"),
+    "spot.price_dollars_per_hour": (
+        "gauge",
+        "spot dollars per node-hour of the option SpotPriceSensor chose",
+    ),
+    "spot.on_demand_price_dollars_per_hour": (
+        "gauge",
+        "on-demand dollars per node-hour of that instance type",
+    ),
     "spot.interruption_warning": ("counter", "spot interruption warnings for a group's instances"),
     "spot.rebalance_recommendation": ("counter", "rebalance recommendations for a group's instances"),
-    "spot.node_disruption": ("counter", "other notices that a group's node is going away (Karpenter, ASG, maintenance)"),
+    "spot.node_disruption": (
+        "counter",
+        "other notices that a group's node is going away (Karpenter, ASG, maintenance)",
+    ),
     "budget.decision.spot": ("counter", "BudgetBranchOperator chose to train on spot"),
     "budget.decision.on_demand": ("counter", "BudgetBranchOperator chose on-demand"),
     "budget.decision.wait": ("counter", "BudgetBranchOperator chose to wait for a better price"),
@@ -81,7 +90,9 @@ def task_tags(context: Mapping[str, Any] | None = None, *, job: str | None = Non
     ti = context.get("ti")
     tags = dict.fromkeys(RUN_TAGS, UNKNOWN)
     if ti is not None:  # (a stand-in without some of them: those stay unknown; a metric never fails a task)
-        tags.update({key: str(getattr(ti, key)) for key in ("dag_id", "run_id", "task_id") if hasattr(ti, key)})
+        tags.update(
+            {key: str(getattr(ti, key)) for key in ("dag_id", "run_id", "task_id") if hasattr(ti, key)}
+        )
         tags["map_index"] = str(getattr(ti, "map_index", -1))
     if job is None:
         params = context.get("params") or {}

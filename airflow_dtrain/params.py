@@ -41,20 +41,42 @@ class RunSettings:
     ``SpotPriceSensor``, ``BudgetBranchOperator``, ``SpotInterruptionSensor`` and
     ``EvaluateCheckpointOperator``.)"""
 
-    max_price: float = setting(1.0, ge=0, arg="max_price", section=BUDGET_AND_SPOT, title="Max spot price ($/node-hour)",
-                               help="Highest acceptable spot price per node-hour; above it the run waits.")
-    max_wait_s: int = setting(3600, ge=0, arg="max_wait_s", section=BUDGET_AND_SPOT, title="Max wait for spot (s)",
-                              help="How long the job may wait for an acceptable spot price.")
+    max_price: float = setting(
+        1.0,
+        ge=0,
+        arg="max_price",
+        section=BUDGET_AND_SPOT,
+        title="Max spot price ($/node-hour)",
+        help="Highest acceptable spot price per node-hour; above it the run waits.",
+    )
+    max_wait_s: int = setting(
+        3600,
+        ge=0,
+        arg="max_wait_s",
+        section=BUDGET_AND_SPOT,
+        title="Max wait for spot (s)",
+        help="How long the job may wait for an acceptable spot price.",
+    )
     step_time_estimate_s: float = setting(
         0.5, gt=0, arg="step_time_estimate_s", section=BUDGET_AND_SPOT, title="Step time estimate (s)",
         help="Seconds per optimizer step, for the cost estimate before a step has been measured.",
     )  # fmt: skip
-    local_spot_price: float = setting(0.5, ge=0, arg="local_spot_price", section=BUDGET_AND_SPOT,
-                                      title="Local backend: spot price ($/node-hour)",
-                                      help="On the local backend (no EC2 market): the price charged as spot.")
-    local_on_demand_price: float = setting(1.5, ge=0, arg="local_on_demand_price", section=BUDGET_AND_SPOT,
-                                           title="Local backend: on-demand price ($/node-hour)",
-                                           help="On the local backend: the price charged as on-demand.")
+    local_spot_price: float = setting(
+        0.5,
+        ge=0,
+        arg="local_spot_price",
+        section=BUDGET_AND_SPOT,
+        title="Local backend: spot price ($/node-hour)",
+        help="On the local backend (no EC2 market): the price charged as spot.",
+    )
+    local_on_demand_price: float = setting(
+        1.5,
+        ge=0,
+        arg="local_on_demand_price",
+        section=BUDGET_AND_SPOT,
+        title="Local backend: on-demand price ($/node-hour)",
+        help="On the local backend: the price charged as on-demand.",
+    )
     text_field: str = setting(
         "text", arg="text_field", section=MODEL_AND_DATA, title="Text field", pattern=r"[A-Za-z0-9_.\-]+",
         rule="must be a field or column name (letters, digits, _ . -)",
@@ -69,8 +91,13 @@ class RunSettings:
         factory=lambda: ["p4d.24xlarge", "p5.48xlarge"], arg="instance_types", section=BUDGET_AND_SPOT,
         title="EC2 instance types", help="EC2 instance types whose spot prices are considered (kubernetes backend).",
     )  # fmt: skip
-    availability_zones: list[str] = setting(factory=list, arg="availability_zones", section=BUDGET_AND_SPOT,
-                                            title="Availability zones", help="Zones considered (empty: all).")
+    availability_zones: list[str] = setting(
+        factory=list,
+        arg="availability_zones",
+        section=BUDGET_AND_SPOT,
+        title="Availability zones",
+        help="Zones considered (empty: all).",
+    )
     registry_uri: str | None = setting(
         None, arg="registry_uri", section=CHECKPOINTS, title="Model registry", pattern=URI_PATTERN,
         help="Where the best model is recorded and exported (a path or s3://); empty: the DAG's default.",
@@ -96,8 +123,14 @@ class SweepSettings:
         factory=lambda: [1e-3, 3e-3], gt=0, arg="learning_rates", section=MODEL_AND_DATA, title="Learning rates",
         help="One training per learning rate, all behind one budget check.",
     )  # fmt: skip
-    price_per_hour: float = setting(0.5, ge=0, arg="price_per_hour", section=BUDGET_AND_SPOT,
-                                    title="Price ($/node-hour)", help="$/node-hour charged for every member (local backend).")
+    price_per_hour: float = setting(
+        0.5,
+        ge=0,
+        arg="price_per_hour",
+        section=BUDGET_AND_SPOT,
+        title="Price ($/node-hour)",
+        help="$/node-hour charged for every member (local backend).",
+    )
     sweep_root: str | None = setting(
         None, arg="sweep_root", section=CHECKPOINTS, title="Sweep root", pattern=URI_PATTERN,
         help="Where the sweep's checkpoints go, one directory per member; empty: under $AIRFLOW_HOME.",
@@ -141,14 +174,22 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
-def param_schema(name: str, *, default: Any = dataclasses.MISSING, section: str | None = None,
-                 description: str | None = None, schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def param_schema(
+    name: str,
+    *,
+    default: Any = dataclasses.MISSING,
+    section: str | None = None,
+    description: str | None = None,
+    schema: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The ``Param`` keyword arguments for field ``name``: its JSON Schema, title, description,
     section and default (``default`` and ``section`` override the declaration's)."""
     fields = form_fields()
     if name in AUTHOR_ONLY:
-        raise KeyError(f"{name}: {AUTHOR_ONLY[name]} is set by the DAG author (an operator argument), never a "
-                       "trigger-form param")
+        raise KeyError(
+            f"{name}: {AUTHOR_ONLY[name]} is set by the DAG author (an operator argument), never a "
+            "trigger-form param"
+        )
     if name not in fields:
         raise KeyError(f"{name}: not a form field (known: {', '.join(sorted(fields))})")
     f, tp = fields[name]
@@ -175,15 +216,25 @@ def param_schema(name: str, *, default: Any = dataclasses.MISSING, section: str 
     return {"default": value, **out}
 
 
-def trigger_params(names: Iterable[str], *, defaults: Mapping[str, Any] | None = None,
-                   sections: Mapping[str, str] | None = None, descriptions: Mapping[str, str] | None = None,
-                   schemas: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def trigger_params(
+    names: Iterable[str],
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    sections: Mapping[str, str] | None = None,
+    descriptions: Mapping[str, str] | None = None,
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     """``Param`` objects for a DAG's trigger form, ordered by section; each default is
     validated against its own schema here, so a DAG with a bad default fails to parse."""
     import jsonschema
     from airflow.sdk import Param
 
-    defaults, sections, descriptions, schemas = defaults or {}, sections or {}, descriptions or {}, schemas or {}
+    defaults, sections, descriptions, schemas = (
+        defaults or {},
+        sections or {},
+        descriptions or {},
+        schemas or {},
+    )
     built = {
         name: param_schema(name, default=defaults.get(name, dataclasses.MISSING), section=sections.get(name),
                            description=descriptions.get(name), schema=schemas.get(name))
@@ -197,7 +248,9 @@ def trigger_params(names: Iterable[str], *, defaults: Mapping[str, Any] | None =
         try:
             jsonschema.validate(default, spec)
         except jsonschema.ValidationError as err:
-            raise ValueError(f"trigger form: the default of {name} ({default!r}) fails its own schema: {err.message}")
+            raise ValueError(
+                f"trigger form: the default of {name} ({default!r}) fails its own schema: {err.message}"
+            )
         description = spec.pop("description")
         params[name] = Param(default, description=description, **spec)
     return params
@@ -210,14 +263,24 @@ def markdown_table(params: Mapping[str, Any]) -> str:
         schema = param.schema
         kind = schema.get("type")
         kind = " or ".join(kind) if isinstance(kind, list) else kind
-        bounds = [f"{op} {schema[key]:g}" for key, op in (("minimum", "≥"), ("exclusiveMinimum", ">"),
-                                                          ("maximum", "≤"), ("exclusiveMaximum", "<")) if key in schema]
+        bounds = [
+            f"{op} {schema[key]:g}"
+            for key, op in (
+                ("minimum", "≥"),
+                ("exclusiveMinimum", ">"),
+                ("maximum", "≤"),
+                ("exclusiveMaximum", "<"),
+            )
+            if key in schema
+        ]
         if "enum" in schema:
             kind += ": " + " \\| ".join(str(v) for v in schema["enum"] if v is not None)
         default = "—" if param.value is None else f"`{param.value!r}`".replace("|", "\\|")
         text = (param.description or "").replace("|", "\\|")
-        rows.append(f"| `{name}` | {schema.get('section', '')} | {kind}{' ' + ', '.join(bounds) if bounds else ''} "
-                    f"| {default} | {text} |")
+        rows.append(
+            f"| `{name}` | {schema.get('section', '')} | {kind}{' ' + ', '.join(bounds) if bounds else ''} "
+            f"| {default} | {text} |"
+        )
     return "\n".join(rows)
 
 
@@ -275,7 +338,12 @@ def deployed_kubernetes() -> dict[str, Any]:
     return value
 
 
-BUNDLED_LIMITS: dict[str, Any] = {"max_nodes": 8, "max_procs_per_node": 8, "max_steps": 1_000_000, "max_sweep_members": 16}
+BUNDLED_LIMITS: dict[str, Any] = {
+    "max_nodes": 8,
+    "max_procs_per_node": 8,
+    "max_steps": 1_000_000,
+    "max_sweep_members": 16,
+}
 """What the bundled DAGs' author allows a run (train_llama and sweep_llama alike), within the platform admin's
 ``[dtrain] limits`` (``airflow_dtrain.trust.limits_for``)."""
 

@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import (GroupState, GroupStatus, PodGroupLauncher, budget_deadline, deadline_words,
-                                           poll_group, repriced_deadline)
+from airflow_dtrain.launchers.base import (
+    GroupState,
+    GroupStatus,
+    PodGroupLauncher,
+    budget_deadline,
+    deadline_words,
+    poll_group,
+    repriced_deadline,
+)
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, log_lines
 from trainer.budget import FIRST_SAVE_GUESS_S
@@ -111,9 +118,15 @@ class GroupWatch:
         API never holds up the watch (``wait``: until it is written). A failed read is logged; the trainer goes on
         with the prices written last (at first: its launch price), and the group is billed again when it ends."""
         busy = self._feeding is not None and self._feeding.is_alive()
-        if self.prices and not busy and time.monotonic() - self._prices_at >= float(self.prices["feed"]["every_s"]):
+        if (
+            self.prices
+            and not busy
+            and time.monotonic() - self._prices_at >= float(self.prices["feed"]["every_s"])
+        ):
             self._prices_at = time.monotonic()
-            self._feeding = threading.Thread(target=self._feed_once, name=f"spot-prices-{self.name}", daemon=True)
+            self._feeding = threading.Thread(
+                target=self._feed_once, name=f"spot-prices-{self.name}", daemon=True
+            )
             self._feeding.start()
         if wait and self._feeding is not None:
             self._feeding.join()
@@ -138,7 +151,9 @@ class GroupWatch:
             log.warning("Group %s: could not read the spot prices in effect in %s, or act on them (%s); its cap "
                         "counts the prices read last (at first: its launch price)", self.name, feed.zone, err)  # fmt: skip
 
-    def _reprice_deadline(self, ledger: CheckpointDir, entry: dict[str, Any], history: list, now: float) -> None:
+    def _reprice_deadline(
+        self, ledger: CheckpointDir, entry: dict[str, Any], history: list, now: float
+    ) -> None:
         """Bring the platform's budget deadline forward when the spot price rose: the money left (every other
         attempt's spend, and this group's so far at the prices in effect) buys fewer seconds at the price now.
         The trainer's own cap reads the same prices; this is the stop that holds without it (a program of your
@@ -151,7 +166,9 @@ class GroupWatch:
         if price <= launched:
             return  # the deadline set at the launch price holds (and the ledger need not be read)
         group = at_prices_in_effect(billed(entry, until=now), history, until=now)
-        others = sum(float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != self.name)
+        others = sum(
+            float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != self.name
+        )
         deadline = repriced_deadline(self.prices["deadline"], spent_usd=others + float(group["dollars"]), price=price,
                                      elapsed_s=now - float(entry["launched_at"]))  # fmt: skip
         before = self.launcher.shorten_deadline(self.name, deadline)
@@ -257,8 +274,13 @@ class GroupSession:
     # -- watching --------------------------------------------------------------------------------
     def watch(self, name: str, *, poll_interval: float, timeout_s: float | None = None) -> dict[str, Any]:
         """Follow ``name`` from this process until it ends, its output into the log; its end event."""
-        watch = GroupWatch(self.launcher, name, recovering_since=self.recovering_since, tags=self.tags,
-                           prices=self.price_watch())
+        watch = GroupWatch(
+            self.launcher,
+            name,
+            recovering_since=self.recovering_since,
+            tags=self.tags,
+            prices=self.price_watch(),
+        )
         status_line = self.status_line()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -316,8 +338,14 @@ class GroupSession:
         if STORAGE_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             tail = event.get("log_tail") or []
             # The trainer's own line names the path and the cause (ENOSPC, EACCES, ...): it leads the error.
-            said = next((line.split("[trainer] ", 1)[-1] for line in reversed(tail) if "could not be written to" in line),
-                        event.get("message"))
+            said = next(
+                (
+                    line.split("[trainer] ", 1)[-1]
+                    for line in reversed(tail)
+                    if "could not be written to" in line
+                ),
+                event.get("message"),
+            )
             raise self.error(
                 f"{self.purpose} group {name} could not write a checkpoint (exit {STORAGE_EXIT_CODE}): {said}; not "
                 f"relaunching: a full disk or a refused write does not fix itself (free space in, or fix the "
@@ -325,7 +353,10 @@ class GroupSession:
                 f"committed checkpoint)\nLast lines of its log:\n" + "\n".join(tail)
             )
         if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
-            lost = sum(WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values() for n in self.groups())
+            lost = sum(
+                WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values()
+                for n in self.groups()
+            )
             if lost <= self.spec.max_failures:
                 if self._unaffordable(name):
                     return None
@@ -414,8 +445,11 @@ class GroupSession:
         if self.spot_prices is None or self.spec.capacity != Capacity.SPOT or ledger is None:
             return None
         # the deadline's terms (its spend is the ledger's when the price moves): GroupWatch._reprice_deadline
-        return {"feed": self.spot_prices.to_dict(), "ledger_uri": ledger.storage.uri,
-                "deadline": budget_deadline(self.spec)}
+        return {
+            "feed": self.spot_prices.to_dict(),
+            "ledger_uri": ledger.storage.uri,
+            "deadline": budget_deadline(self.spec),
+        }
 
     def _at_prices_in_effect(self, name: str, entry: dict[str, Any], until: float) -> dict[str, Any]:
         """A spot group's spend at the prices in effect while it ran (the larger figure is kept); at its
@@ -429,7 +463,10 @@ class GroupSession:
         except Exception as err:  # the group has ended: its spend is recorded whatever the price API says
             self.log.warning("Group %s: the spot price history could not be read (%s): its $%.4f stays counted at "
                              "its launch price, $%.4f/node-h", name, err, entry["dollars"], launch_price)  # fmt: skip
-            return {**entry, "priced_at": f"launch price (the price history could not be read: {type(err).__name__})"}
+            return {
+                **entry,
+                "priced_at": f"launch price (the price history could not be read: {type(err).__name__})",
+            }
         if repriced.get("dollars_at_prices_in_effect") is None:
             self.log.warning("Group %s: the spot price history does not reach back to its launch: its $%.4f "
                              "stays counted at its launch price, $%.4f/node-h", name, entry["dollars"],
@@ -463,9 +500,13 @@ class GroupSession:
         startup_s, save_s = most("startup_s", STARTUP_GUESS_S), most("save_s", FIRST_SAVE_GUESS_S)
         steps_left = max(0, train.steps - ledger.step)
         interval = min(train.checkpoint.every or steps_left, steps_left)
-        usd_per_s = self.spec.num_nodes * max(cost.price_ceiling_per_node_hour, cost.price_per_node_hour) / 3600
+        usd_per_s = (
+            self.spec.num_nodes * max(cost.price_ceiling_per_node_hour, cost.price_per_node_hour) / 3600
+        )
         left = cost.budget_usd - spend.total_dollars
-        reserve_s = stop_reserve_s(save_s, train.checkpoint.grace_period_s, cost.stop_margin_s)  # as the trainer's
+        reserve_s = stop_reserve_s(
+            save_s, train.checkpoint.grace_period_s, cost.stop_margin_s
+        )  # as the trainer's
         needed = usd_per_s * (startup_s + interval * step_s + reserve_s)
         to_finish = usd_per_s * (startup_s + steps_left * step_s + reserve_s)
         self.log.info(
@@ -484,7 +525,9 @@ class GroupSession:
                          name, left, needed, ledger.step, cost.budget_usd)  # fmt: skip
         return True
 
-    def run(self, *, poll_interval: float, reuse_succeeded: bool = True, timeout_s: float | None = None) -> str:
+    def run(
+        self, *, poll_interval: float, reuse_succeeded: bool = True, timeout_s: float | None = None
+    ) -> str:
         """Attach or launch, then watch and relaunch until a group succeeds; its name."""
         name = self.attach_or_launch(reuse_succeeded=reuse_succeeded)
         while True:

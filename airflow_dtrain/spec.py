@@ -57,8 +57,10 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 _TRAINER_MODULE = re.compile(r"trainer(\.[a-z_][a-z0-9_]*)*")
 """The bundled trainer package and its modules (``trainer``, ``trainer.evaluate``)."""
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_ENTRYPOINT_FORMS = ("a Python script (['train.py', ...]), '-m' and a module (['-m', 'my_pkg.train', ...]) or a "
-                     "module of the bundled trainer")
+_ENTRYPOINT_FORMS = (
+    "a Python script (['train.py', ...]), '-m' and a module (['-m', 'my_pkg.train', ...]) or a "
+    "module of the bundled trainer"
+)
 
 
 def parse_entrypoint(value: Any) -> tuple[str, ...]:
@@ -74,11 +76,15 @@ def parse_entrypoint(value: Any) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         if value != value.strip() or len(value.split()) > 1:
-            raise SpecError(f"entrypoint: {value!r} holds spaces: give the program and its arguments as a list, "
-                            "e.g. ['train.py', '--lr', '3e-4'] (no shell ever sees it)")
+            raise SpecError(
+                f"entrypoint: {value!r} holds spaces: give the program and its arguments as a list, "
+                "e.g. ['train.py', '--lr', '3e-4'] (no shell ever sees it)"
+            )
         value = (value,)
     if not isinstance(value, (list, tuple)):
-        raise SpecError(f"entrypoint: expected a list of strings such as ['train.py', '--lr', '3e-4'], got {value!r}")
+        raise SpecError(
+            f"entrypoint: expected a list of strings such as ['train.py', '--lr', '3e-4'], got {value!r}"
+        )
     for i, arg in enumerate(value):
         if not isinstance(arg, str):
             raise SpecError(f"entrypoint[{i}]: expected a string, got {arg!r} (entrypoint {list(value)!r})")
@@ -90,8 +96,10 @@ def parse_entrypoint(value: Any) -> tuple[str, ...]:
     head, args = value[0], tuple(value[1:])
     if head == "-m":
         if not args or not _MODULE.fullmatch(args[0]):
-            raise SpecError(f"entrypoint: '-m' must be followed by a module name such as 'my_pkg.train', "
-                            f"got {list(value)!r}")
+            raise SpecError(
+                f"entrypoint: '-m' must be followed by a module name such as 'my_pkg.train', "
+                f"got {list(value)!r}"
+            )
         if not _TRAINER_MODULE.fullmatch(args[0]):
             return ("-m", *args)
         head, args = args[0], args[1:]  # the bundled trainer, spelled with -m
@@ -163,19 +171,41 @@ class JobSpec:
     """One training job: the trainer's config plus the shape of its pod group."""
 
     train: TrainConfig = field(default_factory=TrainConfig)
-    num_nodes: int = setting(1, ge=1, arg="num_nodes", section=GROUP, title="Nodes",
-                             help="Nodes in the group; each runs one torchrun agent (on Kubernetes: one pod).")
-    procs_per_node: int = setting(1, ge=1, arg="procs_per_node", section=GROUP, title="Processes per node",
-                                  help="Training processes per node (one per GPU on GPU nodes).")
-    backend: str = setting("local", choices=BACKENDS, rule="backend", arg="backend", section=GROUP,
-                           help="Where the group runs: local (processes on this machine) or kubernetes (an Indexed Job).")
+    num_nodes: int = setting(
+        1,
+        ge=1,
+        arg="num_nodes",
+        section=GROUP,
+        title="Nodes",
+        help="Nodes in the group; each runs one torchrun agent (on Kubernetes: one pod).",
+    )
+    procs_per_node: int = setting(
+        1,
+        ge=1,
+        arg="procs_per_node",
+        section=GROUP,
+        title="Processes per node",
+        help="Training processes per node (one per GPU on GPU nodes).",
+    )
+    backend: str = setting(
+        "local",
+        choices=BACKENDS,
+        rule="backend",
+        arg="backend",
+        section=GROUP,
+        help="Where the group runs: local (processes on this machine) or kubernetes (an Indexed Job).",
+    )
     capacity: Capacity = setting(
         Capacity.ANY, arg="capacity",
         help="Capacity the group runs on and is billed as: spot, on_demand or any (on Kubernetes: the nodes "
         "its pods select).",
     )  # fmt: skip
-    price_per_node_hour: float = setting(0.0, ge=0, arg="price_per_node_hour",
-                                         help="Dollars per node-hour of that capacity, for the cost ledger (0: not billed).")
+    price_per_node_hour: float = setting(
+        0.0,
+        ge=0,
+        arg="price_per_node_hour",
+        help="Dollars per node-hour of that capacity, for the cost ledger (0: not billed).",
+    )
     price_ceiling_per_node_hour: float = setting(
         0.0, ge=0, arg="price_ceiling_per_node_hour",
         help="The most a node-hour can cost while the group runs (spot: your max price, else on-demand); the "
@@ -197,8 +227,14 @@ class JobSpec:
         "labelled node.kubernetes.io/instance-type with it. Empty: any type.",
     )  # fmt: skip
     resources: Resources = field(default_factory=Resources)
-    max_preemptions: int = setting(3, ge=0, arg="max_preemptions", section=GROUP, title="Max preemptions",
-                                   help="How many times a preempted group is relaunched from its checkpoint.")
+    max_preemptions: int = setting(
+        3,
+        ge=0,
+        arg="max_preemptions",
+        section=GROUP,
+        title="Max preemptions",
+        help="How many times a preempted group is relaunched from its checkpoint.",
+    )
     max_failures: int = setting(
         2, ge=0, arg="max_failures", section=GROUP, title="Max failures",
         help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from its "
@@ -232,7 +268,9 @@ class JobSpec:
         _checked(check, self, "")
         if self.backend == "local" and self.own_program and self.entrypoint[0] != "-m":
             # what the local backend runs is on this machine: one spelling, absolute
-            object.__setattr__(self, "entrypoint", (os.path.abspath(self.entrypoint[0]), *self.entrypoint[1:]))
+            object.__setattr__(
+                self, "entrypoint", (os.path.abspath(self.entrypoint[0]), *self.entrypoint[1:])
+            )
         if self.resources.gpus_per_node and self.resources.gpus_per_node != self.procs_per_node:
             raise SpecError(
                 f"procs_per_node: {self.procs_per_node} processes per node, but "
@@ -247,7 +285,9 @@ class JobSpec:
             ) from None
         if self.backend == "kubernetes":
             if not self.kubernetes.image:
-                raise SpecError("kubernetes.image: required for backend 'kubernetes' (the trainer image, see docker/)")
+                raise SpecError(
+                    "kubernetes.image: required for backend 'kubernetes' (the trainer image, see docker/)"
+                )
             problem = self.kubernetes.checkpoint_problem(self.train.checkpoint.uri)
             if problem:
                 raise SpecError(
@@ -330,7 +370,9 @@ class JobSpec:
         data = dict(data)
         train = _checked(TrainConfig.from_dict, data.pop("train", {}))
         resources = Resources.from_value(data.pop("resources", None))
-        kubernetes, capacity = _kubernetes_and_capacity(data.pop("kubernetes", None), data.pop("capacity", None))
+        kubernetes, capacity = _kubernetes_and_capacity(
+            data.pop("kubernetes", None), data.pop("capacity", None)
+        )
         entrypoint = data.pop("entrypoint", None)
         unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
                                       "max_failures", "max_runtime_s", "price_per_node_hour", "price_ceiling_per_node_hour",
@@ -427,7 +469,9 @@ def kubernetes_for_run(kubernetes: Any, overrides: Any) -> Any:
         return None
     spec, legacy_capacity = _kubernetes_and_capacity(kubernetes, None)
     chosen = spec.choose(overrides)
-    if legacy_capacity is not None:  # the older kubernetes={"capacity_type": ...}: from_arguments reads it again
+    if (
+        legacy_capacity is not None
+    ):  # the older kubernetes={"capacity_type": ...}: from_arguments reads it again
         return {**chosen.to_dict(), "capacity_type": kubernetes["capacity_type"]}
     return chosen
 

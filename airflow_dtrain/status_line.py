@@ -25,7 +25,9 @@ STATUS_EVERY_S = 15.0
 """Seconds between two status lines."""
 MAX_LINES = 200
 """Most group output lines in one log record; the rest are counted (errors are always kept)."""
-_ERROR = re.compile(r"Traceback|Error|error:|exit [1-9]|FAILED|Killed|\[trainer\] (?!rank |writer lease)", re.I)
+_ERROR = re.compile(
+    r"Traceback|Error|error:|exit [1-9]|FAILED|Killed|\[trainer\] (?!rank |writer lease)", re.I
+)
 
 
 def _compact(n: float) -> str:
@@ -114,7 +116,9 @@ class StatusLine:
             parts += ["s/step –", "tok/s –", "ETA –"]
         spent = self.spent()
         if spent is not None:
-            parts.append(f"${spent:,.2f} of ${self.budget_usd:,.2f}" if self.budget_usd else f"${spent:,.2f} spent")
+            parts.append(
+                f"${spent:,.2f} of ${self.budget_usd:,.2f}" if self.budget_usd else f"${spent:,.2f} spent"
+            )
         elif self.budget_usd:
             parts.append(f"$? of ${self.budget_usd:,.2f}")
         if self.checkpoint_step is not None:
@@ -139,8 +143,8 @@ def log_lines(log: Any, lines: list[str], *, limit: int = MAX_LINES) -> None:
     if not lines:
         return
     if len(lines) > limit:
-        head, tail = lines[: limit // 4], lines[-(limit - limit // 4):]
-        middle = lines[limit // 4: len(lines) - len(tail)]
+        head, tail = lines[: limit // 4], lines[-(limit - limit // 4) :]
+        middle = lines[limit // 4 : len(lines) - len(tail)]
         errors = [line for line in middle if _ERROR.search(line)]
         skipped = len(middle) - len(errors)
         lines = [*head, f"... {skipped} lines not shown (the group's own logs keep them) ...", *errors, *tail]

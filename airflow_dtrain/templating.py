@@ -29,8 +29,10 @@ def check_author_template(name: str, value: Any) -> None:
     templates (``var.value``, macros) are the author's and stay allowed."""
     if isinstance(value, str):
         if is_template(value) and _RUN_INPUTS.search(value):
-            raise SpecError(f"{name}: a template here may not read params or dag_run (what a trigger sets); "
-                            f"a run chooses within these settings through kubernetes_overrides, got {value!r}")
+            raise SpecError(
+                f"{name}: a template here may not read params or dag_run (what a trigger sets); "
+                f"a run chooses within these settings through kubernetes_overrides, got {value!r}"
+            )
     elif isinstance(value, dict):
         for v in value.values():
             check_author_template(name, v)
@@ -38,4 +40,6 @@ def check_author_template(name: str, value: Any) -> None:
         for v in value:
             check_author_template(name, v)
     elif is_template(value):  # an XComArg or mapped value: what a run computes
-        raise SpecError(f"{name}: must be written in the DAG, not computed by a run (got {type(value).__name__})")
+        raise SpecError(
+            f"{name}: must be written in the DAG, not computed by a run (got {type(value).__name__})"
+        )

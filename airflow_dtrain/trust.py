@@ -85,12 +85,16 @@ class Limits:
             object.__setattr__(self, "storage_roots", tuple(self.storage_roots))
             for root in self.storage_roots:
                 if not isinstance(root, str) or not root.startswith(("/", "s3://", "file://")):
-                    raise SpecError(f"limits.storage_roots: expected absolute paths or s3:// prefixes, got {root!r}")
+                    raise SpecError(
+                        f"limits.storage_roots: expected absolute paths or s3:// prefixes, got {root!r}"
+                    )
         if self.backends is not None:
             object.__setattr__(self, "backends", tuple(self.backends))
             for backend in self.backends:
                 if backend not in BACKENDS:
-                    raise SpecError(f"limits.backends: unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+                    raise SpecError(
+                        f"limits.backends: unknown backend {backend!r} (choose from {', '.join(BACKENDS)})"
+                    )
 
     @classmethod
     def from_value(cls, value: Any) -> Limits:
@@ -150,7 +154,12 @@ class Limits:
 
     def check_uri(self, name: str, uri: str | None) -> None:
         """``uri`` (a path, file:// or s3://) lies under ``storage_roots``."""
-        if self.storage_roots is not None and uri and uri != "builtin" and not within_roots(uri, self.storage_roots):
+        if (
+            self.storage_roots is not None
+            and uri
+            and uri != "builtin"
+            and not within_roots(uri, self.storage_roots)
+        ):
             raise SpecError(f"{name}: {uri!r} is outside the storage roots "
                             f"(limits.storage_roots: {', '.join(self.storage_roots)})")  # fmt: skip
 
@@ -171,7 +180,9 @@ class Limits:
                           ("init_from", train.model.init_from), ("cost.ledger_uri", train.cost.ledger_uri)):  # fmt: skip
             self.check_uri(name, uri)
         if self.backends is not None and spec.backend not in self.backends:
-            raise SpecError(f"backend: {spec.backend!r} is not allowed here (limits.backends: {', '.join(self.backends)})")
+            raise SpecError(
+                f"backend: {spec.backend!r} is not allowed here (limits.backends: {', '.join(self.backends)})"
+            )
 
     def form_maxima(self) -> dict[str, dict[str, Any]]:
         """The trigger form's bounds from these limits (``trigger_params(schemas=...)``): the form shows them."""
@@ -188,7 +199,9 @@ class Limits:
         return out
 
 
-ADMIN_DEFAULTS = Limits(max_tokens_per_micro_batch=1 << 18, max_price_per_node_hour=500.0, max_runtime_s=86_400)
+ADMIN_DEFAULTS = Limits(
+    max_tokens_per_micro_batch=1 << 18, max_price_per_node_hour=500.0, max_runtime_s=86_400
+)
 """What bounds every DAG when ``[dtrain] limits`` leaves a field out: 262,144 tokens per micro-batch (32 x 8,192),
 $500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain] limits`` removes one."""
 
@@ -226,7 +239,9 @@ def admin_limits() -> Limits:
     if not isinstance(configured, dict):
         raise SpecError(f"[dtrain] limits: expected a JSON object, got {raw!r}")
     values = {**ADMIN_DEFAULTS.to_dict(), **configured}
-    roots = [r.strip() for r in (conf.get("dtrain", "storage_roots", fallback="") or "").split(",") if r.strip()]
+    roots = [
+        r.strip() for r in (conf.get("dtrain", "storage_roots", fallback="") or "").split(",") if r.strip()
+    ]
     state = conf.get("dtrain", "local_state_dir", fallback="") or ""
     values["storage_roots"] = [local_root(), *([os.path.dirname(state.rstrip("/"))] if state else []),
                                *(values.get("storage_roots") or []), *roots]  # fmt: skip
@@ -244,9 +259,10 @@ def limits_for(author: Any = None) -> Limits:
 def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
     """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first (``..``,
     symbolic links), so it cannot climb out. The root ``s3://`` alone allows every bucket."""
+
     def local(u: str) -> str | None:
         if u.startswith("file://"):
-            u = u[len("file://"):]
+            u = u[len("file://") :]
         return os.path.realpath(u) if "://" not in u else None
 
     path = local(uri)
@@ -280,7 +296,9 @@ def owner_of(context: Any) -> str:
     except ValueError as err:
         raise SpecError(f"[dtrain] owners: not JSON ({err}), got {raw!r}") from None
     # a real context always has both; a bare one (an operator called outside Airflow) acts for nobody in particular
-    dag_id = getattr(context.get("ti"), "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "unowned"
+    dag_id = (
+        getattr(context.get("ti"), "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "unowned"
+    )
     dag_run = context.get("dag_run")
     user = getattr(dag_run, "triggering_user_name", None) if dag_run is not None else None
     owner = (owners.get("users") or {}).get(user) if user else None
@@ -310,7 +328,9 @@ def _claims_above(storage: Any) -> list[tuple[str, dict[str, Any]]]:
     return [(parent, found) for parent in parents if (found := _claimed(parent)) is not None]
 
 
-def check_job_dir(uri: str, *, owner: str, job: str | None, what: str = "checkpoint_uri", claim: bool = True) -> None:
+def check_job_dir(
+    uri: str, *, owner: str, job: str | None, what: str = "checkpoint_uri", claim: bool = True
+) -> None:
     """Refuse ``uri`` unless it is ``owner``'s directory of ``job`` (``job`` None: any job of ``owner``, e.g. a
     sweep's shared ledger), or a new one; with ``claim``, a new one is claimed (``owner.json``) before anything
     else is written there. A directory holding data of no recorded owner is taken only if every checkpoint in it
@@ -353,7 +373,9 @@ def check_job_dir(uri: str, *, owner: str, job: str | None, what: str = "checkpo
         storage.makedirs()
         body = json.dumps({"owner": owner, "job": job}, sort_keys=True)
         if not storage.create_exclusive(storage.path(OWNER_FILE), body):
-            check_job_dir(uri, owner=owner, job=job, what=what, claim=False)  # another run claimed it just now
+            check_job_dir(
+                uri, owner=owner, job=job, what=what, claim=False
+            )  # another run claimed it just now
 
 
 def run_key(run_id: str) -> str:

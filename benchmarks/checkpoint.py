@@ -135,11 +135,22 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mb", type=int, default=200, help="MiB of fp32 weights (the checkpoint is ~3x)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    p.add_argument("--rounds", type=int, default=6, help="round 0 is reported apart (the first save); >= 6 gives "
-                   "five alternating pairs of the steady state")
-    p.add_argument("--write-threads", type=int, default=CheckpointConfig.write_threads,
-                   help="checkpoint.write_threads of the sync and async saves")
-    p.add_argument("--batch", type=int, default=64, help="rows per training step of the async-stall measurement")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="round 0 is reported apart (the first save); >= 6 gives "
+        "five alternating pairs of the steady state",
+    )
+    p.add_argument(
+        "--write-threads",
+        type=int,
+        default=CheckpointConfig.write_threads,
+        help="checkpoint.write_threads of the sync and async saves",
+    )
+    p.add_argument(
+        "--batch", type=int, default=64, help="rows per training step of the async-stall measurement"
+    )
     p.add_argument("--quick", action="store_true", help="--mb 16 --rounds 2: every measurement, once warm")
     args = p.parse_args()
     if args.quick:
@@ -156,11 +167,13 @@ def main() -> None:
             before_optimizer_step()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
     fields = {"tokens_seen": 0, "wall_time_s": 0.0, "step_time_s": None, "cost": None}
 
     def checkpointer(name: str, async_save: bool, write_threads: int = args.write_threads) -> Checkpointer:
-        cfg = CheckpointConfig(uri=os.path.join(base, name), keep=1, async_save=async_save,
-                               write_threads=write_threads)
+        cfg = CheckpointConfig(
+            uri=os.path.join(base, name), keep=1, async_save=async_save, write_threads=write_threads
+        )
         return Checkpointer(cfg, flavor="bench", config={}, config_hash="0", rank=0, world_size=1)
 
     # One Checkpointer of each kind for the whole run, as in training: round 0 is the first save
@@ -173,14 +186,18 @@ def main() -> None:
         if r % 2:  # odd rounds: the reference first, with the previous round's size
             shaped_s = disk_write_files(shape_dir, rows[-1]["bytes"], args.write_threads)
         t = time.perf_counter()
-        path = sync.save(r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True)
+        path = sync.save(
+            r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True
+        )
         sync_s = time.perf_counter() - t
         nbytes = dir_bytes(path)
         if not r % 2:
             shaped_s = disk_write_files(shape_dir, nbytes, args.write_threads)
         shutil.rmtree(shape_dir, ignore_errors=True)
         t = time.perf_counter()
-        single.save(r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True)
+        single.save(
+            r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True
+        )
         single_s = time.perf_counter() - t
 
         raw_dir = os.path.join(base, f"raw{r}")
@@ -221,10 +238,29 @@ def main() -> None:
         slowdown_s = sum(max(0.0, o - plain_s) for o in overlapped)
         for d in (raw_dir, blob):
             shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
-        rows.append(dict(bytes=nbytes, sync=sync_s, shaped=shaped_s, single=single_s, dcp=dcp_s, write=write_s, read=read_s, load=load_s,
-                         copy=copy_s, blocked=blocked_s, save_call=call_s, step_plain=plain_s,
-                         overlapped_steps=len(overlapped), slowdown=slowdown_s, async_total=async_total_s))
-        print(f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"), flush=True)
+        rows.append(
+            dict(
+                bytes=nbytes,
+                sync=sync_s,
+                shaped=shaped_s,
+                single=single_s,
+                dcp=dcp_s,
+                write=write_s,
+                read=read_s,
+                load=load_s,
+                copy=copy_s,
+                blocked=blocked_s,
+                save_call=call_s,
+                step_plain=plain_s,
+                overlapped_steps=len(overlapped),
+                slowdown=slowdown_s,
+                async_total=async_total_s,
+            )
+        )
+        print(
+            f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"),
+            flush=True,
+        )
 
     asy.close()
     sync.close()
@@ -232,31 +268,49 @@ def main() -> None:
     first = rows[0]
     warm = rows[1:] or rows
     med = {k: statistics.median(row[k] for row in warm) for k in rows[0]}
-    print(f"\nfirst save (round 0): sync {first['sync']:.3f} s; async blocked {first['blocked']:.3f} s + overlapped "
-          f"slowdown {first['slowdown']:.3f} s (staging buffers allocated by this save)")
+    print(
+        f"\nfirst save (round 0): sync {first['sync']:.3f} s; async blocked {first['blocked']:.3f} s + overlapped "
+        f"slowdown {first['slowdown']:.3f} s (staging buffers allocated by this save)"
+    )
     gb = med["bytes"] / 1e9
-    print(f"checkpoint size: {med['bytes'] / 2**20:.0f} MiB (medians of rounds 1..{args.rounds - 1}: the steady "
-          f"state), dir {base}")
+    print(
+        f"checkpoint size: {med['bytes'] / 2**20:.0f} MiB (medians of rounds 1..{args.rounds - 1}: the steady "
+        f"state), dir {base}"
+    )
     print(f"disk write (fsync): {gb / med['write']:.2f} GB/s   disk read: {gb / med['read']:.2f} GB/s")
-    print(f"sync save (DCP + fsync + xxh3 + manifest): {gb / med['sync']:.2f} GB/s = "
-          f"{med['write'] / med['sync']:.0%} of disk write  [target >= 70%]")
+    print(
+        f"sync save (DCP + fsync + xxh3 + manifest): {gb / med['sync']:.2f} GB/s = "
+        f"{med['write'] / med['sync']:.0%} of disk write  [target >= 70%]"
+    )
     ratios = [row["shaped"] / row["sync"] for row in warm]
-    print(f"  vs the same bytes as {args.write_threads} files by {args.write_threads} fsync'd writers "
-          f"({gb / med['shaped']:.2f} GB/s), alternating first from round to round: per round median "
-          f"{statistics.median(ratios):.0%} (min {min(ratios):.0%}, max {max(ratios):.0%}, {len(ratios)} pairs)")
-    print(f"  one file per rank (write_threads=1): {gb / med['single']:.2f} GB/s = "
-          f"{med['write'] / med['single']:.0%} of disk write")
+    print(
+        f"  vs the same bytes as {args.write_threads} files by {args.write_threads} fsync'd writers "
+        f"({gb / med['shaped']:.2f} GB/s), alternating first from round to round: per round median "
+        f"{statistics.median(ratios):.0%} (min {min(ratios):.0%}, max {max(ratios):.0%}, {len(ratios)} pairs)"
+    )
+    print(
+        f"  one file per rank (write_threads=1): {gb / med['single']:.2f} GB/s = "
+        f"{med['write'] / med['single']:.0%} of disk write"
+    )
     print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
     print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
-    print(f"host copy (synchronous staging): {med['copy']:.3f} s = {med['copy'] / med['sync']:.1%} of the sync save")
+    print(
+        f"host copy (synchronous staging): {med['copy']:.3f} s = {med['copy'] / med['sync']:.1%} of the sync save"
+    )
     cost = med["blocked"] + med["slowdown"]
-    print(f"async save, blocked: {med['blocked']:.3f} s = {med['blocked'] / med['sync']:.1%} of the sync save "
-          f"({med['sync']:.3f} s); of which the save() call {med['save_call']:.3f} s")
-    print(f"async save, overlapped slowdown: {med['slowdown']:.3f} s = {med['slowdown'] / med['sync']:.1%} of the "
-          f"sync save, over {med['overlapped_steps']:.0f} step(s) of {med['step_plain']:.3f} s without a save; "
-          f"saved to committed in {med['async_total']:.3f} s")
-    print(f"async save, total cost to training: {cost:.3f} s = {cost / med['sync']:.1%} of the sync save  "
-          f"[target <= 25%]")
+    print(
+        f"async save, blocked: {med['blocked']:.3f} s = {med['blocked'] / med['sync']:.1%} of the sync save "
+        f"({med['sync']:.3f} s); of which the save() call {med['save_call']:.3f} s"
+    )
+    print(
+        f"async save, overlapped slowdown: {med['slowdown']:.3f} s = {med['slowdown'] / med['sync']:.1%} of the "
+        f"sync save, over {med['overlapped_steps']:.0f} step(s) of {med['step_plain']:.3f} s without a save; "
+        f"saved to committed in {med['async_total']:.3f} s"
+    )
+    print(
+        f"async save, total cost to training: {cost:.3f} s = {cost / med['sync']:.1%} of the sync save  "
+        f"[target <= 25%]"
+    )
     shutil.rmtree(base, ignore_errors=True)
     dist.destroy_process_group()
 

@@ -115,8 +115,14 @@ def worker_trainer_load(model_dir: str, seq_len: int) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     baseline = proc_status()["VmRSS"]
     sampler = PeakSampler()
-    cfg = TrainConfig.from_dict({"model": {"init_from": model_dir}, "data": {"seq_len": seq_len},
-                                 "global_batch_size": world, "micro_batch_size": 1})
+    cfg = TrainConfig.from_dict(
+        {
+            "model": {"init_from": model_dir},
+            "data": {"seq_len": seq_len},
+            "global_batch_size": world,
+            "micro_batch_size": 1,
+        }
+    )
     d = setup_distributed(cfg.parallel)
     start = time.perf_counter()
     hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())  # a local directory: itself
@@ -133,11 +139,26 @@ def worker_trainer_load(model_dir: str, seq_len: int) -> None:
     # DTensors on several ranks; plain tensors on one CPU process (trainer.parallelize.needs_fsdp)
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in params)
     full = sum(p.numel() * p.element_size() for p in params)
-    print(json.dumps({"rank": d.rank, "world": d.world_size, "tensors": n, "baseline": baseline,
-                      "peak_after_build": after_build, "peak": peak, "peak_anon": split["RssAnon"],
-                      "peak_file": split["RssFile"], "param_bytes": local, "model_bytes": full,
-                      "dtype": str(params[0].dtype), "build_s": round(build_s, 2), "load_s": round(load_s, 2)}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": d.rank,
+                "world": d.world_size,
+                "tensors": n,
+                "baseline": baseline,
+                "peak_after_build": after_build,
+                "peak": peak,
+                "peak_anon": split["RssAnon"],
+                "peak_file": split["RssFile"],
+                "param_bytes": local,
+                "model_bytes": full,
+                "dtype": str(params[0].dtype),
+                "build_s": round(build_s, 2),
+                "load_s": round(load_s, 2),
+            }
+        ),
+        flush=True,
+    )
     torch.distributed.destroy_process_group()
 
 
@@ -161,10 +182,22 @@ def worker_hf_load(model_dir: str, dtype: str) -> None:
     peak = max_rss()
     split = sampler.stop()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(json.dumps({"baseline": baseline, "peak_load": peak_load, "peak": peak, "peak_anon": split["RssAnon"],
-                      "peak_file": split["RssFile"],
-                      "param_bytes": nbytes, "model_bytes": nbytes, "dtype": str(next(model.parameters()).dtype),
-                      "load_s": round(load_s, 2)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "baseline": baseline,
+                "peak_load": peak_load,
+                "peak": peak,
+                "peak_anon": split["RssAnon"],
+                "peak_file": split["RssFile"],
+                "param_bytes": nbytes,
+                "model_bytes": nbytes,
+                "dtype": str(next(model.parameters()).dtype),
+                "load_s": round(load_s, 2),
+            }
+        ),
+        flush=True,
+    )
 
 
 def worker_build(model_dir: str, spec: dict) -> None:
@@ -213,7 +246,9 @@ def data_rate(store: str, world: int, seq_len: int, batch: int, seconds: float) 
 
     rates = []
     for rank in range(world):
-        loader = TrainBatches(store, seq_len, batch, batch // world, rank, world, seed=0, device=torch.device("cpu"))
+        loader = TrainBatches(
+            store, seq_len, batch, batch // world, rank, world, seed=0, device=torch.device("cpu")
+        )
         for _ in range(20):  # warm-up: shard memmaps opened, first pages touched
             loader.next_batch()
         calls, start = 0, time.perf_counter()
@@ -229,13 +264,35 @@ def data_rate(store: str, world: int, seq_len: int, batch: int, seconds: float) 
     return rates
 
 
-def trainer_rate(store: str, world: int, seq_len: int, batch: int, steps: int, log_every: int, model: list[str],
-                 env: dict) -> tuple[float, list[float]]:
+def trainer_rate(
+    store: str, world: int, seq_len: int, batch: int, steps: int, log_every: int, model: list[str], env: dict
+) -> tuple[float, list[float]]:
     """Tokens/s per rank the real trainer consumes (group tokens_per_s / world), and the windows' group figures."""
-    cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(world), "-m", "trainer",
-           *model, "--dataset", store, "--steps", str(steps), "--set", f"data.seq_len={seq_len}",
-           "--set", f"global_batch_size={batch}", "--set", f"micro_batch_size={batch // world}",
-           "--set", f"metrics.log_every={log_every}", "--set", "optim.warmup_steps=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(world),
+        "-m",
+        "trainer",
+        *model,
+        "--dataset",
+        store,
+        "--steps",
+        str(steps),
+        "--set",
+        f"data.seq_len={seq_len}",
+        "--set",
+        f"global_batch_size={batch}",
+        "--set",
+        f"micro_batch_size={batch // world}",
+        "--set",
+        f"metrics.log_every={log_every}",
+        "--set",
+        "optim.warmup_steps=2",
+    ]
     events = run_json(cmd, env)
     windows = [e["tokens_per_s"] for e in events if e.get("event") == "train"]
     if len(windows) < 2:
@@ -250,13 +307,20 @@ def fmt_bytes(n: float) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="every part, small (a 2 MB corpus, 10 steps, a 0.01 B model): a check that it runs")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="every part, small (a 2 MB corpus, 10 steps, a 0.01 B model): a check that it runs",
+    )
     p.add_argument("--corpus-mb", type=float, default=32, help="size of the generated JSON-lines corpus")
-    p.add_argument("--tokenizer-vocab", type=int, default=70_000, help="BPE vocabulary (> 65,535: uint32 ids)")
+    p.add_argument(
+        "--tokenizer-vocab", type=int, default=70_000, help="BPE vocabulary (> 65,535: uint32 ids)"
+    )
     p.add_argument("--world", type=int, default=2, help="ranks: the data path's views and torchrun's workers")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch", type=int, default=8, help="global batch (= world x micro-batch, no accumulation)")
+    p.add_argument(
+        "--batch", type=int, default=8, help="global batch (= world x micro-batch, no accumulation)"
+    )
     p.add_argument("--steps", type=int, default=40, help="trainer steps per run")
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--data-seconds", type=float, default=2.0, help="time per rank per data-path measurement")
@@ -266,9 +330,14 @@ def main() -> int:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=128_256)
-    p.add_argument("--untied", action="store_true", help="a separate lm_head (default: tied, as Llama 3.2 1B)")
-    p.add_argument("--max-shard-size", default="5GB",
-                   help="save_pretrained's max_shard_size (default: the hub's usual 5 GB files)")
+    p.add_argument(
+        "--untied", action="store_true", help="a separate lm_head (default: tied, as Llama 3.2 1B)"
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="save_pretrained's max_shard_size (default: the hub's usual 5 GB files)",
+    )
     p.add_argument("--no-model", action="store_true", help="skip the model-loading memory measurement")
     p.add_argument("--worker", choices=("trainer-load", "hf-load", "build"), help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -302,13 +371,19 @@ def main() -> int:
 
     transformers.utils.logging.disable_progress_bar()
     tmp = tempfile.mkdtemp(prefix="dtrain-data-bench-")
-    env = dict(os.environ, DTRAIN_DATA_DIR=os.path.join(tmp, "cache"), PYTHONPATH=REPO,
-               HF_HUB_DISABLE_PROGRESS_BARS="1")
+    env = dict(
+        os.environ,
+        DTRAIN_DATA_DIR=os.path.join(tmp, "cache"),
+        PYTHONPATH=REPO,
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+    )
     try:
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        print(f"{platform.node()}: {os.cpu_count()} CPUs, {ram / GiB:.1f} GiB RAM, python {platform.python_version()}, "
-              f"torch {torch.__version__}, numpy {np.__version__}, transformers {transformers.__version__}, "
-              f"tokenizers {tokenizers.__version__}, load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"{platform.node()}: {os.cpu_count()} CPUs, {ram / GiB:.1f} GiB RAM, python {platform.python_version()}, "
+            f"torch {torch.__version__}, numpy {np.__version__}, transformers {transformers.__version__}, "
+            f"tokenizers {tokenizers.__version__}, load average {os.getloadavg()[0]:.2f}"
+        )
 
         # ---- 1. the stores
         corpus = os.path.join(tmp, "corpus.jsonl")
@@ -321,25 +396,36 @@ def main() -> int:
             t0 = time.perf_counter()
             prepare([corpus], stores[name], tokenizer=tokenizer, log=lambda m: None)
             meta = read_meta(stores[name])
-            print(f"store {name}: {meta['splits']['train']['tokens']:,} train tokens, {meta['dtype']}, vocab "
-                  f"{meta['vocab_size']:,}, prepared in {time.perf_counter() - t0:.1f} s")
-        print(f"corpus: {os.path.getsize(corpus) / 1e6:.1f} MB JSON lines; set-up {time.perf_counter() - start:.1f} s")
+            print(
+                f"store {name}: {meta['splits']['train']['tokens']:,} train tokens, {meta['dtype']}, vocab "
+                f"{meta['vocab_size']:,}, prepared in {time.perf_counter() - t0:.1f} s"
+            )
+        print(
+            f"corpus: {os.path.getsize(corpus) / 1e6:.1f} MB JSON lines; set-up {time.perf_counter() - start:.1f} s"
+        )
 
         # ---- 2-3. data path, trainer, data path again
         per_rank = args.batch // args.world
-        print(f"\nseq_len {args.seq_len}, global batch {args.batch} = {args.world} ranks x micro-batch {per_rank}: "
-              f"{per_rank * args.seq_len} tokens per rank per step")
-        data = {name: [data_rate(store, args.world, args.seq_len, args.batch, args.data_seconds)]
-                for name, store in stores.items()}
-        src_model = tiny_llama(os.path.join(tmp, "tiny-llama"), vocab_size=read_meta(stores["bpe"])["vocab_size"])
+        print(
+            f"\nseq_len {args.seq_len}, global batch {args.batch} = {args.world} ranks x micro-batch {per_rank}: "
+            f"{per_rank * args.seq_len} tokens per rank per step"
+        )
+        data = {
+            name: [data_rate(store, args.world, args.seq_len, args.batch, args.data_seconds)]
+            for name, store in stores.items()
+        }
+        src_model = tiny_llama(
+            os.path.join(tmp, "tiny-llama"), vocab_size=read_meta(stores["bpe"])["vocab_size"]
+        )
         consumers = {
             "debug flavour, bytes store": ("bytes", ["--flavor", "debug"]),
             "init_from 2-layer Llama (dim 64, BPE vocab), bpe store": ("bpe", ["--init-from", src_model]),
         }
         trainer = {}
         for label, (store, model) in consumers.items():
-            trainer[label] = trainer_rate(stores[store], args.world, args.seq_len, args.batch, args.steps,
-                                          args.log_every, model, env)
+            trainer[label] = trainer_rate(
+                stores[store], args.world, args.seq_len, args.batch, args.steps, args.log_every, model, env
+            )
         for name, store in stores.items():
             data[name].append(data_rate(store, args.world, args.seq_len, args.batch, args.data_seconds))
 
@@ -348,9 +434,13 @@ def main() -> int:
         for name, (before, after) in data.items():
             delivered[name] = min(min(before), min(after))
             ranks = ", ".join(f"rank {r}: {b:,.0f} / {a:,.0f}" for r, (b, a) in enumerate(zip(before, after)))
-            print(f"  {name:5s} ({read_meta(stores[name])['dtype']}): {ranks} -> slowest {delivered[name]:,.0f}")
-        print(f"trainer ({args.world} ranks, torchrun, gloo; {args.steps} steps, first of "
-              f"{args.steps // args.log_every} log windows dropped; tokens/s per rank):")
+            print(
+                f"  {name:5s} ({read_meta(stores[name])['dtype']}): {ranks} -> slowest {delivered[name]:,.0f}"
+            )
+        print(
+            f"trainer ({args.world} ranks, torchrun, gloo; {args.steps} steps, first of "
+            f"{args.steps // args.log_every} log windows dropped; tokens/s per rank):"
+        )
         for label, (rate, windows) in trainer.items():
             print(f"  {label}: {rate:,.0f} (group windows: {', '.join(f'{w:,.0f}' for w in windows)})")
         debug = trainer["debug flavour, bytes store"][0]
@@ -365,46 +455,83 @@ def main() -> int:
 
         # ---- 4. peak memory of an init_from load
         if not args.no_model:
-            spec = {"layers": args.layers, "hidden": args.hidden, "ffn": args.ffn, "heads": args.heads,
-                    "kv_heads": args.kv_heads, "vocab": args.vocab, "tie": not args.untied,
-                    "max_shard_size": args.max_shard_size}
+            spec = {
+                "layers": args.layers,
+                "hidden": args.hidden,
+                "ffn": args.ffn,
+                "heads": args.heads,
+                "kv_heads": args.kv_heads,
+                "vocab": args.vocab,
+                "tie": not args.untied,
+                "max_shard_size": args.max_shard_size,
+            }
             model_dir = os.path.join(tmp, "model")
             start = time.perf_counter()
             me = [sys.executable, os.path.abspath(__file__)]
             run_json([*me, "--worker", "build", "--model-dir", model_dir, "--spec", json.dumps(spec)], env)
             files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
             on_disk = sum(os.path.getsize(os.path.join(model_dir, f)) for f in files)
-            print(f"\nmodel: Llama {json.dumps(spec)}; {len(files)} safetensors files, {fmt_bytes(on_disk)} bf16 on "
-                  f"disk; built and saved in {time.perf_counter() - start:.0f} s")
+            print(
+                f"\nmodel: Llama {json.dumps(spec)}; {len(files)} safetensors files, {fmt_bytes(on_disk)} bf16 on "
+                f"disk; built and saved in {time.perf_counter() - start:.0f} s"
+            )
             rows = []
             load = ["--worker", "trainer-load", "--model-dir", model_dir, "--seq-len", str(args.seq_len)]
             rows += [("trainer, 1 process", r) for r in run_json([*me, *load], env)]
-            rows += [(f"trainer, torchrun {args.world} ranks", r) for r in run_json(
-                [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(args.world),
-                 os.path.abspath(__file__), *load], env)]
+            rows += [
+                (f"trainer, torchrun {args.world} ranks", r)
+                for r in run_json(
+                    [
+                        sys.executable,
+                        "-m",
+                        "trainer.launch",
+                        "--standalone",
+                        "--nproc-per-node",
+                        str(args.world),
+                        os.path.abspath(__file__),
+                        *load,
+                    ],
+                    env,
+                )
+            ]
             for dtype in ("float32", "bfloat16"):
-                rows += [(f"transformers from_pretrained({dtype})", r) for r in run_json(
-                    [*me, "--worker", "hf-load", "--model-dir", model_dir, "--dtype", dtype], env)]
-            print(f"{'process':42s} {'params held':>12s} {'after imports':>14s} {'peak RSS':>10s} "
-                  f"{'peak-imports':>12s} {'/ params':>8s} {'peak anon':>10s} {'peak file':>10s} {'load s':>7s}")
+                rows += [
+                    (f"transformers from_pretrained({dtype})", r)
+                    for r in run_json(
+                        [*me, "--worker", "hf-load", "--model-dir", model_dir, "--dtype", dtype], env
+                    )
+                ]
+            print(
+                f"{'process':42s} {'params held':>12s} {'after imports':>14s} {'peak RSS':>10s} "
+                f"{'peak-imports':>12s} {'/ params':>8s} {'peak anon':>10s} {'peak file':>10s} {'load s':>7s}"
+            )
             for label, r in sorted(rows, key=lambda x: (x[0], x[1].get("rank", 0))):
                 who = f"{label}" + (f", rank {r['rank']}" if r.get("world", 1) > 1 else "")
                 grew = r["peak"] - r["baseline"]
-                print(f"{who:42s} {fmt_bytes(r['param_bytes']):>12s} {fmt_bytes(r['baseline']):>14s} "
-                      f"{fmt_bytes(r['peak']):>10s} {fmt_bytes(grew):>12s} {grew / r['param_bytes']:>8.2f} "
-                      f"{fmt_bytes(r['peak_anon']):>10s} {fmt_bytes(r['peak_file']):>10s} {r['load_s']:>7.1f}")
+                print(
+                    f"{who:42s} {fmt_bytes(r['param_bytes']):>12s} {fmt_bytes(r['baseline']):>14s} "
+                    f"{fmt_bytes(r['peak']):>10s} {fmt_bytes(grew):>12s} {grew / r['param_bytes']:>8.2f} "
+                    f"{fmt_bytes(r['peak_anon']):>10s} {fmt_bytes(r['peak_file']):>10s} {r['load_s']:>7.1f}"
+                )
                 if "peak_after_build" in r:
-                    print(f"{'':42s} (peak RSS through build_model, before load_weights: "
-                          f"{fmt_bytes(r['peak_after_build'])}, {r['build_s']:.1f} s; "
-                          f"model {fmt_bytes(r['model_bytes'])} {r['dtype']})")
+                    print(
+                        f"{'':42s} (peak RSS through build_model, before load_weights: "
+                        f"{fmt_bytes(r['peak_after_build'])}, {r['build_s']:.1f} s; "
+                        f"model {fmt_bytes(r['model_bytes'])} {r['dtype']})"
+                    )
                 if "peak_load" in r:
-                    print(f"{'':42s} (peak RSS when from_pretrained returned, before every parameter was read: "
-                          f"{fmt_bytes(r['peak_load'])})")
+                    print(
+                        f"{'':42s} (peak RSS when from_pretrained returned, before every parameter was read: "
+                        f"{fmt_bytes(r['peak_load'])})"
+                    )
 
         worst = min(ratios.values())
         if worst < TARGET:
-            print(f"\nNOT MET: the data path delivers only {worst:.1f}x what the trainer consumes "
-                  f"(target >= {TARGET:g}x)", file=sys.stderr)
+            print(
+                f"\nNOT MET: the data path delivers only {worst:.1f}x what the trainer consumes "
+                f"(target >= {TARGET:g}x)",
+                file=sys.stderr,
+            )
             return 1
         print(f"\ntarget met: the data path delivers >= {worst:,.0f}x what the trainer consumes")
         return 0

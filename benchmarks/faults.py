@@ -42,8 +42,22 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 
 STEPS, EVERY = 40, 5
-ARGS = ["--flavor", "debug", "--set", "data.seq_len=32", "--set", "global_batch_size=8", "--set", "micro_batch_size=4",
-        "--steps", str(STEPS), "--set", f"checkpoint.every={EVERY}", "--set", "metrics.log_every=1"]
+ARGS = [
+    "--flavor",
+    "debug",
+    "--set",
+    "data.seq_len=32",
+    "--set",
+    "global_batch_size=8",
+    "--set",
+    "micro_batch_size=4",
+    "--steps",
+    str(STEPS),
+    "--set",
+    f"checkpoint.every={EVERY}",
+    "--set",
+    "metrics.log_every=1",
+]
 NPROC = 2
 QUICK = ("sigterm-agent", "flipped-byte-shard")  # --quick: a signal-based fault and a corruption
 PRICE = 3600.0  # $/node-hour: a dollar a second, so the budget fault's cap is in seconds of this machine
@@ -59,10 +73,24 @@ class Run:
         self.tag = uuid.uuid4().hex
         self.out, self.err = work / f"{self.tag}.out", work / f"{self.tag}.err"
         full_env = {**BASE_ENV, **(env or {}), "DTRAIN_BENCH_RUN": self.tag}
-        cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(NPROC), "-m", "trainer",
-               *ARGS, *args, "--checkpoint-uri", str(ckpt)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--standalone",
+            "--nproc-per-node",
+            str(NPROC),
+            "-m",
+            "trainer",
+            *ARGS,
+            *args,
+            "--checkpoint-uri",
+            str(ckpt),
+        ]
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=out, stderr=err, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=full_env, stdout=out, stderr=err, start_new_session=True
+            )
         self._seen = 0
         self.events: list[dict] = []
 
@@ -71,7 +99,7 @@ class Run:
             lines = f.read().splitlines()
         complete = lines if self.proc.poll() is not None else lines[:-1]  # the last may be half written
         new = []
-        for line in complete[self._seen:]:
+        for line in complete[self._seen :]:
             if line.startswith("{"):
                 try:
                     new.append(json.loads(line))
@@ -117,7 +145,11 @@ class Run:
         for p in psutil.process_iter():
             try:
                 env = p.environ()
-                if env.get("DTRAIN_BENCH_RUN") == self.tag and "RANK" in env and p.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    env.get("DTRAIN_BENCH_RUN") == self.tag
+                    and "RANK" in env
+                    and p.status() != psutil.STATUS_ZOMBIE
+                ):
                     out[int(env["RANK"])] = p
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
@@ -194,7 +226,11 @@ def manifests(ckpt: Path) -> list[dict]:
 
 def fenced_commits(ckpt: Path, old_token: int, new_acquired_at: float) -> int:
     """Manifests the older lease's writer committed after the newer lease existed (must be 0)."""
-    return sum(1 for m in manifests(ckpt) if m.get("lease") == old_token and m.get("created_at", 0) >= new_acquired_at)
+    return sum(
+        1
+        for m in manifests(ckpt)
+        if m.get("lease") == old_token and m.get("created_at", 0) >= new_acquired_at
+    )
 
 
 def lease_of(ckpt: Path, group: str):
@@ -205,8 +241,16 @@ def lease_of(ckpt: Path, group: str):
 
 
 def row(**kw) -> dict:
-    base = {"finished": False, "steps_lost": None, "bitwise": None, "spend_ratio": None, "writers": None,
-            "fenced": None, "detected": None, "note": ""}
+    base = {
+        "finished": False,
+        "steps_lost": None,
+        "bitwise": None,
+        "spend_ratio": None,
+        "writers": None,
+        "fenced": None,
+        "detected": None,
+        "note": "",
+    }
     return {**base, **kw}
 
 
@@ -224,8 +268,12 @@ def f_sigterm(rng, ckpt, work):
     pre = first.of("preempted")
     res = second.of("resume")
     lost = pre[0]["step"] - res[0]["from_step"] if pre and res else None
-    return row(finished=rc1 == 75 and rc2 == 0, steps_lost=lost, bitwise=bitwise_equal(ckpt, work),
-               note=f"SIGTERM after step {k}: exit {rc1}, then {rc2}")
+    return row(
+        finished=rc1 == 75 and rc2 == 0,
+        steps_lost=lost,
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"SIGTERM after step {k}: exit {rc1}, then {rc2}",
+    )
 
 
 def f_sigusr1(rng, ckpt, work):
@@ -237,8 +285,12 @@ def f_sigusr1(rng, ckpt, work):
         rank0.send_signal(signal.SIGUSR1)
     rc = run.wait()
     now = [c["step"] for c in run.of("checkpoint") if c.get("reason") == "checkpoint-now"]
-    return row(finished=rc == 0 and bool(now), steps_lost=0, bitwise=bitwise_equal(ckpt, work),
-               note=f"SIGUSR1 to rank 0 after step {k}: saved step {now}, exit {rc}")
+    return row(
+        finished=rc == 0 and bool(now),
+        steps_lost=0,
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"SIGUSR1 to rank 0 after step {k}: saved step {now}, exit {rc}",
+    )
 
 
 def f_kill_rank(rng, ckpt, work):
@@ -252,9 +304,12 @@ def f_kill_rank(rng, ckpt, work):
     second = Run(ckpt, work)
     rc2 = second.wait()
     res = second.of("resume")
-    return row(finished=rc1 == 76 and rc2 == 0, steps_lost=progress(ckpt).get("steps_lost"),
-               bitwise=bitwise_equal(ckpt, work),
-               note=f"kill -9 rank {rank} after step {k}: exit {rc1}; resumed from {res[0]['from_step'] if res else None}")
+    return row(
+        finished=rc1 == 76 and rc2 == 0,
+        steps_lost=progress(ckpt).get("steps_lost"),
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"kill -9 rank {rank} after step {k}: exit {rc1}; resumed from {res[0]['from_step'] if res else None}",
+    )
 
 
 def f_kill_agent(rng, ckpt, work):
@@ -270,10 +325,13 @@ def f_kill_agent(rng, ckpt, work):
     second = Run(ckpt, work)
     rc2 = second.wait()
     res = second.of("resume")
-    return row(finished=rc2 == 0 and not alive, steps_lost=progress(ckpt).get("steps_lost"),
-               bitwise=bitwise_equal(ckpt, work),
-               note=f"kill -9 agent after step {k}: agent {rc1}, orphans exited by themselves: {not alive}; "
-                    f"resumed from {res[0]['from_step'] if res else None}")
+    return row(
+        finished=rc2 == 0 and not alive,
+        steps_lost=progress(ckpt).get("steps_lost"),
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"kill -9 agent after step {k}: agent {rc1}, orphans exited by themselves: {not alive}; "
+        f"resumed from {res[0]['from_step'] if res else None}",
+    )
 
 
 def f_supervisor(rng, ckpt, work):
@@ -282,9 +340,19 @@ def f_supervisor(rng, ckpt, work):
     from airflow_dtrain.spec import JobSpec
 
     k = rng.randint(6, STEPS - 10)
-    spec = JobSpec.from_arguments(flavor="debug", seq_len=32, global_batch_size=8, micro_batch_size=4, log_every=1,
-                                  steps=STEPS, checkpoint_every=EVERY, checkpoint_uri=str(ckpt), num_nodes=1,
-                                  procs_per_node=NPROC, job="faults")
+    spec = JobSpec.from_arguments(
+        flavor="debug",
+        seq_len=32,
+        global_batch_size=8,
+        micro_batch_size=4,
+        log_every=1,
+        steps=STEPS,
+        checkpoint_every=EVERY,
+        checkpoint_uri=str(ckpt),
+        num_nodes=1,
+        procs_per_node=NPROC,
+        job="faults",
+    )
     launcher = LocalLauncher(work / f"groups-{uuid.uuid4().hex[:6]}")
     base = f"faults-{uuid.uuid4().hex[:6]}"
     samples: list[set] = []
@@ -314,16 +382,24 @@ def f_supervisor(rng, ckpt, work):
     os.kill(supervisor, signal.SIGKILL)
     launcher.launch(second, spec)  # as GroupSession's retry does: waits for the orphans, then starts r1
     deadline = time.monotonic() + 300
-    while launcher.status(second).state in (GroupState.PENDING, GroupState.RUNNING) and time.monotonic() < deadline:
+    while (
+        launcher.status(second).state in (GroupState.PENDING, GroupState.RUNNING)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.5)
     state = launcher.status(second).state
     stop.set()
     sampler.join(timeout=5)
     old, new = lease_of(ckpt, first), lease_of(ckpt, second)
     fenced = fenced_commits(ckpt, old.token, new.info["acquired_at"]) if old and new else None
-    return row(finished=state == GroupState.SUCCEEDED, steps_lost=progress(ckpt).get("steps_lost"),
-               bitwise=bitwise_equal(ckpt, work), writers=max((len(s) for s in samples), default=0), fenced=fenced,
-               note=f"kill -9 supervisor at step >= {k}; retry {state.value}; {len(samples)} samples")
+    return row(
+        finished=state == GroupState.SUCCEEDED,
+        steps_lost=progress(ckpt).get("steps_lost"),
+        bitwise=bitwise_equal(ckpt, work),
+        writers=max((len(s) for s in samples), default=0),
+        fenced=fenced,
+        note=f"kill -9 supervisor at step >= {k}; retry {state.value}; {len(samples)} samples",
+    )
 
 
 def _corrupt_copy(ckpt: Path, corrupt) -> None:
@@ -336,8 +412,13 @@ def _resume_corrupted(ckpt, work, note):
     rc = run.wait()
     res = run.of("resume")
     fell_back = bool(res) and res[0]["from_step"] == STEPS - EVERY and "fails verification" in run.stderr()
-    return row(finished=rc == 0, steps_lost=(STEPS - res[0]["from_step"]) if res else None, detected=fell_back,
-               bitwise=bitwise_equal(ckpt, work), note=f"{note}; resumed from {res[0]['from_step'] if res else None}")
+    return row(
+        finished=rc == 0,
+        steps_lost=(STEPS - res[0]["from_step"]) if res else None,
+        detected=fell_back,
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"{note}; resumed from {res[0]['from_step'] if res else None}",
+    )
 
 
 def f_flip_byte(rng, ckpt, work):
@@ -391,7 +472,10 @@ def f_full_disk(rng, ckpt, work):
     first = Run(ckpt, work, env={"DTRAIN_TEST_ENOSPC_AT_STEP": f"{k}:{rank}"})
     rc1 = first.wait()
     err = first.stderr()
-    clear = f"checkpoint step {k} could not be written to {ckpt / f'step-{k:08d}'}" in err and "No space left on device" in err
+    clear = (
+        f"checkpoint step {k} could not be written to {ckpt / f'step-{k:08d}'}" in err
+        and "No space left on device" in err
+    )
     older = [c.step for c in CheckpointDir(str(ckpt)).committed()]
     intact = True
     for step in older:
@@ -402,35 +486,67 @@ def f_full_disk(rng, ckpt, work):
     partial_gone = not (ckpt / f"step-{k:08d}").exists()
     second = Run(ckpt, work)  # "space freed": the same command without the hook
     rc2 = second.wait()
-    return row(finished=rc1 == 74 and rc2 == 0 and clear, steps_lost=progress(ckpt).get("steps_lost"),
-               bitwise=bitwise_equal(ckpt, work),
-               note=f"ENOSPC at step {k} on rank {rank}: exit {rc1}, clear line {clear}, older {older} valid {intact}, "
-                    f"partial removed {partial_gone}; resume exit {rc2}")
+    return row(
+        finished=rc1 == 74 and rc2 == 0 and clear,
+        steps_lost=progress(ckpt).get("steps_lost"),
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"ENOSPC at step {k} on rank {rank}: exit {rc1}, clear line {clear}, older {older} valid {intact}, "
+        f"partial removed {partial_gone}; resume exit {rc2}",
+    )
 
 
 def f_budget(rng, ckpt, work):
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.cost import billed
 
-    cap = round(rng.uniform(14.0, 20.0), 2)  # the job needs ~30 s = $30 here: admitted on a 100x too small estimate
+    cap = round(
+        rng.uniform(14.0, 20.0), 2
+    )  # the job needs ~30 s = $30 here: admitted on a 100x too small estimate
     attempt = f"budget-{uuid.uuid4().hex[:6]}"
     root = CheckpointDir(str(ckpt))
     root.storage.makedirs()
     # Opened at the launch, as GroupSession does: the bill runs from the start of the process, not of training.
-    root.record_spend(attempt, {"capacity": "any", "nodes": 1, "price_per_node_hour": PRICE, "gpus_per_node": 0,
-                                "launched_at": time.time(), "billed_s": 0.0, "node_hours": 0.0, "gpu_hours": 0.0,
-                                "dollars": 0.0, "budget_usd": cap})
-    run = Run(ckpt, work, env={"DTRAIN_GROUP_NAME": attempt},
-              args=["--set", f"cost.budget_usd={cap}", "--set", f"cost.price_per_node_hour={PRICE}",
-                    "--set", "cost.stop_margin_s=3"])
+    root.record_spend(
+        attempt,
+        {
+            "capacity": "any",
+            "nodes": 1,
+            "price_per_node_hour": PRICE,
+            "gpus_per_node": 0,
+            "launched_at": time.time(),
+            "billed_s": 0.0,
+            "node_hours": 0.0,
+            "gpu_hours": 0.0,
+            "dollars": 0.0,
+            "budget_usd": cap,
+        },
+    )
+    run = Run(
+        ckpt,
+        work,
+        env={"DTRAIN_GROUP_NAME": attempt},
+        args=[
+            "--set",
+            f"cost.budget_usd={cap}",
+            "--set",
+            f"cost.price_per_node_hour={PRICE}",
+            "--set",
+            "cost.stop_margin_s=3",
+        ],
+    )
     rc = run.wait()
     entry = root.spend_entry(attempt)
-    root.record_spend(attempt, {**billed(entry, until=time.time()), "ended": True})  # closed when its end is seen
+    root.record_spend(
+        attempt, {**billed(entry, until=time.time()), "ended": True}
+    )  # closed when its end is seen
     spent = root.spend().total_dollars
     latest = root.latest()
-    return row(finished="cap" if rc == 77 else rc == 0, spend_ratio=spent / cap,
-               note=f"cap ${cap}: exit {rc}, spent ${spent:.2f} (billed to the exit), last checkpoint "
-                    f"{latest.step if latest else None}")
+    return row(
+        finished="cap" if rc == 77 else rc == 0,
+        spend_ratio=spent / cap,
+        note=f"cap ${cap}: exit {rc}, spent ${spent:.2f} (billed to the exit), last checkpoint "
+        f"{latest.step if latest else None}",
+    )
 
 
 def f_second_writer(rng, ckpt, work):
@@ -447,11 +563,18 @@ def f_second_writer(rng, ckpt, work):
     rc1, rc2 = first.wait(), second.wait()
     old, new = lease_of(ckpt, "writer-a"), lease_of(ckpt, "writer-b")
     fenced = fenced_commits(ckpt, old.token, new.info["acquired_at"]) if old and new else None
-    after = {m.get("lease") for m in manifests(ckpt) if new and m.get("created_at", 0) >= new.info["acquired_at"]}
+    after = {
+        m.get("lease") for m in manifests(ckpt) if new and m.get("created_at", 0) >= new.info["acquired_at"]
+    }
     res = second.of("resume")
-    return row(finished=rc1 == 78 and rc2 == 0, bitwise=bitwise_equal(ckpt, work), fenced=fenced, writers=len(after),
-               note=f"first writer stalled after step {k}, a second one started: first exit {rc1}, second exit {rc2} (resumed from "
-                    f"{res[0]['from_step'] if res else None})")
+    return row(
+        finished=rc1 == 78 and rc2 == 0,
+        bitwise=bitwise_equal(ckpt, work),
+        fenced=fenced,
+        writers=len(after),
+        note=f"first writer stalled after step {k}, a second one started: first exit {rc1}, second exit {rc2} (resumed from "
+        f"{res[0]['from_step'] if res else None})",
+    )
 
 
 FAULTS = [  # (name, function, default trials, signal-based: bitwise equality must hold)
@@ -521,28 +644,50 @@ def main() -> int:
                 r = row(note=f"benchmark error: {type(err).__name__}: {err}")
             r["seconds"] = time.perf_counter() - t0
             results.setdefault(name, []).append(r)
-            print(f"  {name} #{t}: {json.dumps({k: v for k, v in r.items() if k != 'note'}, default=str)} -- {r['note']}",
-                  flush=True)
+            print(
+                f"  {name} #{t}: {json.dumps({k: v for k, v in r.items() if k != 'note'}, default=str)} -- {r['note']}",
+                flush=True,
+            )
             shutil.rmtree(ckpt, ignore_errors=True)
             for leftover in psutil.process_iter():  # nothing of a trial may outlive it
                 try:
                     if "DTRAIN_BENCH_RUN" in leftover.environ() or leftover.environ().get(
-                            "DTRAIN_GROUP_NAME", "").startswith("faults-"):
+                        "DTRAIN_GROUP_NAME", ""
+                    ).startswith("faults-"):
                         leftover.kill()
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                     continue
 
-    header = ["fault", "trials", "finished/cap", "steps lost", "bitwise = ref", "max spend/cap", "concurrent writers",
-              "fenced commits", "corruption detected", "s/trial"]
+    header = [
+        "fault",
+        "trials",
+        "finished/cap",
+        "steps lost",
+        "bitwise = ref",
+        "max spend/cap",
+        "concurrent writers",
+        "fenced commits",
+        "corruption detected",
+        "s/trial",
+    ]
     table = [header]
     for name, rows in results.items():
         fin = [("cap" if r["finished"] == "cap" else bool(r["finished"])) for r in rows]
-        table.append([name, str(len(rows)), f"{sum(f is True or f == 'cap' for f in fin)}/{len(fin)}"
-                      + (" (cap)" if "cap" in fin else ""),
-                      fmt([r["steps_lost"] for r in rows], "list"), fmt([r["bitwise"] for r in rows], "bool"),
-                      fmt([r["spend_ratio"] for r in rows], "max"), fmt([r["writers"] for r in rows], "max"),
-                      fmt([r["fenced"] for r in rows], "sum"), fmt([r["detected"] for r in rows], "bool"),
-                      f"{sum(r['seconds'] for r in rows) / len(rows):.0f}"])
+        table.append(
+            [
+                name,
+                str(len(rows)),
+                f"{sum(f is True or f == 'cap' for f in fin)}/{len(fin)}"
+                + (" (cap)" if "cap" in fin else ""),
+                fmt([r["steps_lost"] for r in rows], "list"),
+                fmt([r["bitwise"] for r in rows], "bool"),
+                fmt([r["spend_ratio"] for r in rows], "max"),
+                fmt([r["writers"] for r in rows], "max"),
+                fmt([r["fenced"] for r in rows], "sum"),
+                fmt([r["detected"] for r in rows], "bool"),
+                f"{sum(r['seconds'] for r in rows) / len(rows):.0f}",
+            ]
+        )
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     print()
     for i, r in enumerate(table):
@@ -562,16 +707,26 @@ def main() -> int:
     print()
     verdict(all(r["finished"] for r in every), "every run finished or stopped at its cap")
     spends = [r["spend_ratio"] for r in every if r["spend_ratio"] is not None]
-    verdict(all(s <= 1.0 for s in spends), f"spend never above the cap (max {max(spends, default=0):.3f} of it)")
+    verdict(
+        all(s <= 1.0 for s in spends), f"spend never above the cap (max {max(spends, default=0):.3f} of it)"
+    )
     fenced = [r["fenced"] for r in every if r["fenced"] is not None]
     writers = [r["writers"] for r in results.get("kill-9-supervisor+retry", []) if r["writers"] is not None]
-    verdict(sum(fenced) == 0 and all(w <= 1 for w in writers),
-            f"0 fenced commits ({sum(fenced)}) and never two groups alive at once (max {max(writers, default=0)})")
+    verdict(
+        sum(fenced) == 0 and all(w <= 1 for w in writers),
+        f"0 fenced commits ({sum(fenced)}) and never two groups alive at once (max {max(writers, default=0)})",
+    )
     detected = [r["detected"] for r in every if r["detected"] is not None]
-    verdict(all(detected), f"every corrupted checkpoint detected and the previous one used ({sum(detected)}/{len(detected)})")
+    verdict(
+        all(detected),
+        f"every corrupted checkpoint detected and the previous one used ({sum(detected)}/{len(detected)})",
+    )
     bitwise = [r["bitwise"] for n, rows in results.items() if n in signal_based for r in rows]
-    verdict(all(b is True for b in bitwise), f"bitwise-equal final weights for every signal-based fault "
-                                             f"({sum(b is True for b in bitwise)}/{len(bitwise)})")
+    verdict(
+        all(b is True for b in bitwise),
+        f"bitwise-equal final weights for every signal-based fault "
+        f"({sum(b is True for b in bitwise)}/{len(bitwise)})",
+    )
     print(f"\nwall time {time.perf_counter() - started:.0f}s; seed {seed}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if all(held) else 1

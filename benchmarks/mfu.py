@@ -38,23 +38,36 @@ def main() -> int:
     p.add_argument("--ac", choices=("none", "selective", "full"), default="none")
     p.add_argument("--selective-ac-every", type=int, default=0)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--compile-loss", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the loss too (default: with --compile, as the trainer does)")
-    p.add_argument("--loss-chunk-tokens", type=int, default=None,
-                   help="parallel.loss_chunk_tokens (default: the trainer's; 0 = whole logits, no recompute)")
+    p.add_argument(
+        "--compile-loss",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the loss too (default: with --compile, as the trainer does)",
+    )
+    p.add_argument(
+        "--loss-chunk-tokens",
+        type=int,
+        default=None,
+        help="parallel.loss_chunk_tokens (default: the trainer's; 0 = whole logits, no recompute)",
+    )
     p.add_argument("--allow-cpu", action="store_true")
-    p.add_argument("--quick", action="store_true",
-                   help="--flavor debug --seq-len 64 --steps 2 --warmup 1, on a GPU or (eager) a CPU: "
-                   "a check that it runs")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="--flavor debug --seq-len 64 --steps 2 --warmup 1, on a GPU or (eager) a CPU: "
+        "a check that it runs",
+    )
     args = p.parse_args()
     if args.quick:
         args.flavor, args.seq_len, args.steps, args.warmup = "debug", 64, 2, 1
         if not torch.cuda.is_available():  # compiling for a CPU would take most of the run, to no purpose
             args.allow_cpu, args.compile = True, False
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("benchmarks/mfu.py measures a GPU: torch.cuda.is_available() is False on this machine "
-              f"(torch {torch.__version__}). Not measured. (--allow-cpu runs it anyway, without MFU.)",
-              file=sys.stderr)
+        print(
+            "benchmarks/mfu.py measures a GPU: torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}). Not measured. (--allow-cpu runs it anyway, without MFU.)",
+            file=sys.stderr,
+        )
         return 2
 
     from trainer.metrics import flops_per_token, peak_flops
@@ -62,15 +75,22 @@ def main() -> int:
     from trainer.parallelize import build_optimizer, build_scheduler
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    cfg = TrainConfig.from_dict({
-        "model": {"flavor": args.flavor}, "data": {"seq_len": args.seq_len},
-        "steps": args.warmup + args.steps, "micro_batch_size": args.micro_batch,
-        "global_batch_size": args.micro_batch * args.accum * world,
-        "optim": {"warmup_steps": 0, "lr": 1e-5},
-        "parallel": {"activation_checkpointing": args.ac, "selective_ac_every": args.selective_ac_every,
-                     "compile": args.compile,
-                     **({} if args.loss_chunk_tokens is None else {"loss_chunk_tokens": args.loss_chunk_tokens})},
-    })
+    cfg = TrainConfig.from_dict(
+        {
+            "model": {"flavor": args.flavor},
+            "data": {"seq_len": args.seq_len},
+            "steps": args.warmup + args.steps,
+            "micro_batch_size": args.micro_batch,
+            "global_batch_size": args.micro_batch * args.accum * world,
+            "optim": {"warmup_steps": 0, "lr": 1e-5},
+            "parallel": {
+                "activation_checkpointing": args.ac,
+                "selective_ac_every": args.selective_ac_every,
+                "compile": args.compile,
+                **({} if args.loss_chunk_tokens is None else {"loss_chunk_tokens": args.loss_chunk_tokens}),
+            },
+        }
+    )
     d = setup_distributed(cfg.parallel)
     model = build_model(cfg, d)
     if args.compile_loss is not None:
@@ -79,7 +99,9 @@ def main() -> int:
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.steps)
     vocab = model.args.vocab_size
     g = torch.Generator(device=d.device).manual_seed(d.rank)
-    rows = torch.randint(0, vocab, (args.accum, args.micro_batch, args.seq_len + 1), device=d.device, generator=g)
+    rows = torch.randint(
+        0, vocab, (args.accum, args.micro_batch, args.seq_len + 1), device=d.device, generator=g
+    )
     micro_batches = [(r[:, :-1], r[:, 1:]) for r in rows]  # each (micro_batch, seq_len)
 
     def sync():
@@ -103,19 +125,30 @@ def main() -> int:
     if d.rank == 0:
         name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
         # one CPU process trains a plain module (trainer.parallelize.needs_fsdp)
-        layout = ("bf16 FSDP2 (fp32 reduce)" if d.device.type == "cuda"
-                  else "fp32 FSDP2" if world > 1 else "fp32, plain module")
+        layout = (
+            "bf16 FSDP2 (fp32 reduce)"
+            if d.device.type == "cuda"
+            else "fp32 FSDP2"
+            if world > 1
+            else "fp32, plain module"
+        )
         print(f"device {name} x {world}, torch {torch.__version__}, cuda {torch.version.cuda}")
-        print(f"flavour {args.flavor} ({model.num_params() / 1e9:.3f} B params), seq_len {args.seq_len}, "
-              f"micro-batch {args.micro_batch} x accum {args.accum} x {world} ranks, "
-              f"{layout}, "
-              f"compile {args.compile} (loss {model.compile_loss}), "
-              f"loss chunk {cfg.parallel.loss_chunk_tokens or 'none'}, AC {args.ac}"
-              + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")
-              + f", AdamW fused {d.device.type == 'cuda'}")
-        print(f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; last loss {loss.item():.3f}")
-        print(f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU); "
-              f"{fpt / 1e9:.2f} GFLOP/token (6N + attention)")
+        print(
+            f"flavour {args.flavor} ({model.num_params() / 1e9:.3f} B params), seq_len {args.seq_len}, "
+            f"micro-batch {args.micro_batch} x accum {args.accum} x {world} ranks, "
+            f"{layout}, "
+            f"compile {args.compile} (loss {model.compile_loss}), "
+            f"loss chunk {cfg.parallel.loss_chunk_tokens or 'none'}, AC {args.ac}"
+            + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")
+            + f", AdamW fused {d.device.type == 'cuda'}"
+        )
+        print(
+            f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; last loss {loss.item():.3f}"
+        )
+        print(
+            f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU); "
+            f"{fpt / 1e9:.2f} GFLOP/token (6N + attention)"
+        )
         if peak:
             mfu = tokens_per_s * fpt / (peak[1] * world)
             print(f"MFU: {100 * mfu:.1f}% of {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU ({peak[0]})")

@@ -28,13 +28,35 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
-ARGS = ["--set", "data.seq_len=32", "--set", "global_batch_size=8", "--set", "micro_batch_size=4",
-        "--set", "metrics.log_every=1", "--steps", "1000"]
+ARGS = [
+    "--set",
+    "data.seq_len=32",
+    "--set",
+    "global_batch_size=8",
+    "--set",
+    "micro_batch_size=4",
+    "--set",
+    "metrics.log_every=1",
+    "--steps",
+    "1000",
+]
 
 
 def start(nproc: int, ckpt: str, env: dict, extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "trainer", *ARGS, *extra, "--checkpoint-uri", ckpt]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "trainer",
+        *ARGS,
+        *extra,
+        "--checkpoint-uri",
+        ckpt,
+    ]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=STDERR, text=True)
 
 
@@ -78,11 +100,18 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     with open(os.path.join(ckpt, "progress.json")) as f:
         progress = json.load(f)
     shutil.rmtree(ckpt, ignore_errors=True)
-    return {"recovery_s": t1 - t0, "sigterm_to_exit_s": t_exit - t0, "save_s": preempted["seconds_to_save"],
-            "restart_to_first_step_s": t1 - t_exit, "preempted_step": preempted["step"],
-            "resumed_from": resume["from_step"], "first_step": first_step,
-            "steps_lost": preempted["step"] - resume["from_step"], "progress_steps_lost": progress["steps_lost"],
-            "saves": saves}
+    return {
+        "recovery_s": t1 - t0,
+        "sigterm_to_exit_s": t_exit - t0,
+        "save_s": preempted["seconds_to_save"],
+        "restart_to_first_step_s": t1 - t_exit,
+        "preempted_step": preempted["step"],
+        "resumed_from": resume["from_step"],
+        "first_step": first_step,
+        "steps_lost": preempted["step"] - resume["from_step"],
+        "progress_steps_lost": progress["steps_lost"],
+        "saves": saves,
+    }
 
 
 def main() -> None:
@@ -91,8 +120,12 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--at-step", type=int, default=5)
     p.add_argument("--flavor", default="debug")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer setting (repeatable)")
-    p.add_argument("--stderr", metavar="FILE", help="append the trainers' stderr to FILE (default: discarded)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer setting (repeatable)"
+    )
+    p.add_argument(
+        "--stderr", metavar="FILE", help="append the trainers' stderr to FILE (default: discarded)"
+    )
     p.add_argument("--quick", action="store_true", help="--rounds 1")
     args = p.parse_args()
     if args.quick:
@@ -104,15 +137,21 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         rows.append(one_round(args.nproc, args.at_step, env, extra))
-        print(f"round {r}: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()})}",
-              flush=True)
-    med = {k: statistics.median(row[k] for row in rows) for k in ("recovery_s", "sigterm_to_exit_s", "save_s",
-                                                                  "restart_to_first_step_s")}
+        print(
+            f"round {r}: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()})}",
+            flush=True,
+        )
+    med = {
+        k: statistics.median(row[k] for row in rows)
+        for k in ("recovery_s", "sigterm_to_exit_s", "save_s", "restart_to_first_step_s")
+    }
     lost = max(row["steps_lost"] for row in rows)
-    print(f"\nSIGTERM -> first step after resume: median {med['recovery_s']:.2f} s "
-          f"(save {med['save_s']:.2f} s, SIGTERM -> exit 75 {med['sigterm_to_exit_s']:.2f} s, "
-          f"restart -> first step {med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  "
-          f"[target <= 10 s, 0 steps]")
+    print(
+        f"\nSIGTERM -> first step after resume: median {med['recovery_s']:.2f} s "
+        f"(save {med['save_s']:.2f} s, SIGTERM -> exit 75 {med['sigterm_to_exit_s']:.2f} s, "
+        f"restart -> first step {med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  "
+        f"[target <= 10 s, 0 steps]"
+    )
 
 
 if __name__ == "__main__":

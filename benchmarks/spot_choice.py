@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.jobs, args.tune_jobs, args.recent = 8, 8, [4]
-        if quick_traces(args.trace_dir) != args.trace_dir:  # no shared traces here: the bundled market's scenario
+        if (
+            quick_traces(args.trace_dir) != args.trace_dir
+        ):  # no shared traces here: the bundled market's scenario
             args.trace_dir, args.scenario = quick_traces(args.trace_dir), "synthetic"
     recent = args.recent or [100, 200]
     mech = sc.Mechanics()

@@ -165,7 +165,9 @@ class World:
                     if c[k] < n:
                         p[k] = 1.0
                     elif c[k] < c[k - 1]:
-                        gone = c[k - 1] - c[k]  # P(none of our n among `gone` of c[k-1]) = C(c-n, gone) / C(c, gone)
+                        gone = (
+                            c[k - 1] - c[k]
+                        )  # P(none of our n among `gone` of c[k-1]) = C(c-n, gone) / C(c, gone)
                         p[k] = 1.0 - math.comb(c[k - 1] - n, gone) / math.comb(c[k - 1], gone)
                 out.append(p)
             self._loss[n] = out
@@ -332,7 +334,9 @@ class Policy:
             min_finish_chance=self.chance,
             restart_overhead_s=mech.startup_s,
             lost_work_s=mech.step_s,
-            deadline_s=max(0.0, job.deadline_s - elapsed),  # what it runs now starts now, as for the baselines
+            deadline_s=max(
+                0.0, job.deadline_s - elapsed
+            ),  # what it runs now starts now, as for the baselines
             max_wait_s=math.inf,
             wait_interval_s=m.tick_s,
             wait_target_price=min(world.recent_low[k], self.limit(m)) if measured else self.limit(m),
@@ -374,7 +378,9 @@ def simulate(world: World, job: Job, strategy) -> Outcome:
             continue
         price = m.zones[s.zone].price[k] if s.mode == "spot" else m.on_demand_price
         useful = max(0.0, dt - s.startup_left)
-        over = max(0.0, s.done + useful - job.work_s)  # finished part-way through the tick: bill that part only
+        over = max(
+            0.0, s.done + useful - job.work_s
+        )  # finished part-way through the tick: bill that part only
         tick_cost = (dt - over) / 3600 * n * price
         if capped and out.cost + tick_cost > job.budget + 1e-9:
             out.stopped = True  # the trainer saves and exits before the spend passes the cap
@@ -400,7 +406,9 @@ def work_range_h(market: Market) -> tuple[float, float]:
     return (4.0, 48.0) if half_h > 200 else (2.0, 24.0) if half_h > 48 else (0.25, 1.5)
 
 
-def make_jobs(markets: list[Market], n_jobs: int, nodes: int, half: int, seed: int, mech: Mechanics) -> list[Job]:
+def make_jobs(
+    markets: list[Market], n_jobs: int, nodes: int, half: int, seed: int, mech: Mechanics
+) -> list[Job]:
     """Jobs that start and end inside one half of their market's time range (0: first, 1: second)."""
     rng = random.Random(f"{seed}/{nodes}/{half}")
     usable = [i for i, m in enumerate(markets) if m.max_capacity >= nodes]
@@ -573,14 +581,19 @@ def _tune_set(task: tuple[bool, tuple]) -> dict[int, list[tuple[float, bool]]]:
             for n, js in jobs.items()}  # fmt: skip
 
 
-def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics, inputs: str = "measured"):
+def tune(
+    worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics, inputs: str = "measured"
+):
     """Per user (``allow_late`` on and off) and job size (known when a job is submitted), on ``n_jobs`` jobs
     of the first half simulated on that half: the parameter set most surely at or below every baseline there,
     that is with the largest ``surest`` (cost, and jobs kept on time within budget, against each baseline); of
     equals, the lowest cost + a full on-demand job's cost per job not kept. Every set runs in a process pool
     (fork, one process per CPU). Returns {(allow_late, size): (below, score, surest, *parameters)}."""
     global _TUNING
-    halves = [World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed, w.prior_ticks) for w in worlds]
+    halves = [
+        World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed, w.prior_ticks)
+        for w in worlds
+    ]
     jobs = {n: make_jobs([w.market for w in halves], n_jobs, n, 0, seed, mech) for n in sizes}
     bases = {n: [per_job(r) for r in run_size(halves, jobs[n], [Naive(True), Naive(False), UniformProgress()],
                                               mech)[1:]] for n in sizes}  # fmt: skip
@@ -600,7 +613,9 @@ def tune(worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Me
             results = [_tune_set(t) for t in tasks]
     finally:
         _TUNING = ()
-    od = {n: sum(j.od_cost(mech, halves[j.market].market.on_demand_price) for j in js) for n, js in jobs.items()}
+    od = {
+        n: sum(j.od_cost(mech, halves[j.market].market.on_demand_price) for j in js) for n, js in jobs.items()
+    }
     best: dict[tuple[bool, int], tuple] = {}
     for (late, params), outcome in zip(tasks, results):
         for n in sizes:
@@ -617,20 +632,36 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace_dir", nargs="?", type=Path, default=DEFAULT_TRACES)
     ap.add_argument("--jobs", type=int, default=200, help="held-out jobs per scenario and size")
-    ap.add_argument("--tune-jobs", type=int, default=300, help="jobs per size in the first half, to choose the parameters")
+    ap.add_argument(
+        "--tune-jobs", type=int, default=300, help="jobs per size in the first half, to choose the parameters"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seeds", type=seed_list, default=None, metavar="A-B|A,B,...",
-                    help="run every seed (each with its own jobs, draws and parameter choice) and report their "
-                         "held-out jobs pooled, with how many seeds each setting met the line on; replaces --seed")
+    ap.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=None,
+        metavar="A-B|A,B,...",
+        help="run every seed (each with its own jobs, draws and parameter choice) and report their "
+        "held-out jobs pooled, with how many seeds each setting met the line on; replaces --seed",
+    )
     ap.add_argument("--startup-s", type=float, default=300.0)
     ap.add_argument("--checkpoint-s", type=float, default=1800.0)
     ap.add_argument("--step-s", type=float, default=30.0)
-    ap.add_argument("--inputs", choices=INPUTS, default="measured",
-                    help="what our policy is told: the zone's measured trailing rate and price low, or what the bundled "
-                         "DAG gives it (one fixed rate from the first half, the price limit as the wait target)")
-    ap.add_argument("--scenario", action="append", default=None, metavar="NAME",
-                    help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; "
-                         "repeatable); default: every scenario in TRACE_DIR")
+    ap.add_argument(
+        "--inputs",
+        choices=INPUTS,
+        default="measured",
+        help="what our policy is told: the zone's measured trailing rate and price low, or what the bundled "
+        "DAG gives it (one fixed rate from the first half, the price limit as the wait target)",
+    )
+    ap.add_argument(
+        "--scenario",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; "
+        "repeatable); default: every scenario in TRACE_DIR",
+    )
     ap.add_argument("--quick", action="store_true", help="--jobs 8 --tune-jobs 8: every part, on few jobs")
     args = ap.parse_args(argv)
     if args.quick:
@@ -643,8 +674,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario:
         unknown = sorted(set(args.scenario) - {sc.name for sc in scenarios})
         if unknown:
-            ap.error(f"--scenario {', '.join(unknown)}: not in {args.trace_dir} (there: "
-                     f"{', '.join(sc.name for sc in scenarios)})")
+            ap.error(
+                f"--scenario {', '.join(unknown)}: not in {args.trace_dir} (there: "
+                f"{', '.join(sc.name for sc in scenarios)})"
+            )
         scenarios = [sc for sc in scenarios if sc.name in args.scenario]
     print(f"traces: {args.trace_dir}; {_seeds_text(seeds)}; start-up {mech.startup_s:.0f} s, checkpoint every "
           f"{mech.checkpoint_s:.0f} s, step {mech.step_s:.0f} s; deadline 1.2-2.0x and budget 0.5-1.5x on-demand; "
@@ -652,7 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     every_row: dict[str, list[Row]] = {}  # strategy -> its rows of every scenario and size
     by_size: dict[tuple[int, str], list[Row]] = {}
     judged_at: dict[str, int] = {}  # level -> how many verdicts
-    misses: dict[str, dict[str, list[str]]] = {name: {} for name in OURS.values()}  # level -> where ours missed
+    misses: dict[str, dict[str, list[str]]] = {
+        name: {} for name in OURS.values()
+    }  # level -> where ours missed
     runs: list[tuple[int, str, int, list[Row]]] = []  # (seed, scenario, size, rows) of every run
     seed_met: dict[tuple[str, str], list[int]] = {}  # (ours, level) -> [seeds x places met, seeds x places]
 
@@ -668,7 +703,9 @@ def main(argv: list[str] | None = None) -> int:
         """Per seed, its runs that ``keep(scenario, size)`` accepts, pooled (none for a single seed)."""
         if len(seeds) == 1:
             return []
-        return [pooled([rows for s_, name, n, rows in runs if s_ == seed and keep(name, n)]) for seed in seeds]
+        return [
+            pooled([rows for s_, name, n, rows in runs if s_ == seed and keep(name, n)]) for seed in seeds
+        ]
 
     def judged(rows: list[Row], level: str, where: str, by_seed: list[list[Row]] | None = None) -> None:
         print("\n".join(verdict(rows, name) for name in OURS.values()))
@@ -708,13 +745,18 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
                 jobs = make_jobs(sc.markets, args.jobs, n, 1, seed, mech)
-                cells[n].append(run_size(worlds, jobs, [*ours, Naive(True), Naive(False), UniformProgress()], mech))
+                cells[n].append(
+                    run_size(worlds, jobs, [*ours, Naive(True), Naive(False), UniformProgress()], mech)
+                )
                 runs.append((seed, sc.name, n, cells[n][-1]))
         in_scenario: dict[str, list[Row]] = {}
         for n in sizes:
             rows = pooled(cells[n])
-            print(f"\n{sc.name}, {n} node(s), {len(rows[0].jobs)} held-out jobs (second half"
-                  + (f", {len(seeds)} seeds" if len(seeds) > 1 else "") + "):")
+            print(
+                f"\n{sc.name}, {n} node(s), {len(rows[0].jobs)} held-out jobs (second half"
+                + (f", {len(seeds)} seeds" if len(seeds) > 1 else "")
+                + "):"
+            )
             print(HEAD)
             for r in rows:
                 print(r.line())
@@ -738,18 +780,28 @@ def main(argv: list[str] | None = None) -> int:
     rows = [merged(name, rs) for name, rs in every_row.items()]
     print("\n".join(r.line() for r in rows))
     judged(rows, "all", "all together", of_seeds(lambda name, size: True))
-    print("\n## Where each setting of ours is at or below every baseline (cost, jobs on time within budget), held out"
-          + (f", the {len(seeds)} seeds' jobs pooled (seed by seed: each seed's jobs alone, places x seeds)"
-             if len(seeds) > 1 else ""))
+    print(
+        "\n## Where each setting of ours is at or below every baseline (cost, jobs on time within budget), held out"
+        + (
+            f", the {len(seeds)} seeds' jobs pooled (seed by seed: each seed's jobs alone, places x seeds)"
+            if len(seeds) > 1
+            else ""
+        )
+    )
     levels = {"cells": "per scenario and size", "scenarios": "per scenario, all sizes",
               "sizes": "per size, all scenarios", "all": "all jobs together"}  # fmt: skip
     for name, by_level in misses.items():
         for level, title in levels.items():
             missed = by_level.get(level, [])
-            print(f"- {name}, {title}: {judged_at[level] - len(missed)} of {judged_at[level]}"
-                  + (f" (not: {'; '.join(missed)})" if missed else "")
-                  + (f"; seed by seed: {seed_met[name, level][0]} of {seed_met[name, level][1]}"
-                     if (name, level) in seed_met else ""))
+            print(
+                f"- {name}, {title}: {judged_at[level] - len(missed)} of {judged_at[level]}"
+                + (f" (not: {'; '.join(missed)})" if missed else "")
+                + (
+                    f"; seed by seed: {seed_met[name, level][0]} of {seed_met[name, level][1]}"
+                    if (name, level) in seed_met
+                    else ""
+                )
+            )
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0
 
@@ -780,8 +832,10 @@ def _seeds_text(seeds: list[int]) -> str:
 def seed_by_seed(by_seed: list[list[Row]], seeds: list[int], name: str) -> str:
     """On how many of the seeds ``name`` was at or below every baseline on that seed's jobs alone."""
     missed = [str(seed) for seed, rows in zip(seeds, by_seed) if not below_every(rows, name)]
-    return (f"{name}, seed by seed: at or below every baseline on {len(seeds) - len(missed)} of {len(seeds)} seeds"
-            + (f" (not: {', '.join(missed)})" if missed else ""))
+    return (
+        f"{name}, seed by seed: at or below every baseline on {len(seeds) - len(missed)} of {len(seeds)} seeds"
+        + (f" (not: {', '.join(missed)})" if missed else "")
+    )
 
 
 def _baselines(rows: list[Row]) -> list[Row]:
@@ -844,6 +898,7 @@ def frontier(rows: list[Row]) -> str:
     if not missed:
         return "either setting of ours: every baseline is matched or beaten by one of them"
     return f"either setting of ours: NOT matched or beaten by either: {', '.join(missed)}"
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -51,7 +51,9 @@ def check_cell(worlds, jobs, mech) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace_dir", nargs="?", type=Path, default=sc.DEFAULT_TRACES)
-    ap.add_argument("--scenario", default="groups", help="the scenario's name (aws-9az, aws-4node, groups, or yours)")
+    ap.add_argument(
+        "--scenario", default="groups", help="the scenario's name (aws-9az, aws-4node, groups, or yours)"
+    )
     ap.add_argument("--jobs", type=int, default=200, help="held-out jobs per size (as spot_cost.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--startup-s", type=float, default=300.0)
@@ -61,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.jobs = 8
-        if quick_traces(args.trace_dir) != args.trace_dir:  # no shared traces here: the bundled market's scenario
+        if (
+            quick_traces(args.trace_dir) != args.trace_dir
+        ):  # no shared traces here: the bundled market's scenario
             args.trace_dir, args.scenario = quick_traces(args.trace_dir), "synthetic"
     mech = sc.Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
     scenarios = {s.name: s for s in load_scenarios(args.trace_dir)}

@@ -59,7 +59,9 @@ class Market:
     def window(self, start: int, stop: int, suffix: str) -> Market:
         """Ticks ``[start, stop)`` only: what a simulation of that part of the time range may see."""
         zones = [Zone(z.name, z.price[start:stop], z.capacity[start:stop]) for z in self.zones]
-        return Market(f"{self.name} {suffix}", self.tick_s, self.on_demand_price, zones, self.notes, self.sources)
+        return Market(
+            f"{self.name} {suffix}", self.tick_s, self.on_demand_price, zones, self.notes, self.sources
+        )
 
     def to_json(self) -> dict:
         return {
@@ -77,10 +79,16 @@ class Market:
             if not cond:
                 raise SystemExit(f"{path}: {what}")
 
-        need(isinstance(doc.get("tick_s"), (int, float)) and doc["tick_s"] > 0, "tick_s: a number of seconds > 0")
+        need(
+            isinstance(doc.get("tick_s"), (int, float)) and doc["tick_s"] > 0,
+            "tick_s: a number of seconds > 0",
+        )
         need(isinstance(doc.get("on_demand_price"), (int, float)) and doc["on_demand_price"] > 0,
              "on_demand_price: a $/node-hour > 0")  # fmt: skip
-        need(isinstance(doc.get("zones"), dict) and doc["zones"], "zones: {name: {price: [...], capacity: [...]}}")
+        need(
+            isinstance(doc.get("zones"), dict) and doc["zones"],
+            "zones: {name: {price: [...], capacity: [...]}}",
+        )
         zones = []
         for name, z in doc["zones"].items():
             price, cap = z.get("price"), z.get("capacity")
@@ -126,7 +134,9 @@ def _aws_4node(root: Path) -> Market:
         doc = json.loads(path.read_text())
         series = json.loads((root / SKYNOMAD / "v100_1node_prices" / path.name).read_text())["prices"]
         flat = sum(series) / len(series)
-        zones.append(Zone(path.stem.removesuffix("_v100_1"), [flat] * len(doc["data"]), [int(x) for x in doc["data"]]))
+        zones.append(
+            Zone(path.stem.removesuffix("_v100_1"), [flat] * len(doc["data"]), [int(x) for x in doc["data"]])
+        )
     return Market(
         "aws-4node", 300.0, P3_ON_DEMAND, zones,
         ["4-node p3.2xlarge capture (Aug 2023), capacity = nodes up (0..4) per 300 s tick; no prices in the capture: "
@@ -254,7 +264,15 @@ def load_scenarios(trace_dir: Path) -> list[Scenario]:
             f"({SKYNOMAD}/, {BAMBOO}/)"
         )
     return [
-        Scenario("aws-9az", [_aws_9az(trace_dir)], "A. AWS p3.2xlarge, 9 AZs, real prices, launch probes (capacity 0/1)"),
-        Scenario("aws-4node", [_aws_4node(trace_dir)], "B. AWS p3.2xlarge 4-node capture, 3 AZs (capacity 0..4)"),
-        Scenario("groups", _groups(trace_dir), "C. spot/preemptible groups: Bamboo AWS p3, g4dn; GCP v100, a100"),
+        Scenario(
+            "aws-9az",
+            [_aws_9az(trace_dir)],
+            "A. AWS p3.2xlarge, 9 AZs, real prices, launch probes (capacity 0/1)",
+        ),
+        Scenario(
+            "aws-4node", [_aws_4node(trace_dir)], "B. AWS p3.2xlarge 4-node capture, 3 AZs (capacity 0..4)"
+        ),
+        Scenario(
+            "groups", _groups(trace_dir), "C. spot/preemptible groups: Bamboo AWS p3, g4dn; GCP v100, a100"
+        ),
     ]

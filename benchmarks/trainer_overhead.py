@@ -60,23 +60,35 @@ def main() -> None:
     p.add_argument("--flavor", default="debug")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="global batch = micro-batch (no accumulation)")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="(one process) also profile N steps of plain and of bare with torch.profiler and print "
-                        "the ops where bare (FSDP2) spends more CPU time than plain: what the wrapper costs")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="(one process) also profile N steps of plain and of bare with torch.profiler and print "
+        "the ops where bare (FSDP2) spends more CPU time than plain: what the wrapper costs",
+    )
     p.add_argument("--quick", action="store_true", help="--steps 2 --rounds 2 --seq-len 32")
     args = p.parse_args()
     if args.quick:
         args.steps, args.rounds, args.seq_len = 2, 2, 32
     world = int(os.environ.get("WORLD_SIZE", "1"))
     # One directory for all ranks: progress.json is written there, as in a real run.
-    root = os.path.join(tempfile.gettempdir(), f"dtrain-bench-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}")
+    root = os.path.join(
+        tempfile.gettempdir(), f"dtrain-bench-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"
+    )
     try:
-        cfg = TrainConfig.from_dict({
-            "model": {"flavor": args.flavor}, "data": {"seq_len": args.seq_len},
-            "steps": 10**9,  # never the last step: no final save inside the measurement
-            "global_batch_size": args.batch, "micro_batch_size": args.batch // world,
-            "checkpoint": {"uri": root, "every": 0}, "metrics": {"log_every": 10},
-        })
+        cfg = TrainConfig.from_dict(
+            {
+                "model": {"flavor": args.flavor},
+                "data": {"seq_len": args.seq_len},
+                "steps": 10**9,  # never the last step: no final save inside the measurement
+                "global_batch_size": args.batch,
+                "micro_batch_size": args.batch // world,
+                "checkpoint": {"uri": root, "every": 0},
+                "metrics": {"log_every": 10},
+            }
+        )
         cfg.validate_world_size(world)
         d = setup_distributed(cfg.parallel)
         job = Job.build(cfg, d)
@@ -103,8 +115,13 @@ def main() -> None:
             fsdp_model.to_empty(device=d.device)
             fsdp_model.init_weights(cfg.seed)
             fsdp_opt = build_optimizer(fsdp_model, cfg.optim)
-            variants["fsdp2"] = bare_loop(fsdp_model, fsdp_opt, build_scheduler(fsdp_opt, cfg.optim, cfg.steps), batches,
-                                          cfg.optim.grad_clip)
+            variants["fsdp2"] = bare_loop(
+                fsdp_model,
+                fsdp_opt,
+                build_scheduler(fsdp_opt, cfg.optim, cfg.steps),
+                batches,
+                cfg.optim.grad_clip,
+            )
 
         bare_step = bare_loop(model, optimizer, scheduler, batches, cfg.optim.grad_clip)
 
@@ -139,21 +156,33 @@ def main() -> None:
             trainer_sps = len(times["trainer"]) / sum(times["trainer"])
             rounds = [slice(r * args.steps, (r + 1) * args.steps) for r in range(args.rounds)]
             per_round = [sum(times["bare"][r]) / sum(times["trainer"][r]) for r in rounds]
-            print(f"{platform.node()}: {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                  f"{torch.get_num_threads()} threads, world size {d.world_size}, device {d.device}")
-            print(f"flavour {args.flavor}, seq_len {args.seq_len}, global batch {args.batch}, "
-                  f"{args.rounds} rounds x {args.steps} steps per variant, interleaved step by step")
+            print(
+                f"{platform.node()}: {os.cpu_count()} CPUs, torch {torch.__version__}, "
+                f"{torch.get_num_threads()} threads, world size {d.world_size}, device {d.device}"
+            )
+            print(
+                f"flavour {args.flavor}, seq_len {args.seq_len}, global batch {args.batch}, "
+                f"{args.rounds} rounds x {args.steps} steps per variant, interleaved step by step"
+            )
             print(f"bare PyTorch loop: {bare_sps:8.3f} steps/s")
             print(f"trainer:           {trainer_sps:8.3f} steps/s")
-            print(f"trainer/bare:      {trainer_sps / bare_sps:8.3f}  (target >= 0.98; per round: "
-                  f"median {statistics.median(per_round):.3f}, min {min(per_round):.3f}, max {max(per_round):.3f})")
+            print(
+                f"trainer/bare:      {trainer_sps / bare_sps:8.3f}  (target >= 0.98; per round: "
+                f"median {statistics.median(per_round):.3f}, min {min(per_round):.3f}, max {max(per_round):.3f})"
+            )
             if "plain" in times:
                 plain_sps = len(times["plain"]) / sum(times["plain"])
-                for label, other in (("trainer/plain", "trainer"), ("bare/plain", "bare"), ("FSDP2/plain", "fsdp2")):
+                for label, other in (
+                    ("trainer/plain", "trainer"),
+                    ("bare/plain", "bare"),
+                    ("FSDP2/plain", "fsdp2"),
+                ):
                     ratios = [sum(times["plain"][r]) / sum(times[other][r]) for r in rounds]
-                    print(f"{label + ':':19}{(len(times[other]) / sum(times[other])) / plain_sps:8.3f}  (per round: "
-                          f"median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; "
-                          f"plain {plain_sps:.3f} steps/s)")
+                    print(
+                        f"{label + ':':19}{(len(times[other]) / sum(times[other])) / plain_sps:8.3f}  (per round: "
+                        f"median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; "
+                        f"plain {plain_sps:.3f} steps/s)"
+                    )
         if args.profile and "plain" in variants and d.rank == 0:
             print_profile_difference(variants["plain"], variants["fsdp2"], args.profile)
         dist.destroy_process_group()
@@ -189,11 +218,15 @@ def print_profile_difference(plain, bare, steps: int, top: int = 12) -> None:
         totals[name] = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
     keys = set(totals["plain"]) | set(totals["bare"])
     diff = sorted(((totals["bare"].get(k, 0.0) - totals["plain"].get(k, 0.0), k) for k in keys), reverse=True)
-    print(f"profile, self CPU ms per step: plain {sum(totals['plain'].values()):.1f}, "
-          f"bare (FSDP2) {sum(totals['bare'].values()):.1f}; where bare spends more:")
+    print(
+        f"profile, self CPU ms per step: plain {sum(totals['plain'].values()):.1f}, "
+        f"bare (FSDP2) {sum(totals['bare'].values()):.1f}; where bare spends more:"
+    )
     for extra, key in diff[:top]:
-        print(f"  {extra:+7.2f} ms  {key}  (plain {totals['plain'].get(key, 0.0):.2f}, "
-              f"bare {totals['bare'].get(key, 0.0):.2f})")
+        print(
+            f"  {extra:+7.2f} ms  {key}  (plain {totals['plain'].get(key, 0.0):.2f}, "
+            f"bare {totals['bare'].get(key, 0.0):.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -36,12 +36,26 @@ with DAG(
     doc_md=__doc__,
     tags=["llm", "training", "sweep", "airflow-dtrain"],
     params=trigger_params(
-        ["flavor", "learning_rates", "steps", "global_batch_size", "micro_batch_size", "seq_len",
-         "num_nodes", "procs_per_node", "sweep_root", "budget_usd", "price_per_hour", "step_time_estimate_s"],
+        [
+            "flavor",
+            "learning_rates",
+            "steps",
+            "global_batch_size",
+            "micro_batch_size",
+            "seq_len",
+            "num_nodes",
+            "procs_per_node",
+            "sweep_root",
+            "budget_usd",
+            "price_per_hour",
+            "step_time_estimate_s",
+        ],
         defaults={"steps": 20, "global_batch_size": 4, "seq_len": 64, "budget_usd": 5.0},
         descriptions={"budget_usd": "Dollar budget of the whole sweep (every member's steps)."},
-        schemas={"sweep_root": {"pattern": r"^$|^/|^file://.+|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"},
-                 **form_limits(LIMITS)},
+        schemas={
+            "sweep_root": {"pattern": r"^$|^/|^file://.+|^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"},
+            **form_limits(LIMITS),
+        },
     ),
 ) as dag:
 
@@ -58,10 +72,14 @@ with DAG(
     def configs(params=None, templates_dict=None) -> list[dict]:
         """One member per learning rate, each in its own directory, all on the sweep's spend ledger."""
         rates = params["learning_rates"]
-        limits_for(LIMITS).check_sweep(len(rates))  # the form says so too; a conf that bypasses it is refused here
+        limits_for(LIMITS).check_sweep(
+            len(rates)
+        )  # the form says so too; a conf that bypasses it is refused here
         repeated = sorted({f"{lr:g}" for lr in rates if sum(f"{x:g}" == f"{lr:g}" for x in rates) > 1})
         if repeated:  # two members would write one directory
-            raise ValueError(f"learning_rates: each rate once, got {rates!r} (repeated: {', '.join(repeated)})")
+            raise ValueError(
+                f"learning_rates: each rate once, got {rates!r} (repeated: {', '.join(repeated)})"
+            )
         root = templates_dict["root"]
         return [{"lr": lr, "checkpoint_uri": os.path.join(root, f"lr-{lr:g}"), "config": {"cost": {"ledger_uri": root}}}
                 for lr in rates]  # fmt: skip
@@ -110,7 +128,9 @@ with DAG(
     def best(summaries, configs) -> dict:
         runs = [{**c, **s} for c, s in zip(configs, summaries)]
         winner = min(runs, key=lambda r: r["final_loss"])
-        print(f"Best: lr={winner['lr']} final loss {winner['final_loss']:.4f} ({winner['latest_checkpoint']})")
+        print(
+            f"Best: lr={winner['lr']} final loss {winner['final_loss']:.4f} ({winner['latest_checkpoint']})"
+        )
         return {"best": winner, "runs": runs}
 
     sweep >> budget >> [train, over_budget()]

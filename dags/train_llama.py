@@ -101,17 +101,43 @@ with DAG(
     # sections): only this DAG's defaults are given here.
     params=trigger_params(
         [
-            "job", "flavor", "init_from", "dataset", "text_field", "on_bad_row", "steps", "global_batch_size", "micro_batch_size",
-            "seq_len", "lr",
-            "backend", "num_nodes", "procs_per_node", "max_preemptions",
-            "checkpoint_uri", "checkpoint_every", "simulate_preemption_at_step", "registry_uri",
-            "budget_usd", "max_price", "max_wait_s", "step_time_estimate_s", "local_spot_price",
-            "local_on_demand_price", "instance_types", "availability_zones",
-            "kubernetes", "interruption_queue_url",
+            "job",
+            "flavor",
+            "init_from",
+            "dataset",
+            "text_field",
+            "on_bad_row",
+            "steps",
+            "global_batch_size",
+            "micro_batch_size",
+            "seq_len",
+            "lr",
+            "backend",
+            "num_nodes",
+            "procs_per_node",
+            "max_preemptions",
+            "checkpoint_uri",
+            "checkpoint_every",
+            "simulate_preemption_at_step",
+            "registry_uri",
+            "budget_usd",
+            "max_price",
+            "max_wait_s",
+            "step_time_estimate_s",
+            "local_spot_price",
+            "local_on_demand_price",
+            "instance_types",
+            "availability_zones",
+            "kubernetes",
+            "interruption_queue_url",
         ],
         defaults={
-            "job": "train-llama", "budget_usd": 5.0,
-            "num_nodes": 2, "steps": 60, "checkpoint_uri": None, "checkpoint_every": 20,
+            "job": "train-llama",
+            "budget_usd": 5.0,
+            "num_nodes": 2,
+            "steps": 60,
+            "checkpoint_uri": None,
+            "checkpoint_every": 20,
             "simulate_preemption_at_step": 30,
         },
         descriptions={
@@ -121,7 +147,9 @@ with DAG(
             "prepare_data task with init_from's tokenizer (byte-level without init_from).",
             "checkpoint_uri": "Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
             "Empty: the job's directory, $AIRFLOW_HOME/dtrain/checkpoints/train_llama/<job>.",
-            "registry_uri": "Where the best model is recorded and exported (a path or s3://). Empty: " + REGISTRY + ".",
+            "registry_uri": "Where the best model is recorded and exported (a path or s3://). Empty: "
+            + REGISTRY
+            + ".",
         },
         schemas={
             "checkpoint_uri": {"pattern": URI_PATTERN},
@@ -134,6 +162,7 @@ with DAG(
         },
     ),
 ) as dag:
+
     @task(task_id="check_conf")
     def check_conf(dag_run=None, dag=None, params=None) -> None:
         """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a run
@@ -206,10 +235,15 @@ with DAG(
             max_preemptions="{{ params.max_preemptions }}",
             job="{{ params.job }}",
             capacity=capacity.value,
-            price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('" + price + "') or 0.0 }}",
+            price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('"
+            + price
+            + "') or 0.0 }}",
             # the pods land where the price was chosen (spot prices are per zone; on-demand ones are not)
-            zone=("{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('availability_zone') if params.backend == 'kubernetes' else None }}"
-                  if capacity == Capacity.SPOT else None),
+            zone=(
+                "{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('availability_zone') if params.backend == 'kubernetes' else None }}"
+                if capacity == Capacity.SPOT
+                else None
+            ),
             instance_type="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('instance_type') if params.backend == 'kubernetes' else None }}",
             # EC2 never bills spot above on-demand: the cap projects spot time at the on-demand price.
             price_ceiling_per_node_hour=ceiling,
@@ -275,7 +309,13 @@ with DAG(
         batches=10,
     )
 
-    check_conf() >> prepare_data >> spot_price >> budget >> [train_spot, spot_watch, train_on_demand, wait(), stop()]
+    (
+        check_conf()
+        >> prepare_data
+        >> spot_price
+        >> budget
+        >> [train_spot, spot_watch, train_on_demand, wait(), stop()]
+    )
     [train_spot, train_on_demand] >> validate >> evaluate
 
 

@@ -35,11 +35,18 @@ os.environ.setdefault("DTRAIN_DATA_DIR", str(_HOME / "data"))
 
 # Started first: the tests that run longest (a real Airflow, whole DAG runs). make test runs two xdist workers in
 # collection order; the browser test, collected last, used to run alone for its last minute with a core idle.
-_LONGEST_FIRST = ("tests/integration/test_scheduler.py", "tests/ui/", "tests/pipeline/", "tests/unit/test_extra_link.py")
+_LONGEST_FIRST = (
+    "tests/integration/test_scheduler.py",
+    "tests/ui/",
+    "tests/pipeline/",
+    "tests/unit/test_extra_link.py",
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(_LONGEST_FIRST))  # stable: the rest keep their order
+    items.sort(
+        key=lambda item: not item.nodeid.startswith(_LONGEST_FIRST)
+    )  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

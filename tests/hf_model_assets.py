@@ -6,8 +6,16 @@ from __future__ import annotations
 import inspect
 
 
-def tiny_llama(path, *, vocab_size: int = 256, tie: bool = False, rope_scaling: dict | None = None,
-               n_kv_heads: int = 2, seed: int = 0, max_shard_size: str | None = None) -> str:
+def tiny_llama(
+    path,
+    *,
+    vocab_size: int = 256,
+    tie: bool = False,
+    rope_scaling: dict | None = None,
+    n_kv_heads: int = 2,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+) -> str:
     """Save a 2-layer Llama (dim 64, 4 heads) with random weights and non-trivial norm gains under
     ``path``; sharded into several safetensors files when ``max_shard_size`` is given. Returns the path."""
     import torch
@@ -16,11 +24,15 @@ def tiny_llama(path, *, vocab_size: int = 256, tie: bool = False, rope_scaling: 
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     if rope_scaling:
         rope = {"rope_type": "llama3", "rope_theta": 10000.0, **rope_scaling}
-    if "rope_parameters" in inspect.signature(transformers.LlamaConfig.__init__).parameters:  # transformers >= 5
+    if (
+        "rope_parameters" in inspect.signature(transformers.LlamaConfig.__init__).parameters
+    ):  # transformers >= 5
         rope_kwargs = {"rope_parameters": rope}
     else:
-        rope_kwargs = {"rope_theta": 10000.0,
-                       "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if rope_scaling else None}
+        rope_kwargs = {
+            "rope_theta": 10000.0,
+            "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if rope_scaling else None,
+        }
     config = transformers.LlamaConfig(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=n_kv_heads, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=tie,

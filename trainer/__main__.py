@@ -13,19 +13,29 @@ import sys
 
 from trainer.checkpoint_dir import CheckpointStorageError, WriterFenced
 from trainer.contract import die_with_agent  # stdlib only; shared with programs of your own
-from trainer.config import FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE, ConfigError, TrainConfig
+from trainer.config import (
+    FENCED_EXIT_CODE,
+    STORAGE_EXIT_CODE,
+    WORKER_LOST_EXIT_CODE,
+    ConfigError,
+    TrainConfig,
+)
 from trainer.fields import add_arguments
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
     p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n\n")[1])
     p.add_argument("--config", help="a .json or .toml TrainConfig file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any dotted field, repeatable")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any dotted field, repeatable"
+    )
     fields = add_arguments(p, TrainConfig)
     args = p.parse_args(argv)
 
     cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
-    overrides = {dotted: getattr(args, dest) for dest, dotted in fields.items() if getattr(args, dest) is not None}
+    overrides = {
+        dotted: getattr(args, dest) for dest, dotted in fields.items() if getattr(args, dest) is not None
+    }
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:

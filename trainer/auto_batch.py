@@ -54,8 +54,16 @@ def largest_fitting(sizes: Sequence[int], fits: Callable[[int], bool]) -> int | 
     return best
 
 
-def probe(model: torch.nn.Module, micro_batch: int, micro_steps: int, seq_len: int, vocab_size: int,
-          device: torch.device, reserve_bytes: int, loss_chunk_tokens: int = 0) -> bool:
+def probe(
+    model: torch.nn.Module,
+    micro_batch: int,
+    micro_steps: int,
+    seq_len: int,
+    vocab_size: int,
+    device: torch.device,
+    reserve_bytes: int,
+    loss_chunk_tokens: int = 0,
+) -> bool:
     """True if `micro_steps` (1 or 2) forward/backward passes of `micro_batch` sequences run
     without an out-of-memory error while `reserve_bytes` more are held. Leaves the model
     as it found it: no gradients, every FSDP unit resharded."""
@@ -105,12 +113,19 @@ def _reset_fsdp(model: torch.nn.Module) -> None:
                     fsdp_param._unsharded_param.grad = None
 
 
-def fit_micro_batch_size(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, world_size: int,
-                         log: Callable[[str], None]) -> TrainConfig:
+def fit_micro_batch_size(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    device: torch.device,
+    world_size: int,
+    log: Callable[[str], None],
+) -> TrainConfig:
     """cfg with micro_batch_size set to the largest that fits; cfg itself on CPU (skipped)."""
     if device.type != "cuda":
-        log(f"auto micro-batch size: skipped on {device.type} (no GPU memory to probe); "
-            f"keeping micro_batch_size {cfg.micro_batch_size}")
+        log(
+            f"auto micro-batch size: skipped on {device.type} (no GPU memory to probe); "
+            f"keeping micro_batch_size {cfg.micro_batch_size}"
+        )
         return cfg
     per_rank = cfg.global_batch_size // world_size
     total = torch.cuda.get_device_properties(device).total_memory
@@ -121,8 +136,16 @@ def fit_micro_batch_size(cfg: TrainConfig, model: torch.nn.Module, device: torch
     tried: dict[int, bool] = {}
 
     def fits(mb: int) -> bool:
-        ok = probe(model, mb, min(2, per_rank // mb), cfg.data.seq_len, model.args.vocab_size, device, reserve,
-                   cfg.parallel.loss_chunk_tokens)
+        ok = probe(
+            model,
+            mb,
+            min(2, per_rank // mb),
+            cfg.data.seq_len,
+            model.args.vocab_size,
+            device,
+            reserve,
+            cfg.parallel.loss_chunk_tokens,
+        )
         agreed = torch.tensor([int(ok)], device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # the same answer on every rank
         tried[mb] = bool(agreed.item())
@@ -136,8 +159,10 @@ def fit_micro_batch_size(cfg: TrainConfig, model: torch.nn.Module, device: torch
             f"{total / 2**30:.1f} GiB of GPU memory (try parallel.activation_checkpointing, "
             f"parallel.cpu_offload or more ranks)"
         )
-    log(f"auto micro-batch size: {best} (probed {dict(sorted(tried.items()))}, True = fits; "
-        f"configured {cfg.micro_batch_size}); gradient accumulation {per_rank // best}")
+    log(
+        f"auto micro-batch size: {best} (probed {dict(sorted(tried.items()))}, True = fits; "
+        f"configured {cfg.micro_batch_size}); gradient accumulation {per_rank // best}"
+    )
     return replace(cfg, micro_batch_size=best)
 
 

@@ -44,8 +44,14 @@ class BudgetGuard:
     write_s = 5.0  # how often this attempt's spend file is rewritten
     live_s = 120.0  # an attempt that wrote within this long (and has not ended) is taken to be spending still
 
-    def __init__(self, cfg: CostConfig, cost: CostLedger, spend_dir: CheckpointDir | None, attempt: str,
-                 grace_period_s: float = 0.0):
+    def __init__(
+        self,
+        cfg: CostConfig,
+        cost: CostLedger,
+        spend_dir: CheckpointDir | None,
+        attempt: str,
+        grace_period_s: float = 0.0,
+    ):
         self.cfg, self.cost, self.dir, self.attempt = cfg, cost, spend_dir, attempt
         self.grace_period_s = grace_period_s
         self.ceiling = max(cfg.price_ceiling_per_node_hour, cfg.price_per_node_hour)
@@ -75,7 +81,9 @@ class BudgetGuard:
         for e in self._others_entries:
             total += float(e.get("dollars", 0.0))
             last = float(e.get("updated_at") or e.get("launched_at") or wall)
-            if not (e.get("ended") or e.get("exited")) and wall - last < self.live_s:  # still writing: spending
+            if (
+                not (e.get("ended") or e.get("exited")) and wall - last < self.live_s
+            ):  # still writing: spending
                 rate = float(e.get("nodes", 1)) * float(e.get("price_per_node_hour", 0.0)) / 3600
                 total += rate * max(0.0, wall + ahead_s - last)
         return total
@@ -119,9 +127,15 @@ class BudgetGuard:
         projected = self.others(ahead_s) + mine + rate * ahead_s
         if projected <= self.cfg.budget_usd:
             return None
-        return {"budget_usd": self.cfg.budget_usd, "spent_usd": round(spent, 6), "projected_usd": round(projected, 6),
-                "seconds_ahead": round(ahead_s, 3), "step_time_s": round(step_s, 6), "save_s": round(save_s, 3),
-                "usd_per_hour": round(rate * 3600, 6)}
+        return {
+            "budget_usd": self.cfg.budget_usd,
+            "spent_usd": round(spent, 6),
+            "projected_usd": round(projected, 6),
+            "seconds_ahead": round(ahead_s, 3),
+            "step_time_s": round(step_s, 6),
+            "save_s": round(save_s, 3),
+            "usd_per_hour": round(rate * 3600, 6),
+        }
 
     def record(self, *, force: bool = False, **extra: Any) -> None:
         """Rewrite this attempt's spend file (at most every ``write_s`` unless ``force``)."""
@@ -134,11 +148,16 @@ class BudgetGuard:
         if self.save_s is not None:
             timing["save_s"] = round(self.save_s, 3)
         try:
-            self.dir.record_spend(self.attempt, self.cost.attempt_entry(budget_usd=self.cfg.budget_usd, **timing, **extra))
+            self.dir.record_spend(
+                self.attempt, self.cost.attempt_entry(budget_usd=self.cfg.budget_usd, **timing, **extra)
+            )
         except OSError as err:
             # The cap is still enforced here, from this attempt's own clock; the provider bills the attempt when
             # it ends. A full or read-only location fails the next checkpoint clearly (exit 74).
-            print(f"[trainer] could not update this attempt's spend file in {self.dir.root}: {err}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[trainer] could not update this attempt's spend file in {self.dir.root}: {err}",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self._written_at = now

@@ -18,10 +18,42 @@ def generate_builtin_text(n_bytes: int, seed: int) -> bytes:
     punctuation, recurring names) so that the loss falls clearly within a few hundred steps."""
     rng = random.Random(seed)
     names = ["Ada", "Ben", "Clara", "Dev", "Ella", "Finn", "Grace", "Hugo", "Iris", "Jon"]
-    adjs = ["small", "red", "quiet", "bright", "old", "young", "happy", "tired", "clever", "green", "heavy", "warm"]
-    nouns = ["cat", "dog", "bird", "tree", "river", "house", "garden", "train", "book", "lamp", "horse", "child"]
-    verbs = [("sees", "see", "saw"), ("finds", "find", "found"), ("likes", "like", "liked"),
-             ("follows", "follow", "followed"), ("watches", "watch", "watched"), ("paints", "paint", "painted")]
+    adjs = [
+        "small",
+        "red",
+        "quiet",
+        "bright",
+        "old",
+        "young",
+        "happy",
+        "tired",
+        "clever",
+        "green",
+        "heavy",
+        "warm",
+    ]
+    nouns = [
+        "cat",
+        "dog",
+        "bird",
+        "tree",
+        "river",
+        "house",
+        "garden",
+        "train",
+        "book",
+        "lamp",
+        "horse",
+        "child",
+    ]
+    verbs = [
+        ("sees", "see", "saw"),
+        ("finds", "find", "found"),
+        ("likes", "like", "liked"),
+        ("follows", "follow", "followed"),
+        ("watches", "watch", "watched"),
+        ("paints", "paint", "painted"),
+    ]
     preps = ["near", "under", "behind", "beside", "above", "inside"]
     advs = ["slowly", "quickly", "happily", "today", "again", "at night"]
     numbers = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
@@ -44,10 +76,12 @@ def generate_builtin_text(n_bytes: int, seed: int) -> bytes:
             return f"Did the {a} {v[1]} the {b}? Yes, the {a} {v[2]} the {b}."
         if kind == 3:  # counting
             start = rng.randrange(7)
-            return "We count " + ", ".join(numbers[start:start + 4]) + "."
+            return "We count " + ", ".join(numbers[start : start + 4]) + "."
         if kind == 4:
             n = rng.choice(names)
-            return f"{n} has {rng.choice(numbers[1:])} {rng.choice(nouns[:6])}s, and {n} is {rng.choice(adjs)}."
+            return (
+                f"{n} has {rng.choice(numbers[1:])} {rng.choice(nouns[:6])}s, and {n} is {rng.choice(adjs)}."
+            )
         return f"There is a {rng.choice(nouns)} {rng.choice(preps)} {np_(False)}."
 
     out, size = [], 0

@@ -60,8 +60,16 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.config import CheckpointConfig, ConfigError
 from trainer.fields import flatten
-from trainer.checkpoint_dir import (FORMAT_DCP, CheckpointDir, CheckpointStorageError, Lease, WriterFenced,
-                                   step_dir_name, step_of, storage_cause)
+from trainer.checkpoint_dir import (
+    FORMAT_DCP,
+    CheckpointDir,
+    CheckpointStorageError,
+    Lease,
+    WriterFenced,
+    step_dir_name,
+    step_of,
+    storage_cause,
+)
 from trainer.checkpoint_reader import storage_reader
 from trainer.storage import CHECKSUM_ALGORITHM, Storage, checksum_file, write_json_atomic
 from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
@@ -90,13 +98,16 @@ def checksum_files(directory: str, names: list[str]) -> dict[str, dict]:
     One thread per file: xxhash releases the GIL, so a rank that wrote several files
     (or .metadata next to its shard) hashes them side by side.
     """
+
     def one(name: str) -> tuple[str, dict]:
         path = os.path.join(directory, name)
         return name, {"size": os.path.getsize(path), CHECKSUM_ALGORITHM: checksum_file(path)}
 
     if len(names) <= 1:
         return dict(map(one, names))
-    with ThreadPoolExecutor(max_workers=min(len(names), os.cpu_count() or 1), thread_name_prefix="checksum") as pool:
+    with ThreadPoolExecutor(
+        max_workers=min(len(names), os.cpu_count() or 1), thread_name_prefix="checksum"
+    ) as pool:
         return dict(pool.map(one, names))
 
 
@@ -124,8 +135,9 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
     has_gauss, gauss = state["python_gauss"].tolist()
     random.setstate((python[0], tuple(python[1:]), gauss if has_gauss else None))
     pos, has_np_gauss, *keys = state["numpy"].tolist()
-    np.random.set_state(("MT19937", np.array(keys, dtype=np.uint32), pos, has_np_gauss,
-                         float(state["numpy_gauss"].item())))
+    np.random.set_state(
+        ("MT19937", np.array(keys, dtype=np.uint32), pos, has_np_gauss, float(state["numpy_gauss"].item()))
+    )
     torch.set_rng_state(state["torch"])
 
 
@@ -155,8 +167,9 @@ def _new_stager(cuda: bool):
 
     # Async staging: the copy runs in the stager's thread (on a side stream on GPU) while the
     # next step's forward/backward run; Checkpointer.wait_for_staging() joins it.
-    options = StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-                             use_non_blocking_copy=cuda)
+    options = StagingOptions(
+        use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
+    )
     if not _STAGER_CLOSES_AFTER_STAGE:
         return DefaultStager(options)
 
@@ -213,8 +226,11 @@ def checkpoint_tensors(step_dir: str) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = storage_reader(Storage(step_dir), step_dir).read_metadata()
-    flat = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
-            if isinstance(m, TensorStorageMetadata)}
+    flat = {
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in metadata.state_dict_metadata.items()
+        if isinstance(m, TensorStorageMetadata)
+    }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(flat, storage_reader=storage_reader(Storage(step_dir), step_dir), no_dist=True)
@@ -224,11 +240,25 @@ def checkpoint_tensors(step_dir: str) -> dict[str, torch.Tensor]:
 class Checkpointer:
     """Saves and restores the training state; every method is called on all ranks together."""
 
-    def __init__(self, cfg: CheckpointConfig, *, flavor: str, config: dict, config_hash: str, shape: dict | None = None,
-                 rank: int, world_size: int, device: torch.device | None = None, job: str | None = None,
-                 tokenizer: dict | None = None, collective_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        *,
+        flavor: str,
+        config: dict,
+        config_hash: str,
+        shape: dict | None = None,
+        rank: int,
+        world_size: int,
+        device: torch.device | None = None,
+        job: str | None = None,
+        tokenizer: dict | None = None,
+        collective_timeout_s: float = 600.0,
+    ):
         self.cfg, self.flavor, self.config, self.config_hash = cfg, flavor, config, config_hash
-        self.shape = shape  # the model's ModelArgs as a dict: resume, evaluate and export rebuild it from this
+        self.shape = (
+            shape  # the model's ModelArgs as a dict: resume, evaluate and export rebuild it from this
+        )
         # The identity of the data's tokenizer (trainer.token_store): recorded in every manifest and
         # checked at resume, since the embedding rows mean one tokenizer's tokens. None: neither.
         self.tokenizer = tokenizer
@@ -298,7 +328,10 @@ class Checkpointer:
                     })  # fmt: skip
                     outcome = ("lease", lease.token, lease.info)
             except Exception as err:  # noqa: BLE001 - the other ranks must hear of it, not hang
-                outcome = ("error", f"cannot take the writer lease in {self.root}: {type(err).__name__}: {err}")
+                outcome = (
+                    "error",
+                    f"cannot take the writer lease in {self.root}: {type(err).__name__}: {err}",
+                )
         outcome = self._from_rank0(outcome)
         if outcome[0] == "refused":
             raise ConfigError(outcome[1])
@@ -344,8 +377,18 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
 
-    def save(self, step: int, model, optimizer, scheduler, data, *, manifest_fields: dict, reason: str,
-             blocking: bool = False) -> str:
+    def save(
+        self,
+        step: int,
+        model,
+        optimizer,
+        scheduler,
+        data,
+        *,
+        manifest_fields: dict,
+        reason: str,
+        blocking: bool = False,
+    ) -> str:
         """Save `step` and commit it; returns the step directory.
 
         Blocking (or async_save off): returns once committed. Otherwise returns once the
@@ -354,7 +397,9 @@ class Checkpointer:
         completed() reports the commit later. Idempotent per step.
         """
         start = time.perf_counter()
-        behind = self._pending[1]["step"] if self._pending is not None and not self._pending[0].done() else None
+        behind = (
+            self._pending[1]["step"] if self._pending is not None and not self._pending[0].done() else None
+        )
         self.wait()  # one save in flight at a time
         waited = time.perf_counter() - start if behind is not None else 0.0
         self.waited = (behind, waited) if behind is not None else None
@@ -362,11 +407,21 @@ class Checkpointer:
         if self.dir.is_committed(step) and step not in self._failed_verification:
             # e.g. a preemption right after an interval save of the same step
             took = time.perf_counter() - start
-            self._completed.append({"step": step, "path": path, "reason": reason, "seconds": took,
-                                    "blocked_s": took, "waited_s": waited})
+            self._completed.append(
+                {
+                    "step": step,
+                    "path": path,
+                    "reason": reason,
+                    "seconds": took,
+                    "blocked_s": took,
+                    "waited_s": waited,
+                }
+            )
             return path
         write_dir = self._staging_dir(step) if self.storage.remote else path
-        self._check_fence(step)  # a fenced group must not even clear a step directory: it may be the new writer's
+        self._check_fence(
+            step
+        )  # a fenced group must not even clear a step directory: it may be the new writer's
         cleared = None
         if self.rank == 0:
             try:
@@ -380,8 +435,15 @@ class Checkpointer:
         if cleared is not None:
             self._raise_failed(step, write_dir, path, cleared)
         state = self._state(model, optimizer, scheduler, data, step)
-        info = {"step": step, "path": path, "reason": reason, "start": start, "write_dir": write_dir,
-                "fields": manifest_fields, "waited_s": waited}
+        info = {
+            "step": step,
+            "path": path,
+            "reason": reason,
+            "start": start,
+            "write_dir": write_dir,
+            "fields": manifest_fields,
+            "waited_s": waited,
+        }
         info["async"] = not blocking and self.async_save
         if not info["async"]:
             try:
@@ -392,8 +454,12 @@ class Checkpointer:
             self._completed.append({**self._commit(None, info), "blocked_s": info["blocked_s"]})
             return path
         # The copy to host memory runs in the stager's thread, the write in DCP's.
-        response = dcp.async_save(state, storage_writer=self._writer(write_dir, step), process_group=self.pg,
-                                  async_stager=self._get_stager())
+        response = dcp.async_save(
+            state,
+            storage_writer=self._writer(write_dir, step),
+            process_group=self.pg,
+            async_stager=self._get_stager(),
+        )
         if isinstance(response, AsyncSaveResponse):
             upload = response.upload_completion
             self._staging = (response.staging_completion, info)
@@ -447,7 +513,9 @@ class Checkpointer:
             where = os.path.dirname(where)
         free = shutil.disk_usage(where).free
         if free < 64 * 2**20:
-            return f"[Errno 28] No space left on device ({free} bytes free on {where}; torch: {_describe(err)})"
+            return (
+                f"[Errno 28] No space left on device ({free} bytes free on {where}; torch: {_describe(err)})"
+            )
         return f"a short write with {free} bytes free on {where} ({_describe(err)})"
 
     def _raise_failed(self, step: int, write_dir: str, path: str, failure: tuple[int, str, bool]):
@@ -461,17 +529,24 @@ class Checkpointer:
             raise RuntimeError(f"checkpoint step {step} could not be written to {path}{who}: {cause}")
         try:
             older = [c.step for c in self.dir.committed() if c.step != step]
-            intact = (f"the older checkpoints (step {', '.join(map(str, older))}) are intact" if older
-                      else "there is no older checkpoint")
+            intact = (
+                f"the older checkpoints (step {', '.join(map(str, older))}) are intact"
+                if older
+                else "there is no older checkpoint"
+            )
         except Exception:  # noqa: BLE001 - the listing may fail the same way; the message must not
             intact = "the older checkpoints were not touched"
-        raise CheckpointStorageError(f"checkpoint step {step} could not be written to {path}{who}: {cause}; "
-                                     f"{left + '; ' if left else ''}{intact}")
+        raise CheckpointStorageError(
+            f"checkpoint step {step} could not be written to {path}{who}: {cause}; "
+            f"{left + '; ' if left else ''}{intact}"
+        )
 
     def _remove_partial(self, step: int, write_dir: str, path: str) -> str:
         """Remove what a failed save of ``step`` left; "" when done (or not rank 0's to do), else why not."""
         if self.storage.remote:
-            shutil.rmtree(write_dir, ignore_errors=True)  # this host's staging files (every local rank, harmlessly)
+            shutil.rmtree(
+                write_dir, ignore_errors=True
+            )  # this host's staging files (every local rank, harmlessly)
         if self.rank != 0:
             return ""
         try:
@@ -531,7 +606,10 @@ class Checkpointer:
             if self.storage.remote:
                 for n in mine:
                     self.storage.put_file(os.path.join(write_dir, n), f"{path}/{n}")
-        except (Exception, CheckpointException) as err:  # this rank's alone (an upload refused): gathered below
+        except (
+            Exception,
+            CheckpointException,
+        ) as err:  # this rank's alone (an upload refused): gathered below
             failed = self._failure(err)
         _maybe_test_delay(step, self.rank)
         gathered = [None] * self.world_size
@@ -587,8 +665,14 @@ class Checkpointer:
                 pass  # another local rank's files are still there
         if newer is not None:
             raise self._fenced(Lease(*newer), step)
-        return {"step": step, "path": path, "reason": info["reason"], "async": info.get("async", False),
-                "seconds": time.perf_counter() - info["start"], "waited_s": info["waited_s"]}
+        return {
+            "step": step,
+            "path": path,
+            "reason": info["reason"],
+            "async": info.get("async", False),
+            "seconds": time.perf_counter() - info["start"],
+            "waited_s": info["waited_s"],
+        }
 
     def _retain(self, step: int) -> None:
         """(Rank 0, after ``step`` is committed) retention and the lease heartbeat."""
@@ -596,8 +680,12 @@ class Checkpointer:
             self.dir.prune(self.cfg.keep, job=self.job, continues=self.cfg.continue_job)
             self._heartbeat(step)
         except Exception as err:  # noqa: BLE001 - step is committed: the next save fails if the storage does
-            print(f"[trainer] checkpoint step {step} is committed, but retention or the lease heartbeat in "
-                  f"{self.root} failed: {_describe(err)}", file=sys.stderr, flush=True)
+            print(
+                f"[trainer] checkpoint step {step} is committed, but retention or the lease heartbeat in "
+                f"{self.root} failed: {_describe(err)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _background(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -678,9 +766,13 @@ class Checkpointer:
         if choice[0] is None:
             return None
         if choice[0][0] != "invalid":
-            self._failed_verification = {s for f in choice[0][2] if (s := step_of(f["checkpoint"])) is not None}
+            self._failed_verification = {
+                s for f in choice[0][2] if (s := step_of(f["checkpoint"])) is not None
+            }
         if choice[0][0] == "invalid":
-            raise ValueError(f"cannot resume: {choice[0][1]} (older checkpoints are kept; move them away to start over)")
+            raise ValueError(
+                f"cannot resume: {choice[0][1]} (older checkpoints are kept; move them away to start over)"
+            )
         return choice[0]
 
     def check_compatible(self, path: str) -> dict:
@@ -694,26 +786,39 @@ class Checkpointer:
         name = path.rstrip("/").rsplit("/", 1)[-1]
         manifest = self.dir.manifest(path)
         if self.job and manifest.get("job") and manifest["job"] not in (self.job, self.cfg.continue_job):
-            raise ConfigError(f"job: this run is job {self.job!r}, but {path} belongs to job {manifest['job']!r}: "
-                              f"a job never resumes another job's checkpoints (use another checkpoint.uri)")
+            raise ConfigError(
+                f"job: this run is job {self.job!r}, but {path} belongs to job {manifest['job']!r}: "
+                f"a job never resumes another job's checkpoints (use another checkpoint.uri)"
+            )
         saved_shape = manifest.get("model_args")
         if saved_shape is not None and self.shape is not None:
-            differ = [f"{k} {self.shape.get(k)!r} here, {saved_shape.get(k)!r} there" for k in sorted(self.shape)
-                      if k != "max_seq_len" and self.shape.get(k) != saved_shape.get(k)]
-            if differ and manifest["flavor"] != self.flavor and not (self.config.get("model") or {}).get("init_from"):
+            differ = [
+                f"{k} {self.shape.get(k)!r} here, {saved_shape.get(k)!r} there"
+                for k in sorted(self.shape)
+                if k != "max_seq_len" and self.shape.get(k) != saved_shape.get(k)
+            ]
+            if (
+                differ
+                and manifest["flavor"] != self.flavor
+                and not (self.config.get("model") or {}).get("init_from")
+            ):
                 raise ConfigError(
                     f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
                     f"{manifest['flavor']!r} ({'; '.join(differ)}); use the same flavour or another checkpoint.uri"
                 )
             if differ:
-                raise ConfigError(f"model.init_from: this run's model cannot resume from {path}, whose model has "
-                                  f"another shape ({'; '.join(differ)}); use the same model or another checkpoint.uri")
+                raise ConfigError(
+                    f"model.init_from: this run's model cannot resume from {path}, whose model has "
+                    f"another shape ({'; '.join(differ)}); use the same model or another checkpoint.uri"
+                )
         elif manifest["flavor"] != self.flavor:
             raise ConfigError(
                 f"model.flavor: {self.flavor!r} cannot resume from {path}, which holds flavour "
                 f"{manifest['flavor']!r} (use the same flavour or another checkpoint.uri)"
             )
-        saved_tokenizer = manifest.get("tokenizer") or BYTES_TOKENIZER  # manifests before the field: byte-level data
+        saved_tokenizer = (
+            manifest.get("tokenizer") or BYTES_TOKENIZER
+        )  # manifests before the field: byte-level data
         if self.tokenizer is not None and not same_tokenizer(saved_tokenizer, self.tokenizer):
             raise ConfigError(
                 f"data.dataset: this data was prepared with tokenizer {describe_tokenizer(self.tokenizer)}, but "
@@ -734,12 +839,17 @@ class Checkpointer:
                        if k not in MUST_MATCH and k in mine and saved[k] != mine[k]
                        and not k.startswith(("cost.", "metrics."))]  # fmt: skip
             if changed and self.rank == 0:
-                print(f"[trainer] resuming {path} with changed settings: {', '.join(changed)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[trainer] resuming {path} with changed settings: {', '.join(changed)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         for file, entry in manifest["files"].items():
             size = self.storage.size(self.storage.path(name, file))
             if size != entry["size"]:
-                raise ValueError(f"cannot resume from {path}: {file} is {size} bytes, its manifest says {entry['size']}")
+                raise ValueError(
+                    f"cannot resume from {path}: {file} is {size} bytes, its manifest says {entry['size']}"
+                )
         return manifest
 
     def load(self, path: str, model, optimizer, scheduler, data) -> dict:
@@ -762,7 +872,9 @@ class Checkpointer:
         if rng_key in state:
             _set_rng_state(state[rng_key])
         if state["step"] != manifest["step"]:
-            raise ValueError(f"cannot resume from {path}: it holds step {state['step']}, manifest says {manifest['step']}")
+            raise ValueError(
+                f"cannot resume from {path}: it holds step {state['step']}, manifest says {manifest['step']}"
+            )
         return manifest
 
 
@@ -773,7 +885,9 @@ class _NoSpaceWriter(dcp.FileSystemWriter):
         name = os.path.join(str(self.path), f"__{dist.get_rank() if dist.is_initialized() else 0}_0.distcp")
         with open(name, "wb") as f:
             f.write(b"\0" * 4096)  # what got written before the disk was full
-        print(f"[trainer] test hook: {_TEST_ENOSPC_ENV}: {name} fails with ENOSPC", file=sys.stderr, flush=True)
+        print(
+            f"[trainer] test hook: {_TEST_ENOSPC_ENV}: {name} fails with ENOSPC", file=sys.stderr, flush=True
+        )
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
 
 
@@ -784,8 +898,11 @@ def _maybe_test_delay(step: int, rank: int) -> None:
     at, _, rest = spec.partition(":")
     seconds, _, release = rest.partition(":")
     if int(at) == step:
-        print(f"[trainer] test hook: step {step} files written, sleeping {seconds}s before the manifest",
-              file=sys.stderr, flush=True)
+        print(
+            f"[trainer] test hook: step {step} files written, sleeping {seconds}s before the manifest",
+            file=sys.stderr,
+            flush=True,
+        )
         until = time.monotonic() + float(seconds)
         while time.monotonic() < until and not (release and os.path.exists(release)):
             time.sleep(min(0.2, max(0.0, until - time.monotonic())))

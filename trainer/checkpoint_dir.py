@@ -127,8 +127,11 @@ def storage_cause(err: BaseException | None) -> BaseException | None:
         seen.add(id(e))
         if isinstance(e, OSError) and not isinstance(e, _NOT_STORAGE):
             return e
-        code = ((getattr(e, "response", None) or {}).get("Error") or {}).get("Code") if isinstance(
-            getattr(e, "response", None), dict) else None
+        code = (
+            ((getattr(e, "response", None) or {}).get("Error") or {}).get("Code")
+            if isinstance(getattr(e, "response", None), dict)
+            else None
+        )
         if code in _S3_REFUSALS:
             return e
         failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
@@ -218,8 +221,13 @@ class Ledger:
             raise ValueError(f"{where}: step_time_s: expected a number, got {step_time!r}") from None
         if step_time is not None and step_time <= 0:
             step_time = None  # not measured (e.g. a checkpoint before the first timed step)
-        return cls(step=int(manifest.get("step", 0)), step_time_s=step_time, total_dollars=total,
-                   by_capacity=by_capacity, path=path)
+        return cls(
+            step=int(manifest.get("step", 0)),
+            step_time_s=step_time,
+            total_dollars=total,
+            by_capacity=by_capacity,
+            path=path,
+        )
 
 
 MANIFEST_REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
@@ -279,7 +287,9 @@ class Spend:
                         raise ValueError
                     by_capacity[bucket][k] += value
             except (TypeError, ValueError, AttributeError):
-                raise ValueError(f"{where}/{name}.json: expected a spend entry with numbers >= 0, got {entry!r}") from None
+                raise ValueError(
+                    f"{where}/{name}.json: expected a spend entry with numbers >= 0, got {entry!r}"
+                ) from None
         total = sum(c["dollars"] for c in by_capacity.values())
         return cls(total_dollars=round(total, 9), by_capacity=by_capacity, attempts=dict(entries))
 
@@ -351,8 +361,11 @@ class CheckpointDir:
     # -- step directories -----------------------------------------------------------------
     def step_dirs(self) -> list[Checkpoint]:
         """Every step directory, committed or not, oldest first ([] when the root does not exist)."""
-        found = (Checkpoint(step_of(name), self.path(name)) for name in self.storage.listdir(self.root)
-                 if STEP_DIR.match(name))
+        found = (
+            Checkpoint(step_of(name), self.path(name))
+            for name in self.storage.listdir(self.root)
+            if STEP_DIR.match(name)
+        )
         return sorted(found)
 
     def is_committed(self, step: int | str) -> bool:
@@ -374,7 +387,9 @@ class CheckpointDir:
         """A committed checkpoint's manifest: FileNotFoundError when it has none, ValueError when it does not parse."""
         path = self.manifest_path(step)
         if not self.storage.exists(path):
-            raise FileNotFoundError(f"{self.step_path(step)} is not a committed checkpoint: it has no {MANIFEST}")
+            raise FileNotFoundError(
+                f"{self.step_path(step)} is not a committed checkpoint: it has no {MANIFEST}"
+            )
         return self.storage.read_json(path)
 
     def checked_manifest(self, step: int | str) -> dict[str, Any]:
@@ -385,7 +400,9 @@ class CheckpointDir:
         try:
             manifest = self.manifest(step)
         except FileNotFoundError:
-            raise CheckpointInvalid(path, "manifest", MANIFEST, "missing: the save was never committed") from None
+            raise CheckpointInvalid(
+                path, "manifest", MANIFEST, "missing: the save was never committed"
+            ) from None
         except ValueError as err:
             raise CheckpointInvalid(path, "manifest", MANIFEST, f"not valid JSON: {err}") from None
         if not isinstance(manifest, dict):
@@ -394,8 +411,12 @@ class CheckpointDir:
         if missing:
             raise CheckpointInvalid(path, "manifest", MANIFEST, f"lacks {', '.join(missing)}")
         if manifest["step"] != step_of(path):
-            raise CheckpointInvalid(path, "manifest", MANIFEST,
-                                    f"says step {manifest['step']}, the directory is {step_dir_name(step_of(path))}")
+            raise CheckpointInvalid(
+                path,
+                "manifest",
+                MANIFEST,
+                f"says step {manifest['step']}, the directory is {step_dir_name(step_of(path))}",
+            )
         # (a NaN step time or cost would silently disable the budget's projection on resume; the embedded
         # config is informational and may hold an infinite setting)
         bad = _non_finite({k: v for k, v in manifest.items() if k != "config"})
@@ -417,7 +438,9 @@ class CheckpointDir:
         directory; returns its path. Refuses a directory that is not committed.
         """
         if not self.is_committed(step):
-            raise FileNotFoundError(f"mark_best: {self.step_path(step)} is not a committed checkpoint (no {MANIFEST})")
+            raise FileNotFoundError(
+                f"mark_best: {self.step_path(step)} is not a committed checkpoint (no {MANIFEST})"
+            )
         path = self.path(self._name(step), BEST)
         self.storage.write_json(path, {"marked_at": time.time(), **(note or {})})
         return path
@@ -437,7 +460,9 @@ class CheckpointDir:
         """
         steps = self.step_dirs()
         every = [c for c in steps if self.is_committed(c.path)]
-        committed = every if job is None else [c for c in every if self.job_of(c.path) in ("", job, continues)]
+        committed = (
+            every if job is None else [c for c in every if self.job_of(c.path) in ("", job, continues)]
+        )
         if not committed:
             return []
         removed = [c.path for c in committed[:-keep] if not self.is_best(c.path)] if keep > 0 else []
@@ -563,7 +588,9 @@ class CheckpointDir:
         ledger = dataclasses.replace(ledger, skipped=skipped)
         spend = (spend_root or self).spend()
         if spend.total_dollars > ledger.total_dollars:
-            ledger = dataclasses.replace(ledger, total_dollars=spend.total_dollars, by_capacity=spend.by_capacity)
+            ledger = dataclasses.replace(
+                ledger, total_dollars=spend.total_dollars, by_capacity=spend.by_capacity
+            )
         return ledger
 
     # -- the spend ledger -------------------------------------------------------------------
@@ -590,10 +617,14 @@ class CheckpointDir:
         try:
             prices = [(float(t), float(p)) for t, p in got or []]
         except (TypeError, ValueError):
-            raise ValueError(f"{self.path(PRICES, attempt + '.json')}: prices_in_effect: expected [[since, price], "
-                             f"...], got {got!r}") from None
+            raise ValueError(
+                f"{self.path(PRICES, attempt + '.json')}: prices_in_effect: expected [[since, price], "
+                f"...], got {got!r}"
+            ) from None
         if any(not (p >= 0) for _, p in prices):
-            raise ValueError(f"{self.path(PRICES, attempt + '.json')}: a price below 0 or not a number: {prices!r}")
+            raise ValueError(
+                f"{self.path(PRICES, attempt + '.json')}: a price below 0 or not a number: {prices!r}"
+            )
         return prices
 
     def spend(self) -> Spend:

@@ -128,8 +128,14 @@ class DataConfig:
         "python -m trainer.prepare_data: a directory, or s3://bucket/prefix (copied to a node-local "
         "cache under $DTRAIN_DATA_DIR first).",
     )  # fmt: skip
-    seq_len: int = setting(128, ge=8, arg="seq_len", section=MODEL_AND_DATA, title="Sequence length",
-                           help="Tokens per training sequence.")
+    seq_len: int = setting(
+        128,
+        ge=8,
+        arg="seq_len",
+        section=MODEL_AND_DATA,
+        title="Sequence length",
+        help="Tokens per training sequence.",
+    )
 
     def __post_init__(self) -> None:
         check(self, self._section)
@@ -141,17 +147,34 @@ class OptimConfig:
 
     _section = "optim"
 
-    lr: float = setting(3e-3, gt=0, arg="lr", section=MODEL_AND_DATA, title="Learning rate",
-                        help="Peak learning rate, reached at the end of warmup.")
+    lr: float = setting(
+        3e-3,
+        gt=0,
+        arg="lr",
+        section=MODEL_AND_DATA,
+        title="Learning rate",
+        help="Peak learning rate, reached at the end of warmup.",
+    )
     weight_decay: float = setting(0.1, ge=0, arg="weight_decay", help="Decoupled (AdamW) weight decay.")
     beta1: float = setting(0.9, ge=0, lt=1, help="Adam first-moment decay.")
     beta2: float = setting(0.95, ge=0, lt=1, help="Adam second-moment decay.")
     eps: float = setting(1e-8, gt=0, help="Adam denominator epsilon.")
-    grad_clip: float = setting(1.0, ge=0, rule="must be >= 0 (0 = no clipping)", arg="grad_clip",
-                               help="Max global gradient norm; 0 disables clipping (the norm is still logged).")
-    warmup_steps: int = setting(10, ge=0, arg="warmup_steps",
-                                help="Steps of linear warmup from ~0 to lr; may exceed steps (then lr never peaks).")
-    min_lr_ratio: float = setting(0.1, ge=0, le=1, help="The cosine decay ends at lr × min_lr_ratio on the last step.")
+    grad_clip: float = setting(
+        1.0,
+        ge=0,
+        rule="must be >= 0 (0 = no clipping)",
+        arg="grad_clip",
+        help="Max global gradient norm; 0 disables clipping (the norm is still logged).",
+    )
+    warmup_steps: int = setting(
+        10,
+        ge=0,
+        arg="warmup_steps",
+        help="Steps of linear warmup from ~0 to lr; may exceed steps (then lr never peaks).",
+    )
+    min_lr_ratio: float = setting(
+        0.1, ge=0, le=1, help="The cosine decay ends at lr × min_lr_ratio on the last step."
+    )
 
     def __post_init__(self) -> None:
         check(self, self._section)
@@ -167,10 +190,18 @@ class CheckpointConfig:
         "", arg="checkpoint_uri", section=CHECKPOINTS, title="Checkpoint URI",
         help='Local path, file://path or s3://bucket/prefix; "" disables checkpoints (and resume).',
     )  # fmt: skip
-    every: int = setting(0, ge=0, rule="must be >= 0 (0 = only final/preemption)", arg="checkpoint_every",
-                         section=CHECKPOINTS, title="Checkpoint every N steps",
-                         help="Save every N steps; 0 = only at the end, on preemption and on SIGUSR1.")
-    keep: int = setting(3, ge=1, arg="checkpoint_keep", help="Retention: keep the last K committed checkpoints.")
+    every: int = setting(
+        0,
+        ge=0,
+        rule="must be >= 0 (0 = only final/preemption)",
+        arg="checkpoint_every",
+        section=CHECKPOINTS,
+        title="Checkpoint every N steps",
+        help="Save every N steps; 0 = only at the end, on preemption and on SIGUSR1.",
+    )
+    keep: int = setting(
+        3, ge=1, arg="checkpoint_keep", help="Retention: keep the last K committed checkpoints."
+    )
     grace_period_s: float = setting(
         110.0, gt=0,
         help="Seconds the platform allows between SIGTERM and SIGKILL; a preemption save that takes longer "
@@ -210,7 +241,9 @@ class CostConfig:
 
     _section = "cost"
 
-    price_per_node_hour: float = setting(0.0, ge=0, help="Dollars per node-hour of this attempt's capacity (0: not billed).")
+    price_per_node_hour: float = setting(
+        0.0, ge=0, help="Dollars per node-hour of this attempt's capacity (0: not billed)."
+    )
     capacity_type: Capacity = setting(Capacity.ANY, help="The ledger bucket this attempt's node-hours go to.")
     gpus_per_node: int = setting(0, ge=0, help="GPUs per node, for gpu_hours (0 on CPU).")
     budget_usd: float = setting(
@@ -246,11 +279,17 @@ class MetricsConfig:
 
     _section = "metrics"
 
-    log_every: int = setting(10, ge=1, arg="log_every", help='Emit a "train" JSON line every N steps (and at the last).')
+    log_every: int = setting(
+        10, ge=1, arg="log_every", help='Emit a "train" JSON line every N steps (and at the last).'
+    )
     statsd_host: str = setting("", help='statsd host to send gauges to over UDP; "" = statsd off.')
     statsd_port: int = setting(8125, ge=1, le=65535, help="statsd UDP port.")
-    statsd_prefix: str = setting("dtrain", pattern=r"[A-Za-z0-9_.\-]*", rule="may only hold letters, digits, '_', '.', '-'",
-                                 help="Prefix of every statsd metric name.")
+    statsd_prefix: str = setting(
+        "dtrain",
+        pattern=r"[A-Za-z0-9_.\-]*",
+        rule="may only hold letters, digits, '_', '.', '-'",
+        help="Prefix of every statsd metric name.",
+    )
     statsd_tags: str = setting(
         "", pattern=TAGS_PATTERN, rule="must be comma-separated key:value pairs (no '|', '#' or spaces)",
         help="DogStatsD tags on every metric, key:value,key:value (trainer/statsd.py). FSDPTrainOperator sets "
@@ -302,7 +341,8 @@ class ParallelConfig:
         "fp32 upcast and cross-entropy fused). On a GPU, with loss_chunk_tokens=0 where memory allows.",
     )  # fmt: skip
     cpu_offload: bool = setting(
-        False, help="Keep sharded parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy)."
+        False,
+        help="Keep sharded parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy).",
     )
     auto_micro_batch_size: bool = setting(
         False,
@@ -331,14 +371,36 @@ class TrainConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
-    steps: int = setting(50, ge=1, arg="steps", section=MODEL_AND_DATA, title="Steps",
-                         help="Optimizer steps to train for in total (a resumed run continues up to this).")
-    global_batch_size: int = setting(8, ge=1, arg="global_batch_size", section=MODEL_AND_DATA,
-                                     help="Sequences per optimizer step across all ranks.")
-    micro_batch_size: int = setting(2, ge=1, arg="micro_batch_size", section=MODEL_AND_DATA,
-                                    help="Sequences per rank per forward/backward; the rest is gradient accumulation.")
-    seed: int = setting(0, ge=0, lt=2**32, rule="must be in [0, 2**32)", arg="seed",
-                        help="Seeds weights and data order; the same seed and config give the same run.")
+    steps: int = setting(
+        50,
+        ge=1,
+        arg="steps",
+        section=MODEL_AND_DATA,
+        title="Steps",
+        help="Optimizer steps to train for in total (a resumed run continues up to this).",
+    )
+    global_batch_size: int = setting(
+        8,
+        ge=1,
+        arg="global_batch_size",
+        section=MODEL_AND_DATA,
+        help="Sequences per optimizer step across all ranks.",
+    )
+    micro_batch_size: int = setting(
+        2,
+        ge=1,
+        arg="micro_batch_size",
+        section=MODEL_AND_DATA,
+        help="Sequences per rank per forward/backward; the rest is gradient accumulation.",
+    )
+    seed: int = setting(
+        0,
+        ge=0,
+        lt=2**32,
+        rule="must be in [0, 2**32)",
+        arg="seed",
+        help="Seeds weights and data order; the same seed and config give the same run.",
+    )
     job: str = setting(
         "", arg="job", section=CHECKPOINTS, title="Job", pattern=JOB_PATTERN,
         rule="must be 1-63 lowercase letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
@@ -372,8 +434,10 @@ class TrainConfig:
             )
 
     def _preemption_rule(self) -> str:
-        return (f"simulate_preemption_at_step: must be in [0, steps={self.steps}) (0 = off), "
-                f"got {self.simulate_preemption_at_step!r}")
+        return (
+            f"simulate_preemption_at_step: must be in [0, steps={self.steps}) (0 = off), "
+            f"got {self.simulate_preemption_at_step!r}"
+        )
 
     # ------------------------------------------------------------------ world size
 

@@ -88,12 +88,16 @@ def _step_dir_name(step: int) -> str:
 def _local(uri: str) -> str:
     """The local path of a checkpoint URI; ValueError for anything these helpers cannot write."""
     if uri.startswith("file://"):
-        return uri[len("file://"):]
+        return uri[len("file://") :]
     if "://" in uri:
-        raise ValueError(f"checkpoint uri: these helpers write local paths and file:// only, got {uri!r} "
-                         "(keep the same layout with your own storage library)")
+        raise ValueError(
+            f"checkpoint uri: these helpers write local paths and file:// only, got {uri!r} "
+            "(keep the same layout with your own storage library)"
+        )
     if not uri:
-        raise ValueError("checkpoint uri: empty (DTRAIN_CHECKPOINT_URI is not set: the job keeps no checkpoints)")
+        raise ValueError(
+            "checkpoint uri: empty (DTRAIN_CHECKPOINT_URI is not set: the job keeps no checkpoints)"
+        )
     return uri
 
 
@@ -129,7 +133,9 @@ def _int(environ: Any, name: str, default: int | None = None) -> int:
     value = environ.get(name)
     if value is None or value == "":
         if default is None:
-            raise ValueError(f"{name}: not set (FSDPTrainOperator sets it; under a plain torchrun set it yourself)")
+            raise ValueError(
+                f"{name}: not set (FSDPTrainOperator sets it; under a plain torchrun set it yourself)"
+            )
         return default
     try:
         number = int(value)
@@ -230,8 +236,9 @@ class Signals:
             signal.signal(sig, signal.SIG_IGN)
 
 
-def simulate_preemption(step: int, *, resumed_from: int | None = None, signals: Signals | None = None,
-                        env: JobEnv | None = None) -> bool:
+def simulate_preemption(
+    step: int, *, resumed_from: int | None = None, signals: Signals | None = None, env: JobEnv | None = None
+) -> bool:
     """For tests and demos: after step DTRAIN_SIMULATE_PREEMPTION_AT_STEP, rank 0 sends the SIGTERM a spot
     reclaim would, to the torchrun agent (which forwards it to every worker), once: never again in an
     attempt resumed at or past that step. Returns whether it did; ``signals.stop`` is set at once, so this
@@ -243,7 +250,9 @@ def simulate_preemption(step: int, *, resumed_from: int | None = None, signals: 
     if signals is not None:
         signals.stop = True
     target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
-    print(f"[contract] step {step}: simulating preemption, SIGTERM to pid {target}", file=sys.stderr, flush=True)
+    print(
+        f"[contract] step {step}: simulating preemption, SIGTERM to pid {target}", file=sys.stderr, flush=True
+    )
     os.kill(target, signal.SIGTERM)
     return True
 
@@ -267,7 +276,9 @@ def _step_dirs(root: str) -> list[Checkpoint]:
         names = os.listdir(root)
     except FileNotFoundError:
         return []
-    return sorted(Checkpoint(int(m.group(1)), os.path.join(root, n)) for n in names if (m := STEP_DIR.match(n)))
+    return sorted(
+        Checkpoint(int(m.group(1)), os.path.join(root, n)) for n in names if (m := STEP_DIR.match(n))
+    )
 
 
 def latest_checkpoint(uri: str) -> Checkpoint | None:
@@ -339,7 +350,9 @@ def take_lease(uri: str, *, job: str = "", attempts: int = 100) -> int:
         body = {"token": token, "job": job, "group": os.environ.get("DTRAIN_GROUP_NAME"), "host": socket.gethostname(),
                 "pid": os.getpid(), "acquired_at": time.time()}  # fmt: skip
         try:
-            fd = os.open(os.path.join(leases, f"{token:010d}.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(
+                os.path.join(leases, f"{token:010d}.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644
+            )
         except FileExistsError:
             token = max(token + 1, (tokens() or [0])[-1] + 1)
             continue
@@ -366,10 +379,20 @@ def _newer_lease(root: str, token: int) -> int | None:
     return newest if newest > token else None
 
 
-def commit_checkpoint(uri: str, step: int, *, format: str = "torch", world_size: int | None = None,
-                      job: str | None = None, lease: int | None = None, files: dict[str, dict] | None = None,
-                      tokens_seen: int = 0, wall_time_s: float = 0.0, keep: int | None = None,
-                      **fields: Any) -> str:
+def commit_checkpoint(
+    uri: str,
+    step: int,
+    *,
+    format: str = "torch",
+    world_size: int | None = None,
+    job: str | None = None,
+    lease: int | None = None,
+    files: dict[str, dict] | None = None,
+    tokens_seen: int = 0,
+    wall_time_s: float = 0.0,
+    keep: int | None = None,
+    **fields: Any,
+) -> str:
     """Commit ``step``: write its ``manifest.json``, last; returns the step directory.
 
     Call it on rank 0 once every rank has written its files (a barrier first). The manifest records
@@ -389,8 +412,10 @@ def commit_checkpoint(uri: str, step: int, *, format: str = "torch", world_size:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"commit_checkpoint: {path} does not exist: write the step's files first")
     if lease is not None and (newer := _newer_lease(root, lease)) is not None:
-        raise Fenced(f"another group took over the checkpoint directory {root}: writer lease {newer} is newer than "
-                     f"this one's {lease}; step {step} is not committed")
+        raise Fenced(
+            f"another group took over the checkpoint directory {root}: writer lease {newer} is newer than "
+            f"this one's {lease}; step {step} is not committed"
+        )
     env = dict(os.environ)
     manifest = {
         "step": step,
@@ -418,7 +443,9 @@ def commit_checkpoint(uri: str, step: int, *, format: str = "torch", world_size:
 def _prune(root: str, keep: int, committed_step: int) -> None:
     steps = _step_dirs(root)
     committed = [c for c in steps if os.path.isfile(os.path.join(c.path, MANIFEST))]
-    drop = [c for c in committed[:-keep] if not os.path.exists(os.path.join(c.path, BEST))] if keep > 0 else []
+    drop = (
+        [c for c in committed[:-keep] if not os.path.exists(os.path.join(c.path, BEST))] if keep > 0 else []
+    )
     drop += [c for c in steps if c.step < committed_step and c not in committed]
     for c in drop:
         try:  # the manifest first: a half-removed checkpoint never looks committed
@@ -429,9 +456,16 @@ def _prune(root: str, keep: int, committed_step: int) -> None:
 
 
 # -- progress and spend ------------------------------------------------------------------------------------------
-def progress(step: int, *, status: str = "running", loss: float | None = None, tokens_seen: int | None = None,
-             latest_checkpoint: str | None = None, step_time_s: float | None = None,
-             env: JobEnv | None = None) -> dict[str, Any] | None:
+def progress(
+    step: int,
+    *,
+    status: str = "running",
+    loss: float | None = None,
+    tokens_seen: int | None = None,
+    latest_checkpoint: str | None = None,
+    step_time_s: float | None = None,
+    env: JobEnv | None = None,
+) -> dict[str, Any] | None:
     """Record the job's live status in ``<uri>/progress.json`` (rank 0; other ranks' calls do nothing).
 
     Call it once right after resuming (``step``: the checkpoint's step, 0 for a fresh start), then at

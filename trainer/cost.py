@@ -25,7 +25,10 @@ def nodes_in_group(world_size: int) -> int:
 
 
 def empty_cost() -> dict:
-    return {**{c: {"node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0} for c in CAPACITY_TYPES}, "total_dollars": 0.0}
+    return {
+        **{c: {"node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0} for c in CAPACITY_TYPES},
+        "total_dollars": 0.0,
+    }
 
 
 LAUNCHED_AT_ENV = "DTRAIN_LAUNCHED_AT"
@@ -58,8 +61,12 @@ def billed(entry: dict, *, until: float) -> dict:
     out = dict(entry)
     out["billed_s"] = max(float(entry.get("billed_s", 0.0)), round(seconds, 3))
     out["node_hours"] = max(float(entry.get("node_hours", 0.0)), round(node_hours, 9))
-    out["gpu_hours"] = max(float(entry.get("gpu_hours", 0.0)), round(node_hours * entry.get("gpus_per_node", 0), 9))
-    out["dollars"] = max(float(entry.get("dollars", 0.0)), round(node_hours * entry["price_per_node_hour"], 9))
+    out["gpu_hours"] = max(
+        float(entry.get("gpu_hours", 0.0)), round(node_hours * entry.get("gpus_per_node", 0), 9)
+    )
+    out["dollars"] = max(
+        float(entry.get("dollars", 0.0)), round(node_hours * entry["price_per_node_hour"], 9)
+    )
     out["updated_at"] = until
     return out
 
@@ -79,11 +86,22 @@ def dollars_at_prices(start: float, end: float, nodes: int, prices) -> float | N
 
 
 class CostLedger:
-    def __init__(self, *, price_per_node_hour: float, capacity_type: str, gpus_per_node: int, nodes: int,
-                 since: float | None = None):
+    def __init__(
+        self,
+        *,
+        price_per_node_hour: float,
+        capacity_type: str,
+        gpus_per_node: int,
+        nodes: int,
+        since: float | None = None,
+    ):
         """since: when billing started (the launch the provider recorded in this attempt's spend file)."""
         self.price, self.capacity, self.gpus_per_node, self.nodes = (
-            price_per_node_hour, capacity_type, gpus_per_node, nodes)
+            price_per_node_hour,
+            capacity_type,
+            gpus_per_node,
+            nodes,
+        )
         self.launched_at = launched_at() if since is None else min(since, launched_at())
         self.prior = empty_cost()
         self.prices_in_effect: list[tuple[float, float]] = []
@@ -138,9 +156,14 @@ class CostLedger:
         """This attempt's spend file as of now (``trainer.checkpoint_dir.SPEND``): at the launch price, or at the
         prices in effect where that is more."""
         now = time.time()
-        entry = {"capacity": Capacity(self.capacity).value, "nodes": self.nodes,
-                 "price_per_node_hour": self.price, "gpus_per_node": self.gpus_per_node,
-                 "launched_at": self.launched_at, **extra}
+        entry = {
+            "capacity": Capacity(self.capacity).value,
+            "nodes": self.nodes,
+            "price_per_node_hour": self.price,
+            "gpus_per_node": self.gpus_per_node,
+            "launched_at": self.launched_at,
+            **extra,
+        }
         entry = billed(entry, until=now)
         at_prices = self.at_prices_in_effect(now)
         if at_prices is not None:

@@ -22,8 +22,13 @@ import uuid
 import numpy as np
 import torch
 
-from trainer.builtin_text import (BUILTIN_NAME, BUILTIN_TRAIN_BYTES, BUILTIN_VAL_BYTES, DOC_SEPARATOR,  # noqa: F401
-                                  generate_builtin_text)
+from trainer.builtin_text import (
+    BUILTIN_NAME,
+    BUILTIN_TRAIN_BYTES,
+    BUILTIN_VAL_BYTES,
+    DOC_SEPARATOR,  # noqa: F401
+    generate_builtin_text,
+)
 from trainer.config import ConfigError, DataConfig
 from trainer.token_store import cache_remote, is_remote, open_split
 
@@ -31,7 +36,9 @@ FORMAT_VERSION = 1  # of the built-in corpus; trainer.token_store reads v1 and v
 
 
 def default_data_dir() -> str:
-    return os.environ.get("DTRAIN_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "airflow-dtrain", "data")
+    return os.environ.get("DTRAIN_DATA_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "airflow-dtrain", "data"
+    )
 
 
 # --------------------------------------------------------------------------- writing
@@ -77,7 +84,9 @@ def ensure_builtin(data_dir: str) -> str:
     path = os.path.join(data_dir, BUILTIN_NAME)
     if not os.path.exists(os.path.join(path, "meta.json")):
         text = generate_builtin_text(BUILTIN_TRAIN_BYTES + BUILTIN_VAL_BYTES, seed=1234)
-        write_token_dir(path, text[:BUILTIN_TRAIN_BYTES], text[BUILTIN_TRAIN_BYTES:], source="builtin grammar v1")
+        write_token_dir(
+            path, text[:BUILTIN_TRAIN_BYTES], text[BUILTIN_TRAIN_BYTES:], source="builtin grammar v1"
+        )
     return path
 
 
@@ -101,7 +110,9 @@ def resolve_dataset(cfg: DataConfig, is_local_leader: bool, barrier) -> str:
         failed = None
         if is_local_leader:
             try:
-                cache_remote(cfg.dataset, default_data_dir(), log=lambda m: print(f"[trainer] {m}", flush=True))
+                cache_remote(
+                    cfg.dataset, default_data_dir(), log=lambda m: print(f"[trainer] {m}", flush=True)
+                )
             except FileNotFoundError as e:
                 failed = e
         barrier()
@@ -113,7 +124,7 @@ def resolve_dataset(cfg: DataConfig, is_local_leader: bool, barrier) -> str:
             raise ConfigError(f"data.dataset: {e}") from None
     if not os.path.exists(os.path.join(cfg.dataset, "meta.json")):
         raise ConfigError(
-            f"data.dataset: {cfg.dataset!r} is not \"builtin\", an s3:// store, nor a directory written by "
+            f'data.dataset: {cfg.dataset!r} is not "builtin", an s3:// store, nor a directory written by '
             "`python -m trainer.prepare_data` (no meta.json there)"
         )
     return cfg.dataset
@@ -140,8 +151,17 @@ class TrainBatches:
     ranks read disjoint slices and the union over ranks does not depend on the world size.
     """
 
-    def __init__(self, directory: str, seq_len: int, global_batch_size: int, micro_batch_size: int,
-                 rank: int, world_size: int, seed: int, device: torch.device):
+    def __init__(
+        self,
+        directory: str,
+        seq_len: int,
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        device: torch.device,
+    ):
         self.tokens, self.meta = open_split(directory, "train")  # a TokenStream over the shards
         self.seq_len, self.seed, self.device = seq_len, seed, device
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
@@ -157,7 +177,8 @@ class TrainBatches:
                     f"data.dataset: {directory} ({self.meta.get('source', '?')}): its {split} split has "
                     f"{n:,} tokens, fewer than one sequence of seq_len + 1 = {seq_len + 1:,}: prepare it "
                     f"again with `python -m trainer.prepare_data --seq-len {seq_len}`, which holds out "
-                    "enough or says how much text is missing")
+                    "enough or says how much text is missing"
+                )
         self.samples_seen = 0  # global samples consumed; the loader's whole state
         self._perm_epoch, self._perm = -1, (1, 0)
 
@@ -176,7 +197,7 @@ class TrainBatches:
             self._perm_epoch, self._perm = epoch, _affine_permutation(self.n_seq, self.seed, epoch)
         a, b = self._perm
         start = ((a * i + b) % self.n_seq) * self.seq_len
-        return self.tokens[start:start + self.seq_len + 1]
+        return self.tokens[start : start + self.seq_len + 1]
 
     def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One optimizer step's micro-batches for this rank: [(inputs, targets)], each (micro_batch, seq_len) int64."""
@@ -198,9 +219,13 @@ def eval_batches(directory: str, seq_len: int, batch_size: int, max_batches: int
     tokens, _ = open_split(directory, "val")
     n_seq = (len(tokens) - 1) // seq_len
     if n_seq < 1:
-        raise ValueError(f"{directory}: val split has {len(tokens)} tokens, fewer than seq_len+1 = {seq_len + 1}")
+        raise ValueError(
+            f"{directory}: val split has {len(tokens)} tokens, fewer than seq_len+1 = {seq_len + 1}"
+        )
     for first in range(0, min(n_seq, batch_size * max_batches), batch_size):
         idx = range(first, min(first + batch_size, n_seq))
-        rows = np.stack([tokens[i * seq_len:i * seq_len + seq_len + 1] for i in idx]).astype(np.int64)  # (batch, seq_len + 1)
+        rows = np.stack([tokens[i * seq_len : i * seq_len + seq_len + 1] for i in idx]).astype(
+            np.int64
+        )  # (batch, seq_len + 1)
         rows = torch.from_numpy(rows).to(device)
         yield rows[:, :-1], rows[:, 1:]

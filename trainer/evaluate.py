@@ -89,13 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, help="a committed step (default: the latest)")
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--all", action="store_true", help="also evaluate every other committed checkpoint (the eval curve)")
+    p.add_argument(
+        "--all", action="store_true", help="also evaluate every other committed checkpoint (the eval curve)"
+    )
     p.add_argument("--out", help="write the results as JSON to this file")
     p.add_argument("--report", help="write a PNG of the train and eval loss curves to this file")
-    p.add_argument("--export-to", metavar="ROOT",
-                   help="export the evaluated checkpoint as a Hugging Face model into its step directory under ROOT")
-    p.add_argument("--export-if-below", type=float, metavar="LOSS",
-                   help="with --export-to: only if its held-out loss is below LOSS")
+    p.add_argument(
+        "--export-to",
+        metavar="ROOT",
+        help="export the evaluated checkpoint as a Hugging Face model into its step directory under ROOT",
+    )
+    p.add_argument(
+        "--export-if-below",
+        type=float,
+        metavar="LOSS",
+        help="with --export-to: only if its held-out loss is below LOSS",
+    )
     args = p.parse_args(argv)
     try:
         root = CheckpointDir(args.checkpoint_uri)
@@ -105,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     found = dict(root.committed())
     step = args.step if args.step is not None else max(found, default=None)
     if step not in found:
-        print(f"no committed checkpoint {step_dir_name(step) if step else ''} under {root.root}", file=sys.stderr)
+        print(
+            f"no committed checkpoint {step_dir_name(step) if step else ''} under {root.root}",
+            file=sys.stderr,
+        )
         return 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # --all with --out: the checkpoints that an earlier evaluation of this directory evaluated as they are now
@@ -138,8 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         results.append(result)
     if reused:
-        print(f"[trainer.evaluate] reused the held-out loss of step(s) {reused}, evaluated by an earlier "
-              f"run as they are committed now, with the same batches", file=sys.stderr, flush=True)
+        print(
+            f"[trainer.evaluate] reused the held-out loss of step(s) {reused}, evaluated by an earlier "
+            f"run as they are committed now, with the same batches",
+            file=sys.stderr,
+            flush=True,
+        )
     job = results[-1]["job"]
     # deleted by retention since, evaluated by this job: still points of its curve
     results += [r for s, r in earlier.items() if s < min(found) and r.get("job") == job]
@@ -148,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     exported = None
     if args.export_to and (args.export_if_below is None or latest["loss"] < args.export_if_below):
         weights = {name: tensor.cpu() for name, tensor in model.state_dict().items()}  # `step`'s, as saved
-        exported = export_weights(weights, manifest, found[step], Storage(args.export_to).path(step_dir_name(step)))
+        exported = export_weights(
+            weights, manifest, found[step], Storage(args.export_to).path(step_dir_name(step))
+        )
         print(json.dumps({"event": "export", **exported}), flush=True)
     train_curve = _train_curve(root)
     if args.report:
@@ -186,7 +204,10 @@ def _earlier_results(out: str, batches: int, batch_size: int) -> dict[int, dict]
         earlier = storage.read_json(storage.root)
     except (OSError, ValueError):
         return {}
-    if not isinstance(earlier, dict) or (earlier.get("batches"), earlier.get("batch_size")) != (batches, batch_size):
+    if not isinstance(earlier, dict) or (earlier.get("batches"), earlier.get("batch_size")) != (
+        batches,
+        batch_size,
+    ):
         return {}
     return {int(r["step"]): r for r in earlier.get("evaluated") or [] if isinstance(r, dict) and "step" in r}
 
@@ -245,8 +266,12 @@ class RunRecord:
         return points
 
 
-_MARKERS = {"preempted": ("tab:red", "--", "preemption"), "relaunch": ("tab:green", ":", "relaunch"),
-            "stopped_at_budget": ("black", "-", "stopped at the budget"), "failed": ("tab:purple", "--", "failure")}
+_MARKERS = {
+    "preempted": ("tab:red", "--", "preemption"),
+    "relaunch": ("tab:green", ":", "relaunch"),
+    "stopped_at_budget": ("black", "-", "stopped at the budget"),
+    "failed": ("tab:purple", "--", "failure"),
+}
 
 
 def _plot(path: str, run: RunRecord, evals: list, latest: dict) -> None:
@@ -263,7 +288,9 @@ def _plot(path: str, run: RunRecord, evals: list, latest: dict) -> None:
     if train:
         loss_ax.plot([p[0] for p in train], [p[1] for p in train], label="train loss", color="tab:blue", lw=1)
     if evals:
-        loss_ax.plot([p[0] for p in evals], [p[1] for p in evals], "o-", label="held-out loss", color="tab:orange")
+        loss_ax.plot(
+            [p[0] for p in evals], [p[1] for p in evals], "o-", label="held-out loss", color="tab:orange"
+        )
     ckpts = sorted({e["step"] for e in run.events if e.get("kind") == "checkpoint"})
     for step in ckpts:
         loss_ax.axvline(step, color="0.6", lw=0.6, alpha=0.6)
@@ -285,7 +312,9 @@ def _plot(path: str, run: RunRecord, evals: list, latest: dict) -> None:
     top = loss_ax.secondary_xaxis("top", functions=(lambda s: s * tokens_per_step / 1e6,
                                                     lambda t: t * 1e6 / tokens_per_step))  # fmt: skip
     top.set_xlabel("tokens (millions)")
-    loss_ax.set_title(f"{latest['flavor']}: held-out loss {latest['loss']:.3f} at step {latest['step']}", fontsize=10)
+    loss_ax.set_title(
+        f"{latest['flavor']}: held-out loss {latest['loss']:.3f} at step {latest['step']}", fontsize=10
+    )
     loss_ax.legend(fontsize=8)
 
     def panel(ax, points, color: str, ylabel: str, title: str) -> None:
@@ -335,7 +364,10 @@ def _html(path: str, run: RunRecord, evals: list, latest: dict, image: str) -> N
         ("step", f"{progress.get('step', latest['step'])} of {progress.get('steps', '?')}"),
         ("tokens seen", f"{progress.get('tokens_seen', 0):,}"),
         ("train loss (last)", progress.get("loss")),
-        ("held-out loss", f"{latest['loss']:.4f} at step {latest['step']} (perplexity {math.exp(latest['loss']):.2f})"),
+        (
+            "held-out loss",
+            f"{latest['loss']:.4f} at step {latest['step']} (perplexity {math.exp(latest['loss']):.2f})",
+        ),
         ("status", progress.get("status")),
         ("attempts", progress.get("attempt")),
         ("preemptions", kinds.count("preempted")),
@@ -349,11 +381,13 @@ def _html(path: str, run: RunRecord, evals: list, latest: dict, image: str) -> N
         took, wall = float(progress["checkpoint_cost_s"]), float(progress.get("wall_time_s") or 0)
         share = f" ({100 * took / wall:.1f} % of it)" if wall > 0 else ""
         rows.append(("time the saves took from training", f"{took:,.1f} s{share}"))
-    body = "\n".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    body = "\n".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    )
     evaluated = "".join(f"<tr><td>{s}</td><td>{loss:.4f}</td></tr>" for s, loss in evals)
     with open(path, "w") as f:
         f.write(f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>Training report: step {latest['step']}</title>
+<html><head><meta charset="utf-8"><title>Training report: step {latest["step"]}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
 th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}}th{{background:#f4f4f4}}</style></head>
 <body><h1>Training report</h1><img src="{html.escape(image)}" alt="loss, learning rate, throughput and spend" width="100%">

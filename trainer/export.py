@@ -54,7 +54,9 @@ def hf_config(args: ModelArgs, seq_len: int, dtype: torch.dtype) -> dict:
     # The trained context, or the scaled context of a llama3-scaled shape.
     max_pos = seq_len
     if args.rope_scaling:
-        max_pos = max(max_pos, int(args.rope_scaling["original_max_position_embeddings"] * args.rope_scaling["factor"]))
+        max_pos = max(
+            max_pos, int(args.rope_scaling["original_max_position_embeddings"] * args.rope_scaling["factor"])
+        )
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -85,8 +87,11 @@ def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
     """(full model tensors by our names, manifest, step directory) of a committed checkpoint, any world size."""
     root, step_dir, manifest = CheckpointDir.resolve(uri)
     metadata = storage_reader(root.storage, step_dir).read_metadata()
-    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
-             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    state = {
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in metadata.state_dict_metadata.items()
+        if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=storage_reader(root.storage, step_dir), no_dist=True)
@@ -134,9 +139,11 @@ def source_of(manifest: dict) -> Source | None:
     if source.config is None:
         seq_len = manifest["config"]["data"]["seq_len"]
         why = why or "the recorded source has no config.json"
-        source.not_kept = [f"config.json (written from the trained shape instead: max_position_embeddings is "
-                           f"the training seq_len {seq_len} or the RoPE scaling's, no bos/eos/pad token ids) "
-                           f"and generation_config.json, because {why}"]
+        source.not_kept = [
+            f"config.json (written from the trained shape instead: max_position_embeddings is "
+            f"the training seq_len {seq_len} or the RoPE scaling's, no bos/eos/pad token ids) "
+            f"and generation_config.json, because {why}"
+        ]
     return source
 
 
@@ -164,8 +171,13 @@ def export(uri: str, out: str, dtype: torch.dtype | None = None) -> dict:
     return export_weights(*load_weights(uri), out, dtype)
 
 
-def export_weights(weights: dict[str, torch.Tensor], manifest: dict, step_dir: str, out: str,
-                   dtype: torch.dtype | None = None) -> dict:
+def export_weights(
+    weights: dict[str, torch.Tensor],
+    manifest: dict,
+    step_dir: str,
+    out: str,
+    dtype: torch.dtype | None = None,
+) -> dict:
     """``export`` of weights already read from the checkpoint ``step_dir`` (``manifest``'s): a caller that has
     just loaded them, as the evaluation has, need not read the checkpoint again.
 
@@ -189,8 +201,11 @@ def export_weights(weights: dict[str, torch.Tensor], manifest: dict, step_dir: s
                 destination.put_file(os.path.join(staging, name), destination.path(name))
     result = {"step": manifest["step"], "checkpoint": step_dir, "out": destination.root, "files": files}
     if not_kept:
-        print(f"[trainer.export] from the init_from model {source.uri}, not kept: {'; '.join(not_kept)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[trainer.export] from the init_from model {source.uri}, not kept: {'; '.join(not_kept)}",
+            file=sys.stderr,
+            flush=True,
+        )
         result["not_kept"] = not_kept
     return result
 
@@ -238,15 +253,22 @@ def generation_config(config: dict, source: Source | None) -> dict | None:
     return ids or None
 
 
-def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dict, dtype: torch.dtype,
-                       source: Source | None = None) -> list[str]:
+def write_hf_directory(
+    out: str,
+    weights: dict[str, torch.Tensor],
+    manifest: dict,
+    dtype: torch.dtype,
+    source: Source | None = None,
+) -> list[str]:
     """config.json, generation_config.json (when there are token ids to stop at), safetensors shards (plus
     their index when there are several) and the training data's tokenizer files in a local directory; returns
     the files' names, config.json not."""
     from safetensors.torch import save_file
 
     # HF: "model." + our name for the decoder, lm_head.weight at the top (absent when tied).
-    tensors = {(k if k == "lm_head.weight" else f"model.{k}"): v.to(dtype).contiguous() for k, v in weights.items()}
+    tensors = {
+        (k if k == "lm_head.weight" else f"model.{k}"): v.to(dtype).contiguous() for k, v in weights.items()
+    }
     os.makedirs(out, exist_ok=True)
     shards, current, size = [], {}, 0
     for name in sorted(tensors):
@@ -288,10 +310,15 @@ def write_hf_directory(out: str, weights: dict[str, torch.Tensor], manifest: dic
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint-uri", required=True, help="a checkpoint root (latest committed) or a step directory")
+    p.add_argument(
+        "--checkpoint-uri", required=True, help="a checkpoint root (latest committed) or a step directory"
+    )
     p.add_argument("--out", required=True, help="output directory, local or s3://")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="the weights' dtype; default: the init_from model's, else as trained")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="the weights' dtype; default: the init_from model's, else as trained",
+    )
     args = p.parse_args(argv)
     try:
         result = export(args.checkpoint_uri, args.out, getattr(torch, args.dtype) if args.dtype else None)

@@ -61,7 +61,9 @@ _KEY = "dtrain"
 
 def setting(default: Any = MISSING, *, factory: Any = MISSING, help: str, **meta: Any) -> Any:
     """A dataclass field with a ``Setting``: ``steps: int = setting(50, help="...", ge=1, arg="steps")``."""
-    return dataclasses.field(default=default, default_factory=factory, metadata={_KEY: Setting(help=help, **meta)})
+    return dataclasses.field(
+        default=default, default_factory=factory, metadata={_KEY: Setting(help=help, **meta)}
+    )
 
 
 def meta(f: dataclasses.Field) -> Setting:
@@ -96,8 +98,8 @@ def _optional(tp: Any) -> tuple[Any, bool]:
 def _bound_rule(m: Setting, integer: bool) -> str | None:
     if m.rule:
         return m.rule
-    low = (f"[{m.ge:g}" if m.ge is not None else f"({m.gt:g}" if m.gt is not None else None)
-    high = (f"{m.le:g}]" if m.le is not None else f"{m.lt:g})" if m.lt is not None else None)
+    low = f"[{m.ge:g}" if m.ge is not None else f"({m.gt:g}" if m.gt is not None else None
+    high = f"{m.le:g}]" if m.le is not None else f"{m.lt:g})" if m.lt is not None else None
     if low and high:
         if integer and m.ge is not None and m.le is not None:
             return f"must be in {m.ge:g}..{m.le:g}"
@@ -168,7 +170,9 @@ def check(obj: Any, section: str) -> None:
             raise ConfigError(f"{where}: {_bound_rule(m, tp is int)}, got {value!r}")
         if m.choices is not None and value not in m.choices:
             noun = m.rule or "value"  # for choices, rule names what is chosen: "unknown flavour 'tiny'"
-            raise ConfigError(f"{where}: unknown {noun} {value!r} (choose from {', '.join(map(str, m.choices))})")
+            raise ConfigError(
+                f"{where}: unknown {noun} {value!r} (choose from {', '.join(map(str, m.choices))})"
+            )
         if m.pattern is not None and isinstance(value, str) and not re.fullmatch(m.pattern, value):
             raise ConfigError(f"{where}: {m.rule or 'does not match ' + m.pattern}, got {value!r}")
 
@@ -216,11 +220,18 @@ def json_schema(f: dataclasses.Field, tp: Any) -> dict[str, Any]:
             if item:
                 schema["items"] = {"type": item}
                 if item in ("number", "integer") and (m.gt is not None or m.ge is not None):
-                    schema["items"].update({"exclusiveMinimum": m.gt} if m.gt is not None else {"minimum": m.ge})
+                    schema["items"].update(
+                        {"exclusiveMinimum": m.gt} if m.gt is not None else {"minimum": m.ge}
+                    )
                 schema["minItems"] = 1 if item != "string" else 0
     if m.choices is not None:
         schema["enum"] = list(m.choices)
-    for key, name in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum")):
+    for key, name in (
+        ("ge", "minimum"),
+        ("gt", "exclusiveMinimum"),
+        ("le", "maximum"),
+        ("lt", "exclusiveMaximum"),
+    ):
         if getattr(m, key) is not None and schema["type"] in ("integer", "number"):
             schema[name] = getattr(m, key)
     if m.pattern is not None:

@@ -50,8 +50,10 @@ def read_config(directory: str) -> dict:
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"model.init_from: {directory!r} has no config.json (a Hugging Face model directory "
-                          "holds config.json and *.safetensors)") from None
+        raise ConfigError(
+            f"model.init_from: {directory!r} has no config.json (a Hugging Face model directory "
+            "holds config.json and *.safetensors)"
+        ) from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"model.init_from: {path} is not valid JSON ({err})") from None
 
@@ -71,12 +73,15 @@ def model_args_from_config(config: dict, max_seq_len: int, uri: str = "") -> Mod
     dim, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     head_dim = config.get("head_dim")
     if head_dim is not None and int(head_dim) != dim // heads:
-        raise ConfigError(f"{where} has head_dim {head_dim}; supported: hidden_size / num_attention_heads = "
-                          f"{dim // heads}")
+        raise ConfigError(
+            f"{where} has head_dim {head_dim}; supported: hidden_size / num_attention_heads = {dim // heads}"
+        )
     # transformers >= 5: rope_parameters {rope_type, rope_theta, ...}; older: rope_theta + rope_scaling
     rope = dict(config.get("rope_parameters") or {})
     theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    scaling = rope if rope.get("rope_type", "default") != "default" else dict(config.get("rope_scaling") or {})
+    scaling = (
+        rope if rope.get("rope_type", "default") != "default" else dict(config.get("rope_scaling") or {})
+    )
     rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     if rope_type not in SUPPORTED_ROPE:
         raise ConfigError(f"{where} has rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE)}")
@@ -85,8 +90,10 @@ def model_args_from_config(config: dict, max_seq_len: int, uri: str = "") -> Mod
         missing = [k for k in LLAMA3_SCALING_KEYS if k not in scaling]
         if missing:
             raise ConfigError(f"{where} has llama3 rope scaling without {', '.join(missing)}")
-        rope_scaling = {k: (int(scaling[k]) if k == "original_max_position_embeddings" else float(scaling[k]))
-                        for k in LLAMA3_SCALING_KEYS}
+        rope_scaling = {
+            k: (int(scaling[k]) if k == "original_max_position_embeddings" else float(scaling[k]))
+            for k in LLAMA3_SCALING_KEYS
+        }
     return ModelArgs(
         dim=dim, n_layers=int(config["num_hidden_layers"]), n_heads=heads,
         n_kv_heads=int(config.get("num_key_value_heads") or heads), ffn_dim=int(config["intermediate_size"]),
@@ -101,7 +108,7 @@ def local_copy(uri: str, cache_root: str) -> str:
     if "://" not in uri:
         return uri
     if uri.startswith("file://"):
-        return uri[len("file://"):]
+        return uri[len("file://") :]
     from trainer.storage import Storage
 
     src = Storage(uri)
@@ -127,8 +134,9 @@ def local_copy(uri: str, cache_root: str) -> str:
 def model_args(cfg: TrainConfig, directory: str | None = None) -> ModelArgs:
     """The model's shape: the init_from model's config.json (read from ``directory``, its local copy), else the flavour."""
     if cfg.model.init_from:
-        return model_args_from_config(read_config(directory or cfg.model.init_from), cfg.data.seq_len,
-                                      cfg.model.init_from)
+        return model_args_from_config(
+            read_config(directory or cfg.model.init_from), cfg.data.seq_len, cfg.model.init_from
+        )
     return ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len)
 
 
@@ -140,8 +148,10 @@ def _weight_files(directory: str) -> dict[str, str]:
             return {name: os.path.join(directory, file) for name, file in json.load(f)["weight_map"].items()}
     single = os.path.join(directory, "model.safetensors")
     if not os.path.exists(single):
-        raise ConfigError(f"model.init_from: {directory!r} has neither model.safetensors nor "
-                          "model.safetensors.index.json (only safetensors weights are read)")
+        raise ConfigError(
+            f"model.init_from: {directory!r} has neither model.safetensors nor "
+            "model.safetensors.index.json (only safetensors weights are read)"
+        )
     from safetensors import safe_open
 
     with safe_open(single, framework="pt") as f:
@@ -166,8 +176,10 @@ def load_weights(model: torch.nn.Module, directory: str, uri: str = "") -> int:
     for name, param in model.named_parameters():
         key = hf_name(name)
         if key not in files:
-            raise ConfigError(f"model.init_from: {source} has no tensor {key!r} (our {name}, shape "
-                              f"{tuple(param.shape)}); is it a Llama checkpoint of the shape in its config.json?")
+            raise ConfigError(
+                f"model.init_from: {source} has no tensor {key!r} (our {name}, shape "
+                f"{tuple(param.shape)}); is it a Llama checkpoint of the shape in its config.json?"
+            )
         by_file.setdefault(files[key], []).append((name, param))
     for path, params in by_file.items():
         with safe_open(path, framework="pt") as f:
@@ -176,12 +188,15 @@ def load_weights(model: torch.nn.Module, directory: str, uri: str = "") -> int:
                 lazy = f.get_slice(key)
                 shape = tuple(lazy.get_shape())
                 if shape != tuple(param.shape):
-                    raise ConfigError(f"model.init_from: tensor {key!r} in {os.path.basename(path)} has shape "
-                                      f"{shape}, the model needs {tuple(param.shape)} (from config.json)")
+                    raise ConfigError(
+                        f"model.init_from: tensor {key!r} in {os.path.basename(path)} has shape "
+                        f"{shape}, the model needs {tuple(param.shape)} (from config.json)"
+                    )
                 if isinstance(param, DTensor):
                     local = param.to_local()
                     local_shape, offset = compute_local_shape_and_global_offset(
-                        param.shape, param.device_mesh, param.placements)
+                        param.shape, param.device_mesh, param.placements
+                    )
                     if local.numel() == 0:
                         continue
                     rows = lazy[tuple(slice(o, o + n) for o, n in zip(offset, local_shape))]
@@ -246,22 +261,30 @@ def check_data_tokenizer(directory: str, uri: str, dataset: str, data_tokenizer:
     takes any data: there is nothing to compare (a sentencepiece-only model still refuses bytes)."""
     model = model_tokenizer(directory, uri)
     data = data_tokenizer or BYTES_TOKENIZER
-    fix = (f"prepare the text with the model's tokenizer (python -m trainer.prepare_data --input FILE "
-           f"--tokenizer {uri} --out DIR; the train_llama DAG's prepare_data task does it itself) and give "
-           "that store as data.dataset")
+    fix = (
+        f"prepare the text with the model's tokenizer (python -m trainer.prepare_data --input FILE "
+        f"--tokenizer {uri} --out DIR; the train_llama DAG's prepare_data task does it itself) and give "
+        "that store as data.dataset"
+    )
     where = f"data.dataset: {dataset!r}" + (" (the built-in demo corpus)" if dataset == "builtin" else "")
     if model is None:
         if data.get("kind") == "bytes" and os.path.exists(os.path.join(directory, "tokenizer.model")):
-            raise ConfigError(f"{where} is byte-level text ({describe_tokenizer(data)}), but model.init_from "
-                              f"{uri!r} has its own tokenizer (sentencepiece, tokenizer.model): its "
-                              f"embeddings mean that tokenizer's tokens; {fix}")
+            raise ConfigError(
+                f"{where} is byte-level text ({describe_tokenizer(data)}), but model.init_from "
+                f"{uri!r} has its own tokenizer (sentencepiece, tokenizer.model): its "
+                f"embeddings mean that tokenizer's tokens; {fix}"
+            )
         return
     if same_tokenizer(model, data):
         return
     if data.get("kind") == "bytes":
-        raise ConfigError(f"{where} is byte-level text ({describe_tokenizer(data)}, no tokenizer), but "
-                          f"model.init_from {uri!r} has its own tokenizer {describe_tokenizer(model)}: its "
-                          f"embeddings mean that tokenizer's tokens; {fix}")
-    raise ConfigError(f"{where} was prepared with tokenizer {describe_tokenizer(data)}, but model.init_from "
-                      f"{uri!r} has tokenizer {describe_tokenizer(model)}: its embeddings mean that "
-                      f"tokenizer's tokens; {fix}")
+        raise ConfigError(
+            f"{where} is byte-level text ({describe_tokenizer(data)}, no tokenizer), but "
+            f"model.init_from {uri!r} has its own tokenizer {describe_tokenizer(model)}: its "
+            f"embeddings mean that tokenizer's tokens; {fix}"
+        )
+    raise ConfigError(
+        f"{where} was prepared with tokenizer {describe_tokenizer(data)}, but model.init_from "
+        f"{uri!r} has tokenizer {describe_tokenizer(model)}: its embeddings mean that "
+        f"tokenizer's tokens; {fix}"
+    )

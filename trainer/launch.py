@@ -29,8 +29,13 @@ from torch.distributed.elastic.multiprocessing.api import PContext, SignalExcept
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from trainer.config import (BUDGET_EXIT_CODE, FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE,
-                            WORKER_LOST_EXIT_CODE)
+from trainer.config import (
+    BUDGET_EXIT_CODE,
+    FENCED_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    STORAGE_EXIT_CODE,
+    WORKER_LOST_EXIT_CODE,
+)
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -73,7 +78,9 @@ def signal_workers(sig: int = signal.SIGUSR1) -> int:
     return asked
 
 
-def watch_checkpoint_requests(path: str, poll_s: float = 1.0, stop: threading.Event | None = None) -> threading.Thread:
+def watch_checkpoint_requests(
+    path: str, poll_s: float = 1.0, stop: threading.Event | None = None
+) -> threading.Thread:
     """Follow the annotations file at ``path``: each new value of ``dtrain.io/checkpoint-now`` (the launcher's
     request, set on the pod) sends the workers SIGUSR1, "checkpoint at the next step boundary and carry on".
     The value when the watch starts is an old request (a relaunched pod keeps none; this one may): ignored."""
@@ -86,8 +93,11 @@ def watch_checkpoint_requests(path: str, poll_s: float = 1.0, stop: threading.Ev
             if value is not None and value != seen:
                 seen = value
                 asked = signal_workers()
-                print(f"[trainer.launch] checkpoint-now request {value}: SIGUSR1 to {asked} worker(s)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[trainer.launch] checkpoint-now request {value}: SIGUSR1 to {asked} worker(s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     thread = threading.Thread(target=run, name="checkpoint-now-watch", daemon=True)
     thread.start()
@@ -124,8 +134,11 @@ def watch_the_agents_close() -> bool:
     True if the timeout was patched."""
     close = getattr(PContext.close, "__wrapped__", PContext.close)
     patch_timeout = "shutdown_timeout" not in inspect.signature(LocalElasticAgent.__init__).parameters
-    default_timeout = (int(os.environ[SHUTDOWN_TIMEOUT_ENV]) if patch_timeout
-                       else inspect.signature(close).parameters["timeout"].default)  # torch's own default
+    default_timeout = (
+        int(os.environ[SHUTDOWN_TIMEOUT_ENV])
+        if patch_timeout
+        else inspect.signature(close).parameters["timeout"].default
+    )  # torch's own default
 
     def close_and_note_the_killed(self, death_sig=None, timeout: int = default_timeout) -> None:
         running = [rank for rank, code in _exit_codes(self).items() if code is None]
@@ -144,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, "120")
     watch_the_agents_close()
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec needed
+    if os.environ.get(
+        REQUESTS_FILE_ENV
+    ):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec needed
         watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])
     try:
         run(args)
@@ -152,21 +167,38 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as e:
         codes = sorted({f.exitcode for f in e.failures.values()})
         if FENCED_EXIT_CODE in codes:
-            code, why = FENCED_EXIT_CODE, f"another group took over the checkpoint directory (exit codes {codes})"
+            code, why = (
+                FENCED_EXIT_CODE,
+                f"another group took over the checkpoint directory (exit codes {codes})",
+            )
         elif STORAGE_EXIT_CODE in codes:
-            code, why = STORAGE_EXIT_CODE, (f"a checkpoint could not be written (full disk or no permission; exit "
-                                            f"codes {codes}): see the [trainer] line above")
+            code, why = (
+                STORAGE_EXIT_CODE,
+                (
+                    f"a checkpoint could not be written (full disk or no permission; exit "
+                    f"codes {codes}): see the [trainer] line above"
+                ),
+            )
         elif codes == [PREEMPTED_EXIT_CODE]:
-            code, why = PREEMPTED_EXIT_CODE, f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)"
+            code, why = (
+                PREEMPTED_EXIT_CODE,
+                f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)",
+            )
         elif codes == [BUDGET_EXIT_CODE]:
             code, why = BUDGET_EXIT_CODE, "every worker stopped at the job's dollar cap (checkpoint saved)"
         elif (first := e.get_first_failure()[1].exitcode) < 0 or first == _KILLED:
             # The first worker to go was killed (the OOM killer, kill -9); its peers then failed in a
             # collective or were stopped. Nothing was saved for this step: the group resumes from its
             # last committed checkpoint. (A worker that failed by itself exits >= 1 first.)
-            code, why = WORKER_LOST_EXIT_CODE, f"a worker was killed by a signal (exit code {first}; all: {codes}); resumable"
+            code, why = (
+                WORKER_LOST_EXIT_CODE,
+                f"a worker was killed by a signal (exit code {first}; all: {codes}); resumable",
+            )
         elif WORKER_LOST_EXIT_CODE in codes:
-            code, why = WORKER_LOST_EXIT_CODE, f"a worker lost a peer (a collective timed out or broke; all: {codes}); resumable"
+            code, why = (
+                WORKER_LOST_EXIT_CODE,
+                f"a worker lost a peer (a collective timed out or broke; all: {codes}); resumable",
+            )
         else:
             code, why = 1, f"workers failed with exit codes {codes}"
     except SignalException as e:
@@ -174,9 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         # last committed checkpoint, and a save cut short was never committed.
         code, why = PREEMPTED_EXIT_CODE, f"agent received {e.sigval.name}; workers were told to save and stop"
         if _forced:
-            why += (f"; local rank(s) {_forced} did not stop within {os.environ[SHUTDOWN_TIMEOUT_ENV]} s "
-                    f"({SHUTDOWN_TIMEOUT_ENV}) and were SIGKILLed, their save cut short: the group resumes from "
-                    "its last committed checkpoint")
+            why += (
+                f"; local rank(s) {_forced} did not stop within {os.environ[SHUTDOWN_TIMEOUT_ENV]} s "
+                f"({SHUTDOWN_TIMEOUT_ENV}) and were SIGKILLed, their save cut short: the group resumes from "
+                "its last committed checkpoint"
+            )
     except Exception as e:  # rendezvous errors, bad arguments to the agent, ...
         code, why = 1, f"launcher error: {type(e).__name__}: {e}"
     print(f"[trainer.launch] exit {code}: {why}", file=sys.stderr, flush=True)

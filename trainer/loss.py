@@ -31,8 +31,13 @@ def _compiled_chunk_loss_sum():
     return torch.compile(_chunk_loss_sum)
 
 
-def cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 0,
-                  compiled: bool = False) -> torch.Tensor:
+def cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_tokens: int = 0,
+    compiled: bool = False,
+) -> torch.Tensor:
     """Mean cross-entropy of ``h @ weight.T`` against ``targets``.
 
     h: (batch, seq, dim); weight: (vocab, dim); targets: (batch, seq).

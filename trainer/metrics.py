@@ -48,29 +48,35 @@ if TYPE_CHECKING:
     from trainer.model import ModelArgs
 
 TRAINING_METRICS: tuple[str, ...] = (
-    "train.loss",              # mean loss of the global batch at the logged step
-    "train.grad_norm",         # global gradient norm before clipping
-    "train.lr",                # learning rate the logged step used
-    "train.tokens_per_s",      # tokens per second of the whole group over the interval
-    "train.mfu",               # model FLOPs utilisation, 0..1 (GPUs with a known peak only)
-    "train.step",              # the logged step
+    "train.loss",  # mean loss of the global batch at the logged step
+    "train.grad_norm",  # global gradient norm before clipping
+    "train.lr",  # learning rate the logged step used
+    "train.tokens_per_s",  # tokens per second of the whole group over the interval
+    "train.mfu",  # model FLOPs utilisation, 0..1 (GPUs with a known peak only)
+    "train.step",  # the logged step
     "train.peak_memory_bytes",  # per rank: peak memory (CUDA allocator, else max RSS), bytes
-    "gpu.utilization_pct",     # per rank, NVML: % of time a kernel ran on the rank's GPU
-    "gpu.memory_used_bytes",   # per rank, NVML: used device memory, bytes (all processes)
-    "gpu.power_w",             # per rank, NVML: board power draw, W
-    "gpu.temperature_c",       # per rank, NVML: GPU core temperature, °C
-    "checkpoint.seconds",      # wall time of the last checkpoint save
+    "gpu.utilization_pct",  # per rank, NVML: % of time a kernel ran on the rank's GPU
+    "gpu.memory_used_bytes",  # per rank, NVML: used device memory, bytes (all processes)
+    "gpu.power_w",  # per rank, NVML: board power draw, W
+    "gpu.temperature_c",  # per rank, NVML: GPU core temperature, °C
+    "checkpoint.seconds",  # wall time of the last checkpoint save
     "checkpoint.blocked_seconds",  # of which training was held up (async: the copy to host memory)
     "checkpoint.overlap_seconds",  # async: how much longer the steps run while it was in flight took
-    "checkpoint.cost_seconds",     # what the save cost training in all: blocked + overlap seconds
-    "cost.dollars",            # the job's spend over all attempts (the provider sends the same series)
-    "cost.gpu_hours",          # the job's GPU-hours over all attempts
-    "cost.budget_dollars",     # the job's dollar cap (cost.budget_usd), when it has one
+    "checkpoint.cost_seconds",  # what the save cost training in all: blocked + overlap seconds
+    "cost.dollars",  # the job's spend over all attempts (the provider sends the same series)
+    "cost.gpu_hours",  # the job's GPU-hours over all attempts
+    "cost.budget_dollars",  # the job's dollar cap (cost.budget_usd), when it has one
 )
 """Every statsd metric the trainer emits, relative to the prefix: the full name is
 ``f"{prefix}.{name}"`` (prefix "dtrain" by default: ``dtrain.train.loss``). All are gauges."""
 PER_RANK_METRICS: frozenset[str] = frozenset(
-    {"train.peak_memory_bytes", "gpu.utilization_pct", "gpu.memory_used_bytes", "gpu.power_w", "gpu.temperature_c"}
+    {
+        "train.peak_memory_bytes",
+        "gpu.utilization_pct",
+        "gpu.memory_used_bytes",
+        "gpu.power_w",
+        "gpu.temperature_c",
+    }
 )
 """The series every rank sends for itself, tagged ``node`` and ``rank`` too (the rest: rank 0, for the group)."""
 
@@ -237,8 +243,16 @@ class SaveOverlap:
 
 
 class Metrics:
-    def __init__(self, cfg: MetricsConfig, *, is_rank0: bool, world_size: int, device: torch.device,
-                 flops_per_token: float, rank: int = 0):
+    def __init__(
+        self,
+        cfg: MetricsConfig,
+        *,
+        is_rank0: bool,
+        world_size: int,
+        device: torch.device,
+        flops_per_token: float,
+        rank: int = 0,
+    ):
         self.cfg, self.is_rank0, self.device = cfg, is_rank0, device
         self.world_size = world_size
         self.flops_per_token = flops_per_token
@@ -253,10 +267,17 @@ class Metrics:
         self.rank_tags = {**self.tags, RANK_TAGS[0]: os.environ.get("GROUP_RANK", "0"),
                           RANK_TAGS[1]: str(0 if is_rank0 else rank)}  # fmt: skip
         if is_rank0 and device.type == "cuda":
-            said = (f"{peak[0]}: {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU" if peak
-                    else f"{torch_device_name(device)}: peak unknown, mfu will be null")
-            print(f"[trainer] MFU = tokens/s × {flops_per_token / 1e9:.2f} GFLOP/token ÷ (peak × {world_size} GPUs); "
-                  f"peak of {said}", file=sys.stderr, flush=True)
+            said = (
+                f"{peak[0]}: {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU"
+                if peak
+                else f"{torch_device_name(device)}: peak unknown, mfu will be null"
+            )
+            print(
+                f"[trainer] MFU = tokens/s × {flops_per_token / 1e9:.2f} GFLOP/token ÷ (peak × {world_size} GPUs); "
+                f"peak of {said}",
+                file=sys.stderr,
+                flush=True,
+            )
         self._window_start, self._window_tokens = time.perf_counter(), 0
 
     def emit(self, event: str, **fields) -> None:
@@ -297,8 +318,12 @@ class Metrics:
             mfu = tokens_per_s * self.flops_per_token / (self.peak * self.world_size)
         peak_mb = peak_mem_mb(self.device)
         fields = {
-            "step": step, "loss": round(loss, 6), "grad_norm": round(grad_norm, 6), "lr": lr,
-            "tokens_per_s": round(tokens_per_s, 1), "mfu": None if mfu is None else round(mfu, 4),
+            "step": step,
+            "loss": round(loss, 6),
+            "grad_norm": round(grad_norm, 6),
+            "lr": lr,
+            "tokens_per_s": round(tokens_per_s, 1),
+            "mfu": None if mfu is None else round(mfu, 4),
             "peak_mem_mb": round(peak_mb, 1),
         }
         gpu = self.gpu.read() if self.gpu is not None else {}

@@ -57,7 +57,9 @@ class ModelArgs:
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     """Inverse rotary frequencies, (head_dim / 2,), with Llama 3.1's long-context scaling when set."""
     # float32 throughout, computed exactly as transformers does, so logits match it closely.
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.int64).float() / args.head_dim))
+    inv_freq = 1.0 / (
+        args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.int64).float() / args.head_dim)
+    )
     s = args.rope_scaling
     if not s:
         return inv_freq
@@ -96,7 +98,6 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
-
 
 
 class Attention(nn.Module):
@@ -208,8 +209,9 @@ class Llama(nn.Module):
                 fill = lambda t, g, s=w_std: nn.init.trunc_normal_(t, std=s, a=-3 * s, b=3 * s, generator=g)  # noqa: E731
             _fill_whole_then_shard(param, fill, seed * 1_000_003 + zlib.crc32(name.encode()))
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
-                loss_chunk_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, loss_chunk_tokens: int = 0
+    ) -> torch.Tensor:
         """tokens: (batch, seq) int64 -> logits (batch, seq, vocab_size); with ``targets``
         (batch, seq): the mean cross-entropy instead, computed ``loss_chunk_tokens`` tokens at
         a time so the full logits never exist (trainer/loss.py). The loss is taken here, inside

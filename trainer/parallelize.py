@@ -36,12 +36,14 @@ def build_mesh(device_type: str, world_size: int, cfg: ParallelConfig) -> Device
     replicate = replicate_degree(cfg, world_size)
     if replicate == 1:
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp_shard",))
-    return init_device_mesh(device_type, (replicate, world_size // replicate),
-                            mesh_dim_names=("dp_replicate", "dp_shard"))
+    return init_device_mesh(
+        device_type, (replicate, world_size // replicate), mesh_dim_names=("dp_replicate", "dp_shard")
+    )
 
 
-def parallelize(model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = None, *,
-                shard: bool | None = None) -> Llama:
+def parallelize(
+    model: Llama, mesh: DeviceMesh, cfg: ParallelConfig | None = None, *, shard: bool | None = None
+) -> Llama:
     """Lay a (meta-device) model out on the mesh in place and return it.
 
     The order matters, and is torchtitan's:
@@ -119,8 +121,12 @@ def _ops(*names: str) -> set:
 
 # What op-level selective AC keeps: the expensive results (attention, matmuls). The cheap
 # pointwise ops around them (norms, rotary, SiLU, the SwiGLU product) are recomputed.
-_ATTENTION_OPS = _ops("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                      "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+_ATTENTION_OPS = _ops(
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
 _MM = torch.ops.aten.mm.default
 
 

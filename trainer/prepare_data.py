@@ -55,8 +55,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.token_store import (BYTES_TOKENIZER, BYTES_VOCAB, DEFAULT_SHARD_TOKENS, FORMAT, TOKENIZER_FILES, VERSION,
-                                 canonical_sha256, dtype_for_vocab, is_remote, remote_fs)
+from trainer.token_store import (
+    BYTES_TOKENIZER,
+    BYTES_VOCAB,
+    DEFAULT_SHARD_TOKENS,
+    FORMAT,
+    TOKENIZER_FILES,
+    VERSION,
+    canonical_sha256,
+    dtype_for_vocab,
+    is_remote,
+    remote_fs,
+)
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -71,9 +81,14 @@ LONG_LINE_BYTES = 4 * BLOCK_BYTES  # a line longer than this is cut at a space (
 BATCH_CHARS = 8 << 20  # encode_batch once this much text is pending
 LOG_EVERY_S = 10.0
 # First bytes of files that are not text, whatever their name says: named in the refusal.
-MAGIC = ((b"\x1f\x8b", "gzip-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
-         (b"BZh", "bzip2-compressed"), (b"\xfd7zXZ\x00", "xz-compressed"), (b"PK\x03\x04", "a zip archive"),
-         (b"PAR1", "a parquet file"))
+MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (b"BZh", "bzip2-compressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PAR1", "a parquet file"),
+)
 
 
 class PrepareError(ValueError):
@@ -122,24 +137,35 @@ class HFTokenizer:
             try:
                 self.tok = Tokenizer.from_str(raw.decode())
             except Exception as e:  # noqa: BLE001 - the library's own words, with the file named
-                raise PrepareError(f"--tokenizer: {self.files['tokenizer.json']} is not a tokenizers JSON file: {e}") from None
+                raise PrepareError(
+                    f"--tokenizer: {self.files['tokenizer.json']} is not a tokenizers JSON file: {e}"
+                ) from None
         else:  # a directory with only a slow tokenizer (sentencepiece, ...): let transformers convert it
             self.tok, raw = self._converted(spec)
         self.json_bytes = raw
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        self.identity = {"kind": "hf", "name": name, "sha256": canonical_sha256(raw), "vocab_size": self.vocab_size}
+        self.identity = {
+            "kind": "hf",
+            "name": name,
+            "sha256": canonical_sha256(raw),
+            "vocab_size": self.vocab_size,
+        }
         self.eos_id = self._eos_id()
 
     def _converted(self, spec: str):
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise PrepareError(f"--tokenizer: {spec} has no tokenizer.json (converting another tokenizer "
-                               "needs the transformers package)") from None
+            raise PrepareError(
+                f"--tokenizer: {spec} has no tokenizer.json (converting another tokenizer "
+                "needs the transformers package)"
+            ) from None
         try:
             fast = AutoTokenizer.from_pretrained(spec, use_fast=True)
         except Exception as e:  # noqa: BLE001
-            raise PrepareError(f"--tokenizer: {spec} has no tokenizer.json and transformers cannot load it: {e}") from None
+            raise PrepareError(
+                f"--tokenizer: {spec} has no tokenizer.json and transformers cannot load it: {e}"
+            ) from None
         backend = getattr(fast, "backend_tokenizer", None)
         if backend is None:
             raise PrepareError(f"--tokenizer: {spec} has no tokenizer.json and no fast tokenizer conversion")
@@ -160,7 +186,9 @@ class HFTokenizer:
 
     def encode(self, texts: list[str], special: bool) -> list[np.ndarray]:
         dtype = np.uint32 if self.vocab_size > 1 << 16 else np.uint16
-        return [np.asarray(e.ids, dtype=dtype) for e in self.tok.encode_batch(texts, add_special_tokens=special)]
+        return [
+            np.asarray(e.ids, dtype=dtype) for e in self.tok.encode_batch(texts, add_special_tokens=special)
+        ]
 
 
 def load_tokenizer(spec: str | None):
@@ -201,8 +229,10 @@ def input_kind(path: str) -> str:
     if not is_remote(path) and os.path.isdir(path):
         if any(os.path.exists(os.path.join(path, n)) for n in DATASETS_MARKERS):
             return "datasets"
-        raise PrepareError(f"--input: {path} is a directory but not one saved by datasets' save_to_disk "
-                           "(no dataset_dict.json, dataset_info.json or state.json)")
+        raise PrepareError(
+            f"--input: {path} is a directory but not one saved by datasets' save_to_disk "
+            "(no dataset_dict.json, dataset_info.json or state.json)"
+        )
     lower = path.lower()
     if lower.endswith(TEXT_SUFFIXES):
         return "txt"
@@ -210,9 +240,11 @@ def input_kind(path: str) -> str:
         return "jsonl"
     if lower.endswith(".parquet"):
         return "parquet"
-    raise PrepareError(f"--input: {path}: unknown input kind (expected {', '.join(TEXT_SUFFIXES)}, "
-                       f"{', '.join(JSONL_SUFFIXES)} (JSON lines), .parquet, a datasets save_to_disk "
-                       "directory, a directory of such files or a glob)")
+    raise PrepareError(
+        f"--input: {path}: unknown input kind (expected {', '.join(TEXT_SUFFIXES)}, "
+        f"{', '.join(JSONL_SUFFIXES)} (JSON lines), .parquet, a datasets save_to_disk "
+        "directory, a directory of such files or a glob)"
+    )
 
 
 def expand_input(spec: str) -> list[tuple[str, str]]:
@@ -230,8 +262,10 @@ def expand_input(spec: str) -> list[tuple[str, str]]:
         else:
             fs, pattern = remote_fs(spec)
             scheme = spec.split("://", 1)[0]
-            entries = [(f"{scheme}://{p}", info.get("type") == "directory")
-                       for p, info in fs.glob(pattern, detail=True).items()]
+            entries = [
+                (f"{scheme}://{p}", info.get("type") == "directory")
+                for p, info in fs.glob(pattern, detail=True).items()
+            ]
         if not entries:
             raise PrepareError(f"--input: {spec} matches no file")
         return _shards(spec, sorted(entries), glob_spec=True)
@@ -249,16 +283,19 @@ def expand_input(spec: str) -> list[tuple[str, str]]:
         fs, path = remote_fs(spec)
         if fs.isdir(path):
             scheme = spec.split("://", 1)[0]
-            entries = [(f"{scheme}://{info['name']}", info.get("type") == "directory")
-                       for info in fs.ls(path.rstrip("/"), detail=True)]
+            entries = [
+                (f"{scheme}://{info['name']}", info.get("type") == "directory")
+                for info in fs.ls(path.rstrip("/"), detail=True)
+            ]
             return _shards(spec, sorted(entries))
     return [(spec, input_kind(spec))]
 
 
 def _shards(spec: str, entries: list[tuple[str, bool]], glob_spec: bool = False) -> list[tuple[str, str]]:
     """(path, kind) of each data file of a directory listing or a glob's matches, all of one kind."""
-    named = [(p, is_dir) for p, is_dir in entries
-             if not os.path.basename(p.rstrip("/")).startswith((".", "_"))]  # _SUCCESS, .crc: not data
+    named = [
+        (p, is_dir) for p, is_dir in entries if not os.path.basename(p.rstrip("/")).startswith((".", "_"))
+    ]  # _SUCCESS, .crc: not data
     holds = "matches" if glob_spec else "holds"
     if not named:
         raise PrepareError(f"--input: {spec} {holds} no data file (names starting with . or _ are not data)")
@@ -267,19 +304,24 @@ def _shards(spec: str, entries: list[tuple[str, bool]], glob_spec: bool = False)
     shards = []
     for path, is_dir in named:
         if is_dir:
-            raise PrepareError(f"--input: {spec} {holds} a directory, {path}: the shards of a dataset are "
-                               "files of one directory, or of one glob")
+            raise PrepareError(
+                f"--input: {spec} {holds} a directory, {path}: the shards of a dataset are "
+                "files of one directory, or of one glob"
+            )
         if not path.lower().endswith(SHARD_SUFFIXES):
-            raise PrepareError(f"--input: {spec} {holds} {path}, which is not a data file "
-                               f"({', '.join(SHARD_SUFFIXES)}): a dataset is files of one format; {choose}")
+            raise PrepareError(
+                f"--input: {spec} {holds} {path}, which is not a data file "
+                f"({', '.join(SHARD_SUFFIXES)}): a dataset is files of one format; {choose}"
+            )
         shards.append((path, input_kind(path)))
     kinds: dict[str, str] = {}
     for path, kind in shards:
         kinds.setdefault(kind, path)  # each kind's first file
     if len(kinds) > 1:
         listed = " and ".join(f"{kind} ({path})" for kind, path in kinds.items())
-        raise PrepareError(f"--input: {spec} mixes {listed} files: a dataset is files of one format; "
-                           f"{choose}")
+        raise PrepareError(
+            f"--input: {spec} mixes {listed} files: a dataset is files of one format; {choose}"
+        )
     return shards
 
 
@@ -311,8 +353,9 @@ class Rows:
     def bad(self, option: str, place: dict, why: str) -> None:
         """A row that is not a document: refused (the error names the place), or counted and skipped."""
         if self.policy == "error":
-            raise PrepareError(f"{option}: {_where(place)}: {why} "
-                               "(--on-bad-row=skip counts and skips such rows)")
+            raise PrepareError(
+                f"{option}: {_where(place)}: {why} (--on-bad-row=skip counts and skips such rows)"
+            )
         self.skipped += 1
         if len(self.first) < FIRST_BAD_ROWS:
             self.first.append({**place, "why": why})
@@ -343,8 +386,14 @@ def _text(value, field: str) -> tuple[str | None, str, str]:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as e:
-                return None, "--input", (f"{field!r} holds a lone surrogate (\\u{ord(value[e.start]):04x}) "
-                                         f"at character {e.start}: not Unicode text")
+                return (
+                    None,
+                    "--input",
+                    (
+                        f"{field!r} holds a lone surrogate (\\u{ord(value[e.start]):04x}) "
+                        f"at character {e.start}: not Unicode text"
+                    ),
+                )
         return value, "", ""
     if value is None:
         return None, "--input", f"{field!r} is null"
@@ -352,8 +401,11 @@ def _text(value, field: str) -> tuple[str | None, str, str]:
         try:
             return bytes(value).decode("utf-8"), "", ""
         except UnicodeDecodeError as e:
-            return None, "--input", (f"{field!r} is bytes, not UTF-8 text (byte 0x{value[e.start]:02x} at "
-                                     f"offset {e.start})")
+            return (
+                None,
+                "--input",
+                (f"{field!r} is bytes, not UTF-8 text (byte 0x{value[e.start]:02x} at offset {e.start})"),
+            )
     name = type(value).__name__
     return None, "--text-field", f"{field!r} is {'an' if name[0] in 'aeiou' else 'a'} {name}, not a string"
 
@@ -413,8 +465,14 @@ def _not_text(path: str, lineno: int, line: bytes) -> None:
         raise PrepareError(f"--input: {path} line {lineno}: the file is {what}, not JSON lines text")
 
 
-JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-              type(None): "null"}
+JSON_TYPES = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 def _jsonl(path: str, field: str, rows: Rows):
@@ -431,7 +489,11 @@ def _jsonl(path: str, field: str, rows: Rows):
                 rows.bad("--input", place, f"not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1})")
                 continue
             except json.JSONDecodeError as e:
-                hint = " (a JSON array? write one JSON object per line)" if lineno == 1 and line.lstrip()[:1] == b"[" else ""
+                hint = (
+                    " (a JSON array? write one JSON object per line)"
+                    if lineno == 1 and line.lstrip()[:1] == b"["
+                    else ""
+                )
                 rows.bad("--input", place, f"not JSON: {e.msg.removesuffix(' at')} at column {e.colno}{hint}")
                 continue
             if not isinstance(obj, dict):
@@ -453,15 +515,19 @@ def _parquet(path: str, field: str, rows: Rows):
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise PrepareError(f"--input: {path}: reading parquet needs pyarrow (pip install 'airflow-dtrain[data]')") from None
+        raise PrepareError(
+            f"--input: {path}: reading parquet needs pyarrow (pip install 'airflow-dtrain[data]')"
+        ) from None
     with _open(path) as f:
         try:
             pf = pq.ParquetFile(f)
         except (pa.ArrowException, OSError) as e:
             raise PrepareError(f"--input: {path} is not a parquet file pyarrow can read: {e}") from None
         if field not in pf.schema_arrow.names:
-            raise PrepareError(f"--text-field: column {field!r} is not in {path} (its columns: "
-                               f"{', '.join(pf.schema_arrow.names)})")
+            raise PrepareError(
+                f"--text-field: column {field!r} is not in {path} (its columns: "
+                f"{', '.join(pf.schema_arrow.names)})"
+            )
         row = 0
         batches = pf.iter_batches(batch_size=1024, columns=[field])
         while True:
@@ -486,15 +552,19 @@ def _datasets(path: str, field: str, rows: Rows):
     try:
         import datasets
     except ImportError:
-        raise PrepareError(f"--input: {path}: reading a datasets directory needs the datasets package "
-                           "(pip install 'airflow-dtrain[data]')") from None
+        raise PrepareError(
+            f"--input: {path}: reading a datasets directory needs the datasets package "
+            "(pip install 'airflow-dtrain[data]')"
+        ) from None
     try:
         ds = datasets.load_from_disk(path)
     except Exception as e:  # noqa: BLE001 - the library's own words, with the directory named
         raise PrepareError(f"--input: {path}: datasets cannot load it: {e}") from None
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
-            raise PrepareError(f"--input: {path} is a DatasetDict without a 'train' split (it has: {', '.join(ds)})")
+            raise PrepareError(
+                f"--input: {path} is a DatasetDict without a 'train' split (it has: {', '.join(ds)})"
+            )
         held = next((s for s in ("validation", "test") if s in ds), None)
         parts = [("train", "train", ds["train"])] + ([("val", held, ds[held])] if held else [])
         if held is None:
@@ -503,8 +573,10 @@ def _datasets(path: str, field: str, rows: Rows):
         parts = [(None, None, ds)]
     for split, name, part in parts:
         if field not in part.column_names:
-            raise PrepareError(f"--text-field: column {field!r} is not in {path} (its columns: "
-                               f"{', '.join(part.column_names)})")
+            raise PrepareError(
+                f"--text-field: column {field!r} is not in {path} (its columns: "
+                f"{', '.join(part.column_names)})"
+            )
         row = 0
         for batch in part.select_columns([field]).iter(batch_size=1024):
             for value in batch[field]:
@@ -552,7 +624,9 @@ class Sink:
                 raise PrepareError(f"--out: {out} already exists; remove it or choose another directory")
             parent = os.path.dirname(os.path.abspath(out))
             os.makedirs(parent, exist_ok=True)
-            self.dir = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.tmp-{uuid.uuid4().hex}")
+            self.dir = os.path.join(
+                parent, f".{os.path.basename(os.path.abspath(out))}.tmp-{uuid.uuid4().hex}"
+            )
             os.makedirs(self.dir)
         self.written: list[str] = []
 
@@ -575,7 +649,9 @@ class Sink:
             shutil.rmtree(self.dir, ignore_errors=True)
         else:
             if os.path.exists(self.out):
-                raise PrepareError(f"--out: {self.out} appeared while preparing; the new store is left in {self.dir}")
+                raise PrepareError(
+                    f"--out: {self.out} appeared while preparing; the new store is left in {self.dir}"
+                )
             os.rename(self.dir, self.out)
 
     def abort(self) -> None:
@@ -592,7 +668,12 @@ class ShardWriter:
     """One split's shards, `shard_tokens` ids each (the last one shorter)."""
 
     def __init__(self, sink: Sink, split: str, dtype: str, shard_tokens: int):
-        self.sink, self.split, self.dtype, self.shard_tokens = sink, split, np.dtype(dtype).newbyteorder("<"), shard_tokens
+        self.sink, self.split, self.dtype, self.shard_tokens = (
+            sink,
+            split,
+            np.dtype(dtype).newbyteorder("<"),
+            shard_tokens,
+        )
         self.shards: list[dict] = []
         self.f, self.in_shard, self.tokens, self.documents = None, 0, 0, 0
 
@@ -603,12 +684,12 @@ class ShardWriter:
                 name = f"{self.split}-{len(self.shards):05d}.bin"
                 self.shards.append({"file": name, "tokens": 0})
                 self.f = open(self.sink.path(name), "wb")
-            take = ids[:self.shard_tokens - self.in_shard]
+            take = ids[: self.shard_tokens - self.in_shard]
             take.tofile(self.f)
             self.in_shard += len(take)
             self.tokens += len(take)
             self.shards[-1]["tokens"] = self.in_shard
-            ids = ids[len(take):]
+            ids = ids[len(take) :]
             if self.in_shard == self.shard_tokens:
                 self.close()
 
@@ -688,7 +769,7 @@ def _source(inputs: list[str]) -> str:
     for p in inputs:
         parts = p.rstrip("/").split("/")
         first_glob = next((i for i, part in enumerate(parts) if any(c in part for c in GLOB_CHARS)), None)
-        names.append("/".join(parts[max(first_glob - 1, 0):]) if first_glob is not None else parts[-1])
+        names.append("/".join(parts[max(first_glob - 1, 0) :]) if first_glob is not None else parts[-1])
     return ", ".join(names) if len(names) <= 20 else ", ".join(names[:20]) + f", ... ({len(names)} inputs)"
 
 
@@ -702,14 +783,25 @@ def _too_small(source: str, docs: int, tokens: int, seq_len: int | None, rows: R
         return PrepareError(
             f"--input: too little text to train and evaluate at --seq-len {seq_len}: {counts}; training and "
             f"the held-out evaluation need a sequence of {seq_len + 1:,} tokens each (seq_len + 1), from "
-            "whole documents of their own: give more text, or a shorter --seq-len")
-    return PrepareError(f"--input: too little text to hold out a document for evaluation: {counts}; the "
-                        "held-out split needs a document and training another: give more text")
+            "whole documents of their own: give more text, or a shorter --seq-len"
+        )
+    return PrepareError(
+        f"--input: too little text to hold out a document for evaluation: {counts}; the "
+        "held-out split needs a document and training another: give more text"
+    )
 
 
-def prepare(inputs: list[str], out: str, tokenizer: str | None = None, text_field: str = "text",
-            val_fraction: float = 0.05, shard_tokens: int = DEFAULT_SHARD_TOKENS, log=print,
-            on_bad_row: str = "error", seq_len: int | None = None) -> dict:
+def prepare(
+    inputs: list[str],
+    out: str,
+    tokenizer: str | None = None,
+    text_field: str = "text",
+    val_fraction: float = 0.05,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    log=print,
+    on_bad_row: str = "error",
+    seq_len: int | None = None,
+) -> dict:
     """Tokenise `inputs` into a token store at `out` (a directory or s3:// prefix); returns its meta.
 
     :param inputs: files (.txt, .jsonl/.json, .parquet; local or fsspec URLs), datasets directories,
@@ -755,9 +847,11 @@ def prepare(inputs: list[str], out: str, tokenizer: str | None = None, text_fiel
             elapsed = max(time.monotonic() - started, 1e-9)
             tokens = sum(w.tokens for w in writers.values())
             docs = sum(w.documents for w in writers.values())
-            log(f"prepare_data: {'done: ' if final else ''}{docs:,} documents, {tokens:,} tokens "
+            log(
+                f"prepare_data: {'done: ' if final else ''}{docs:,} documents, {tokens:,} tokens "
                 f"(train {writers['train'].tokens:,}, held-out {writers['val'].tokens:,} in "
-                f"{writers['val'].documents:,} documents){rows.note()}, {tokens / elapsed:,.0f} tokens/s")
+                f"{writers['val'].documents:,} documents){rows.note()}, {tokens / elapsed:,.0f} tokens/s"
+            )
 
         pending: list[Piece] = []
 
@@ -803,15 +897,19 @@ def prepare(inputs: list[str], out: str, tokenizer: str | None = None, text_fiel
             raise _too_small(_source(inputs), docs, tokens, seq_len, rows)
         if moved[0]:
             wanted = f"one evaluation sequence ({need:,} tokens)" if seq_len else "one document"
-            log(f"prepare_data: --val-fraction {val_fraction:g} held out {_documents(short[0])}, "
+            log(
+                f"prepare_data: --val-fraction {val_fraction:g} held out {_documents(short[0])}, "
                 f"{short[1]:,} tokens, short of {wanted}: the last {_documents(moved[0])} of training "
-                f"({moved[1]:,} tokens) {'is' if moved[0] == 1 else 'are'} held out too")
+                f"({moved[1]:,} tokens) {'is' if moved[0] == 1 else 'are'} held out too"
+            )
         for w in writers.values():
             w.close()
         if rows.skipped:
             first = "; ".join(f"{_where(p)}: {p['why']}" for p in rows.first)
-            log(f"prepare_data: skipped {rows.skipped:,} bad row{'s' * (rows.skipped != 1)} of {rows.rows:,} "
-                f"(--on-bad-row=skip); the first: {first}")
+            log(
+                f"prepare_data: skipped {rows.skipped:,} bad row{'s' * (rows.skipped != 1)} of {rows.rows:,} "
+                f"(--on-bad-row=skip); the first: {first}"
+            )
         for name, src in tok.files.items():
             shutil.copyfile(src, sink.path(f"tokenizer/{name}"))
             sink.done(f"tokenizer/{name}")
@@ -837,8 +935,10 @@ def prepare(inputs: list[str], out: str, tokenizer: str | None = None, text_fiel
         sink.abort()
         raise
     progress(final=True)
-    log(f"prepare_data: wrote {out}: {len(meta['splits']['train']['shards'])} train and "
-        f"{len(meta['splits']['val']['shards'])} held-out shards, {dtype}, tokenizer {tok.identity.get('name', 'bytes')}")
+    log(
+        f"prepare_data: wrote {out}: {len(meta['splits']['train']['shards'])} train and "
+        f"{len(meta['splits']['val']['shards'])} held-out shards, {dtype}, tokenizer {tok.identity.get('name', 'bytes')}"
+    )
     return meta
 
 
@@ -849,31 +949,58 @@ def _decode(piece: Piece) -> str:
     try:
         return piece.text.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PrepareError(f"--input: {piece.where} byte {piece.offset + e.start}: not UTF-8 text (0x"
-                           f"{piece.text[e.start]:02x}): tokenizers read text; prepare it byte-level (no "
-                           "--tokenizer) or re-encode it") from None
+        raise PrepareError(
+            f"--input: {piece.where} byte {piece.offset + e.start}: not UTF-8 text (0x"
+            f"{piece.text[e.start]:02x}): tokenizers read text; prepare it byte-level (no "
+            "--tokenizer) or re-encode it"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.prepare_data", description=__doc__.split("\n\n")[1])
-    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                   help=".txt, .jsonl/.json, .parquet files, datasets save_to_disk directories, directories "
-                        "of such files, or globs (quoted: '/data/shards/*.jsonl')")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help=".txt, .jsonl/.json, .parquet files, datasets save_to_disk directories, directories "
+        "of such files, or globs (quoted: '/data/shards/*.jsonl')",
+    )
     p.add_argument("--out", required=True, metavar="DIR|s3://...")
-    p.add_argument("--tokenizer", metavar="FILE|DIR", help="tokenizer.json or a model directory (default: byte-level)")
-    p.add_argument("--text-field", default="text", help="the JSON field / column with the text (default: text)")
+    p.add_argument(
+        "--tokenizer", metavar="FILE|DIR", help="tokenizer.json or a model directory (default: byte-level)"
+    )
+    p.add_argument(
+        "--text-field", default="text", help="the JSON field / column with the text (default: text)"
+    )
     p.add_argument("--val-fraction", type=float, default=0.05)
-    p.add_argument("--seq-len", type=int, metavar="N",
-                   help="the training sequence length: both splits then hold at least N + 1 tokens")
-    p.add_argument("--on-bad-row", choices=BAD_ROW_POLICIES, default="error",
-                   help="a row without text (null, not a string, not UTF-8, not JSON): error (default) "
-                        "refuses it naming the file and line; skip counts it and logs the first few")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        metavar="N",
+        help="the training sequence length: both splits then hold at least N + 1 tokens",
+    )
+    p.add_argument(
+        "--on-bad-row",
+        choices=BAD_ROW_POLICIES,
+        default="error",
+        help="a row without text (null, not a string, not UTF-8, not JSON): error (default) "
+        "refuses it naming the file and line; skip counts it and logs the first few",
+    )
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, metavar="N")
     args = p.parse_args(argv)
     try:
-        prepare(args.input, args.out, tokenizer=args.tokenizer, text_field=args.text_field,
-                val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
-                log=lambda m: print(m, flush=True), on_bad_row=args.on_bad_row, seq_len=args.seq_len)
+        prepare(
+            args.input,
+            args.out,
+            tokenizer=args.tokenizer,
+            text_field=args.text_field,
+            val_fraction=args.val_fraction,
+            shard_tokens=args.shard_tokens,
+            log=lambda m: print(m, flush=True),
+            on_bad_row=args.on_bad_row,
+            seq_len=args.seq_len,
+        )
     except PrepareError as e:
         print(e, file=sys.stderr)
         return 2

@@ -56,7 +56,13 @@ class Progress:
         self._history_json: list[str] = []  # each point serialized once: the per-step write stays cheap
         self._stride = 1  # the curve keeps every _stride-th step (see _record)
         self.start_time = time.monotonic()
-        self.state = {"status": "running", "step": 0, "loss": None, "tokens_seen": 0, "latest_checkpoint": None}
+        self.state = {
+            "status": "running",
+            "step": 0,
+            "loss": None,
+            "tokens_seen": 0,
+            "latest_checkpoint": None,
+        }
 
     def start(self, resumed_from_step: int | None, latest_checkpoint: str | None, tokens_seen: int) -> None:
         """Carry the counters of the previous attempt (if any) over into this one."""
@@ -67,7 +73,9 @@ class Progress:
             self.attempt = int(previous.get("attempt", 1)) + 1
             # The previous attempt trained up to its `step`; whatever lies past the
             # checkpoint we restart from is trained again.
-            self.steps_lost = int(previous.get("steps_lost", 0)) + max(0, int(previous.get("step", 0)) - start_step)
+            self.steps_lost = int(previous.get("steps_lost", 0)) + max(
+                0, int(previous.get("step", 0)) - start_step
+            )
             self.prior_wall_s = float(previous.get("wall_time_s", 0.0))
             self.state["checkpoint_cost_s"] = float(previous.get("checkpoint_cost_s", 0.0))
             if previous.get("step") == start_step:
@@ -76,8 +84,13 @@ class Progress:
             self.events = list(previous.get("events") or [])
             ended = previous.get("status")
             if ended and ended != "completed":
-                self.events.append({"kind": "preempted" if ended == "running" else ended,
-                                    "step": int(previous.get("step", 0)), "time": previous.get("updated_at")})
+                self.events.append(
+                    {
+                        "kind": "preempted" if ended == "running" else ended,
+                        "step": int(previous.get("step", 0)),
+                        "time": previous.get("updated_at"),
+                    }
+                )
             self.events.append({"kind": "relaunch", "step": start_step, "time": time.time()})
             self._history_json = [json.dumps(p) for p in self.history]
             interior = [b[0] - a[0] for a, b in zip(self.history[1:-1], self.history[2:-1])]
@@ -85,11 +98,14 @@ class Progress:
         self.state.update(step=start_step, tokens_seen=tokens_seen, latest_checkpoint=latest_checkpoint)
         self.update()
 
-    def update(self, *, flush: bool = True, lr: float | None = None, tokens_per_s: float | None = None,
-               **fields) -> None:
+    def update(
+        self, *, flush: bool = True, lr: float | None = None, tokens_per_s: float | None = None, **fields
+    ) -> None:
         """Record fields; write the file now unless flush=False and the root is remote. ``lr``, ``tokens_per_s``:
         the step's learning rate and (at logged steps) throughput, for the curves only."""
-        if fields.get("latest_checkpoint") and fields["latest_checkpoint"] != self.state.get("latest_checkpoint"):
+        if fields.get("latest_checkpoint") and fields["latest_checkpoint"] != self.state.get(
+            "latest_checkpoint"
+        ):
             step = fields.get("checkpoint_step", self.state.get("step"))
             self.events.append({"kind": "checkpoint", "step": int(step or 0), "time": time.time()})
             if len(self.events) > MAX_EVENTS:
@@ -101,16 +117,18 @@ class Progress:
             return
         # Only a status change is worth an fsync; the per-step rewrite is only for the live view.
         durable = set(fields) - {"step", "loss", "tokens_seen"} != set()
-        head = json.dumps({
-            **self.state,
-            "steps": self.steps,
-            "resumed_from_step": self.resumed_from_step,
-            "steps_lost": self.steps_lost,
-            "attempt": self.attempt,
-            "wall_time_s": round(self.wall_time_s, 3),
-            "updated_at": time.time(),
-            "events": self.events,
-        })
+        head = json.dumps(
+            {
+                **self.state,
+                "steps": self.steps,
+                "resumed_from_step": self.resumed_from_step,
+                "steps_lost": self.steps_lost,
+                "attempt": self.attempt,
+                "wall_time_s": round(self.wall_time_s, 3),
+                "updated_at": time.time(),
+                "events": self.events,
+            }
+        )
         history = ", ".join(self._history_json)
         try:
             self.storage.write_text(self.path, f'{head[:-1]}, "history": [{history}]}}', durable=durable)
@@ -121,14 +139,21 @@ class Progress:
                 self._write_error = str(err)
                 print(f"[trainer] could not update {self.path}: {err}", file=sys.stderr, flush=True)
 
-    def _record(self, step: int, loss: float, lr: float | None = None, tokens_per_s: float | None = None) -> None:
+    def _record(
+        self, step: int, loss: float, lr: float | None = None, tokens_per_s: float | None = None
+    ) -> None:
         """Add a point to the curve: the first step, every `stride`-th step and the latest step;
         past HISTORY_POINTS the stride doubles, so the whole run stays evenly sampled."""
         if len(self.history) > 1 and self.history[-1][0] % self._stride:
             self.history.pop()  # the previous latest point, off the grid
             self._history_json.pop()
-        point = [step, round(loss, 6), None if lr is None else float(f"{lr:.6g}"), round(time.time(), 3),
-                 None if tokens_per_s is None else round(tokens_per_s, 1)]
+        point = [
+            step,
+            round(loss, 6),
+            None if lr is None else float(f"{lr:.6g}"),
+            round(time.time(), 3),
+            None if tokens_per_s is None else round(tokens_per_s, 1),
+        ]
         self.history.append(point)
         self._history_json.append(json.dumps(point))
         if len(self.history) > HISTORY_POINTS:

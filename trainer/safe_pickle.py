@@ -31,22 +31,42 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (_MEM_FORMAT_ENCODING, BytesStorageMetadata,
-                                                   ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
-                                                   TensorProperties, TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (
+    _MEM_FORMAT_ENCODING,
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadItemType
 
-__all__ = ["ALLOWED", "MetadataUnpickler", "UnsafeCheckpoint", "load_metadata", "refusals_raised",
-           "safe_reader"]
+__all__ = [
+    "ALLOWED",
+    "MetadataUnpickler",
+    "UnsafeCheckpoint",
+    "load_metadata",
+    "refusals_raised",
+    "safe_reader",
+]
 
 
 def _allowed() -> dict[tuple[str, str], Any]:
     """{(module, name): object} of every global a DCP ``.metadata`` names: found by unpickling the metadata
     of the trainer's own checkpoints (model, optimizer, scheduler, data position, RNG states; one rank and
     two) on torch 2.13, whose checkpoint code 2.14 keeps unchanged."""
-    dcp_metadata = (Metadata, TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata,
-                    TensorProperties, MetadataIndex, StorageMeta,
-                    _MEM_FORMAT_ENCODING)  # TensorProperties pickles its memory format as this enum
+    dcp_metadata = (
+        Metadata,
+        TensorStorageMetadata,
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        TensorProperties,
+        MetadataIndex,
+        StorageMeta,
+        _MEM_FORMAT_ENCODING,
+    )  # TensorProperties pickles its memory format as this enum
     allowed: dict[tuple[str, str], Any] = {
         **{("torch.distributed.checkpoint.metadata", cls.__name__): cls for cls in dcp_metadata},
         # each item's slice of a file (storage_data's values), written by FileSystemWriter and FsspecWriter
@@ -79,9 +99,11 @@ class UnsafeCheckpoint(pickle.UnpicklingError):
     def __init__(self, file: str, refused: str, item: str | None = None):
         self.file, self.refused, self.item = file, refused, item
         what = f"its byte item {item}" if item else "its .metadata"
-        self.detail = (f"{what} holds a disallowed object, {refused}, which a DCP checkpoint never holds; "
-                       f"refused, nothing in the file was executed (it was written by something other than "
-                       f"torch.distributed.checkpoint, or tampered with)")
+        self.detail = (
+            f"{what} holds a disallowed object, {refused}, which a DCP checkpoint never holds; "
+            f"refused, nothing in the file was executed (it was written by something other than "
+            f"torch.distributed.checkpoint, or tampered with)"
+        )
         super().__init__(f"{file}: {self.detail}")
 
     def __reduce__(self):  # dcp.load gathers every rank's failure to every rank, pickled
@@ -184,15 +206,19 @@ class _SafeReading:
         expected = sum(item.type == LoadItemType.BYTE_IO for item in plan.items)
         if guarded.byte_items != expected:
             # a torch whose reader unpickles byte items without its planner: a way this module never vetted
-            raise RuntimeError(f"torch {torch.__version__}: FileSystemReader.read_data handed "
-                               f"{guarded.byte_items} of {expected} byte items to the planner; "
-                               f"trainer/safe_pickle.py does not know how this torch reads the others")
+            raise RuntimeError(
+                f"torch {torch.__version__}: FileSystemReader.read_data handed "
+                f"{guarded.byte_items} of {expected} byte items to the planner; "
+                f"trainer/safe_pickle.py does not know how this torch reads the others"
+            )
         return result
 
 
 if not hasattr(FileSystemReader, "_get_metadata_path"):  # _SafeReading.read_metadata's: fail at import
-    raise ImportError(f"torch {torch.__version__}: FileSystemReader has no _get_metadata_path, through "
-                      f"which trainer/safe_pickle.py reads .metadata")
+    raise ImportError(
+        f"torch {torch.__version__}: FileSystemReader has no _get_metadata_path, through "
+        f"which trainer/safe_pickle.py reads .metadata"
+    )
 
 
 class SafeFileSystemReader(_SafeReading, FileSystemReader):

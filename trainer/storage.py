@@ -93,7 +93,7 @@ class Storage:
         if self.remote:
             self.root = uri.rstrip("/")
         else:
-            self.root = os.path.abspath(uri[len("file://"):] if uri.startswith("file://") else uri)
+            self.root = os.path.abspath(uri[len("file://") :] if uri.startswith("file://") else uri)
         self._fs = None
 
     @property

@@ -69,7 +69,9 @@ def canonical_sha256(tokenizer_json: bytes) -> str:
     """sha256 of tokenizer.json parsed and re-serialised (sorted keys, no whitespace): the same
     tokenizer saved by another library version or with another indentation has the same identity."""
     obj = json.loads(tokenizer_json)
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    ).hexdigest()
 
 
 def describe_tokenizer(identity: dict | None) -> str:
@@ -97,12 +99,20 @@ def read_meta(directory: str) -> dict:
     with open(path) as f:
         meta = json.load(f)
     if meta.get("format") != FORMAT or meta.get("version") not in READS_VERSIONS:
-        raise ValueError(f"{directory}: unsupported token format {meta.get('format')!r} v{meta.get('version')!r} "
-                         f"(this trainer reads {FORMAT!r} v{', v'.join(map(str, READS_VERSIONS))})")
+        raise ValueError(
+            f"{directory}: unsupported token format {meta.get('format')!r} v{meta.get('version')!r} "
+            f"(this trainer reads {FORMAT!r} v{', v'.join(map(str, READS_VERSIONS))})"
+        )
     if meta["version"] == 1:
-        meta = dict(meta, tokenizer=dict(BYTES_TOKENIZER), eos_id=None, splits={
-            split: {"tokens": n, "shards": [{"file": f"{split}.bin", "tokens": n}]}
-            for split, n in meta["splits"].items()})
+        meta = dict(
+            meta,
+            tokenizer=dict(BYTES_TOKENIZER),
+            eos_id=None,
+            splits={
+                split: {"tokens": n, "shards": [{"file": f"{split}.bin", "tokens": n}]}
+                for split, n in meta["splits"].items()
+            },
+        )
     return meta
 
 
@@ -122,8 +132,10 @@ class TokenStream:
         for name, n in zip(self.files, counts):
             size = os.path.getsize(os.path.join(directory, name))
             if size != n * self.dtype.itemsize:
-                raise ValueError(f"{directory}: {name} is {size} bytes, meta.json says {n} {dtype} tokens "
-                                 f"({n * self.dtype.itemsize} bytes): an incomplete copy of the store?")
+                raise ValueError(
+                    f"{directory}: {name} is {size} bytes, meta.json says {n} {dtype} tokens "
+                    f"({n * self.dtype.itemsize} bytes): an incomplete copy of the store?"
+                )
         self._shard = functools.lru_cache(maxsize=open_shards)(self._open)
 
     def _open(self, i: int) -> np.ndarray:
@@ -141,7 +153,7 @@ class TokenStream:
     def __getitem__(self, key):
         if isinstance(key, (int, np.integer)):
             i = int(key) + len(self) if key < 0 else int(key)
-            return self[i:i + 1][0]
+            return self[i : i + 1][0]
         start, stop, step = key.indices(len(self))
         if step != 1:
             raise IndexError("a token stream is read in contiguous slices")
@@ -149,14 +161,14 @@ class TokenStream:
         i = int(np.searchsorted(self.starts, start, side="right")) - 1
         while start < stop:  # a slice straddling shards: one piece from each
             end = min(stop, int(self.starts[i + 1]))
-            parts.append(self._shard(i)[start - self.starts[i]:end - self.starts[i]])
+            parts.append(self._shard(i)[start - self.starts[i] : end - self.starts[i]])
             start, i = end, i + 1
         if len(parts) == 1:
             return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, dtype=self.dtype)
 
     def __array__(self, dtype=None, copy=None):  # the whole split in memory: for tests and small stores only
-        out = self[0:len(self)]
+        out = self[0 : len(self)]
         return np.asarray(out, dtype=dtype)
 
 
@@ -190,8 +202,10 @@ def cache_remote(uri: str, cache_root: str, log=None) -> str:
     try:
         meta_bytes = fs.cat_file(f"{root}/meta.json")
     except FileNotFoundError:
-        raise FileNotFoundError(f"{uri}: no meta.json (not a store written by `python -m trainer.prepare_data`, "
-                                "or one whose preparation has not finished)") from None
+        raise FileNotFoundError(
+            f"{uri}: no meta.json (not a store written by `python -m trainer.prepare_data`, "
+            "or one whose preparation has not finished)"
+        ) from None
     key = hashlib.sha256(uri.encode() + b"\0" + meta_bytes).hexdigest()[:16]
     local = os.path.join(cache_root, "remote", f"{os.path.basename(root) or 'store'}-{key}")
     if os.path.exists(os.path.join(local, "meta.json")):

@@ -31,8 +31,15 @@ from trainer import hf
 from trainer.data import TrainBatches, default_data_dir, eval_batches, resolve_dataset
 from trainer.metrics import Metrics, SaveOverlap, flops_per_token
 from trainer.model import Llama, ModelArgs
-from trainer.parallelize import (build_mesh, build_optimizer, build_scheduler, clip_grads, needs_fsdp, parallelize,
-                                 set_grad_sync)
+from trainer.parallelize import (
+    build_mesh,
+    build_optimizer,
+    build_scheduler,
+    clip_grads,
+    needs_fsdp,
+    parallelize,
+    set_grad_sync,
+)
 from trainer.progress import Progress
 
 
@@ -75,7 +82,9 @@ def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
     )
     mesh = build_mesh(device.type, world_size, parallel or ParallelConfig())
     if rank == 0 and mesh.ndim > 1:
-        print(f"[trainer] HSDP mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}", file=sys.stderr, flush=True)
+        print(
+            f"[trainer] HSDP mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}", file=sys.stderr, flush=True
+        )
     return Dist(rank, local_rank, world_size, device, mesh)
 
 
@@ -126,14 +135,19 @@ INIT_EVAL_BATCHES = 4
 _TEST_STEP_SLEEP_ENV = "DTRAIN_TEST_STEP_SLEEP"
 
 
-def build_model(cfg: TrainConfig, d: Dist, args: ModelArgs | None = None, *, random_init: bool = True) -> Llama:
+def build_model(
+    cfg: TrainConfig, d: Dist, args: ModelArgs | None = None, *, random_init: bool = True
+) -> Llama:
     """The sharded model of shape ``args`` (default: the flavour's), randomly initialised (``random_init``;
     else only its buffers: every parameter is loaded next, from a checkpoint or a Hugging Face model)."""
     with torch.device("meta"):  # no memory until sharded
         model = Llama(args or ModelArgs.from_flavor(cfg.model.flavor, cfg.data.seq_len))
     parallelize(model, d.mesh, cfg.parallel)
     if not needs_fsdp(d.mesh):
-        log(d, "one process on a CPU: the model is not wrapped with FSDP2 (nothing to shard, no mixed precision)")
+        log(
+            d,
+            "one process on a CPU: the model is not wrapped with FSDP2 (nothing to shard, no mixed precision)",
+        )
     offload = cfg.parallel.cpu_offload and d.device.type == "cuda"
     model.to_empty(device="cpu" if offload else d.device)  # each rank allocates only its shards
     model.init_weights(cfg.seed, parameters=random_init)
@@ -210,7 +224,9 @@ class Job:
     _budget_stop: dict | None = None  # rank 0: why the job stops at its cap
     overlap: SaveOverlap = field(default_factory=SaveOverlap)  # what each save cost the steps around it
     _slow_saves: int = 0  # interval saves that had to wait for the previous one to commit
-    _last_save_s: float = 0.0  # how long the last committed save took (not counting a wait for the one before)
+    _last_save_s: float = (
+        0.0  # how long the last committed save took (not counting a wait for the one before)
+    )
     _test_step_sleep: float = field(default_factory=lambda: float(os.environ.get(_TEST_STEP_SLEEP_ENV) or 0))
 
     def run(self) -> int:
@@ -227,7 +243,9 @@ class Job:
                     return self.preempted(step)
             self.save(step, "final", blocking=True)
             self.progress.update(status="completed")
-            self.metrics.emit("done", step=step, loss=self.progress.state["loss"], tokens_seen=self.tokens(step))
+            self.metrics.emit(
+                "done", step=step, loss=self.progress.state["loss"], tokens_seen=self.tokens(step)
+            )
             return 0
         except BaseException as err:
             failed = err
@@ -239,8 +257,10 @@ class Job:
             self.metrics.close()
             if self.budget is not None:
                 # "exited": this attempt spends no more (the provider, if any, still bills its teardown)
-                self._best_effort(lambda: self.budget.record(force=True, step=self.progress.state.get("step"),
-                                                             exited=True), failed)
+                self._best_effort(
+                    lambda: self.budget.record(force=True, step=self.progress.state.get("step"), exited=True),
+                    failed,
+                )
 
     def _best_effort(self, write, failed: BaseException | None) -> None:
         """Run a status write; while another error is on its way out, a failing write is logged, not raised."""
@@ -268,13 +288,16 @@ class Job:
         evaluates whole (the model is sharded: all ranks run each forward)."""
         self.model.eval()
         total, tokens = 0.0, 0
-        for inputs, targets in eval_batches(self.data_dir, self.cfg.data.seq_len, self.cfg.micro_batch_size,
-                                            INIT_EVAL_BATCHES, self.d.device):
+        for inputs, targets in eval_batches(
+            self.data_dir, self.cfg.data.seq_len, self.cfg.micro_batch_size, INIT_EVAL_BATCHES, self.d.device
+        ):
             total += float(self.model(inputs, targets)) * targets.numel()
             tokens += targets.numel()
         self.model.train()
         if self.d.rank == 0 and tokens:
-            self.metrics.emit("eval", step=0, loss=total / tokens, tokens=tokens, source=self.cfg.model.init_from)
+            self.metrics.emit(
+                "eval", step=0, loss=total / tokens, tokens=tokens, source=self.cfg.model.init_from
+            )
 
     def step(self, step: int) -> bool | str:
         """Train step `step` and do its bookkeeping; True when the group agreed to stop after it,
@@ -285,8 +308,14 @@ class Job:
         """
         cfg = self.cfg
         lr = self.scheduler.get_last_lr()[0]  # the lr this step uses
-        loss, grad_norm = train_step(self.model, self.optimizer, self.scheduler, self.data.next_batch(), cfg,
-                                     before_optimizer_step=self.ckpt.wait_for_staging)
+        loss, grad_norm = train_step(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.data.next_batch(),
+            cfg,
+            before_optimizer_step=self.ckpt.wait_for_staging,
+        )
         if self._test_step_sleep:
             time.sleep(self._test_step_sleep)
         self.settle()  # the previous step's: the device finished it while this one was queued
@@ -295,7 +324,9 @@ class Job:
         self.cost.time_step(now - self._last_step_end)
         self.overlap.step(now - self._last_step_end)
         if self.budget is not None:
-            if not self.budget.recent:  # the first step of this attempt: what a relaunch costs before training
+            if (
+                not self.budget.recent
+            ):  # the first step of this attempt: what a relaunch costs before training
                 self.budget.startup_s = time.time() - self.cost.launched_at
             self.budget.observe_step(now - self._last_step_end)
             self.budget.record(step=step)
@@ -328,9 +359,13 @@ class Job:
         (step, lr, loss, grad_norm), self._unsettled = self._unsettled, None
         loss, grad_norm = loss.item(), grad_norm.item()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            raise FloatingPointError(f"step {step}, rank {self.d.rank}: non-finite loss {loss} or grad norm {grad_norm}")
+            raise FloatingPointError(
+                f"step {step}, rank {self.d.rank}: non-finite loss {loss} or grad norm {grad_norm}"
+            )
         logged = step % self.cfg.metrics.log_every == 0 or step == self.cfg.steps
-        speed = self.metrics.log_step(step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == self.cfg.steps)
+        speed = self.metrics.log_step(
+            step=step, loss=loss, grad_norm=grad_norm, lr=lr, force=step == self.cfg.steps
+        )
         self.progress.update(step=step, loss=loss, lr=lr, tokens_per_s=speed, tokens_seen=self.tokens(step),
                              flush=logged)  # fmt: skip
         if logged:
@@ -344,27 +379,49 @@ class Job:
         torch.manual_seed(cfg.seed + d.rank)
         # The data first: a bad dataset is refused before the checkpoint directory is touched (no lease taken).
         data_dir = resolve_dataset(cfg.data, d.local_rank == 0, dist.barrier)
-        data = TrainBatches(data_dir, cfg.data.seq_len, cfg.global_batch_size, cfg.micro_batch_size,
-                            d.rank, d.world_size, cfg.seed, d.device)
+        data = TrainBatches(
+            data_dir,
+            cfg.data.seq_len,
+            cfg.global_batch_size,
+            cfg.micro_batch_size,
+            d.rank,
+            d.world_size,
+            cfg.seed,
+            d.device,
+        )
         hf_dir = None
         if cfg.model.init_from:  # each node's local rank 0 copies a remote model first
             if d.local_rank == 0:
                 hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())
             dist.barrier()
             hf_dir = hf.local_copy(cfg.model.init_from, default_data_dir())
-        args = hf.model_args(cfg, hf_dir)  # a bad config.json is refused before the checkpoint directory is touched
+        args = hf.model_args(
+            cfg, hf_dir
+        )  # a bad config.json is refused before the checkpoint directory is touched
         if hf_dir is not None:  # so is data of another tokenizer than the model's
             hf.check_data_tokenizer(hf_dir, cfg.model.init_from, cfg.data.dataset, data.tokenizer)
         # data.tokenizer: manifests record it, and a checkpoint of another tokenizer's data is refused.
-        ckpt = Checkpointer(cfg.checkpoint, flavor=cfg.model.flavor, shape=dataclasses.asdict(args), config=cfg.to_dict(),
-                            config_hash=cfg.config_hash(), rank=d.rank, world_size=d.world_size, device=d.device,
-                            tokenizer=data.tokenizer, collective_timeout_s=cfg.parallel.collective_timeout_s)
+        ckpt = Checkpointer(
+            cfg.checkpoint,
+            flavor=cfg.model.flavor,
+            shape=dataclasses.asdict(args),
+            config=cfg.to_dict(),
+            config_hash=cfg.config_hash(),
+            rank=d.rank,
+            world_size=d.world_size,
+            device=d.device,
+            tokenizer=data.tokenizer,
+            collective_timeout_s=cfg.parallel.collective_timeout_s,
+        )
         point = ckpt.resume_point()  # the newest checkpoint that verifies (rank 0 decides)
         if point is not None:
             ckpt.check_compatible(point[1])  # before building a model it cannot fill
             for skipped in point[2] if d.rank == 0 else ():
-                log(d, f"checkpoint {skipped['checkpoint']} fails verification ({skipped['check']}: "
-                       f"{skipped['file']}: {skipped['detail']}); resuming from an older one")
+                log(
+                    d,
+                    f"checkpoint {skipped['checkpoint']} fails verification ({skipped['check']}: "
+                    f"{skipped['file']}: {skipped['detail']}); resuming from an older one",
+                )
         # A model that is loaded whole next skips the random draw (on a large model, most of a start-up).
         model = build_model(cfg, d, args, random_init=point is None and hf_dir is None)
         if hf_dir is not None and point is None:  # a fresh job starts from the source's weights
@@ -375,26 +432,46 @@ class Job:
             cfg = fit_micro_batch_size(cfg, model, d.device, d.world_size, log=lambda m: log(d, m))
             data.micro_batch_size = cfg.micro_batch_size
         if data.vocab_size > model.args.vocab_size:
-            raise ConfigError(f"data.dataset: {data_dir} has vocab {data.vocab_size} > model vocab {model.args.vocab_size}")
+            raise ConfigError(
+                f"data.dataset: {data_dir} has vocab {data.vocab_size} > model vocab {model.args.vocab_size}"
+            )
         optimizer = build_optimizer(model, cfg.optim)
         fpt = flops_per_token(model.args, model.num_params(exclude_embedding=True), cfg.data.seq_len)
         ledger_uri = cfg.cost.ledger_uri or cfg.checkpoint.uri
         spend_dir = CheckpointDir(ledger_uri) if ledger_uri else None
         opened = (spend_dir.spend_entry(attempt_name()) or {}) if spend_dir is not None else {}
-        cost = CostLedger(price_per_node_hour=cfg.cost.price_per_node_hour, capacity_type=cfg.cost.capacity_type,
-                          gpus_per_node=cfg.cost.gpus_per_node, nodes=nodes_in_group(d.world_size),
-                          since=opened.get("launched_at"))
+        cost = CostLedger(
+            price_per_node_hour=cfg.cost.price_per_node_hour,
+            capacity_type=cfg.cost.capacity_type,
+            gpus_per_node=cfg.cost.gpus_per_node,
+            nodes=nodes_in_group(d.world_size),
+            since=opened.get("launched_at"),
+        )
         return cls(
-            cfg=cfg, d=d, stops=stops, ckpt=ckpt, data=data, data_dir=data_dir, model=model, optimizer=optimizer,
+            cfg=cfg,
+            d=d,
+            stops=stops,
+            ckpt=ckpt,
+            data=data,
+            data_dir=data_dir,
+            model=model,
+            optimizer=optimizer,
             resume_point=None if point is None else (point[0], point[1]),
             hf_source=hf.source_record(hf_dir, cfg.model.init_from) if hf_dir and d.rank == 0 else None,
             scheduler=build_scheduler(optimizer, cfg.optim, cfg.steps),
-            metrics=Metrics(cfg.metrics, is_rank0=d.rank == 0, rank=d.rank, world_size=d.world_size, device=d.device,
-                            flops_per_token=fpt),
+            metrics=Metrics(
+                cfg.metrics,
+                is_rank0=d.rank == 0,
+                rank=d.rank,
+                world_size=d.world_size,
+                device=d.device,
+                flops_per_token=fpt,
+            ),
             progress=Progress(ckpt.root, cfg.steps, enabled=d.rank == 0),
             cost=cost,
             budget=BudgetGuard(cfg.cost, cost, spend_dir, attempt_name(), cfg.checkpoint.grace_period_s)
-            if d.rank == 0 else None,
+            if d.rank == 0
+            else None,
         )
 
     def tokens(self, steps: int) -> int:
@@ -422,11 +499,23 @@ class Job:
             log(self.d, f"step {step}: no checkpoint.uri, not saving ({reason})")
             return 0.0
         start = time.perf_counter()
-        fields = {"tokens_seen": self.tokens(step), "wall_time_s": round(self.progress.wall_time_s, 3),
-                  "step_time_s": self.cost.step_time_s, "cost": self.cost.snapshot(),
-                  **({"hf_source": self.hf_source} if self.hf_source else {})}
-        self.ckpt.save(step, self.model, self.optimizer, self.scheduler, self.data, manifest_fields=fields,
-                       reason=reason, blocking=blocking)
+        fields = {
+            "tokens_seen": self.tokens(step),
+            "wall_time_s": round(self.progress.wall_time_s, 3),
+            "step_time_s": self.cost.step_time_s,
+            "cost": self.cost.snapshot(),
+            **({"hf_source": self.hf_source} if self.hf_source else {}),
+        }
+        self.ckpt.save(
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.data,
+            manifest_fields=fields,
+            reason=reason,
+            blocking=blocking,
+        )
         seconds = time.perf_counter() - start
         self.overlap.saved(step, in_background=self.ckpt.in_flight)
         self.report_checkpoints()
@@ -441,11 +530,18 @@ class Job:
         if str(self._slow_saves).rstrip("0") != "1":
             return
         every, step_s = self.cfg.checkpoint.every, self.overlap.reference() or self.cost.step_time_s or 0.0
-        advice = (f"; checkpoint.every >= {math.ceil(self._last_save_s / step_s) + 1} would let each save finish "
-                  "in the background" if step_s and self._last_save_s else "")
-        log(self.d, f"step {step}: this save waited {waited:.1f}s for the save of step {behind} to commit "
-                    f"({self._slow_saves} so far): checkpoint.every={every} steps (~{every * step_s:.1f}s of "
-                    f"training) is shorter than one save ({self._last_save_s:.1f}s){advice}")
+        advice = (
+            f"; checkpoint.every >= {math.ceil(self._last_save_s / step_s) + 1} would let each save finish "
+            "in the background"
+            if step_s and self._last_save_s
+            else ""
+        )
+        log(
+            self.d,
+            f"step {step}: this save waited {waited:.1f}s for the save of step {behind} to commit "
+            f"({self._slow_saves} so far): checkpoint.every={every} steps (~{every * step_s:.1f}s of "
+            f"training) is shorter than one save ({self._last_save_s:.1f}s){advice}",
+        )
 
     def report_checkpoints(self) -> None:
         """Events, gauges and progress for the saves committed since the last call."""
@@ -453,20 +549,34 @@ class Job:
             return
         for c in self.ckpt.completed():
             cost = self.overlap.committed(c["step"], c["blocked_s"])
-            self.metrics.emit("checkpoint", step=c["step"], seconds=round(c["seconds"], 3), path=c["path"],
-                              reason=c["reason"], blocked_s=round(c["blocked_s"], 3), **{"async": c.get("async", False)},
-                              waited_s=round(c.get("waited_s", 0.0), 3),
-                              **{k: v if v is None or isinstance(v, int) else round(v, 3) for k, v in cost.items()})
+            self.metrics.emit(
+                "checkpoint",
+                step=c["step"],
+                seconds=round(c["seconds"], 3),
+                path=c["path"],
+                reason=c["reason"],
+                blocked_s=round(c["blocked_s"], 3),
+                **{"async": c.get("async", False)},
+                waited_s=round(c.get("waited_s", 0.0), 3),
+                **{k: v if v is None or isinstance(v, int) else round(v, 3) for k, v in cost.items()},
+            )
             self.metrics.gauge("checkpoint.seconds", c["seconds"])
             self.metrics.gauge("checkpoint.blocked_seconds", c["blocked_s"])
             self.metrics.gauge("checkpoint.overlap_seconds", cost["overlap_s"])
             self.metrics.gauge("checkpoint.cost_seconds", cost["cost_s"])
-            self._last_save_s = c["seconds"] - c.get("waited_s", 0.0)  # its own time, not its wait for the one before
+            self._last_save_s = c["seconds"] - c.get(
+                "waited_s", 0.0
+            )  # its own time, not its wait for the one before
             if self.budget is not None:
                 self.budget.observe_save(c["seconds"])
-            took = cost["cost_s"] if cost["cost_s"] is not None else c["blocked_s"]  # unknown overlap: at least
-            self.progress.update(latest_checkpoint=c["path"], checkpoint_step=c["step"],
-                                 checkpoint_cost_s=round(self.progress.state.get("checkpoint_cost_s", 0.0) + took, 3))
+            took = (
+                cost["cost_s"] if cost["cost_s"] is not None else c["blocked_s"]
+            )  # unknown overlap: at least
+            self.progress.update(
+                latest_checkpoint=c["path"],
+                checkpoint_step=c["step"],
+                checkpoint_cost_s=round(self.progress.state.get("checkpoint_cost_s", 0.0) + took, 3),
+            )
             self.gauge_cost()
 
     def gauge_cost(self) -> None:
@@ -486,9 +596,11 @@ class Job:
         grace = self.cfg.checkpoint.grace_period_s
         self.metrics.emit("preempted", step=step, seconds_to_save=round(seconds, 3), grace_period_s=grace)
         verdict = "within" if seconds <= grace else "WARNING: longer than"
-        log(self.d, f"preempted at step {step}: checkpoint saved in {seconds:.1f}s, {verdict} the {grace}s grace period")
+        log(
+            self.d,
+            f"preempted at step {step}: checkpoint saved in {seconds:.1f}s, {verdict} the {grace}s grace period",
+        )
         return PREEMPTED_EXIT_CODE
-
 
     def stopped_at_budget(self, step: int) -> int:
         """Save the step reached and stop: going on would pass the job's dollar cap."""
@@ -501,14 +613,19 @@ class Job:
         seconds = self.save(step, "budget", blocking=True)
         self.progress.update(status="stopped_at_budget", budget=why)
         self.metrics.emit("budget_stop", seconds_to_save=round(seconds, 3), **{**why, "step": step})
-        log(self.d, f"stopped at step {step} of {self.cfg.steps} to stay within the ${self.cfg.cost.budget_usd:.2f} "
-                    f"budget: ${why.get('spent_usd', 0):.4f} spent, ${why.get('projected_usd', 0):.4f} by the time "
-                    f"another step, a save and the exit could end (step {why.get('step_time_s')} s, save "
-                    f"{why.get('save_s')} s, ${why.get('usd_per_hour')}/h); checkpoint saved in {seconds:.1f}s")
+        log(
+            self.d,
+            f"stopped at step {step} of {self.cfg.steps} to stay within the ${self.cfg.cost.budget_usd:.2f} "
+            f"budget: ${why.get('spent_usd', 0):.4f} spent, ${why.get('projected_usd', 0):.4f} by the time "
+            f"another step, a save and the exit could end (step {why.get('step_time_s')} s, save "
+            f"{why.get('save_s')} s, ${why.get('usd_per_hour')}/h); checkpoint saved in {seconds:.1f}s",
+        )
         return BUDGET_EXIT_CODE
 
 
-def maybe_simulate_preemption(cfg: TrainConfig, step: int, resumed_from: int | None, d: Dist, stops: StopRequests) -> None:
+def maybe_simulate_preemption(
+    cfg: TrainConfig, step: int, resumed_from: int | None, d: Dist, stops: StopRequests
+) -> None:
     """Rank 0 sends the real SIGTERM a platform would, once: not again after resuming past it."""
     k = cfg.simulate_preemption_at_step
     if d.rank != 0 or k == 0 or step != k or (resumed_from is not None and resumed_from >= k):

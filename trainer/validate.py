@@ -29,12 +29,25 @@ import json
 import sys
 import warnings
 
-from trainer.checkpoint_dir import (FORMAT_DCP, MANIFEST, STEP_DIR_GLOB, CheckpointDir, CheckpointInvalid,
-                                   manifest_format, step_of)
+from trainer.checkpoint_dir import (
+    FORMAT_DCP,
+    MANIFEST,
+    STEP_DIR_GLOB,
+    CheckpointDir,
+    CheckpointInvalid,
+    manifest_format,
+    step_of,
+)
 from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
 
-def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, sample_tensors: int | None = 8,
-                        fallback_to_valid: bool = False) -> dict:
+
+def validate_checkpoint(
+    path_or_root: str,
+    *,
+    previous_step: int | None = None,
+    sample_tensors: int | None = 8,
+    fallback_to_valid: bool = False,
+) -> dict:
     """Validate a step directory, or the latest committed checkpoint under a root.
 
     :param path_or_root: a step directory (``.../step-00000050``) or a checkpoint root; local or ``s3://``.
@@ -49,8 +62,9 @@ def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, 
     committed = root.committed()
     if step_dir is None:
         if not committed:
-            raise CheckpointInvalid(root.root, "manifest", MANIFEST,
-                                    f"no committed checkpoint ({STEP_DIR_GLOB}/{MANIFEST})")
+            raise CheckpointInvalid(
+                root.root, "manifest", MANIFEST, f"no committed checkpoint ({STEP_DIR_GLOB}/{MANIFEST})"
+            )
         candidates = [p for _, p in reversed(committed)]
     else:
         step = step_of(step_dir)
@@ -72,10 +86,14 @@ def validate_checkpoint(path_or_root: str, *, previous_step: int | None = None, 
         report["fell_back_from"] = skipped
         return report
     detail = "; ".join(f"{s['checkpoint']}: {s['check']} ({s['file']})" for s in skipped)
-    raise CheckpointInvalid(path_or_root, "fallback", "every committed checkpoint", f"none is valid: {detail}")
+    raise CheckpointInvalid(
+        path_or_root, "fallback", "every committed checkpoint", f"none is valid: {detail}"
+    )
 
 
-def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sample_tensors: int | None) -> dict:
+def _validate_one(
+    root: CheckpointDir, path: str, previous_step: int | None, sample_tensors: int | None
+) -> dict:
     storage = root.storage
     name = path.rstrip("/").rsplit("/", 1)[-1]
     checks: dict = {}
@@ -99,18 +117,28 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
         if size is None:
             raise CheckpointInvalid(path, "presence", file, "listed in the manifest but missing")
         if (dcp_format or "size" in entry) and size != entry.get("size"):
-            raise CheckpointInvalid(path, "size", file, f"{size} bytes, the manifest says {entry.get('size')}")
+            raise CheckpointInvalid(
+                path, "size", file, f"{size} bytes, the manifest says {entry.get('size')}"
+            )
         recorded = manifest_checksum(entry)
         if recorded is None and dcp_format:
-            raise CheckpointInvalid(path, "manifest", file,
-                                    f"its entry records no checksum (one of {', '.join(CHECKSUM_ALGORITHMS)})")
+            raise CheckpointInvalid(
+                path,
+                "manifest",
+                file,
+                f"its entry records no checksum (one of {', '.join(CHECKSUM_ALGORITHMS)})",
+            )
         if recorded is not None:
             algorithm, expected = recorded
             with storage.open(storage.path(name, file), "rb") as f:
                 actual = checksum_stream(f, algorithm)
             if actual != expected:
-                raise CheckpointInvalid(path, "checksum", file,
-                                        f"{algorithm} {actual[:16]}..., the manifest says {str(expected)[:16]}...")
+                raise CheckpointInvalid(
+                    path,
+                    "checksum",
+                    file,
+                    f"{algorithm} {actual[:16]}..., the manifest says {str(expected)[:16]}...",
+                )
         total += size
     checks["files"] = {"count": len(files), "bytes": total}
 
@@ -118,8 +146,14 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
         checks["step_forward"] = _step_forward(path, manifest, previous_step)
         skipped = f"skipped: format {fmt!r} is not a torch.distributed.checkpoint save"
         checks["dcp_metadata"] = checks["dcp_objects"] = checks["finite"] = skipped
-        return {"checkpoint": path, "step": manifest["step"], "valid": True, "checks": checks,
-                "tokens_seen": manifest.get("tokens_seen"), "world_size": manifest.get("world_size")}
+        return {
+            "checkpoint": path,
+            "step": manifest["step"],
+            "valid": True,
+            "checks": checks,
+            "tokens_seen": manifest.get("tokens_seen"),
+            "world_size": manifest.get("world_size"),
+        }
 
     # -- DCP metadata
     from trainer.checkpoint_reader import storage_reader  # torch from here on
@@ -130,7 +164,9 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
     except UnsafeCheckpoint as err:  # a forged .metadata: refused before anything in it ran
         raise CheckpointInvalid(path, "dcp_metadata", ".metadata", err.detail) from None
     except Exception as err:  # a truncated or foreign .metadata: any unpickling error
-        raise CheckpointInvalid(path, "dcp_metadata", ".metadata", f"does not load: {type(err).__name__}: {err}") from None
+        raise CheckpointInvalid(
+            path, "dcp_metadata", ".metadata", f"does not load: {type(err).__name__}: {err}"
+        ) from None
     referenced = {info.relative_path for info in (metadata.storage_data or {}).values()}
     unlisted = sorted(referenced - set(manifest["files"]))
     if unlisted:
@@ -143,16 +179,26 @@ def _validate_one(root: CheckpointDir, path: str, previous_step: int | None, sam
 
     # -- finite tensors
     checks["finite"] = {"sampled": _check_finite(storage, path, metadata, sample_tensors)}
-    return {"checkpoint": path, "step": manifest["step"], "valid": True, "checks": checks,
-            "tokens_seen": manifest.get("tokens_seen"), "world_size": manifest.get("world_size")}
+    return {
+        "checkpoint": path,
+        "step": manifest["step"],
+        "valid": True,
+        "checks": checks,
+        "tokens_seen": manifest.get("tokens_seen"),
+        "world_size": manifest.get("world_size"),
+    }
 
 
 def _step_forward(path: str, manifest: dict, previous_step: int | None) -> dict | str:
     if previous_step is None:
         return "first checkpoint"
     if manifest["step"] <= previous_step:
-        raise CheckpointInvalid(path, "step_forward", MANIFEST,
-                                f"step {manifest['step']} did not move past the previous checkpoint's {previous_step}")
+        raise CheckpointInvalid(
+            path,
+            "step_forward",
+            MANIFEST,
+            f"step {manifest['step']} did not move past the previous checkpoint's {previous_step}",
+        )
     return {"previous_step": previous_step}
 
 
@@ -169,7 +215,9 @@ def _check_objects(storage: Storage, path: str, metadata) -> int:
     from trainer.safe_pickle import UnsafeCheckpoint, refusals_raised
 
     items = metadata.state_dict_metadata.items()
-    state = dict.fromkeys(k for k, m in items if isinstance(m, BytesStorageMetadata))  # DCP fills in each value
+    state = dict.fromkeys(
+        k for k, m in items if isinstance(m, BytesStorageMetadata)
+    )  # DCP fills in each value
     if not state:
         return 0
     reader = storage_reader(storage, path)
@@ -189,24 +237,35 @@ def _check_finite(storage: Storage, path: str, metadata, sample_tensors: int | N
 
     from trainer.checkpoint_reader import storage_reader
 
-    keys = sorted(k for k, m in metadata.state_dict_metadata.items()
-                  if isinstance(m, TensorStorageMetadata) and m.properties.dtype.is_floating_point)
+    keys = sorted(
+        k
+        for k, m in metadata.state_dict_metadata.items()
+        if isinstance(m, TensorStorageMetadata) and m.properties.dtype.is_floating_point
+    )
     if sample_tensors is not None and sample_tensors < len(keys):
         # evenly spread, so both the model and the optimizer moments are looked at
-        keys = [keys[i * len(keys) // sample_tensors] for i in range(sample_tensors)] if sample_tensors else []
+        keys = (
+            [keys[i * len(keys) // sample_tensors] for i in range(sample_tensors)] if sample_tensors else []
+        )
     if not keys:
         return []
     # Flat keys are the FQNs DCP stored ("model.norm.weight", "optim.state.norm.weight.exp_avg"):
     # a flat dict of full-size tensors loads them whatever the world size that saved them.
-    state = {k: torch.empty(metadata.state_dict_metadata[k].size, dtype=metadata.state_dict_metadata[k].properties.dtype)
-             for k in keys}
+    state = {
+        k: torch.empty(
+            metadata.state_dict_metadata[k].size, dtype=metadata.state_dict_metadata[k].properties.dtype
+        )
+        for k in keys
+    }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=storage_reader(storage, path), no_dist=True)
     for key in keys:
         bad = (~torch.isfinite(state[key])).sum().item()
         if bad:
-            raise CheckpointInvalid(path, "finite", f"tensor {key}", f"{bad} of {state[key].numel()} values are NaN/Inf")
+            raise CheckpointInvalid(
+                path, "finite", f"tensor {key}", f"{bad} of {state[key].numel()} values are NaN/Inf"
+            )
     return keys
 
 
@@ -215,11 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("uri", help="a checkpoint root (its latest committed checkpoint) or a step directory")
     p.add_argument("--previous-step", type=int)
     p.add_argument("--sample-tensors", type=int, default=8, help="-1: all")
-    p.add_argument("--fallback", action="store_true", help="report the newest valid checkpoint instead of failing")
+    p.add_argument(
+        "--fallback", action="store_true", help="report the newest valid checkpoint instead of failing"
+    )
     args = p.parse_args(argv)
     try:
-        report = validate_checkpoint(args.uri, previous_step=args.previous_step, fallback_to_valid=args.fallback,
-                                     sample_tensors=None if args.sample_tensors < 0 else args.sample_tensors)
+        report = validate_checkpoint(
+            args.uri,
+            previous_step=args.previous_step,
+            fallback_to_valid=args.fallback,
+            sample_tensors=None if args.sample_tensors < 0 else args.sample_tensors,
+        )
     except (CheckpointInvalid, FileNotFoundError) as err:
         print(f"invalid: {err}", file=sys.stderr)
         return 1

@@ -197,7 +197,9 @@ def on_demand_price(
     return None, "unknown"
 
 
-def price_list_on_demand(instance_type: str, region: str, *, aws_conn_id: str | None = "aws_default") -> float | None:
+def price_list_on_demand(
+    instance_type: str, region: str, *, aws_conn_id: str | None = "aws_default"
+) -> float | None:
     """The Linux, shared-tenancy on-demand price from ``pricing:GetProducts`` (None: no such product)."""
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 

@@ -151,7 +151,9 @@ def receive_notices(
     return ours, receipts
 
 
-def delete_messages(*, queue_url: str, receipts: list[str], aws_conn_id: str | None, region_name: str | None) -> None:
+def delete_messages(
+    *, queue_url: str, receipts: list[str], aws_conn_id: str | None, region_name: str | None
+) -> None:
     """Delete the messages acted on (``DeleteMessageBatch``, ten at a time)."""
     if not receipts:
         return

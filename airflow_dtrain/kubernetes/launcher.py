@@ -47,7 +47,13 @@ from airflow_dtrain.kubernetes.objects import (
 )
 from airflow_dtrain.kubernetes.policy import KubernetesPolicy
 from airflow_dtrain.kubernetes.status import pod_index
-from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, PredecessorStillRunning
+from airflow_dtrain.launchers.base import (
+    GroupState,
+    GroupStatus,
+    LogChunk,
+    PodGroupLauncher,
+    PredecessorStillRunning,
+)
 from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE
 
 if TYPE_CHECKING:
@@ -59,7 +65,8 @@ _LOG_OVERLAP_S = 30
 # SIGUSR1 to the training processes: every child of the group's torchrun agent, whatever program it runs
 # (the bundled trainer or your own), never the agent itself (for which it is fatal) nor the workers' own
 # children (data loader workers would die of it). Stdlib only: it runs in the pod, under the image's python.
-_SIGNAL_WORKERS = """
+_SIGNAL_WORKERS = (
+    """
 import os, signal, sys
 tag = b"DTRAIN_GROUP_NAME=" + sys.argv[1].encode()
 procs = {}
@@ -82,7 +89,9 @@ for pid, (_, ppid) in procs.items():
         except OSError:
             pass
 print(asked)
-""" % LAUNCH_MODULE
+"""
+    % LAUNCH_MODULE
+)
 
 
 class Conflict(Exception):
@@ -445,7 +454,9 @@ class KubernetesLauncher(PodGroupLauncher):
         many pods were asked. Needs only ``pods: patch``. With ``exec``: SIGUSR1 through ``pods/exec`` at
         once; returns how many processes were signalled."""
         job = self._job(name)
-        delivery = ((job or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_CHECKPOINT_DELIVERY)
+        delivery = ((job or {}).get("metadata", {}).get("annotations") or {}).get(
+            ANNOTATION_CHECKPOINT_DELIVERY
+        )
         if delivery == "exec":
             return self._checkpoint_now_exec(name)
         request = str(time.time_ns())
@@ -495,7 +506,12 @@ class KubernetesLauncher(PodGroupLauncher):
         deadline annotation, which the at-budget verdict quotes; only ever earlier, never on a Job that ended."""
         job = self._job(name)
         current = (job or {}).get("spec", {}).get("activeDeadlineSeconds")
-        if job is None or current is None or deadline["seconds"] >= current or group_status.recorded(name, job):
+        if (
+            job is None
+            or current is None
+            or deadline["seconds"] >= current
+            or group_status.recorded(name, job)
+        ):
             return None
         patch = {"metadata": {"annotations": {ANNOTATION_DEADLINE: json.dumps(deadline, sort_keys=True)}},
                  "spec": {"activeDeadlineSeconds": deadline["seconds"]}}  # fmt: skip

@@ -248,8 +248,11 @@ def _scheduling(name: str, spec: JobSpec) -> dict[str, Any]:
     tolerations: list[dict[str, Any]] = []
     capacity_labels = spec.capacity.node_labels
     # Where the price was chosen: the zone and instance type of the budget decision's offer.
-    chosen = [{"key": key, "operator": "In", "values": [value]}
-              for key, value in ((ZONE_LABEL, spec.zone), (INSTANCE_TYPE_LABEL, spec.instance_type)) if value]
+    chosen = [
+        {"key": key, "operator": "In", "values": [value]}
+        for key, value in ((ZONE_LABEL, spec.zone), (INSTANCE_TYPE_LABEL, spec.instance_type))
+        if value
+    ]
     if capacity_labels or chosen:
         # Node selector terms are ORed (a Karpenter node or an EKS managed node group node), the
         # expressions of one term ANDed: the capacity, and the chosen zone and type, in every term.
@@ -332,8 +335,12 @@ def render_job(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0
         {"name": "config", "configMap": {"name": config_map_name(name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}},
         {"name": "tmp", "emptyDir": {}},
-        {"name": "podinfo", "downwardAPI": {"items": [
-            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}},
+        {
+            "name": "podinfo",
+            "downwardAPI": {
+                "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+            },
+        },
     ]
     for i, volume in enumerate(k8s.volumes):
         volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": volume["claim"]}})

@@ -44,7 +44,9 @@ def node_names(pods: list[dict[str, Any]]) -> dict[int, str]:
     return found
 
 
-def placement(nodes: dict[int, str], labels_of: Callable[[str], dict[str, str] | None]) -> list[dict[str, Any]]:
+def placement(
+    nodes: dict[int, str], labels_of: Callable[[str], dict[str, str] | None]
+) -> list[dict[str, Any]]:
     """One entry per node index: its node and that node's zone, instance type and capacity type.
 
     :param labels_of: a node's labels by name (None: unknown, e.g. not allowed to read nodes).

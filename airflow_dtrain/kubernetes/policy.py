@@ -82,24 +82,35 @@ class KubernetesPolicy:
         naming the field, the value and the policy key; log each privileged setting it allows."""
         k8s = spec.kubernetes
         # What the DAG may let a run choose must be within the policy too, not only what it chose now.
-        for field, images in (("kubernetes.image", (k8s.image,)), ("kubernetes.allowed_images", k8s.allowed_images)):
+        for field, images in (
+            ("kubernetes.image", (k8s.image,)),
+            ("kubernetes.allowed_images", k8s.allowed_images),
+        ):
             for image in images:
                 if image and self.allowed_images and not _within(image, self.allowed_images):
-                    raise SpecError(f"{field}: {image!r} is not allowed on this cluster "
-                                    f"(the admin's {POLICY_EXTRA}.allowed_images: {', '.join(self.allowed_images)})")
+                    raise SpecError(
+                        f"{field}: {image!r} is not allowed on this cluster "
+                        f"(the admin's {POLICY_EXTRA}.allowed_images: {', '.join(self.allowed_images)})"
+                    )
         self.check_namespaces(namespace, k8s.allowed_namespaces)
         if self.allowed_service_accounts and k8s.service_account not in self.allowed_service_accounts:
-            raise SpecError(f"kubernetes.service_account: {k8s.service_account!r} is not allowed on this cluster "
-                            f"(the admin's {POLICY_EXTRA}.allowed_service_accounts: "
-                            f"{', '.join(self.allowed_service_accounts)})")
+            raise SpecError(
+                f"kubernetes.service_account: {k8s.service_account!r} is not allowed on this cluster "
+                f"(the admin's {POLICY_EXTRA}.allowed_service_accounts: "
+                f"{', '.join(self.allowed_service_accounts)})"
+            )
         gpus = spec.resources.gpus_per_node
         if self.max_gpus_per_node is not None and gpus > self.max_gpus_per_node:
-            raise SpecError(f"node_resources.gpus_per_node: {gpus} is above this cluster's limit of "
-                            f"{self.max_gpus_per_node} (the admin's {POLICY_EXTRA}.max_gpus_per_node)")
+            raise SpecError(
+                f"node_resources.gpus_per_node: {gpus} is above this cluster's limit of "
+                f"{self.max_gpus_per_node} (the admin's {POLICY_EXTRA}.max_gpus_per_node)"
+            )
         found = privileged_settings(k8s.pod_template)
         if found and not self.allow_privileged:
-            raise SpecError(f"{found[0]}: a privileged setting, which only the platform admin can allow "
-                            f"({POLICY_EXTRA}.allow_privileged in the Kubernetes connection's extra)")
+            raise SpecError(
+                f"{found[0]}: a privileged setting, which only the platform admin can allow "
+                f"({POLICY_EXTRA}.allow_privileged in the Kubernetes connection's extra)"
+            )
         for setting in found:
             if log is not None:
                 log.warning("Privileged pod setting allowed by the admin's policy: %s", setting)
@@ -111,8 +122,10 @@ class KubernetesPolicy:
                              ("kubernetes.allowed_namespaces", allowed_namespaces)):  # fmt: skip
             for name in names:
                 if self.allowed_namespaces and name not in self.allowed_namespaces:
-                    raise SpecError(f"{field}: {name!r} is not allowed on this cluster "
-                                    f"(the admin's {POLICY_EXTRA}.allowed_namespaces: {', '.join(self.allowed_namespaces)})")
+                    raise SpecError(
+                        f"{field}: {name!r} is not allowed on this cluster "
+                        f"(the admin's {POLICY_EXTRA}.allowed_namespaces: {', '.join(self.allowed_namespaces)})"
+                    )
 
 
 def _within(image: str, patterns: tuple[str, ...]) -> bool:
@@ -120,7 +133,9 @@ def _within(image: str, patterns: tuple[str, ...]) -> bool:
     if image_allowed(image, patterns):
         return True
     # a DAG's prefix ("ghcr.io/acme/dtrain:") is within an admin prefix that it starts with ("ghcr.io/acme/")
-    return image.endswith(("/", ":", "@")) and any(p.endswith(("/", ":", "@")) and image.startswith(p) for p in patterns)
+    return image.endswith(("/", ":", "@")) and any(
+        p.endswith(("/", ":", "@")) and image.startswith(p) for p in patterns
+    )
 
 
 def privileged_settings(pod_template: dict[str, Any]) -> list[str]:

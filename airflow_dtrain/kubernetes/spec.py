@@ -68,8 +68,10 @@ def image_allowed(image: str, patterns: tuple[str, ...] | list[str]) -> bool:
     A prefix without that separator matches exactly only, so ``ghcr.io/acme`` never admits ``ghcr.io/acme-evil/x``."""
     if not image or any(c.isspace() for c in image) or ".." in image:
         return False
-    return any(image == p or (p.endswith(("/", ":", "@")) and image.startswith(p) and len(image) > len(p))
-               for p in patterns)
+    return any(
+        image == p or (p.endswith(("/", ":", "@")) and image.startswith(p) and len(image) > len(p))
+        for p in patterns
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

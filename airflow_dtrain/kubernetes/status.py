@@ -164,9 +164,11 @@ def budget_deadline_passed(job: dict[str, Any], failed: dict[str, Any] | None) -
     deadline = (job["metadata"].get("annotations") or {}).get(ANNOTATION_DEADLINE)
     if not failed or failed.get("reason") != "DeadlineExceeded" or not deadline:
         return None
-    return "stopped at the job's dollar cap by the cluster: the Job reached its " + deadline_words(
-        json.loads(deadline), "activeDeadlineSeconds"
-    ) + ", so the Job controller stopped its pods (SIGTERM: each saves its step within the grace period)"
+    return (
+        "stopped at the job's dollar cap by the cluster: the Job reached its "
+        + deadline_words(json.loads(deadline), "activeDeadlineSeconds")
+        + ", so the Job controller stopped its pods (SIGTERM: each saves its step within the grace period)"
+    )
 
 
 def verdict(job: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[GroupState, str, str | None] | None:
@@ -186,7 +188,12 @@ def verdict(job: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[GroupState
             events.append((when, 1, f"node {index} (pod {pod_name}) was disrupted ({why})", pod_name))
         elif code == PREEMPTED_EXIT_CODE:
             events.append(
-                (finished_at, 1, f"node {index} (pod {pod_name}) exited {code} (preempted, resumable)", pod_name)
+                (
+                    finished_at,
+                    1,
+                    f"node {index} (pod {pod_name}) exited {code} (preempted, resumable)",
+                    pod_name,
+                )
             )
         elif code not in (None, 0) or pod["status"].get("phase") == "Failed":
             events.append((finished_at, 0, f"node {index} (pod {pod_name}) exited {code}", pod_name))
@@ -270,7 +277,9 @@ def pending_reasons(job: dict[str, Any], pods: list[dict[str, Any]], nodes: int,
             continue
         pod = by_index.get(index)
         if pod is None:
-            reasons.append(f"node {index}: no pod yet (quota? see kubectl describe job {job['metadata']['name']})")
+            reasons.append(
+                f"node {index}: no pod yet (quota? see kubectl describe job {job['metadata']['name']})"
+            )
             continue
         scheduled = next(
             (c for c in pod["status"].get("conditions") or [] if c.get("type") == "PodScheduled"), None

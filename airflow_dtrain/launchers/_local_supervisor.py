@@ -113,8 +113,11 @@ def _cgroup_parent() -> Path | None:
     here = Path(os.path.normpath(mount / own.lstrip("/")))
     for candidate in (here, here.parent):
         try:
-            if (mount in (candidate, *candidate.parents) and os.access(candidate, os.W_OK)
-                    and "memory" in (candidate / "cgroup.subtree_control").read_text().split()):
+            if (
+                mount in (candidate, *candidate.parents)
+                and os.access(candidate, os.W_OK)
+                and "memory" in (candidate / "cgroup.subtree_control").read_text().split()
+            ):
                 return candidate
         except OSError:
             continue
@@ -260,13 +263,17 @@ def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tupl
     own = {i: c for i, c in codes.items() if i not in collateral and c != 0}
     for i, code in sorted(own.items()):
         if code == FENCED_EXIT_CODE:
-            return GroupState.FAILED, (f"node {i} exited {code}: another group took over the checkpoint directory "
-                                       "(a newer writer lease); this group stopped without committing")
+            return GroupState.FAILED, (
+                f"node {i} exited {code}: another group took over the checkpoint directory "
+                "(a newer writer lease); this group stopped without committing"
+            )
     for i, code in sorted(own.items()):
         if code == STORAGE_EXIT_CODE:
-            return GroupState.FAILED, (f"node {i} exited {code}: a checkpoint could not be written (a full disk, no "
-                                       "permission or a read-only location; the [trainer] line in the log names the "
-                                       "path and the cause); the older checkpoints are intact")
+            return GroupState.FAILED, (
+                f"node {i} exited {code}: a checkpoint could not be written (a full disk, no "
+                "permission or a read-only location; the [trainer] line in the log names the "
+                "path and the cause); the older checkpoints are intact"
+            )
     for i, code in sorted(own.items()):
         if code == PREEMPTED_EXIT_CODE:
             return GroupState.PREEMPTED, f"node {i} exited {code} (preempted, resumable)"
@@ -276,7 +283,10 @@ def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tupl
             return GroupState.PREEMPTED, f"node {i} was killed by {name} (node lost; resumable)"
     for i, code in sorted(own.items()):
         if code == BUDGET_EXIT_CODE:
-            return GroupState.FAILED, f"node {i} exited {code} (stopped at the job's dollar cap, checkpoint saved)"
+            return (
+                GroupState.FAILED,
+                f"node {i} exited {code} (stopped at the job's dollar cap, checkpoint saved)",
+            )
     if own:
         i, code = sorted(own.items())[0]
         return GroupState.FAILED, f"node {i} exited {code}"
@@ -310,8 +320,15 @@ def main(group_dir: Path) -> int:
             memory.close()
 
 
-def _run(group_dir: Path, group: dict, env: dict[str, str], sink, lock: threading.Lock,
-         stop_requested: threading.Event, memory: MemoryLimit | None) -> int:
+def _run(
+    group_dir: Path,
+    group: dict,
+    env: dict[str, str],
+    sink,
+    lock: threading.Lock,
+    stop_requested: threading.Event,
+    memory: MemoryLimit | None,
+) -> int:
     """Start the nodes, watch them to their end, write ``result.json``."""
     nodes: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
@@ -334,7 +351,10 @@ def _run(group_dir: Path, group: dict, env: dict[str, str], sink, lock: threadin
         pumps.append(pump)
     write_json_atomic(
         group_dir / "nodes.json",
-        {str(i): {"pid": n.pid, "create_time": psutil.Process(n.pid).create_time()} for i, n in enumerate(nodes)},
+        {
+            str(i): {"pid": n.pid, "create_time": psutil.Process(n.pid).create_time()}
+            for i, n in enumerate(nodes)
+        },
     )
 
     peer_grace = float(group.get("peer_exit_grace_s", 30.0))
@@ -409,9 +429,12 @@ def _run(group_dir: Path, group: dict, env: dict[str, str], sink, lock: threadin
                    f"checkpoint is lost")  # fmt: skip
         else:
             how = "SIGTERM: each rank saved its step within the grace period"
-        state, message = GroupState.AT_BUDGET, (
-            f"stopped at the job's dollar cap by its supervisor: the group reached its "
-            f"{deadline_words(budget, 'deadline')} ({how}); {message}"
+        state, message = (
+            GroupState.AT_BUDGET,
+            (
+                f"stopped at the job's dollar cap by its supervisor: the group reached its "
+                f"{deadline_words(budget, 'deadline')} ({how}); {message}"
+            ),
         )
     write_json_atomic(
         group_dir / "result.json",
@@ -442,7 +465,11 @@ def _daemonize_and_run(group_dir: Path) -> int:
             child.kill()
         write_json_atomic(
             group_dir / "result.json",
-            {"state": GroupState.FAILED.value, "message": f"supervisor error: {err!r}", "node_exit_codes": {}},
+            {
+                "state": GroupState.FAILED.value,
+                "message": f"supervisor error: {err!r}",
+                "node_exit_codes": {},
+            },
         )
         code = 1
     os._exit(code)

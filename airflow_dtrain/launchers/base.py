@@ -60,8 +60,16 @@ def budget_deadline(spec: JobSpec, spent_usd: float = 0.0) -> dict[str, Any] | N
     }  # fmt: skip
 
 
-def _deadline(*, budget_usd: float, spent_usd: float, nodes: int, price: float, grace: int, margin: int,
-              elapsed_s: float = 0.0) -> dict[str, Any]:
+def _deadline(
+    *,
+    budget_usd: float,
+    spent_usd: float,
+    nodes: int,
+    price: float,
+    grace: int,
+    margin: int,
+    elapsed_s: float = 0.0,
+) -> dict[str, Any]:
     """``budget_deadline``'s arithmetic, ``elapsed_s`` into the group's life: the seconds after its launch."""
     usd_per_hour = price * nodes
     left_s = max(0.0, budget_usd - spent_usd) / usd_per_hour * 3600
@@ -72,7 +80,9 @@ def _deadline(*, budget_usd: float, spent_usd: float, nodes: int, price: float, 
     }  # fmt: skip
 
 
-def repriced_deadline(deadline: dict[str, Any], *, spent_usd: float, price: float, elapsed_s: float) -> dict[str, Any]:
+def repriced_deadline(
+    deadline: dict[str, Any], *, spent_usd: float, price: float, elapsed_s: float
+) -> dict[str, Any]:
     """A running group's ``budget_deadline`` again, ``elapsed_s`` after its launch, with the spot price in effect
     now: ``spent_usd`` (every attempt, this group's seconds so far at the prices in effect) leaves money that
     buys fewer seconds at ``price`` than at the launch price when the price has risen. The result says what
@@ -89,17 +99,24 @@ def repriced_deadline(deadline: dict[str, Any], *, spent_usd: float, price: floa
 def deadline_words(deadline: dict[str, Any], name: str) -> str:
     """``budget_deadline``'s result for a person: ``name=seconds`` and how the money left gave it."""
     if deadline.get("by") == "max_runtime_s":
-        return (f"{name}={deadline['seconds']} (the job's max_runtime_s ceiling"
-                + (", before its budget's" if deadline.get("budget_usd") else ", no budget") + ")")
+        return (
+            f"{name}={deadline['seconds']} (the job's max_runtime_s ceiling"
+            + (", before its budget's" if deadline.get("budget_usd") else ", no budget")
+            + ")"
+        )
     left = max(0.0, deadline["budget_usd"] - deadline["spent_usd"])
     save = f"less {deadline['grace_s']}s for a final save and {deadline.get('margin_s', 0)}s to exit"
     repriced = deadline.get("repriced")
     if repriced:
-        return (f"{name}={deadline['seconds']} (set {repriced['elapsed_s']:.0f}s after the launch, when ${left:.4f} was "
-                f"left of the ${deadline['budget_usd']:.2f} budget at the spot price then in effect, "
-                f"${deadline['usd_per_hour']:.4f}/h, {save})")
-    return (f"{name}={deadline['seconds']} (${left:.4f} left of the ${deadline['budget_usd']:.2f} budget at "
-            f"${deadline['usd_per_hour']:.4f}/h, {save})")
+        return (
+            f"{name}={deadline['seconds']} (set {repriced['elapsed_s']:.0f}s after the launch, when ${left:.4f} was "
+            f"left of the ${deadline['budget_usd']:.2f} budget at the spot price then in effect, "
+            f"${deadline['usd_per_hour']:.4f}/h, {save})"
+        )
+    return (
+        f"{name}={deadline['seconds']} (${left:.4f} left of the ${deadline['budget_usd']:.2f} budget at "
+        f"${deadline['usd_per_hour']:.4f}/h, {save})"
+    )
 
 
 class PredecessorStillRunning(RuntimeError):

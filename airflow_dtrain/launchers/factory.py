@@ -48,7 +48,11 @@ def launcher_kwargs(
     ``kubernetes`` dict and its connection, or the local state directory. JSON-serialisable,
     so that a trigger can carry them."""
     if backend == "kubernetes":
-        namespace = kubernetes.get("namespace") if isinstance(kubernetes, dict) else getattr(kubernetes, "namespace", None)
+        namespace = (
+            kubernetes.get("namespace")
+            if isinstance(kubernetes, dict)
+            else getattr(kubernetes, "namespace", None)
+        )
         return {"kubernetes_conn_id": kubernetes_conn_id, "namespace": namespace}
     if backend == "local":
         return {"state_dir": str(local_state_dir(local_state_dir_setting))}

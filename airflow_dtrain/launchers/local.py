@@ -193,8 +193,12 @@ class LocalLauncher(PodGroupLauncher):
         ]  # fmt: skip
         # The group's processes are found by these two (a group name alone is not unique on a machine: two
         # state directories, e.g. two Airflow deployments or two test runs, can hold groups of the same name).
-        env = {"DTRAIN_GROUP_NAME": name, GROUP_DIR_ENV: str(group_dir.resolve()), "OMP_NUM_THREADS": str(threads),
-               **agent_env(spec)}
+        env = {
+            "DTRAIN_GROUP_NAME": name,
+            GROUP_DIR_ENV: str(group_dir.resolve()),
+            "OMP_NUM_THREADS": str(threads),
+            **agent_env(spec),
+        }
         group = {
             "name": name,
             "backend": self.backend,
@@ -248,7 +252,7 @@ class LocalLauncher(PodGroupLauncher):
         stem, sep, index = name.rpartition("-r")
         if not sep or not index.isdigit():
             return
-        earlier = [g for g in self.find(stem + "-r") if g != name and g[len(stem) + 2:].isdigit()]
+        earlier = [g for g in self.find(stem + "-r") if g != name and g[len(stem) + 2 :].isdigit()]
         deadline = time.monotonic() + wait_s
         announced = False
         while True:
@@ -286,16 +290,27 @@ class LocalLauncher(PodGroupLauncher):
         except FileNotFoundError:
             return None
         current = _read_json(group_dir / "budget_deadline.json") or group.get("budget_deadline")
-        if current is None or (group_dir / "result.json").exists() or deadline["seconds"] >= current["seconds"]:
+        if (
+            current is None
+            or (group_dir / "result.json").exists()
+            or deadline["seconds"] >= current["seconds"]
+        ):
             return None
-        write_json_atomic(group_dir / "budget_deadline.json", {**deadline, "at": group["created_at"] + deadline["seconds"]})
+        write_json_atomic(
+            group_dir / "budget_deadline.json", {**deadline, "at": group["created_at"] + deadline["seconds"]}
+        )
         return int(current["seconds"])
 
     def find(self, prefix: str) -> list[str]:
         if not self.state_dir.is_dir():
             return []
-        found = [p for p in self.state_dir.iterdir() if p.name.startswith(prefix) and (p / "group.json").exists()]
-        return [p.name for p in sorted(found, key=lambda p: json.loads((p / "group.json").read_text())["created_at"])]
+        found = [
+            p for p in self.state_dir.iterdir() if p.name.startswith(prefix) and (p / "group.json").exists()
+        ]
+        return [
+            p.name
+            for p in sorted(found, key=lambda p: json.loads((p / "group.json").read_text())["created_at"])
+        ]
 
     def status(self, name: str) -> GroupStatus:
         group_dir = self._dir(name)
@@ -350,7 +365,11 @@ class LocalLauncher(PodGroupLauncher):
         if not (group_dir / "result.json").exists() and (group_dir / "group.json").exists():
             write_json_atomic(
                 group_dir / "result.json",
-                {"state": GroupState.STOPPED.value, "message": "stopped on request (killed)", "node_exit_codes": {}},
+                {
+                    "state": GroupState.STOPPED.value,
+                    "message": "stopped on request (killed)",
+                    "node_exit_codes": {},
+                },
             )
         return self.status(name)
 
@@ -409,8 +428,11 @@ class LocalLauncher(PodGroupLauncher):
         for proc in psutil.process_iter(["pid"]):
             try:
                 env = proc.environ()
-                if (env.get("DTRAIN_GROUP_NAME") == name and env.get(GROUP_DIR_ENV, where) == where
-                        and proc.status() != psutil.STATUS_ZOMBIE):
+                if (
+                    env.get("DTRAIN_GROUP_NAME") == name
+                    and env.get(GROUP_DIR_ENV, where) == where
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
                     live.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue

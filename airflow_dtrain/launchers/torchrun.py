@@ -59,7 +59,9 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
     }
     if train.simulate_preemption_at_step:
         env["DTRAIN_SIMULATE_PREEMPTION_AT_STEP"] = str(train.simulate_preemption_at_step)
-    if train.owner:  # who the job belongs to (FSDPTrainOperator sets it once the directory is known to be theirs)
+    if (
+        train.owner
+    ):  # who the job belongs to (FSDPTrainOperator sets it once the directory is known to be theirs)
         env["DTRAIN_OWNER"] = train.owner
     if train.metrics.statsd_tags:  # the task instance and job (the trainer reads its config's copy)
         env["DTRAIN_STATSD_TAGS"] = train.metrics.statsd_tags

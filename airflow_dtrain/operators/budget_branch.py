@@ -199,17 +199,25 @@ class BudgetBranchOperator(BaseBranchOperator):
             )
         return value
 
-    def _prices(self, context: Context, numbers: dict[str, float | None]) -> tuple[float | None, float | None, dict]:
+    def _prices(
+        self, context: Context, numbers: dict[str, float | None]
+    ) -> tuple[float | None, float | None, dict]:
         offer: dict[str, Any] = {}
         if self.price_task_id:
             offer = context["ti"].xcom_pull(task_ids=self.price_task_id) or {}
             if not offer:
                 self.log.info("No spot offer from task %s (skipped or not run)", self.price_task_id)
         spot = numbers["spot_price"] if numbers["spot_price"] is not None else offer.get("spot_price")
-        od = numbers["on_demand_price"] if numbers["on_demand_price"] is not None else offer.get("on_demand_price")
+        od = (
+            numbers["on_demand_price"]
+            if numbers["on_demand_price"] is not None
+            else offer.get("on_demand_price")
+        )
         cap = numbers.get("max_spot_price")
         if spot is not None and cap is not None and float(spot) > cap:
-            self.log.info("Spot price $%.4f/h is above max_spot_price $%.4f/h: no acceptable spot offer", spot, cap)
+            self.log.info(
+                "Spot price $%.4f/h is above max_spot_price $%.4f/h: no acceptable spot offer", spot, cap
+            )
             spot = None
         return spot, od, offer
 
@@ -227,7 +235,9 @@ class BudgetBranchOperator(BaseBranchOperator):
                 limits.check_uri("checkpoint_uri", str(self.checkpoint_uri))
                 job = None if self.job in (None, "", "None") else str(self.job)
                 if self.job == "":
-                    raise SpecError("job: '' is empty: name the job (its checkpoints, ledger and models are found by it)")
+                    raise SpecError(
+                        "job: '' is empty: name the job (its checkpoints, ledger and models are found by it)"
+                    )
                 check_job_dir(str(self.checkpoint_uri), owner=owner_of(context), job=job, claim=False)
         except SpecError as err:
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
@@ -290,7 +300,9 @@ class BudgetBranchOperator(BaseBranchOperator):
             remaining_budget=None if remaining is None else max(0.0, remaining),
             interruption_rate_per_hour=n["interruption_rate_per_hour"] or 0.0,
             max_interruption_rate_per_hour=(
-                n["max_interruption_rate_per_hour"] if n["max_interruption_rate_per_hour"] is not None else float("inf")
+                n["max_interruption_rate_per_hour"]
+                if n["max_interruption_rate_per_hour"] is not None
+                else float("inf")
             ),
             restart_overhead_s=n["restart_overhead_s"] or 0.0,
             lost_work_s=n["lost_work_s"] or 0.0,
@@ -299,9 +311,16 @@ class BudgetBranchOperator(BaseBranchOperator):
             max_wait_s=n["max_wait_s"] or 0.0,
             wait_interval_s=n["wait_interval_s"] or 900.0,
             wait_target_price=next(
-                (p for p in (n["wait_target_price"], n["max_spot_price"], offer.get("limit")) if p is not None), None
+                (
+                    p
+                    for p in (n["wait_target_price"], n["max_spot_price"], offer.get("limit"))
+                    if p is not None
+                ),
+                None,
             ),
-            spot_nodes_available=None if n["spot_nodes_available"] is None else int(n["spot_nodes_available"]),
+            spot_nodes_available=None
+            if n["spot_nodes_available"] is None
+            else int(n["spot_nodes_available"]),
             max_late_risk=n["max_late_risk"] or 0.0,
             min_finish_chance=n["min_finish_chance"],
             allow_late=self._allow_late(),
@@ -312,13 +331,20 @@ class BudgetBranchOperator(BaseBranchOperator):
         metrics.incr(f"budget.decision.{decision.choice.value}", tags=tags)
         if decision.remaining_budget is not None:
             metrics.gauge("budget.remaining_dollars", decision.remaining_budget, tags=tags)
-        estimate = {Choice.SPOT: decision.spot_cost, Choice.ON_DEMAND: decision.on_demand_cost}.get(decision.choice)
+        estimate = {Choice.SPOT: decision.spot_cost, Choice.ON_DEMAND: decision.on_demand_cost}.get(
+            decision.choice
+        )
         if estimate is not None:
             metrics.gauge("budget.estimate_dollars", estimate, tags=tags)
         context["ti"].xcom_push(
             key="decision",
-            value={**decision.to_dict(), "ledger": ledger.to_dict(), "offer": offer, "steps_remaining": steps_remaining,
-                   "stop_reserve_usd": round(reserve_usd, 6)},
+            value={
+                **decision.to_dict(),
+                "ledger": ledger.to_dict(),
+                "offer": offer,
+                "steps_remaining": steps_remaining,
+                "stop_reserve_usd": round(reserve_usd, 6),
+            },
         )
         branch = {
             Choice.SPOT: self.spot_task_id,

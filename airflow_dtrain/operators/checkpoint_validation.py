@@ -69,12 +69,20 @@ class CheckpointValidationOperator(BaseOperator):
             metrics.incr("checkpoint.validation_failures", tags=metrics.task_tags(context))
             raise
         if report["fell_back_from"]:
-            metrics.incr("checkpoint.validation_failures", len(report["fell_back_from"]),
-                         tags=metrics.task_tags(context))
+            metrics.incr(
+                "checkpoint.validation_failures",
+                len(report["fell_back_from"]),
+                tags=metrics.task_tags(context),
+            )
         for skipped in report["fell_back_from"]:
             self.log.warning(
                 "Skipped %s: check %s failed for %s: %s",
                 skipped["checkpoint"], skipped["check"], skipped["file"], skipped["detail"],
             )  # fmt: skip
-        self.log.info("Checkpoint %s (step %s) is valid: %s", report["checkpoint"], report["step"], json.dumps(report["checks"]))
+        self.log.info(
+            "Checkpoint %s (step %s) is valid: %s",
+            report["checkpoint"],
+            report["step"],
+            json.dumps(report["checks"]),
+        )
         return report

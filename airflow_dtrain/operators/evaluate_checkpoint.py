@@ -20,6 +20,7 @@ from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, Checkpoi
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+
 class EvaluationFailed(GroupFailed):
     """The evaluation or export job failed."""
 
@@ -159,9 +160,13 @@ class EvaluateCheckpointOperator(BaseOperator):
         launcher = get_launcher(spec.backend, **launcher_kwargs(
             spec.backend, kubernetes=self._pods, kubernetes_conn_id=self.kubernetes_conn_id,
             local_state_dir_setting=self.local_state_dir))  # fmt: skip
-        self._session = GroupSession(launcher, base, spec, log=self.log, error=EvaluationFailed, purpose=purpose)
+        self._session = GroupSession(
+            launcher, base, spec, log=self.log, error=EvaluationFailed, purpose=purpose
+        )
         # A finished job of an earlier try may have evaluated another step: run it again.
-        self._session.run(poll_interval=self.poll_interval, reuse_succeeded=False, timeout_s=self.job_timeout_s)
+        self._session.run(
+            poll_interval=self.poll_interval, reuse_succeeded=False, timeout_s=self.job_timeout_s
+        )
 
     # -- execution -----------------------------------------------------------------------------
     def _entry(self, context: Context, root: str) -> tuple[str, str]:
@@ -234,7 +239,9 @@ class EvaluateCheckpointOperator(BaseOperator):
             "registry_entry": registry.root,
             "best_loss_before": best["loss"] if best else None,
             "promoted": False,
-            "export": self._exported(summary_step=result["step"], exported=result.get("export"), checkpoints=checkpoints),
+            "export": self._exported(
+                summary_step=result["step"], exported=result.get("export"), checkpoints=checkpoints
+            ),
         }
         if threshold is not None and not result["loss"] < threshold:
             self.log.info(
@@ -244,7 +251,9 @@ class EvaluateCheckpointOperator(BaseOperator):
             return summary
         return self._promote(context, summary, registry)
 
-    def _exported(self, *, summary_step: int, exported: dict[str, Any] | None, checkpoints: CheckpointDir) -> str | None:
+    def _exported(
+        self, *, summary_step: int, exported: dict[str, Any] | None, checkpoints: CheckpointDir
+    ) -> str | None:
         """Where the eval job exported the evaluated step (None when export is off); it must have."""
         if not _true(self.export):
             return None
@@ -272,8 +281,13 @@ class EvaluateCheckpointOperator(BaseOperator):
                 self.asset,
                 # what publish_llama reads back from the registry itself (it takes no path from here but the
                 # registry's root, which must lie under the storage roots)
-                extra={**{k: summary[k] for k in ("checkpoint", "step", "loss", "perplexity", "job", "evaluation_set")},
-                       "registry": str(self.registry_uri).rstrip("/")},
+                extra={
+                    **{
+                        k: summary[k]
+                        for k in ("checkpoint", "step", "loss", "perplexity", "job", "evaluation_set")
+                    },
+                    "registry": str(self.registry_uri).rstrip("/"),
+                },
             )
         return summary
 

@@ -244,11 +244,10 @@ class FSDPTrainOperator(BaseOperator):
         arguments = {name: getattr(self, name) for name in (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)}
         if skip_templates:
             defaults = {"num_nodes": 1, "procs_per_node": 1, "backend": "local", "max_preemptions": 3}
-            arguments = {
-                k: (defaults.get(k) if is_template(v) else v) for k, v in arguments.items()
-            }
+            arguments = {k: (defaults.get(k) if is_template(v) else v) for k, v in arguments.items()}
             if arguments["backend"] != "local" and (
-                is_template(self.kubernetes) or is_template(self.kubernetes_overrides)
+                is_template(self.kubernetes)
+                or is_template(self.kubernetes_overrides)
                 or is_template(self.checkpoint_uri)
             ):
                 # what the backend requires of these is checked once they are rendered
@@ -289,9 +288,12 @@ class FSDPTrainOperator(BaseOperator):
 
     # -- the session ---------------------------------------------------------------------------
     def _launcher_kwargs(self, backend: str) -> dict[str, Any]:
-        return launcher_kwargs(backend, kubernetes=self._kubernetes(self.kubernetes_overrides),
-                               kubernetes_conn_id=self.kubernetes_conn_id,
-                               local_state_dir_setting=self.local_state_dir)
+        return launcher_kwargs(
+            backend,
+            kubernetes=self._kubernetes(self.kubernetes_overrides),
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            local_state_dir_setting=self.local_state_dir,
+        )
 
     def _open_session(self, context: Context) -> GroupSession:
         ti = context["ti"]
@@ -299,11 +301,19 @@ class FSDPTrainOperator(BaseOperator):
         # what tells this task instance's series from every other's, on both sides of statsd
         self._statsd_tags = format_tags(metrics.task_tags(context, job=self.job or self._base))
         spec = self.job_spec()
-        owner = self._check_ownership(context, spec)  # before the session writes a lease or a spend file there
+        owner = self._check_ownership(
+            context, spec
+        )  # before the session writes a lease or a spend file there
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, owner=owner))  # the manifests'
         launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
-        self._session = GroupSession(launcher, self._base, spec, log=self.log, error=TrainingFailed,
-                                     spot_prices=self._spot_prices(spec))
+        self._session = GroupSession(
+            launcher,
+            self._base,
+            spec,
+            log=self.log,
+            error=TrainingFailed,
+            spot_prices=self._spot_prices(spec),
+        )
         for link in self.operator_extra_links:  # while it trains; Airflow writes them again when it ends
             ti.xcom_push(key=link.xcom_key, value=link.get_link(self, ti_key=ti))
         return self._session
@@ -314,7 +324,9 @@ class FSDPTrainOperator(BaseOperator):
         train = spec.train
         try:
             # a shared ledger (a sweep's) first: it holds its members' directories
-            if train.cost.ledger_uri and train.cost.ledger_uri.rstrip("/") != train.checkpoint.uri.rstrip("/"):
+            if train.cost.ledger_uri and train.cost.ledger_uri.rstrip("/") != train.checkpoint.uri.rstrip(
+                "/"
+            ):
                 check_job_dir(train.cost.ledger_uri, owner=owner, job=None, what="cost.ledger_uri")
             check_job_dir(train.checkpoint.uri, owner=owner, job=job)
         except SpecError as err:
@@ -374,7 +386,9 @@ class FSDPTrainOperator(BaseOperator):
         progress = read_progress(spec.train.checkpoint.uri)
         names = session.groups()
         at_cap = session.stopped_at_budget
-        if at_cap is None and (progress.get("status") != "completed" or progress.get("step") != spec.train.steps):
+        if at_cap is None and (
+            progress.get("status") != "completed" or progress.get("step") != spec.train.steps
+        ):
             raise TrainingFailed(
                 f"group {name} exited 0 but its progress says status={progress.get('status')!r} "
                 f"step={progress.get('step')} of {spec.train.steps}"
@@ -396,8 +410,11 @@ class FSDPTrainOperator(BaseOperator):
             chosen = {"zone": spec.zone, "instance_type": spec.instance_type, "capacity": spec.capacity.value}
             summary["placement"] = {"chosen": chosen, "groups": session.placement(names)}
         if at_cap is not None:
-            summary.update(stopped="budget", budget_usd=spec.train.cost.budget_usd,
-                           budget_stop={**(progress.get("budget") or {}), **at_cap})
+            summary.update(
+                stopped="budget",
+                budget_usd=spec.train.cost.budget_usd,
+                budget_stop={**(progress.get("budget") or {}), **at_cap},
+            )
         summary_path = write_summary(spec.train.checkpoint.uri, summary)
         if at_cap is not None:
             self.log.warning(
@@ -418,7 +435,9 @@ class FSDPTrainOperator(BaseOperator):
             ledger_uri = spec.train.cost.ledger_uri
             ledger = read_ledger(spec.train.checkpoint.uri, ledger_uri or None)
         except Exception:  # the summary must not fail on a ledger it cannot read
-            self.log.warning("Could not read the cost ledger under %s", spec.train.checkpoint.uri, exc_info=True)
+            self.log.warning(
+                "Could not read the cost ledger under %s", spec.train.checkpoint.uri, exc_info=True
+            )
             return {}
         tags = metrics.job_tags(spec)
         metrics.gauge("cost.dollars", ledger.total_dollars, tags=tags)
@@ -444,7 +463,9 @@ class FSDPTrainOperator(BaseOperator):
 def _check_local_program(entrypoint: tuple[str, ...]) -> None:
     """The local backend runs a script from this machine: it must be there (a module is the interpreter's to find)."""
     if entrypoint[0] != "-m" and not os.path.isfile(entrypoint[0]):
-        raise SpecError(f"entrypoint: {entrypoint[0]!r} is not a file on this machine (the local backend runs it here)")
+        raise SpecError(
+            f"entrypoint: {entrypoint[0]!r} is not a file on this machine (the local backend runs it here)"
+        )
 
 
 def _with_statsd_defaults(config: dict[str, Any] | None, tags: str = "") -> dict[str, Any] | None:

@@ -154,15 +154,30 @@ class PrepareDataOperator(BaseOperator):
             )
         short = _short_of(meta, seq_len)
         if short:
-            raise DataError(f"dataset: {dataset!r} is a token store whose {short}: prepare it again with "
-                            f"`python -m trainer.prepare_data --seq-len {seq_len}`, or give the text itself "
-                            "as dataset and this task prepares it")
-        self.log.info("dataset: %s is a token store already (%s tokens, tokenizer %s)", dataset,
-                      _tokens(meta), describe_tokenizer(saved))
+            raise DataError(
+                f"dataset: {dataset!r} is a token store whose {short}: prepare it again with "
+                f"`python -m trainer.prepare_data --seq-len {seq_len}`, or give the text itself "
+                "as dataset and this task prepares it"
+            )
+        self.log.info(
+            "dataset: %s is a token store already (%s tokens, tokenizer %s)",
+            dataset,
+            _tokens(meta),
+            describe_tokenizer(saved),
+        )
         return dataset
 
-    def _prepare(self, dataset: str, tok, local_spec: str | None, text_field: str, scratch: str, limits,
-                 on_bad_row: str, seq_len: int | None) -> str:
+    def _prepare(
+        self,
+        dataset: str,
+        tok,
+        local_spec: str | None,
+        text_field: str,
+        scratch: str,
+        limits,
+        on_bad_row: str,
+        seq_len: int | None,
+    ) -> str:
         from airflow_dtrain.errors import SpecError
         from trainer.prepare_data import DEFAULT_SHARD_TOKENS, PrepareError, expand_input, prepare
 
@@ -179,9 +194,12 @@ class PrepareDataOperator(BaseOperator):
             try:
                 files = expand_input(dataset)
             except PrepareError as e:
-                hint = ("" if os.path.exists(dataset) or "://" in dataset or "*" in dataset else
-                        " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it with "
-                        "datasets' save_to_disk and give that directory)")
+                hint = (
+                    ""
+                    if os.path.exists(dataset) or "://" in dataset or "*" in dataset
+                    else " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it with "
+                    "datasets' save_to_disk and give that directory)"
+                )
                 raise DataError(_named(e) + hint) from None
             for path, _ in files:  # a glob's match or a shard behind a symbolic link: within the roots too
                 try:
@@ -201,13 +219,26 @@ class PrepareDataOperator(BaseOperator):
             out = f"{out}-seq{seq_len}"
             existing = _read_store_meta(out)
         if existing is not None:
-            self.log.info("dataset: %s was prepared before with the same input and tokenizer: %s (%s tokens)",
-                          dataset, out, _tokens(existing))
+            self.log.info(
+                "dataset: %s was prepared before with the same input and tokenizer: %s (%s tokens)",
+                dataset,
+                out,
+                _tokens(existing),
+            )
             return out
         self.log.info("dataset: preparing %s with tokenizer %s into %s", dataset, tok_name, out)
         try:
-            prepare(inputs, out, tokenizer=local_spec, text_field=text_field, val_fraction=self.val_fraction,
-                    shard_tokens=shard_tokens, log=self.log.info, on_bad_row=on_bad_row, seq_len=seq_len)
+            prepare(
+                inputs,
+                out,
+                tokenizer=local_spec,
+                text_field=text_field,
+                val_fraction=self.val_fraction,
+                shard_tokens=shard_tokens,
+                log=self.log.info,
+                on_bad_row=on_bad_row,
+                seq_len=seq_len,
+            )
         except PrepareError as e:
             if "already exists" in str(e) or "appeared while preparing" in str(e):
                 # Another run prepared the same store meanwhile: the same input and tokenizer, so the same data.
@@ -253,7 +284,7 @@ def _short_of(meta: dict, seq_len: int | None) -> str | None:
 def _store_name(dataset: str) -> str:
     """A store's name from its dataset: the file's stem, the directory's name, a glob's directory."""
     parts = [p for p in dataset.split("://")[-1].rstrip("/").split("/") if p]
-    parts = parts[:next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))]
+    parts = parts[: next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))]
     stem = os.path.splitext(parts[-1])[0] if parts else ""
     return re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip("._") or "data"
 
@@ -293,15 +324,26 @@ def _fingerprint(dataset: str, files: list[tuple[str, str]]) -> list:
     if is_remote(dataset):
         fs, _ = remote_fs(dataset)
         infos = [(path, fs.info(path.split("://", 1)[1])) for path, _ in files]
-        return [dataset, [[path, info.get("size"), str(info.get("ETag") or info.get("LastModified") or "")]
-                          for path, info in infos]]
+        return [
+            dataset,
+            [
+                [path, info.get("size"), str(info.get("ETag") or info.get("LastModified") or "")]
+                for path, info in infos
+            ],
+        ]
     out = []
     for path, kind in files:
         path = os.path.abspath(path.removeprefix("file://"))
         if kind == "datasets":
             inside = [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
-            out.append([path, sorted((os.path.relpath(f, path), os.path.getsize(f), os.path.getmtime(f))
-                                     for f in inside)])
+            out.append(
+                [
+                    path,
+                    sorted(
+                        (os.path.relpath(f, path), os.path.getsize(f), os.path.getmtime(f)) for f in inside
+                    ),
+                ]
+            )
         else:
             out.append([path, os.path.getsize(path), os.path.getmtime(path)])
     return [dataset, out]
@@ -315,8 +357,9 @@ def _local_tokenizer(spec: str, scratch: str) -> str:
     if not is_remote(spec):
         path = spec.removeprefix("file://")
         if not os.path.exists(path):
-            raise DataError(f"tokenizer: {spec!r} does not exist (a tokenizer.json, or the model directory "
-                            "holding it)")
+            raise DataError(
+                f"tokenizer: {spec!r} does not exist (a tokenizer.json, or the model directory holding it)"
+            )
         return path
     fs, root = remote_fs(spec)
     root = root.rstrip("/")
@@ -331,4 +374,3 @@ def _local_tokenizer(spec: str, scratch: str) -> str:
     for name in found:
         fs.get_file(f"{root}/{name}", os.path.join(local, name))
     return local
-

@@ -121,7 +121,9 @@ class SpotInterruptionSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.group = group
         self.train_task_id = train_task_id
-        self.follow_relaunches_s = (600.0 if train_task_id else 0.0) if follow_relaunches_s is None else follow_relaunches_s
+        self.follow_relaunches_s = (
+            (600.0 if train_task_id else 0.0) if follow_relaunches_s is None else follow_relaunches_s
+        )
         self._watch = None  # kept across pokes (poke mode): what was handled, when groups ended
         self.instance_ids = instance_ids
         self.node_names = node_names
@@ -154,9 +156,11 @@ class SpotInterruptionSensor(BaseSensorOperator):
         if self.mode == "reschedule" and not deferrable and self.follow_relaunches_s > 0:
             # Each reschedule starts a fresh watch: a taint that stays (two minutes, for a spot
             # warning) would ask for a checkpoint at every poke, and relaunch grace would restart.
-            raise ValueError(f"{prefix}mode: 'reschedule' forgets between pokes which notices were acted on, so it "
-                             f"cannot follow relaunches (follow_relaunches_s={self.follow_relaunches_s}); use "
-                             "deferrable=True (no worker slot held) or mode='poke'")
+            raise ValueError(
+                f"{prefix}mode: 'reschedule' forgets between pokes which notices were acted on, so it "
+                f"cannot follow relaunches (follow_relaunches_s={self.follow_relaunches_s}); use "
+                "deferrable=True (no worker slot held) or mode='poke'"
+            )
         if not isinstance(wait_time_seconds, int) or not 0 <= wait_time_seconds <= 20:
             raise ValueError(f"{prefix}wait_time_seconds: must be an integer 0-20, got {wait_time_seconds!r}")
         try:
@@ -184,8 +188,10 @@ class SpotInterruptionSensor(BaseSensorOperator):
         else:  # instance ids/node names: no; nothing given: a Kubernetes group's nodes, yes
             taints = self.backend == "kubernetes" and not self._given_instances()
         if not _given(self.sqs_queue_url) and not taints:
-            raise ValueError(f"{prefix}sqs_queue_url: required unless the instances come from node taints "
-                             "(instance_source=KubernetesGroupNodes, or backend='kubernetes' without instance_ids)")
+            raise ValueError(
+                f"{prefix}sqs_queue_url: required unless the instances come from node taints "
+                "(instance_source=KubernetesGroupNodes, or backend='kubernetes' without instance_ids)"
+            )
 
     def _given_instances(self) -> bool:
         return self.instance_source is not None or bool(self.instance_ids) or bool(self.node_names)
@@ -200,7 +206,9 @@ class SpotInterruptionSensor(BaseSensorOperator):
         ids, names = self.instance_ids or [], self.node_names or []
         for field, value in (("instance_ids", ids), ("node_names", names)):
             if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
-                raise ValueError(f"{type(self).__name__}(task_id={self.task_id!r}): {field}: expected a list of names, got {value!r}")
+                raise ValueError(
+                    f"{type(self).__name__}(task_id={self.task_id!r}): {field}: expected a list of names, got {value!r}"
+                )
         return StaticInstances(instance_ids=ids, node_names=names)
 
     def _kubernetes_spec(self) -> KubernetesSpec:
@@ -236,7 +244,9 @@ class SpotInterruptionSensor(BaseSensorOperator):
             ti = context["ti"]
             return group_base_name(ti.dag_id, ti.run_id, self.train_task_id, getattr(ti, "map_index", -1))
         if not isinstance(self.group, str) or not self.group or self.group == "None":
-            raise ValueError(f"{type(self).__name__}(task_id={self.task_id!r}): group: expected a group name, got {self.group!r}")
+            raise ValueError(
+                f"{type(self).__name__}(task_id={self.task_id!r}): group: expected a group name, got {self.group!r}"
+            )
         return self.group
 
     def _watch_kwargs(self, context: Context) -> dict[str, Any]:
@@ -252,9 +262,12 @@ class SpotInterruptionSensor(BaseSensorOperator):
             "group": self._group(context),
             "source": self._source(namespace),
             "backend": self.backend,
-            "launcher_kwargs": launcher_kwargs(self.backend, kubernetes={"namespace": namespace},
-                                               kubernetes_conn_id=self.kubernetes_conn_id,
-                                               local_state_dir_setting=self.local_state_dir),
+            "launcher_kwargs": launcher_kwargs(
+                self.backend,
+                kubernetes={"namespace": namespace},
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                local_state_dir_setting=self.local_state_dir,
+            ),
             "sqs_queue_url": queue,
             "aws_conn_id": self.aws_conn_id,
             "region_name": self.region_name,
@@ -301,7 +314,9 @@ class SpotInterruptionSensor(BaseSensorOperator):
 
     def _report(self, record: dict[str, Any]) -> None:
         if not record.get("interrupted"):
-            self.log.info("Group %s ended (%s) without an interruption notice", record["group"], record["group_state"])
+            self.log.info(
+                "Group %s ended (%s) without an interruption notice", record["group"], record["group_state"]
+            )
             return
         for notice in record["notices"]:
             self.log.warning(

@@ -115,11 +115,15 @@ class SpotPriceSensor(BaseSensorOperator):
             if not skip(types):
                 types = [types] if isinstance(types, str) else types
                 if not types or not all(isinstance(t, str) and "." in t for t in types):
-                    raise ValueError(f"instance_types: expected instance types like 'p4d.24xlarge', got {types!r}")
+                    raise ValueError(
+                        f"instance_types: expected instance types like 'p4d.24xlarge', got {types!r}"
+                    )
             for name in ("availability_zones", "regions"):
                 value = getattr(self, name)
-                if value is not None and not skip(value) and (
-                    isinstance(value, str) or not all(isinstance(v, str) for v in value)
+                if (
+                    value is not None
+                    and not skip(value)
+                    and (isinstance(value, str) or not all(isinstance(v, str) for v in value))
                 ):
                     raise ValueError(f"{name}: expected a list of names, got {value!r}")
             if self.availability_zones and not skip(self.availability_zones):
@@ -132,14 +136,20 @@ class SpotPriceSensor(BaseSensorOperator):
                 None if skip(self.max_price_fraction)
                 else _number("max_price_fraction", self.max_price_fraction, high=1.0)
             )  # fmt: skip
-            if max_price is None and fraction is None and not (skip(self.max_price) or skip(self.max_price_fraction)):
+            if (
+                max_price is None
+                and fraction is None
+                and not (skip(self.max_price) or skip(self.max_price_fraction))
+            ):
                 raise ValueError(
                     "max_price / max_price_fraction: give at least one (or fixed_price_per_hour), got neither"
                 )
             prices = self.on_demand_prices
             if prices is not None and not skip(prices):
                 if not isinstance(prices, dict):
-                    raise ValueError(f"on_demand_prices: expected a mapping of instance type to $/h, got {prices!r}")
+                    raise ValueError(
+                        f"on_demand_prices: expected a mapping of instance type to $/h, got {prices!r}"
+                    )
                 for key, value in prices.items():
                     _number(f"on_demand_prices[{key!r}]", value)
         except ValueError as err:
@@ -163,7 +173,8 @@ class SpotPriceSensor(BaseSensorOperator):
 
         od = self.fixed_on_demand_price
         return fixed_price_choice(
-            price_per_hour=float(self.fixed_price_per_hour), on_demand_price=float(od) if od not in (None, "") else None
+            price_per_hour=float(self.fixed_price_per_hour),
+            on_demand_price=float(od) if od not in (None, "") else None,
         ).to_dict()
 
     def execute(self, context: Context) -> Any:

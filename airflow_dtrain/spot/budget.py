@@ -272,7 +272,9 @@ def decide(inputs: BudgetInputs) -> Decision:
     i = inputs
     money = f"${i.remaining_budget:.2f}" if i.remaining_budget is not None else "no budget"
     if i.steps_remaining == 0:
-        return Decision(Choice.STOP, "no steps remaining: the job is complete", 0.0, 0.0, 0.0, 0.0, i.remaining_budget)
+        return Decision(
+            Choice.STOP, "no steps remaining: the job is complete", 0.0, 0.0, 0.0, 0.0, i.remaining_budget
+        )
     if i.step_time_s is None and i.remaining_budget is not None:
         return Decision(
             Choice.STOP,
@@ -281,7 +283,11 @@ def decide(inputs: BudgetInputs) -> Decision:
             remaining_budget=i.remaining_budget,
         )
     if i.spot_price is None and i.on_demand_price is None:
-        return Decision(Choice.STOP, "no price known: neither a spot offer nor an on-demand price", remaining_budget=i.remaining_budget)
+        return Decision(
+            Choice.STOP,
+            "no price known: neither a spot offer nor an on-demand price",
+            remaining_budget=i.remaining_budget,
+        )
 
     hours = i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
     chance = time_chance = None  # of spot finishing within the budget and by the deadline (min_finish_chance)
@@ -293,8 +299,14 @@ def decide(inputs: BudgetInputs) -> Decision:
     spot_h = spot_hours(i, hours, spot_start) if hours is not None else None
     unpreempted_h = spot_start + hours if hours is not None else None  # spot's hours if it is never preempted
     od_hours = hours + od_start if hours is not None else None
-    spot_cost = spot_h * i.num_nodes * i.spot_price if spot_h is not None and i.spot_price is not None else None
-    od_cost = od_hours * i.num_nodes * i.on_demand_price if od_hours is not None and i.on_demand_price is not None else None
+    spot_cost = (
+        spot_h * i.num_nodes * i.spot_price if spot_h is not None and i.spot_price is not None else None
+    )
+    od_cost = (
+        od_hours * i.num_nodes * i.on_demand_price
+        if od_hours is not None and i.on_demand_price is not None
+        else None
+    )
     preempt_risk = 0.0  # of a first preemption before spot is done
     if hours is None:  # no budget, no step time: decide on price and risk alone
         spot_cost_ok = od_cost_ok = True
@@ -323,7 +335,9 @@ def decide(inputs: BudgetInputs) -> Decision:
     if i.spot_price is None:
         spot_why.append("no acceptable spot offer")
     elif not spot_offered:
-        spot_why.append(f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once")
+        spot_why.append(
+            f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once"
+        )
     else:
         if risky:
             spot_why.append(
@@ -336,7 +350,12 @@ def decide(inputs: BudgetInputs) -> Decision:
             )
         elif not spot_cost_ok:
             spot_why.append(f"spot estimate ${spot_cost:.2f} exceeds the remaining budget {money}")
-        if spot_cost_ok and not spot_time_ok and time_chance is not None and not _chance_ok(time_chance, i.min_finish_chance):
+        if (
+            spot_cost_ok
+            and not spot_time_ok
+            and time_chance is not None
+            and not _chance_ok(time_chance, i.min_finish_chance)
+        ):
             spot_why.append(
                 f"spot finishes by the deadline with a chance of {time_chance:.0%}, below min_finish_chance "
                 f"{i.min_finish_chance:.0%}"
@@ -350,7 +369,9 @@ def decide(inputs: BudgetInputs) -> Decision:
     od_in_time = od_hours is not None and _in_time(od_hours, i.deadline_s)
     # Can't Be Late's safety net, where a preemption before spot is done is likelier than not: a (re)launch on
     # spot that one preemption would make late is a losing bet, and on-demand that is in time within budget wins.
-    guard_h = 2 * start_h + i.lost_work_s / 3600.0  # a (re)launch's start-up, one preemption's restart and loss
+    guard_h = (
+        2 * start_h + i.lost_work_s / 3600.0
+    )  # a (re)launch's start-up, one preemption's restart and loss
     if (
         i.deadline_guard and tracked and i.current != Choice.SPOT and i.deadline_s is not None and hours is not None
         and preempt_risk > GUARD_RISK and od_cost_ok and od_in_time and i.deadline_s / 3600.0 - hours < guard_h
@@ -370,21 +391,36 @@ def decide(inputs: BudgetInputs) -> Decision:
                     f"switch's start-up is paid ({i.restart_overhead_s:.0f} s × {i.num_nodes} node(s) at the spot price"
                     f" is in the spot estimate ${spot_cost:.2f}; on-demand ${od_cost:.2f})",
                 )
-            return made(Choice.ON_DEMAND, f"on-demand ${od_cost:.2f} is no dearer than spot ${spot_cost:.2f}, start-ups included")
+            return made(
+                Choice.ON_DEMAND,
+                f"on-demand ${od_cost:.2f} is no dearer than spot ${spot_cost:.2f}, start-ups included",
+            )
     if not spot_why:
         return made(
             Choice.SPOT,
             f"spot: {est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {overhead:.3f} interruption "
-            f"overhead)" + (f" + {spot_start:.2f} h start-up" if spot_start else "") + f" = ${spot_cost or 0:.2f}"
-            + (f", {chance:.0%} chance of finishing within {money} (min_finish_chance {i.min_finish_chance:.0%}; the "
-               "trainer's budget cap stops it at the budget otherwise)" if chance is not None else f" within {money}")
+            f"overhead)"
+            + (f" + {spot_start:.2f} h start-up" if spot_start else "")
+            + f" = ${spot_cost or 0:.2f}"
+            + (
+                f", {chance:.0%} chance of finishing within {money} (min_finish_chance {i.min_finish_chance:.0%}; the "
+                "trainer's budget cap stops it at the budget otherwise)"
+                if chance is not None
+                else f" within {money}"
+            )
             + (f" (on-demand would cost ${od_cost:.2f})" if od_cost is not None else ""),
         )
     spot_reason = "; ".join(spot_why)
-    od_why = "no on-demand price" if i.on_demand_price is None else (
-        f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}" if not od_cost_ok
-        else "no step time to show that on-demand finishes by the deadline" if od_hours is None
-        else f"on-demand would take {od_hours:.2f} h, past the deadline"
+    od_why = (
+        "no on-demand price"
+        if i.on_demand_price is None
+        else (
+            f"on-demand estimate ${od_cost:.2f} exceeds the remaining budget {money}"
+            if not od_cost_ok
+            else "no step time to show that on-demand finishes by the deadline"
+            if od_hours is None
+            else f"on-demand would take {od_hours:.2f} h, past the deadline"
+        )
     )
 
     # Wait when, after the wait, spot at the hoped-for price or on-demand could still finish in time within budget.
@@ -392,11 +428,17 @@ def decide(inputs: BudgetInputs) -> Decision:
     later_start = start_h if tracked else 0.0
     later_spot_h = spot_hours(i, hours, later_start) if hours is not None else None
     later_od_h = hours + later_start if hours is not None else None
-    target_cost = later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
-    later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
+    target_cost = (
+        later_spot_h * i.num_nodes * target if later_spot_h is not None and target is not None else None
+    )
+    later_od_cost = (
+        later_od_h * i.num_nodes * i.on_demand_price if later_od_h is not None and i.on_demand_price else None
+    )
     target_ok, target_in_time, target_chance = False, False, None
     if hours is not None and target is not None:
-        target_ok, target_in_time, target_chance, _ = _spot_fits(i, hours, target, later_start, i.wait_interval_s)
+        target_ok, target_in_time, target_chance, _ = _spot_fits(
+            i, hours, target, later_start, i.wait_interval_s
+        )
     may_wait = i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not risky
     after = i.wait_interval_s
     wait_pays = hours is None or (
@@ -412,7 +454,8 @@ def decide(inputs: BudgetInputs) -> Decision:
         return made(
             Choice.ON_DEMAND,
             f"on-demand ({spot_reason}): {est} × {i.num_nodes} node(s) × ${i.on_demand_price:.4f}/h"
-            + (f" + {od_start:.2f} h start-up" if od_start else "") + f" = ${od_cost or 0:.2f} within {money}",
+            + (f" + {od_start:.2f} h start-up" if od_start else "")
+            + f" = ${od_cost or 0:.2f} within {money}",
         )
 
     # Nothing finishes in time within budget. Late within budget, if allowed: on-demand only when it is sure
@@ -432,15 +475,23 @@ def decide(inputs: BudgetInputs) -> Decision:
             Choice.SPOT,
             f"spot past the deadline ({spot_reason}; {od_why}), within budget and no later than on-demand "
             "unless preempted; "
-            "allow_late: " + (f"a {chance:.0%} chance within {money}" if chance is not None
-                              else f"${spot_cost or 0:.2f} within {money}"),
+            "allow_late: "
+            + (
+                f"a {chance:.0%} chance within {money}"
+                if chance is not None
+                else f"${spot_cost or 0:.2f} within {money}"
+            ),
         )
     if i.allow_late and may_wait and hours is not None and target_ok:
         return made(
             Choice.WAIT,
             f"wait {i.wait_interval_s:.0f} s for spot at ${target:.4f}/h, past the deadline ({spot_reason}; {od_why}); "
-            "allow_late: " + (f"a {target_chance:.0%} chance within {money}" if target_chance is not None
-                              else f"${target_cost:.2f} within {money}"),
+            "allow_late: "
+            + (
+                f"a {target_chance:.0%} chance within {money}"
+                if target_chance is not None
+                else f"${target_cost:.2f} within {money}"
+            ),
         )
     if hours is None and i.on_demand_price is not None:  # no estimate at all (and no budget): on-demand
         return made(Choice.ON_DEMAND, f"on-demand ({spot_reason}): no step time to estimate, no budget")

@@ -85,7 +85,12 @@ class WatchState:
         return time.monotonic() - since < self.follow_relaunches_s
 
     def record(self, name: str, status: Any, notices: list[dict[str, Any]]) -> dict[str, Any]:
-        record = {"interrupted": bool(notices), "group": name, "group_state": status.state.value, "notices": notices}
+        record = {
+            "interrupted": bool(notices),
+            "group": name,
+            "group_state": status.state.value,
+            "notices": notices,
+        }
         if notices:
             record["checkpoint_requested"] = self.checkpoint_requested
         return record

@@ -59,8 +59,12 @@ def at_prices_in_effect(
         return {**entry, "priced_at": "launch price (the price history does not reach back to the launch)"}
     in_window = sorted((t, p) for t, p in prices if t < until)
     first = max(i for i, (t, _) in enumerate(in_window) if t <= float(entry["launched_at"]))
-    at_launch = int(entry["nodes"]) * max(0.0, until - float(entry["launched_at"])) / 3600 * float(
-        entry.get("price_per_node_hour", 0.0))
+    at_launch = (
+        int(entry["nodes"])
+        * max(0.0, until - float(entry["launched_at"]))
+        / 3600
+        * float(entry.get("price_per_node_hour", 0.0))
+    )
     return {
         **entry,
         "dollars": max(float(entry["dollars"]), round(at_prices, 9)),

@@ -76,7 +76,9 @@ class StaticInstances(InstanceSource):
     :param node_names: Kubernetes node names of the group.
     """
 
-    def __init__(self, *, instance_ids: list[str] | tuple[str, ...] = (), node_names: list[str] | tuple[str, ...] = ()):
+    def __init__(
+        self, *, instance_ids: list[str] | tuple[str, ...] = (), node_names: list[str] | tuple[str, ...] = ()
+    ):
         if isinstance(instance_ids, str) or isinstance(node_names, str):
             raise ValueError(
                 f"instance_ids / node_names: expected lists, got {instance_ids!r} / {node_names!r}"

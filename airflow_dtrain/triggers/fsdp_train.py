@@ -80,8 +80,14 @@ class FSDPTrainTrigger(BaseTrigger):
         return get_launcher(self.backend, **self.launcher_kwargs)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = GroupWatch(self._launcher(), self.name, self.log_cursor, self.recovering_since, tags=self.tags,
-                           prices=self.prices)
+        watch = GroupWatch(
+            self._launcher(),
+            self.name,
+            self.log_cursor,
+            self.recovering_since,
+            tags=self.tags,
+            prices=self.prices,
+        )
         status_line = StatusLine.from_dict(self.status)
         try:
             while True:
@@ -96,8 +102,13 @@ class FSDPTrainTrigger(BaseTrigger):
         except Exception as err:  # the operator must hear about it, not time out
             self.log.exception("Watching group %s failed", self.name)
             yield TriggerEvent(
-                {"status": "error", "name": self.name, "state": "unknown", "message": repr(err),
-                 "log_tail": list(watch.tail)}  # fmt: skip
+                {
+                    "status": "error",
+                    "name": self.name,
+                    "state": "unknown",
+                    "message": repr(err),
+                    "log_tail": list(watch.tail),
+                }  # fmt: skip
             )
 
     async def on_kill(self) -> None:

@@ -59,4 +59,6 @@ class SpotInterruptionTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_interval)
         except Exception as err:  # the task must hear about it, not time out
             self.log.exception("Watching group %s for interruptions failed", group)
-            yield TriggerEvent({"status": "error", "group": group, "message": f"watching for interruptions failed: {err!r}"})
+            yield TriggerEvent(
+                {"status": "error", "group": group, "message": f"watching for interruptions failed: {err!r}"}
+            )

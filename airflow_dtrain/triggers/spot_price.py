@@ -42,7 +42,9 @@ class SpotPriceTrigger(BaseTrigger):
                         "Spot offer accepted: %s in %s at $%.4f/h", choice.instance_type,
                         choice.availability_zone, choice.spot_price,
                     )  # fmt: skip
-                    yield TriggerEvent({"status": "success", "choice": choice.to_dict(), "message": "; ".join(reasons)})
+                    yield TriggerEvent(
+                        {"status": "success", "choice": choice.to_dict(), "message": "; ".join(reasons)}
+                    )
                     return
                 self.log.info("No acceptable spot offer yet: %s", "; ".join(reasons))
                 await asyncio.sleep(self.poll_interval)

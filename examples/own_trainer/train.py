@@ -30,13 +30,35 @@ import sys
 import time
 
 try:
-    from trainer.contract import (FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE, Fenced, Signals,
-                                  commit_checkpoint, job_env, latest_checkpoint, progress, simulate_preemption,
-                                  step_path, take_lease)
+    from trainer.contract import (
+        FENCED_EXIT_CODE,
+        PREEMPTED_EXIT_CODE,
+        STORAGE_EXIT_CODE,
+        Fenced,
+        Signals,
+        commit_checkpoint,
+        job_env,
+        latest_checkpoint,
+        progress,
+        simulate_preemption,
+        step_path,
+        take_lease,
+    )
 except ImportError:  # the contract copied next to this file
-    from contract import (FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE, Fenced, Signals,  # type: ignore
-                          commit_checkpoint, job_env, latest_checkpoint, progress, simulate_preemption, step_path,
-                          take_lease)
+    from contract import (
+        FENCED_EXIT_CODE,
+        PREEMPTED_EXIT_CODE,
+        STORAGE_EXIT_CODE,
+        Fenced,
+        Signals,  # type: ignore
+        commit_checkpoint,
+        job_env,
+        latest_checkpoint,
+        progress,
+        simulate_preemption,
+        step_path,
+        take_lease,
+    )
 
 # First, before torch is imported: a SIGTERM or SIGUSR1 that came before the handlers would kill the process.
 signals = Signals()
@@ -54,7 +76,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--batch-per-rank", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds each step waits (tests: time to signal)")
+    p.add_argument(
+        "--step-sleep", type=float, default=0.0, help="seconds each step waits (tests: time to signal)"
+    )
     return p.parse_args(argv)
 
 
@@ -90,8 +114,9 @@ class Run:
         self.device = torch.device("cuda", self.env.local_rank) if cuda else torch.device("cpu")
         dist.init_process_group("nccl" if cuda else "gloo")
         torch.manual_seed(args.seed)
-        module = torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, args.hidden), torch.nn.Tanh(),
-                                     torch.nn.Linear(args.hidden, 1)).to(self.device)
+        module = torch.nn.Sequential(
+            torch.nn.Linear(IN_FEATURES, args.hidden), torch.nn.Tanh(), torch.nn.Linear(args.hidden, 1)
+        ).to(self.device)
         self.model = DistributedDataParallel(module)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
         # One writer per checkpoint directory: a group that lost it to a newer one commits nothing more.
@@ -138,8 +163,14 @@ class Run:
                               step_time_s=self.step_time(), reason=reason,
                               params_sha256=params_sha256(self.model.module))  # fmt: skip
             self.report(step, latest_checkpoint=path)
-            emit(self.rank, "checkpoint", step=step, reason=reason, path=path,
-                 seconds=round(time.perf_counter() - start, 3))
+            emit(
+                self.rank,
+                "checkpoint",
+                step=step,
+                reason=reason,
+                path=path,
+                seconds=round(time.perf_counter() - start, 3),
+            )
         dist.barrier()
 
     def step_time(self) -> float | None:
@@ -179,10 +210,11 @@ class Run:
                 self.report(step, status="preempted")
                 return PREEMPTED_EXIT_CODE
             if now or self.env.checkpoint_due(step):
-                self.save(step, "checkpoint_now" if now else "final" if step == self.env.steps else "interval")
+                self.save(
+                    step, "checkpoint_now" if now else "final" if step == self.env.steps else "interval"
+                )
         self.report(self.env.steps, status="completed")
         return 0
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,14 +168,26 @@ def test_a_rank_killed_with_sigkill_is_relaunched_from_the_last_checkpoint_and_t
     # lost, resumable); the group is relaunched from its last committed checkpoint, counted against
     # max_failures, not max_preemptions. A short grace period: the surviving rank cannot save
     # (its peer is gone), so torchrun's shutdown timeout ends it.
-    op, ti = _operator(tmp_path, steps=40, num_nodes=1, procs_per_node=2, checkpoint_every=4,
-                       config={"checkpoint": {"grace_period_s": 5.0}}, max_failures=1), RecordingTI()
+    op, ti = (
+        _operator(
+            tmp_path,
+            steps=40,
+            num_nodes=1,
+            procs_per_node=2,
+            checkpoint_every=4,
+            config={"checkpoint": {"grace_period_s": 5.0}},
+            max_failures=1,
+        ),
+        RecordingTI(),
+    )
     deferred = _defer(op, ti)
     wait_for_step(tmp_path / "ckpt", 8)
     from trainer.checkpoint_dir import CheckpointDir
 
     # an async save commits a few steps after its step: wait for one to be committed, not just trained past
-    committed = wait_for(lambda: CheckpointDir(str(tmp_path / "ckpt")).latest(), 240, "a committed checkpoint")
+    committed = wait_for(
+        lambda: CheckpointDir(str(tmp_path / "ckpt")).latest(), 240, "a committed checkpoint"
+    )
     [victim, *_] = _worker_pids(tmp_path / "groups" / deferred.trigger.name)
     os.kill(victim, signal.SIGKILL)
 
@@ -193,11 +205,14 @@ def test_a_rank_killed_with_sigkill_is_relaunched_from_the_last_checkpoint_and_t
 
     log = (tmp_path / "groups" / relaunched.value.trigger.name / "group.log").read_text()
     [resume] = [json.loads(m) for m in re.findall(r'\{"event": "resume".*\}', log)][:1]
-    assert committed is not None and resume["from_step"] >= committed[0] >= 4, "resumed from the last committed checkpoint"
+    assert committed is not None and resume["from_step"] >= committed[0] >= 4, (
+        "resumed from the last committed checkpoint"
+    )
 
 
-def test_a_hung_trainer_is_stopped_by_its_supervisor_with_every_billed_second_within_the_budget(tmp_path,
-                                                                                               monkeypatch):
+def test_a_hung_trainer_is_stopped_by_its_supervisor_with_every_billed_second_within_the_budget(
+    tmp_path, monkeypatch
+):
     """The trainer's own cap acts between steps; one that hangs (here: its first step never ends, SIGTERM
     included) is stopped by the platform's budget deadline. $36 per node-hour is a cent a second: $0.45 buys
     45 s, the deadline is 10 s (the grace) and 5 s (the margin) before that, at 30 s, and SIGKILL comes at the
@@ -208,14 +223,24 @@ def test_a_hung_trainer_is_stopped_by_its_supervisor_with_every_billed_second_wi
 
     monkeypatch.setenv(STEP_SLEEP_ENV, "600")  # the trainer's test hook: the first step sleeps 10 minutes
     budget = 0.45
-    op = _operator(tmp_path, steps=100, num_nodes=1, capacity="spot", price_per_node_hour=36.0, budget_usd=budget,
-                   deferrable=False, config={"checkpoint": {"grace_period_s": 10}, "cost": {"stop_margin_s": 5}})
+    op = _operator(
+        tmp_path,
+        steps=100,
+        num_nodes=1,
+        capacity="spot",
+        price_per_node_hour=36.0,
+        budget_usd=budget,
+        deferrable=False,
+        config={"checkpoint": {"grace_period_s": 10}, "cost": {"stop_margin_s": 5}},
+    )
     summary = op.execute({"ti": RecordingTI()})
 
     assert summary["stopped"] == "budget", summary
     reason = summary["budget_stop"]["reason"]
     assert "dollar cap by its supervisor" in reason and "deadline=30" in reason, reason
-    assert "SIGKILL after the 10s grace period to node(s) 0, still running" in reason, reason  # it saved nothing
+    assert "SIGKILL after the 10s grace period to node(s) 0, still running" in reason, (
+        reason
+    )  # it saved nothing
     [group] = LocalLauncher(tmp_path / "groups").find("")  # stopped, not relaunched
     assert LocalLauncher(tmp_path / "groups").status(group).state == GroupState.AT_BUDGET
     spend = CheckpointDir(str(tmp_path / "ckpt")).spend()

@@ -18,7 +18,13 @@ pytestmark = pytest.mark.torchrun
 
 
 def _spec(tmp_path, **overrides) -> JobSpec:
-    arguments = {**SMALL, "num_nodes": 2, "procs_per_node": 1, "checkpoint_uri": str(tmp_path / "ckpt"), **overrides}
+    arguments = {
+        **SMALL,
+        "num_nodes": 2,
+        "procs_per_node": 1,
+        "checkpoint_uri": str(tmp_path / "ckpt"),
+        **overrides,
+    }
     return JobSpec.from_arguments(**arguments)
 
 
@@ -56,7 +62,9 @@ def test_stop_checkpoints_and_leaves_no_process_behind(tmp_path, slow_steps):
     assert status.state == GroupState.STOPPED
     assert launcher.processes("stopme-r0") == []
     state_dir = str(tmp_path / "groups")
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if state_dir in " ".join(p.info["cmdline"] or [])]
+    leftovers = [
+        p for p in psutil.process_iter(["cmdline"]) if state_dir in " ".join(p.info["cmdline"] or [])
+    ]
     assert leftovers == []
     # SIGTERM let every rank save the step it was on
     assert progress(tmp_path / "ckpt")["status"] == "preempted"
@@ -75,7 +83,9 @@ def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_p
     assert status.node_exit_codes[1] == -signal.SIGKILL, status
     # The lost node's workers die with their agent (parent-death SIGTERM): they save the step and exit 75,
     # so its peer may end "preempted" by itself before the supervisor sees the SIGKILL; either way resumable.
-    assert ("node 1" in status.message and "SIGKILL" in status.message) or "exited 75" in status.message, status
+    assert ("node 1" in status.message and "SIGKILL" in status.message) or "exited 75" in status.message, (
+        status
+    )
     wait_for(lambda: launcher.processes("lost-r0") == [], 30, "no process left")
 
 
@@ -93,7 +103,9 @@ def test_a_group_of_the_same_name_in_another_state_directory_is_left_alone(tmp_p
         assert wait_terminal(mine, "same-r0").state == GroupState.SUCCEEDED
         assert other.processes("same-r0") and mine.processes("same-r0") == []
 
-        mine.launch("same-r1", _spec(tmp_path, **quick))  # waits for its own same-r0's processes: there are none
+        mine.launch(
+            "same-r1", _spec(tmp_path, **quick)
+        )  # waits for its own same-r0's processes: there are none
         assert wait_terminal(mine, "same-r1").state == GroupState.SUCCEEDED
         assert other.status("same-r0").state == GroupState.RUNNING, "another directory's group was killed"
     finally:
@@ -116,7 +128,9 @@ def test_checkpoint_now_saves_at_the_next_step_and_training_goes_on(tmp_path, sl
     assert launcher.processes("ckptnow-r0") == []
 
 
-def test_each_process_gets_its_share_of_the_cores_unless_the_worker_sets_omp_num_threads(tmp_path, monkeypatch):
+def test_each_process_gets_its_share_of_the_cores_unless_the_worker_sets_omp_num_threads(
+    tmp_path, monkeypatch
+):
     launcher = LocalLauncher(tmp_path / "groups")
     monkeypatch.setenv("OMP_NUM_THREADS", "two")
     with pytest.raises(ValueError, match="OMP_NUM_THREADS: a whole number of threads, at least 1, got 'two'"):

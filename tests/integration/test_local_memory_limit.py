@@ -110,7 +110,9 @@ def test_the_limit_comes_from_resources_memory_then_the_admin_option_then_the_de
     assert limit(resources={"memory": "3G"}) == {"bytes": 3 * 10**9, "source": "resources.memory"}
     assert limit() == {"bytes": 1536 * 2**20, "source": "[dtrain] local_memory_per_node"}
     monkeypatch.setenv("AIRFLOW__DTRAIN__LOCAL_MEMORY_PER_NODE", "lots")
-    with pytest.raises(ValueError, match=r"^\[dtrain\] local_memory_per_node: not a Kubernetes .*, got 'lots'$"):
+    with pytest.raises(
+        ValueError, match=r"^\[dtrain\] local_memory_per_node: not a Kubernetes .*, got 'lots'$"
+    ):
         limit()
     monkeypatch.delenv("AIRFLOW__DTRAIN__LOCAL_MEMORY_PER_NODE")
     assert limit(resources={"gpus_per_node": 2}, procs_per_node=2)["bytes"] == 64 * 2**30

@@ -155,10 +155,14 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
         done = [r for r in runs if r.get("state") == "success"]
         return done[0] if done else None
 
-    publish_run = _wait_for(f"{PUBLISH_DAG_ID} to run on the promoted model", airflow, 180, published, interval=3.0)
+    publish_run = _wait_for(
+        f"{PUBLISH_DAG_ID} to run on the promoted model", airflow, 180, published, interval=3.0
+    )
     assert publish_run["run_type"] == "asset_triggered", publish_run
     # the registry's entry of the job and its evaluation set: <registry>/<job>/<evaluation set>/published/latest
-    cards = list((airflow.home / "dtrain" / "models" / "train_llama").glob("*/eval-*/published/latest/MODEL_CARD.md"))
+    cards = list(
+        (airflow.home / "dtrain" / "models" / "train_llama").glob("*/eval-*/published/latest/MODEL_CARD.md")
+    )
     assert len(cards) == 1, f"model cards: {cards}\n{airflow.diagnostics()}"
 
     print(f"train_llama run {run_id} succeeded in {time.monotonic() - started:.0f}s: {summary}")

@@ -49,7 +49,10 @@ def test_two_concurrent_runs_send_separate_tagged_series(tmp_path, statsd_listen
         except BaseException as err:  # reported below, in the test's thread
             errors.append(err)
 
-    threads = [threading.Thread(target=train, args=(run_id, lr, seed)) for seed, (run_id, lr) in enumerate(RUNS.items())]
+    threads = [
+        threading.Thread(target=train, args=(run_id, lr, seed))
+        for seed, (run_id, lr) in enumerate(RUNS.items())
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -70,7 +73,11 @@ def test_two_concurrent_runs_send_separate_tagged_series(tmp_path, statsd_listen
         assert set(RUN_TAGS) <= set(tags), (name, tags)
         assert tags["run_id"] in RUNS, (name, tags)
         assert (tags["dag_id"], tags["task_id"], tags["map_index"], tags["job"]) == (
-            DAG_ID, "train", "-1", jobs[tags["run_id"]]), (name, tags)
+            DAG_ID,
+            "train",
+            "-1",
+            jobs[tags["run_id"]],
+        ), (name, tags)
         per_rank = name.removeprefix("dtrain.") in PER_RANK_METRICS
         assert (set(RANK_TAGS) <= set(tags)) == per_rank, (name, tags)
 

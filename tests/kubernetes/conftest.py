@@ -33,8 +33,9 @@ def fake(_fake_server: FakeKubernetesApiServer, tmp_path: Path, monkeypatch) -> 
     return _fake_server
 
 
-def launch_debug_group(name: str, tmp_path: Path, *, nodes: int = 2, namespace: str | None = None,
-                       **kubernetes: Any) -> KubernetesLauncher:
+def launch_debug_group(
+    name: str, tmp_path: Path, *, nodes: int = 2, namespace: str | None = None, **kubernetes: Any
+) -> KubernetesLauncher:
     """A debug-flavour group of ``nodes`` × 1 launched on the fake cluster (checkpoints on a PVC at tmp_path)."""
     spec = JobSpec.from_arguments(
         flavor="debug", steps=10, global_batch_size=nodes, micro_batch_size=1, num_nodes=nodes, procs_per_node=1,

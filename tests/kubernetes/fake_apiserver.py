@@ -141,7 +141,13 @@ def _image(pod: dict[str, Any]) -> dict[str, str]:
 def _ws_frame(opcode: int, payload: bytes) -> bytes:
     """One unmasked, final WebSocket frame (RFC 6455), as a server sends it."""
     n = len(payload)
-    size = bytes([n]) if n < 126 else bytes([126]) + pack(">H", n) if n < 1 << 16 else bytes([127]) + pack(">Q", n)
+    size = (
+        bytes([n])
+        if n < 126
+        else bytes([126]) + pack(">H", n)
+        if n < 1 << 16
+        else bytes([127]) + pack(">Q", n)
+    )
     return bytes([0x80 | opcode]) + size + payload
 
 
@@ -228,7 +234,9 @@ class FakeKubernetesApiServer:
 
     def _clock(self) -> str:
         """Now on the fake's clock: the Job controller's own times (start, completion, failure) follow ``advance``."""
-        return datetime.fromtimestamp(time.time() + self.clock_offset, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return datetime.fromtimestamp(time.time() + self.clock_offset, timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
 
     def advance(self, seconds: float) -> None:
         """Move the fake's clock ``seconds`` forward (deadlines and TTLs fall due), and act on it now."""
@@ -241,14 +249,20 @@ class FakeKubernetesApiServer:
         with self.lock:
             now = time.time() + self.clock_offset
             for (kind, ns, name), job in list(self.objects.items()):
-                if kind != "jobs" or (kind, ns, name) not in self.objects or job["metadata"].get("deletionTimestamp"):
+                if (
+                    kind != "jobs"
+                    or (kind, ns, name) not in self.objects
+                    or job["metadata"].get("deletionTimestamp")
+                ):
                     continue
                 status = job.get("status") or {}
                 ended = {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
                 deadline, started = job["spec"].get("activeDeadlineSeconds"), _time(status.get("startTime"))
                 if (deadline and started and not job["spec"].get("suspend")
                         and not ({"Complete", "Failed"} & set(ended)) and now >= started + deadline):  # fmt: skip
-                    self._fail_job(ns, job, "DeadlineExceeded", "Job was active longer than specified deadline")
+                    self._fail_job(
+                        ns, job, "DeadlineExceeded", "Job was active longer than specified deadline"
+                    )
                     continue
                 ttl = job["spec"].get("ttlSecondsAfterFinished")
                 end = ended.get("Complete") or ended.get("Failed")
@@ -283,7 +297,9 @@ class FakeKubernetesApiServer:
         handler.send_response(101, "Switching Protocols")
         handler.send_header("Upgrade", "websocket")
         handler.send_header("Connection", "Upgrade")
-        handler.send_header("Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode())
+        handler.send_header(
+            "Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode()
+        )
         handler.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
         handler.end_headers()
         status = {"metadata": {}, "status": "Success"} if code == 0 else {
@@ -332,7 +348,9 @@ class FakeKubernetesApiServer:
     # -- the API -------------------------------------------------------------------------------
     _REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 
-    def fail_next(self, method: str, path: str, code: int, *, times: int = 1, retry_after: int | None = None) -> None:
+    def fail_next(
+        self, method: str, path: str, code: int, *, times: int = 1, retry_after: int | None = None
+    ) -> None:
         """Answer the next ``times`` ``method`` requests whose path ends with ``path`` with ``code``."""
         with self.lock:
             self.faults.append({"method": method, "path": path, "code": code, "left": times,
@@ -343,8 +361,12 @@ class FakeKubernetesApiServer:
             if fault["left"] and fault["method"] == method and path.endswith(fault["path"]):
                 fault["left"] -= 1
                 code = fault["code"]
-                headers = {"Retry-After": str(fault["retry_after"])} if fault["retry_after"] is not None else {}
-                raise ApiError(code, self._REASONS.get(code, "Failure"), f"injected {code} for {method} {path}", headers)
+                headers = (
+                    {"Retry-After": str(fault["retry_after"])} if fault["retry_after"] is not None else {}
+                )
+                raise ApiError(
+                    code, self._REASONS.get(code, "Failure"), f"injected {code} for {method} {path}", headers
+                )
 
     def handle(self, method: str, path: str, query: dict, body: bytes, content_type: str) -> tuple[int, Any]:
         with self.lock:
@@ -594,7 +616,10 @@ class FakeKubernetesApiServer:
 
     def _on_suspend(self, ns: str, name: str, suspended: bool) -> None:
         job = self.objects[("jobs", ns, name)]
-        if {c["type"] for c in job["status"].get("conditions", []) if c.get("status") == "True"} & {"Complete", "Failed"}:
+        if {c["type"] for c in job["status"].get("conditions", []) if c.get("status") == "True"} & {
+            "Complete",
+            "Failed",
+        }:
             return  # the controller leaves a finished Job alone: suspending it changes nothing
         if suspended:
             for pod in self._job_pods(ns, job):
@@ -654,8 +679,15 @@ class FakeKubernetesApiServer:
 
         self._update_pod(job, index, namespace, change)
 
-    def add_node(self, name: str, instance_id: str, zone: str = "us-east-1a", *, instance_type: str | None = None,
-                 capacity: str | None = None) -> None:
+    def add_node(
+        self,
+        name: str,
+        instance_id: str,
+        zone: str = "us-east-1a",
+        *,
+        instance_type: str | None = None,
+        capacity: str | None = None,
+    ) -> None:
         """An EC2-backed Node (``spec.providerID`` ``aws:///<zone>/<instance id>``), labelled with its zone and,
         if given, its instance type and Karpenter capacity type (``spot``, ``on-demand``)."""
         labels = {"topology.kubernetes.io/zone": zone, "kubernetes.io/hostname": name}
@@ -675,8 +707,13 @@ class FakeKubernetesApiServer:
             self._version += 1
             obj["metadata"]["resourceVersion"] = str(self._version)
 
-    def run(self, job: str, indexes: list[int] | None = None, namespace: str = "default",
-            nodes: dict[int, str] | None = None) -> None:
+    def run(
+        self,
+        job: str,
+        indexes: list[int] | None = None,
+        namespace: str = "default",
+        nodes: dict[int, str] | None = None,
+    ) -> None:
         """Pods scheduled (onto ``nodes[index]`` when given) and their trainer container started."""
         spec = self.get("jobs", job, namespace)
         for index in indexes if indexes is not None else range(spec["spec"]["completions"]):
@@ -686,7 +723,9 @@ class FakeKubernetesApiServer:
                     node = self.objects.get(("nodes", "", nodes[index]))
                     problem = scheduling_problem(pod, node) if node else None
                     if problem:  # what the real scheduler would never do
-                        raise ValueError(f"pod {pod['metadata']['name']} cannot run on node {nodes[index]}: {problem}")
+                        raise ValueError(
+                            f"pod {pod['metadata']['name']} cannot run on node {nodes[index]}: {problem}"
+                        )
                     pod["spec"]["nodeName"] = nodes[index]
                 pod["status"].update(
                     phase="Running", startTime=_now(), podIP=f"10.0.0.{index + 10}",

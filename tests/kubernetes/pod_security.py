@@ -99,7 +99,9 @@ def baseline(obj: dict[str, Any]) -> list[str]:
             found.append(f"HostPath Volumes: spec.volumes[{i}].hostPath: {volume['hostPath']!r}")
 
     # AppArmor: unset, RuntimeDefault or Localhost (field or the older annotation: runtime/default, localhost/*).
-    contexts = [("spec.securityContext", pod_ctx)] + [(f"{w}.securityContext", c) for w, _, c in _containers(spec)]
+    contexts = [("spec.securityContext", pod_ctx)] + [
+        (f"{w}.securityContext", c) for w, _, c in _containers(spec)
+    ]
     for where, ctx in contexts:
         kind = (ctx.get("appArmorProfile") or {}).get("type")
         if kind not in (None, "RuntimeDefault", "Localhost"):
@@ -171,7 +173,9 @@ def restricted(obj: dict[str, Any]) -> list[str]:
         # Capabilities: drop ALL; add only NET_BIND_SERVICE.
         capabilities = ctx.get("capabilities") or {}
         if "ALL" not in (capabilities.get("drop") or ()):
-            found.append(f"Capabilities: {where}.securityContext.capabilities.drop: {capabilities.get('drop')!r}")
+            found.append(
+                f"Capabilities: {where}.securityContext.capabilities.drop: {capabilities.get('drop')!r}"
+            )
         for cap in capabilities.get("add") or ():
             if cap != "NET_BIND_SERVICE":
                 found.append(f"Capabilities: {where}.securityContext.capabilities.add: {cap!r}")

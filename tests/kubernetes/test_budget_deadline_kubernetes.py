@@ -63,7 +63,9 @@ def _finish(fake, name: str, ckpt: Path) -> None:
         fake.exit(name, index, 0)
 
 
-def test_the_jobs_deadline_is_what_the_budget_left_buys_and_a_relaunch_shrinks_it_by_the_spend(fake, tmp_path):
+def test_the_jobs_deadline_is_what_the_budget_left_buys_and_a_relaunch_shrinks_it_by_the_spend(
+    fake, tmp_path
+):
     op, ti = _operator(tmp_path), RecordingTI()
     task = Background(op.execute, {"ti": ti})
     first = _wait(lambda: ti.xcoms.get("group"), "the first group", task)
@@ -105,10 +107,14 @@ def test_no_budget_still_a_deadline_the_runtime_ceiling(fake, tmp_path, monkeypa
     assert "activeDeadlineSeconds" not in fake.get("jobs", ti.xcoms["group"])["spec"]
 
 
-def test_a_group_left_running_with_its_airflow_side_gone_is_stopped_by_the_cluster_at_the_budget(fake, tmp_path):
+def test_a_group_left_running_with_its_airflow_side_gone_is_stopped_by_the_cluster_at_the_budget(
+    fake, tmp_path
+):
     op, ti = _operator(tmp_path, deferrable=True), RecordingTI()
     with pytest.raises(TaskDeferred):
-        op.execute({"ti": ti})  # the group is launched, the task defers ... and the triggerer, worker, scheduler die
+        op.execute(
+            {"ti": ti}
+        )  # the group is launched, the task defers ... and the triggerer, worker, scheduler die
     name = ti.xcoms["group"]
     fake.run(name)
     deadline = fake.get("jobs", name)["spec"]["activeDeadlineSeconds"]
@@ -133,9 +139,12 @@ def test_a_group_left_running_with_its_airflow_side_gone_is_stopped_by_the_clust
     assert fake.jobs() == [name], "no group launched after the budget was spent"
 
 
-def test_finished_jobs_are_deleted_after_their_ttl_and_the_task_still_counts_their_preemptions(fake, tmp_path,
-                                                                                              monkeypatch):
-    monkeypatch.setenv("AIRFLOW__DTRAIN__LIMITS", '{"max_runtime_s": null}')  # the second group outlives a day
+def test_finished_jobs_are_deleted_after_their_ttl_and_the_task_still_counts_their_preemptions(
+    fake, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(
+        "AIRFLOW__DTRAIN__LIMITS", '{"max_runtime_s": null}'
+    )  # the second group outlives a day
     op, ti = _operator(tmp_path, budget_usd=None, max_preemptions=1), RecordingTI()
     task = Background(op.execute, {"ti": ti})
     first = _wait(lambda: ti.xcoms.get("group"), "the first group", task)
@@ -181,8 +190,9 @@ def test_every_group_is_stopped_before_the_money_runs_out_with_its_final_save_pa
         assert (how["save"], how["grace_s"], how["margin_s"]) == ("within", 60, 20)
 
 
-def test_a_spot_price_rise_brings_the_jobs_deadline_forward_and_the_cluster_stops_it_there(fake, tmp_path,
-                                                                                             spot_market):
+def test_a_spot_price_rise_brings_the_jobs_deadline_forward_and_the_cluster_stops_it_there(
+    fake, tmp_path, spot_market
+):
     """Quoted $3.60/node-h, the Job gets 2,610 s; EC2 bills $7.20. The watch reads the zone's price and patches
     activeDeadlineSeconds to what the money left buys at $7.20 (1,250 s, less the grace and the margin), so the cluster stops the
     group within the budget even if the Airflow side goes away now."""
@@ -193,13 +203,21 @@ def test_a_spot_price_rise_brings_the_jobs_deadline_forward_and_the_cluster_stop
     task = Background(op.execute, {"ti": ti})
     name = _wait(lambda: ti.xcoms.get("group"), "the group", task)
     fake.run(name)
-    job = _wait(lambda: (j := fake.get("jobs", name))["spec"]["activeDeadlineSeconds"] < 2000 and j,
-                "the deadline at the price in effect", task)
-    assert abs(job["spec"]["activeDeadlineSeconds"] - (BUDGET / (2 * PRICE * NODES) * 3600 - GRACE - MARGIN)) <= 2
+    job = _wait(
+        lambda: (j := fake.get("jobs", name))["spec"]["activeDeadlineSeconds"] < 2000 and j,
+        "the deadline at the price in effect",
+        task,
+    )
+    assert (
+        abs(job["spec"]["activeDeadlineSeconds"] - (BUDGET / (2 * PRICE * NODES) * 3600 - GRACE - MARGIN))
+        <= 2
+    )
     said = json.loads(job["metadata"]["annotations"]["airflow-dtrain/deadline"])
     assert said["usd_per_hour"] == pytest.approx(2 * PRICE * NODES) and "repriced" in said
 
-    fake.advance(job["spec"]["activeDeadlineSeconds"] + 1)  # nobody needs to call the API: the Job controller acts
+    fake.advance(
+        job["spec"]["activeDeadlineSeconds"] + 1
+    )  # nobody needs to call the API: the Job controller acts
     summary = task.result()
     assert summary["stopped"] == "budget", summary
     assert "$14.4000/h" in summary["budget_stop"]["reason"], summary["budget_stop"]

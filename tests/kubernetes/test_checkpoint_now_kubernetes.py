@@ -97,7 +97,9 @@ def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake
     fake.exec_handler = container
     fake.run(GROUP, [0])  # node 1 is still pending: nothing to signal there
     assert launcher.checkpoint_now(GROUP) == 2
-    assert [(ns, pod) for ns, pod, _, _ in fake.execs] == [("default", fake.pod(GROUP, 0)["metadata"]["name"])]
+    assert [(ns, pod) for ns, pod, _, _ in fake.execs] == [
+        ("default", fake.pod(GROUP, 0)["metadata"]["name"])
+    ]
     want = {"agent": 0, "rank0": 1, "rank1": 1, "loader": 0, "other_agent": 0, "other": 0}
     assert _signals(pod_processes, want) == want
 
@@ -105,7 +107,10 @@ def test_checkpoint_now_signals_the_training_processes_of_running_pods_only(fake
     fake.run(GROUP, [1])
     pod1 = fake.pod(GROUP, 1)["metadata"]["name"]
     fake.exec_handler = lambda ns, pod, name, command: (
-        ("", 'exec: "python": executable file not found in $PATH', 127) if pod == pod1 else container(ns, pod, name, command))
+        ("", 'exec: "python": executable file not found in $PATH', 127)
+        if pod == pod1
+        else container(ns, pod, name, command)
+    )
     warnings = []  # what the task log shows
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())
@@ -144,8 +149,12 @@ def test_checkpoint_now_by_annotation_reaches_a_real_agents_workers_without_exec
     [container] = pod_spec["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env[REQUESTS_FILE_ENV] == f"{PODINFO_DIR}/annotations"
-    assert {"name": "podinfo", "downwardAPI": {"items": [
-        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}} in pod_spec["volumes"]
+    assert {
+        "name": "podinfo",
+        "downwardAPI": {
+            "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+        },
+    } in pod_spec["volumes"]
     fake.run(GROUP, [0])
     pod = fake.pod(GROUP, 0)["metadata"]["name"]
     annotations = tmp_path / "annotations"

@@ -146,7 +146,9 @@ def test_a_disrupted_pod_relaunches_the_group_from_the_checkpoint_and_it_finishe
     # TTL deletes and Kueue would requeue); the new one resumes from the same checkpoint
     ended = fake.get("jobs", first)
     assert ended["spec"]["activeDeadlineSeconds"] == 1 and not ended["spec"].get("suspend"), ended["spec"]
-    assert [c["reason"] for c in ended["status"]["conditions"] if c["type"] == "Failed"] == ["DeadlineExceeded"]
+    assert [c["reason"] for c in ended["status"]["conditions"] if c["type"] == "Failed"] == [
+        "DeadlineExceeded"
+    ]
     left = {fake.get("pods", p)["status"]["phase"] for p in fake.names("pods") if p.startswith(first)}
     assert left <= {"Failed"}, f"pods of the preempted group still alive: {left}"
     configs = [
@@ -288,7 +290,13 @@ def test_the_task_instance_and_job_reach_the_pods_as_statsd_tags(fake, tmp_path)
     op = _operator(tmp_path, job="demo", kubernetes={"statsd_host": "node"})
     name = _defer(op, RecordingTI(dag_id="train_llama", run_id=run_id)).trigger.name
     config = json.loads(fake.get("configmaps", f"{name}-config")["data"]["train_config.json"])
-    expected = {"dag_id": "train_llama", "run_id": run_id, "task_id": "train", "map_index": "-1", "job": "demo"}
+    expected = {
+        "dag_id": "train_llama",
+        "run_id": run_id,
+        "task_id": "train",
+        "map_index": "-1",
+        "job": "demo",
+    }
     assert parse_tags(config["metrics"]["statsd_tags"]) == expected
     container = fake.get("jobs", name)["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}

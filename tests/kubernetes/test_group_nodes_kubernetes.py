@@ -19,7 +19,8 @@ def test_the_group_is_the_instances_its_pods_run_on_and_a_taint_is_a_notice(fake
     source = KubernetesGroupNodes(namespace="default")
     source = deserialize_source(*source.serialize())  # as a trigger carries it
     assert source.members("ours-r0") == GroupMembers(
-        frozenset({"i-00000000000000001", "i-00000000000000002"}), frozenset({"ip-10-0-0-1", "ip-10-0-0-2"}))
+        frozenset({"i-00000000000000001", "i-00000000000000002"}), frozenset({"ip-10-0-0-1", "ip-10-0-0-2"})
+    )
     assert source.node_notices("ours-r0") == []
 
     fake.taint("ip-10-0-0-3", "aws-node-termination-handler/spot-itn")  # another group's node
@@ -28,6 +29,9 @@ def test_the_group_is_the_instances_its_pods_run_on_and_a_taint_is_a_notice(fake
     fake.taint("ip-10-0-0-2", "aws-node-termination-handler/spot-itn")
     [notice] = source.node_notices("ours-r0")
     assert (notice.kind, notice.instance_id, notice.node_name, notice.source) == (
-        "spot-interruption", "i-00000000000000002", "ip-10-0-0-2", "node-taint")  # the most urgent of the two
+        "spot-interruption",
+        "i-00000000000000002",
+        "ip-10-0-0-2",
+        "node-taint",
+    )  # the most urgent of the two
     assert notice in source.members("ours-r0")
-

@@ -143,7 +143,11 @@ def test_secrets_only_by_reference_and_never_in_the_config():
 
 @pytest.mark.parametrize(
     ("capacity", "karpenter", "eks"),
-    [("spot", "spot", "SPOT"), ("on_demand", "on-demand", "ON_DEMAND"), ("on-demand", "on-demand", "ON_DEMAND")],
+    [
+        ("spot", "spot", "SPOT"),
+        ("on_demand", "on-demand", "ON_DEMAND"),
+        ("on-demand", "on-demand", "ON_DEMAND"),
+    ],
 )
 def test_capacity_type_selects_karpenter_or_eks_nodes_and_tolerates_their_taints(capacity, karpenter, eks):
     pod = _by_kind(render_group("g-r0", _spec(2, 8, capacity_type=capacity), namespace="ml"))["Job"]
@@ -199,10 +203,17 @@ def test_pod_template_overrides_merge_by_name():
     assert {"NCCL_DEBUG", "DTRAIN_NODE_RANK"} <= env
     assert (sidecar["name"], sidecar["image"]) == ("sidecar", "busybox")
     # an added container gets the pod's locked-down context and small requests and limits of its own
-    assert sidecar["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                          "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-    assert sidecar["resources"]["requests"] == sidecar["resources"]["limits"] == {
-        "cpu": "100m", "memory": "256Mi", "ephemeral-storage": "1Gi"}
+    assert sidecar["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert (
+        sidecar["resources"]["requests"]
+        == sidecar["resources"]["limits"]
+        == {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "1Gi"}
+    )
     assert template["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
     assert template["metadata"]["labels"][LABEL_GROUP] == "g-r0"
     assert template["spec"]["nodeSelector"] == {"topology.kubernetes.io/zone": "us-east-1a"}
@@ -273,7 +284,9 @@ def test_every_node_agent_waits_out_a_preemption_save_before_killing_its_workers
         num_nodes=2, backend="kubernetes", checkpoint_uri="s3://bucket/run", kubernetes={"image": "img"},
         config={"checkpoint": {"grace_period_s": grace}},
     )  # fmt: skip
-    container = _by_kind(render_group("g-r0", spec, namespace="ml"))["Job"]["spec"]["template"]["spec"]["containers"][0]
+    container = _by_kind(render_group("g-r0", spec, namespace="ml"))["Job"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(int(grace))
     assert agent_env(spec)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(int(grace))  # what the local backend uses
@@ -293,14 +306,22 @@ def test_a_program_of_your_own_runs_under_every_pods_agent_with_the_jobs_contrac
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
     container = _by_kind(objects)["Job"]["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["python", "-m", "trainer.launch"]  # the same agent: exit codes, relaunches
+    assert container["command"] == [
+        "python",
+        "-m",
+        "trainer.launch",
+    ]  # the same agent: exit codes, relaunches
     args = container["args"]
-    assert args[args.index("--max-restarts") + 2:] == ["/opt/own/train.py", "--lr", "3e-4"]
-    assert "--config" not in args and "--set" not in args, "the bundled trainer's flags are not your program's"
+    assert args[args.index("--max-restarts") + 2 :] == ["/opt/own/train.py", "--lr", "3e-4"]
+    assert "--config" not in args and "--set" not in args, (
+        "the bundled trainer's flags are not your program's"
+    )
     names = [e["name"] for e in container["env"]]
     assert len(names) == len(set(names)), "each variable once"
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["DTRAIN_STATSD_PORT"] == "8125"  # beside DTRAIN_STATSD_HOST (the node's IP): yours to report to
+    assert (
+        env["DTRAIN_STATSD_PORT"] == "8125"
+    )  # beside DTRAIN_STATSD_HOST (the node's IP): yours to report to
     assert {k: env[k] for k in env if k.startswith("DTRAIN_") and k not in ("DTRAIN_NODE_RANK", "DTRAIN_STATSD_HOST",
                                                                                 "DTRAIN_STATSD_PORT", "DTRAIN_DATA_DIR")} == {
         "DTRAIN_GROUP_NAME": "own-llm-train-0123456789-r1", "DTRAIN_CHECKPOINT_URI": "s3://ml-checkpoints/own",

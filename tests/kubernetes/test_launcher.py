@@ -88,7 +88,9 @@ def test_a_launch_fails_naming_an_earlier_group_of_the_task_that_is_still_runnin
     )  # fmt: skip
 
     started = time.monotonic()
-    with pytest.raises(PredecessorStillRunning, match=r"group writer-r1 not launched: group writer-r0 .*still running"):
+    with pytest.raises(
+        PredecessorStillRunning, match=r"group writer-r1 not launched: group writer-r0 .*still running"
+    ):
         KubernetesLauncher(poll_interval=0.2, predecessor_wait_s=1.0).launch("writer-r1", spec)
 
     assert 1.0 <= time.monotonic() - started < 30

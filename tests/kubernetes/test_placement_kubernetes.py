@@ -26,10 +26,14 @@ SPOT = {"karpenter.sh/capacity-type": "spot", "eks.amazonaws.com/capacityType": 
 
 # The two lines dags/train_llama.py's train() passes to FSDPTrainOperator (zone only for train_spot:
 # on-demand prices do not differ by zone).
-ZONE_TEMPLATE = ("{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('availability_zone')"
-                 " if params.backend == 'kubernetes' else None }}")
-TYPE_TEMPLATE = ("{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('instance_type')"
-                 " if params.backend == 'kubernetes' else None }}")
+ZONE_TEMPLATE = (
+    "{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('availability_zone')"
+    " if params.backend == 'kubernetes' else None }}"
+)
+TYPE_TEMPLATE = (
+    "{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('instance_type')"
+    " if params.backend == 'kubernetes' else None }}"
+)
 
 
 class DecisionTI(RecordingTI):
@@ -37,8 +41,17 @@ class DecisionTI(RecordingTI):
 
     def xcom_pull(self, task_ids: str | None = None, key: str | None = None) -> Any:
         assert (task_ids, key) == ("budget", "decision")
-        return {"choice": "spot", "offer": {"instance_type": TYPE, "availability_zone": ZONE, "region": "us-east-1",
-                                            "spot_price": 31.5, "on_demand_price": 98.3, "source": "ec2"}}
+        return {
+            "choice": "spot",
+            "offer": {
+                "instance_type": TYPE,
+                "availability_zone": ZONE,
+                "region": "us-east-1",
+                "spot_price": 31.5,
+                "on_demand_price": 98.3,
+                "source": "ec2",
+            },
+        }
 
 
 def _operator(tmp_path: Path, **overrides) -> FSDPTrainOperator:
@@ -91,8 +104,10 @@ def test_the_chosen_zone_and_instance_type_are_required_node_affinity_on_every_p
     for index in (0, 1):
         terms = _required_terms(fake.pod(name, index))
         # ORed terms (a Karpenter node or an EKS node group node), each one the capacity AND the zone AND the type
-        assert terms == [{key: value, "topology.kubernetes.io/zone": ZONE, "node.kubernetes.io/instance-type": TYPE}
-                         for key, value in SPOT.items()]
+        assert terms == [
+            {key: value, "topology.kubernetes.io/zone": ZONE, "node.kubernetes.io/instance-type": TYPE}
+            for key, value in SPOT.items()
+        ]
 
     # The (fake) scheduler holds the pods to it: another zone or type is refused, the chosen one taken.
     fake.add_node("ip-10-0-1-1", "i-0000000000000a001", "us-east-1a", instance_type=TYPE, capacity="spot")
@@ -112,8 +127,11 @@ def test_the_summary_records_where_each_group_ran(fake, tmp_path):
     task = Background(_rendered(_operator(tmp_path), ti).execute, {"ti": ti})
     first = _wait(lambda: ti.xcoms.get("group"), "the first group", task)
     fake.run(first, nodes={0: "ip-10-0-2-1", 1: "ip-10-0-2-2"})
-    _wait(lambda: "airflow-dtrain/placement" in fake.get("jobs", first)["metadata"].get("annotations", {}),
-          "the placement on the Job", task)
+    _wait(
+        lambda: "airflow-dtrain/placement" in fake.get("jobs", first)["metadata"].get("annotations", {}),
+        "the placement on the Job",
+        task,
+    )
     fake.exit(first, 1, 75)  # reclaimed: the relaunch lands elsewhere
     second = _wait(lambda: ti.xcoms.get("group") != first and ti.xcoms.get("group"), "the relaunch", task)
     fake.run(second, nodes={0: "ip-10-0-2-1", 1: "ip-10-0-2-3"})
@@ -127,8 +145,10 @@ def test_the_summary_records_where_each_group_ran(fake, tmp_path):
     summary = task.result()
 
     def ran(*nodes: str) -> list[dict[str, Any]]:
-        return [{"node_index": i, "node": node, "zone": ZONE, "instance_type": TYPE, "capacity_type": "spot"}
-                for i, node in enumerate(nodes)]
+        return [
+            {"node_index": i, "node": node, "zone": ZONE, "instance_type": TYPE, "capacity_type": "spot"}
+            for i, node in enumerate(nodes)
+        ]
 
     assert summary["placement"] == {
         "chosen": {"zone": ZONE, "instance_type": TYPE, "capacity": "spot"},
@@ -137,7 +157,9 @@ def test_the_summary_records_where_each_group_ran(fake, tmp_path):
     assert json.loads((ckpt / "summary.json").read_text())["placement"] == summary["placement"]
 
     # what it read is what docker/rbac.yaml grants: get on nodes, from the optional ClusterRole
-    reads = {path.rsplit("/", 1)[-1] for method, path in fake.requests if method == "GET" and "/nodes/" in path}
+    reads = {
+        path.rsplit("/", 1)[-1] for method, path in fake.requests if method == "GET" and "/nodes/" in path
+    }
     assert reads == {"ip-10-0-2-1", "ip-10-0-2-2", "ip-10-0-2-3"}
     docs = list(yaml.safe_load_all((REPO / "docker" / "rbac.yaml").read_text()))
     [cluster_role] = [d for d in docs if d["kind"] == "ClusterRole"]
@@ -158,7 +180,8 @@ def test_without_leave_to_read_nodes_the_placement_still_names_the_nodes(fake, t
     launcher = KubernetesLauncher()
     launcher.status("noread-r0")
     assert launcher.placement("noread-r0") == [
-        {"node_index": 0, "node": "ip-10-0-3-1", "zone": None, "instance_type": None, "capacity_type": None}]
+        {"node_index": 0, "node": "ip-10-0-3-1", "zone": None, "instance_type": None, "capacity_type": None}
+    ]
 
 
 def test_on_the_local_backend_the_decision_is_not_a_placement(tmp_path):

@@ -101,7 +101,10 @@ def test_whatever_the_author_sets_the_pods_stay_restricted_and_sized(config, ver
     # the writable places the trainer needs under a read-only root: /tmp (HOME, caches, data) and /dev/shm
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]] and volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert (
+        "emptyDir" in volumes[mounts["/tmp"]]
+        and volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    )
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["HOME"].startswith("/tmp/") and env["DTRAIN_DATA_DIR"].startswith("/tmp/")
 
@@ -208,9 +211,15 @@ def test_the_checker_fails_a_pod_with_each_violation(name):
 def test_the_checker_reads_apparmor_annotations_and_tells_baseline_from_restricted():
     job = _job(_spec())
     job["spec"]["template"]["metadata"]["annotations"] = {
-        "container.apparmor.security.beta.kubernetes.io/trainer": "unconfined"}
-    assert baseline(job) == restricted(job) == [
-        "AppArmor: metadata.annotations['container.apparmor.security.beta.kubernetes.io/trainer']: 'unconfined'"]
+        "container.apparmor.security.beta.kubernetes.io/trainer": "unconfined"
+    }
+    assert (
+        baseline(job)
+        == restricted(job)
+        == [
+            "AppArmor: metadata.annotations['container.apparmor.security.beta.kubernetes.io/trainer']: 'unconfined'"
+        ]
+    )
     job = _job(_spec())
     pod_spec_of(job)[1]["containers"][0]["securityContext"]["capabilities"]["add"] = ["CHOWN"]
     assert baseline(job) == [] and restricted(job) != []
@@ -223,8 +232,9 @@ def test_the_namespace_manifest_enforces_restricted():
     for mode in ("enforce", "warn", "audit"):
         assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
     rbac = list(yaml.safe_load_all((REPO / "docker" / "rbac.yaml").read_text()))
-    assert {d["metadata"].get("namespace") for d in rbac if d["kind"] in ("Role", "RoleBinding", "ServiceAccount")} \
-        == {namespace["metadata"]["name"]}, "the same namespace as docker/rbac.yaml"
+    assert {
+        d["metadata"].get("namespace") for d in rbac if d["kind"] in ("Role", "RoleBinding", "ServiceAccount")
+    } == {namespace["metadata"]["name"]}, "the same namespace as docker/rbac.yaml"
 
 
 def test_the_image_runs_as_the_user_the_pods_ask_for():

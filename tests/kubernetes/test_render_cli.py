@@ -78,7 +78,9 @@ def test_render_places_the_pods_where_the_price_was_chosen():
     assert out.returncode == 0, out.stderr
     job = [d for d in yaml.safe_load_all(out.stdout) if d][2]
     kubernetes_validate.validate(job, "1.31.0", strict=True)
-    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
     for term in terms["nodeSelectorTerms"]:  # every term (Karpenter, EKS node groups) requires zone and type
         required = {e["key"]: e["values"] for e in term["matchExpressions"]}
         assert required["topology.kubernetes.io/zone"] == ["us-east-1a"]

@@ -21,7 +21,10 @@ from tests.kubernetes.conftest import Background
 
 STEPS = 60  # the DAG's default
 ON_DEMAND_PRICE = 3.5
-ON_DEMAND_NODES = {("karpenter.sh/capacity-type", "on-demand"), ("eks.amazonaws.com/capacityType", "ON_DEMAND")}
+ON_DEMAND_NODES = {
+    ("karpenter.sh/capacity-type", "on-demand"),
+    ("eks.amazonaws.com/capacityType", "ON_DEMAND"),
+}
 
 
 class BudgetTI(RecordingTI):
@@ -42,7 +45,9 @@ def _train_on_demand(tmp_path: Path, ti: RecordingTI, monkeypatch) -> FSDPTrainO
         "image": "ghcr.io/acme/dtrain:test",
         "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],  # the worker mounts it too (tmp dir)
     }))  # fmt: skip
-    loader = importlib.util.spec_from_file_location("train_llama_under_test", REPO / "dags" / "train_llama.py")
+    loader = importlib.util.spec_from_file_location(
+        "train_llama_under_test", REPO / "dags" / "train_llama.py"
+    )
     module = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(module)
     task = module.dag.get_task("train_on_demand")
@@ -72,7 +77,9 @@ def _wait(predicate, what: str, task: Background, timeout: float = 120) -> Any:
 def _node_selection(pod: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
     """(the node labels the pod requires, ORed; the capacity taints it tolerates)."""
     node_affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
-    terms = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    terms = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
+        "nodeSelectorTerms"
+    ) or []
     required = set()
     for term in terms:
         [expression] = term["matchExpressions"]
@@ -135,15 +142,23 @@ def test_a_gpu_groups_summary_counts_gpu_hours(fake, tmp_path, monkeypatch):
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert _node_selection(pod)[0] == ON_DEMAND_NODES
 
-    cfg = TrainConfig.from_dict(json.loads(fake.get("configmaps", f"{name}-config")["data"]["train_config.json"]))
+    cfg = TrainConfig.from_dict(
+        json.loads(fake.get("configmaps", f"{name}-config")["data"]["train_config.json"])
+    )
     assert cfg.cost.gpus_per_node == 2
     fake.run(name)
-    ledger = CostLedger(price_per_node_hour=cfg.cost.price_per_node_hour, capacity_type=cfg.cost.capacity_type,
-                        gpus_per_node=cfg.cost.gpus_per_node, nodes=2)  # as trainer/train.py builds it
+    ledger = CostLedger(
+        price_per_node_hour=cfg.cost.price_per_node_hour,
+        capacity_type=cfg.cost.capacity_type,
+        gpus_per_node=cfg.cost.gpus_per_node,
+        nodes=2,
+    )  # as trainer/train.py builds it
     time.sleep(0.2)  # some training
     step_dir = tmp_path / "ckpt" / f"step-{STEPS:08d}"
     step_dir.mkdir(parents=True)
-    (step_dir / "manifest.json").write_text(json.dumps({"step": STEPS, "step_time_s": 0.01, "cost": ledger.snapshot()}))
+    (step_dir / "manifest.json").write_text(
+        json.dumps({"step": STEPS, "step_time_s": 0.01, "cost": ledger.snapshot()})
+    )
     _finish(fake, name, tmp_path / "ckpt", 2, STEPS)
 
     summary = task.result()
@@ -151,7 +166,9 @@ def test_a_gpu_groups_summary_counts_gpu_hours(fake, tmp_path, monkeypatch):
     # 2 nodes x 2 GPUs: GPU-hours are twice the node-hours, billed on demand
     on_demand = json.loads((step_dir / "manifest.json").read_text())["cost"]["on_demand"]
     assert on_demand["node_hours"] > 0
-    assert on_demand["gpu_hours"] == pytest.approx(on_demand["node_hours"] * 2, abs=2e-9)  # each rounded to 1e-9
+    assert on_demand["gpu_hours"] == pytest.approx(
+        on_demand["node_hours"] * 2, abs=2e-9
+    )  # each rounded to 1e-9
     # The job is billed from the group's launch to the moment its end was seen (the spend file the
     # session opened and closed), which covers more than the trainer's own ledger in the manifest.
     from trainer.checkpoint_dir import CheckpointDir

@@ -103,7 +103,9 @@ def test_the_train_task_refuses_hostile_input_before_any_api_write(deployed, fak
     conf, field = HOSTILE[case]
     with pytest.raises(SpecError) as err:
         task = _rendered_train_task(deployed, conf, tmp_path)
-        task.execute({"ti": DecisionTI(dag_id="train_llama", run_id="manual__hostile", task_id="train_on_demand")})
+        task.execute(
+            {"ti": DecisionTI(dag_id="train_llama", run_id="manual__hostile", task_id="train_on_demand")}
+        )
     message = str(err.value)
     assert f"{field}:" in message or f"{field} " in message, message
     assert [r for r in fake.requests if r[0] in WRITES] == []
@@ -123,14 +125,18 @@ def test_a_trigger_may_choose_an_allowed_tag_and_namespace(deployed, fake, tmp_p
     assert spec.kubernetes.volumes == ({"claim": "checkpoints", "mount_path": str(tmp_path)},)
     # a prefix is a repository and a separator: a look-alike repository is not in it
     with pytest.raises(SpecError, match=r"kubernetes.image: 'ghcr.io/acme/dtrain-evil:1.0' is not allowed"):
-        _rendered_train_task(deployed, {"kubernetes": {"image": "ghcr.io/acme/dtrain-evil:1.0"}}, tmp_path).job_spec()
+        _rendered_train_task(
+            deployed, {"kubernetes": {"image": "ghcr.io/acme/dtrain-evil:1.0"}}, tmp_path
+        ).job_spec()
 
 
 def test_a_run_without_a_budget_still_gets_a_deadline(deployed, fake, tmp_path):
     """budget_usd null on the form: the Job still has activeDeadlineSeconds, the platform's max_runtime_s."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    task = _rendered_train_task(deployed, {"budget_usd": None, "checkpoint_uri": str(tmp_path / "nobudget")}, tmp_path)
+    task = _rendered_train_task(
+        deployed, {"budget_usd": None, "checkpoint_uri": str(tmp_path / "nobudget")}, tmp_path
+    )
     task.deferrable = True
     with fake.lock:
         fake._create("namespaces", "", {"metadata": {"name": "ml"}})  # the deployed pods' namespace
@@ -172,14 +178,24 @@ def _operator(tmp_path: Path, **kubernetes: Any) -> FSDPTrainOperator:
 
 def _set_policy(monkeypatch, fake, tmp_path, policy: dict[str, Any]) -> None:
     kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig-admin")
-    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
-        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig), "dtrain_policy": policy}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "kubernetes",
+                "extra": {"kube_config_path": str(kubeconfig), "dtrain_policy": policy},
+            }
+        ),
+    )
 
 
 def test_a_dag_authors_privileged_pod_needs_the_admin(fake, tmp_path, monkeypatch, caplog):
     ti = RecordingTI(dag_id="d", run_id="r", task_id="train")
-    with pytest.raises(SpecError, match=r"kubernetes.pod_template.spec.hostNetwork: True: a privileged setting, "
-                                        r"which only the platform admin can allow"):
+    with pytest.raises(
+        SpecError,
+        match=r"kubernetes.pod_template.spec.hostNetwork: True: a privileged setting, "
+        r"which only the platform admin can allow",
+    ):
         _operator(tmp_path, pod_template=PRIVILEGED_TEMPLATE).execute({"ti": ti})
     assert [r for r in fake.requests if r[0] in WRITES] == []
 
@@ -208,7 +224,9 @@ def test_a_dag_authors_privileged_pod_needs_the_admin(fake, tmp_path, monkeypatc
 def test_the_admins_policy_bounds_the_dag_author(fake, tmp_path, monkeypatch, policy, kubernetes, expected):
     _set_policy(monkeypatch, fake, tmp_path, policy)
     with pytest.raises(SpecError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        _operator(tmp_path, **kubernetes).execute({"ti": RecordingTI(dag_id="d", run_id="r", task_id="train")})
+        _operator(tmp_path, **kubernetes).execute(
+            {"ti": RecordingTI(dag_id="d", run_id="r", task_id="train")}
+        )
     assert [r for r in fake.requests if r[0] in WRITES] == []
 
 
@@ -227,8 +245,25 @@ def test_the_privileged_settings_checker_finds_each_and_passes_a_plain_template(
         "kubernetes.pod_template.spec.containers[0].securityContext.privileged: True",
         "kubernetes.pod_template.spec.containers[0].securityContext.capabilities.add: ['IPC_LOCK']",
     ]
-    assert privileged_settings({"spec": {"containers": [{"name": "trainer", "workingDir": "/work", "securityContext": {
-        "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}, "runAsUser": 1000}}]}}) == []
+    assert (
+        privileged_settings(
+            {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "workingDir": "/work",
+                            "securityContext": {
+                                "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]},
+                                "runAsUser": 1000,
+                            },
+                        }
+                    ]
+                }
+            }
+        )
+        == []
+    )
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)

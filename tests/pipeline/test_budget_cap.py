@@ -36,7 +36,9 @@ def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, 
     decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
     assert decision["choice"] == "spot", decision  # admitted on the estimate
     assert states["train_spot"] == TaskInstanceState.SUCCESS
-    assert states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS  # the last checkpoint is usable
+    assert (
+        states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS
+    )  # the last checkpoint is usable
 
     summary = json.loads((ckpt / "summary.json").read_text())
     assert summary["stopped"] == "budget", summary
@@ -65,7 +67,9 @@ def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, 
         "budget_usd": budget,
     })  # fmt: skip
     states = _states(again)
-    assert states["stop"] == TaskInstanceState.SUCCESS and states["train_spot"] == TaskInstanceState.SKIPPED, states
+    assert (
+        states["stop"] == TaskInstanceState.SUCCESS and states["train_spot"] == TaskInstanceState.SKIPPED
+    ), states
     assert CheckpointDir(str(ckpt)).spend().total_dollars == pytest.approx(spend.total_dollars)
 
 
@@ -85,16 +89,22 @@ def test_a_job_that_waited_is_continued_by_its_next_run_with_its_ledger(dags, tm
     assert spent_first > 0 and ckpt.latest().step == 10
 
     # The job asks for more steps, but spot is above the max price: this run waits and trains nothing.
-    waited = dags["train_llama"].test(run_conf={**common, "steps": 20, "local_spot_price": 2.0, "max_price": 1.0})
+    waited = dags["train_llama"].test(
+        run_conf={**common, "steps": 20, "local_spot_price": 2.0, "max_price": 1.0}
+    )
     states = _states(waited)
-    assert states["wait"] == TaskInstanceState.SUCCESS and states["train_spot"] == TaskInstanceState.SKIPPED, states
+    assert (
+        states["wait"] == TaskInstanceState.SUCCESS and states["train_spot"] == TaskInstanceState.SKIPPED
+    ), states
     assert ckpt.spend().total_dollars == pytest.approx(spent_first) and ckpt.latest().step == 10
 
     # The next run finds the price acceptable: it continues the job from step 10, on the same ledger.
     second = dags["train_llama"].test(run_conf={**common, "steps": 20})
     assert second.state == DagRunState.SUCCESS, _states(second)
     decision = second.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
-    assert decision["ledger"]["step"] == 10 and decision["ledger"]["total_dollars"] == pytest.approx(spent_first)
+    assert decision["ledger"]["step"] == 10 and decision["ledger"]["total_dollars"] == pytest.approx(
+        spent_first
+    )
     assert decision["choice"] == "spot", decision
     summary = second.get_task_instance("train_spot").xcom_pull(task_ids="train_spot")
     assert summary is not None, _states(second)

@@ -74,7 +74,11 @@ def test_every_documented_metric_is_on_the_dashboard():
         assert used & candidates, f"{name} ({prom}) is emitted but on no panel"
 
 
-VARIABLES = {"dag": "dag_id", "run": "run_id", "job": "job"}  # dashboard variable -> the statsd tag it filters
+VARIABLES = {
+    "dag": "dag_id",
+    "run": "run_id",
+    "job": "job",
+}  # dashboard variable -> the statsd tag it filters
 
 
 def _panels() -> list[dict]:
@@ -97,12 +101,21 @@ def test_every_panel_query_is_filtered_by_the_dag_run_and_job_variables():
             for metric, selector in uses:
                 for variable, label in VARIABLES.items():
                     assert f'{label}=~"${variable}"' in selector, (
-                        f"panel {panel['title']!r}: {metric} is not filtered by ${variable} in {target['expr']}")
+                        f"panel {panel['title']!r}: {metric} is not filtered by ${variable} in {target['expr']}"
+                    )
 
 
 # What a metric's name says its unit is -> the Grafana unit of a panel that shows it.
-UNITS = [("_bytes", "bytes"), ("_seconds", "s"), ("dollars", "currencyUSD"), ("_pct", "percent"), ("_w", "watt"),
-         ("_c", "celsius"), ("_hours", "h"), ("_mfu", "percentunit")]
+UNITS = [
+    ("_bytes", "bytes"),
+    ("_seconds", "s"),
+    ("dollars", "currencyUSD"),
+    ("_pct", "percent"),
+    ("_w", "watt"),
+    ("_c", "celsius"),
+    ("_hours", "h"),
+    ("_mfu", "percentunit"),
+]
 
 
 def test_units_are_in_the_names_and_panels_show_them_in_those_units():
@@ -112,18 +125,32 @@ def test_units_are_in_the_names_and_panels_show_them_in_those_units():
         unit = panel["fieldConfig"]["defaults"]["unit"]
         for target in panel["targets"]:
             for metric in re.findall(r"\b(dtrain_[a-z0-9_]+?)(?:_sum|_count|_bucket)?\b", target["expr"]):
-                expected = next((u for suffix, u in UNITS if suffix in metric and (suffix == "dollars" or
-                                                                                  metric.endswith(suffix))), None)
+                expected = next(
+                    (
+                        u
+                        for suffix, u in UNITS
+                        if suffix in metric and (suffix == "dollars" or metric.endswith(suffix))
+                    ),
+                    None,
+                )
                 if expected is not None:
-                    assert unit == expected, f"panel {panel['title']!r} shows {metric} as {unit!r}, not {expected!r}"
+                    assert unit == expected, (
+                        f"panel {panel['title']!r} shows {metric} as {unit!r}, not {expected!r}"
+                    )
 
 
 def test_the_jobs_spend_has_one_name_on_both_sides_and_a_panel_against_its_budget():
     assert "cost.dollars" in TRAINING_METRICS and "cost.dollars" in ORCHESTRATION_METRICS
     assert [n for n in _statsd_names() if "spent" in n or n.endswith("_usd")] == []
-    spend_vs_budget = [p for p in _panels() if {"dtrain_cost_dollars", "dtrain_cost_budget_dollars"}
-                       <= set(re.findall(r"dtrain_[a-z0-9_]+", " ".join(t["expr"] for t in p["targets"])))]
-    assert [p["type"] for p in spend_vs_budget] == ["stat", "timeseries"], [p["title"] for p in spend_vs_budget]
+    spend_vs_budget = [
+        p
+        for p in _panels()
+        if {"dtrain_cost_dollars", "dtrain_cost_budget_dollars"}
+        <= set(re.findall(r"dtrain_[a-z0-9_]+", " ".join(t["expr"] for t in p["targets"])))
+    ]
+    assert [p["type"] for p in spend_vs_budget] == ["stat", "timeseries"], [
+        p["title"] for p in spend_vs_budget
+    ]
 
 
 def test_the_exporter_mapping_expires_series_of_runs_that_stopped():

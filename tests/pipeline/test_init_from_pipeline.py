@@ -21,13 +21,17 @@ transformers = pytest.importorskip("transformers", reason="transformers is in th
 def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_path):
     """`init_from` alone: the prepare_data task tokenises the built-in text with the model's own tokenizer."""
     src = tiny_llama(tmp_path / "my-llama", n_kv_heads=2, tie=False)
-    tiny_tokenizer(src, vocab_size=256, corpus=builtin_documents()[:300])  # the model directory's tokenizer files
+    tiny_tokenizer(
+        src, vocab_size=256, corpus=builtin_documents()[:300]
+    )  # the model directory's tokenizer files
     ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
     # a byte-level job's best model in the same registry (loss 2.14, measured with another tokenizer on other
     # data): this job's model is exported and becomes the best of its own job and evaluation set all the same
     byte_entry = registry / "train-llama" / "eval-0123456789ab"
     byte_entry.mkdir(parents=True)
-    (registry / "train-llama" / "owner.json").write_text(json.dumps({"owner": "train_llama", "job": "train-llama"}))
+    (registry / "train-llama" / "owner.json").write_text(
+        json.dumps({"owner": "train_llama", "job": "train-llama"})
+    )
     (byte_entry / "best.json").write_text(json.dumps({"loss": 2.14, "step": 60}))
     job = f"hf-{uuid.uuid4().hex[:8]}"
     run = dags["train_llama"].test(run_conf={
@@ -47,7 +51,10 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     # the job's own registry entry, on its evaluation set; the DAG run says what it exported and that it is the best
     (best_file,) = registry.glob(f"{job}/eval-*/best.json")
     best = json.loads(best_file.read_text())
-    assert best_file.parent.parent.name == job and json.loads((byte_entry / "best.json").read_text())["loss"] == 2.14
+    assert (
+        best_file.parent.parent.name == job
+        and json.loads((byte_entry / "best.json").read_text())["loss"] == 2.14
+    )
     evaluation = run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate")
     assert evaluation["promoted"] is True and evaluation["export"] == best["export"], evaluation
     exported = transformers.AutoModelForCausalLM.from_pretrained(best["export"])

@@ -30,7 +30,9 @@ STATUS = re.compile(
 )
 
 
-def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(dags, tmp_path, monkeypatch, capfd):
+def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
+    dags, tmp_path, monkeypatch, capfd
+):
     listener = StatsdListener()
     monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_HOST", "127.0.0.1")
     monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_PORT", str(listener.port))
@@ -39,7 +41,9 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     # the job's best model on another evaluation set (other data): a lower loss measured here must not replace it
     other_set = registry / "train-llama" / "eval-0123456789ab"
     other_set.mkdir(parents=True)
-    (registry / "train-llama" / "owner.json").write_text(json.dumps({"owner": "train_llama", "job": "train-llama"}))
+    (registry / "train-llama" / "owner.json").write_text(
+        json.dumps({"owner": "train_llama", "job": "train-llama"})
+    )
     other_best = json.dumps({"loss": 5.0, "step": 1000, "export": str(other_set / "run" / "step-00001000")})
     (other_set / "best.json").write_text(other_best)
     try:
@@ -102,16 +106,24 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(da
     # every line, the trainer's and every task's, says which run and job it belongs to
     for line in listener.lines:
         name, _, _, tags = parse_line(line)
-        assert (tags["dag_id"], tags["run_id"], tags["job"]) == ("train_llama", run.run_id, "train-llama"), line
+        assert (tags["dag_id"], tags["run_id"], tags["job"]) == ("train_llama", run.run_id, "train-llama"), (
+            line
+        )
 
 
 def test_budget_too_small_ends_in_the_stop_branch_without_training(dags, tmp_path):
     run = dags["train_llama"].test(
-        run_conf={"budget_usd": 0.0001, "checkpoint_uri": str(tmp_path / "ckpt"), "registry_uri": str(tmp_path / "r")}
+        run_conf={
+            "budget_usd": 0.0001,
+            "checkpoint_uri": str(tmp_path / "ckpt"),
+            "registry_uri": str(tmp_path / "r"),
+        }
     )
     states = _states(run)
     assert states["stop"] == TaskInstanceState.SUCCESS
-    assert states["train_spot"] == states["train_on_demand"] == states["spot_watch"] == TaskInstanceState.SKIPPED
+    assert (
+        states["train_spot"] == states["train_on_demand"] == states["spot_watch"] == TaskInstanceState.SKIPPED
+    )
     assert states["validate"] == states["evaluate"] == TaskInstanceState.SKIPPED
     decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
     assert decision["choice"] == "stop" and "over budget" in decision["reason"]
@@ -120,8 +132,12 @@ def test_budget_too_small_ends_in_the_stop_branch_without_training(dags, tmp_pat
 
 def test_price_above_the_maximum_waits(dags, tmp_path):
     run = dags["train_llama"].test(
-        run_conf={"local_spot_price": 2.0, "max_price": 1.0, "checkpoint_uri": str(tmp_path / "ckpt"),
-                  "registry_uri": str(tmp_path / "r")}  # fmt: skip
+        run_conf={
+            "local_spot_price": 2.0,
+            "max_price": 1.0,
+            "checkpoint_uri": str(tmp_path / "ckpt"),
+            "registry_uri": str(tmp_path / "r"),
+        }  # fmt: skip
     )
     states = _states(run)
     assert states["wait"] == TaskInstanceState.SUCCESS
@@ -148,7 +164,9 @@ def test_bad_trigger_form_input_fails_before_any_process_starts(dags, tmp_path, 
 
 
 def test_sweep_trains_every_config_behind_one_budget_check(dags, tmp_path):
-    run = dags["sweep_llama"].test(run_conf={"learning_rates": [1e-3, 3e-3], "steps": 8, "sweep_root": str(tmp_path)})
+    run = dags["sweep_llama"].test(
+        run_conf={"learning_rates": [1e-3, 3e-3], "steps": 8, "sweep_root": str(tmp_path)}
+    )
     assert run.state == DagRunState.SUCCESS, _states(run)
     result = run.get_task_instance("best").xcom_pull(task_ids="best")
     assert [r["lr"] for r in result["runs"]] == [1e-3, 3e-3]
@@ -164,7 +182,9 @@ def test_sweep_trains_every_config_behind_one_budget_check(dags, tmp_path):
 
 
 def test_a_sweep_with_a_repeated_rate_is_refused_before_any_member_starts(dags, tmp_path):
-    run = dags["sweep_llama"].test(run_conf={"learning_rates": [1e-3, 0.001], "steps": 8, "sweep_root": str(tmp_path)})
+    run = dags["sweep_llama"].test(
+        run_conf={"learning_rates": [1e-3, 0.001], "steps": 8, "sweep_root": str(tmp_path)}
+    )
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["configs"] == TaskInstanceState.FAILED and states["train"] != TaskInstanceState.SUCCESS
     assert not any(tmp_path.iterdir()), "two members would have shared one directory"
@@ -173,8 +193,12 @@ def test_a_sweep_with_a_repeated_rate_is_refused_before_any_member_starts(dags, 
 def test_sweep_over_budget_as_a_whole_starts_nothing(dags, tmp_path):
     # one config would fit, the sweep of four does not: 4 × 200 steps × 0.5 s × $0.5/h = $0.056 > $0.03
     run = dags["sweep_llama"].test(
-        run_conf={"learning_rates": [1e-3, 2e-3, 3e-3, 4e-3], "steps": 200, "budget_usd": 0.03,
-                  "sweep_root": str(tmp_path)}  # fmt: skip
+        run_conf={
+            "learning_rates": [1e-3, 2e-3, 3e-3, 4e-3],
+            "steps": 200,
+            "budget_usd": 0.03,
+            "sweep_root": str(tmp_path),
+        }  # fmt: skip
     )
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["over_budget"] == TaskInstanceState.SUCCESS
@@ -189,7 +213,10 @@ def test_unknown_dag_run_conf_keys_are_rejected_before_anything_launches(dags, t
     states = _states(run)
     assert run.state == DagRunState.FAILED, states
     assert states["check_conf"] == TaskInstanceState.FAILED
-    assert states["spot_price"] != TaskInstanceState.SUCCESS and states["train_spot"] != TaskInstanceState.SUCCESS
+    assert (
+        states["spot_price"] != TaskInstanceState.SUCCESS
+        and states["train_spot"] != TaskInstanceState.SUCCESS
+    )
     assert not state_dir.exists(), "no group may be launched"
     from airflow_dtrain.params import UnknownConfKeys, reject_unknown_conf
 
@@ -207,13 +234,18 @@ def test_a_run_cannot_choose_the_program_the_group_runs(dags, tmp_path, monkeypa
     states = _states(run)
     assert run.state == DagRunState.FAILED, states
     assert states["check_conf"] == TaskInstanceState.FAILED
-    assert states["train_spot"] != TaskInstanceState.SUCCESS and states["train_on_demand"] != TaskInstanceState.SUCCESS
+    assert (
+        states["train_spot"] != TaskInstanceState.SUCCESS
+        and states["train_on_demand"] != TaskInstanceState.SUCCESS
+    )
     assert not state_dir.exists(), "no group may be launched"
     from airflow_dtrain.params import UnknownConfKeys, reject_unknown_conf
 
     # what check_conf raised: the key by name, and why
     with pytest.raises(UnknownConfKeys, match=r"key 'entrypoint' is refused: .* set by the DAG author"):
-        reject_unknown_conf({"entrypoint": ["/tmp/not-the-authors.py"], "steps": 10}, dags["train_llama"].params)
+        reject_unknown_conf(
+            {"entrypoint": ["/tmp/not-the-authors.py"], "steps": 10}, dags["train_llama"].params
+        )
 
 
 def test_a_trigger_cannot_ask_for_more_nodes_than_the_dag_allows(dags, tmp_path, monkeypatch):

@@ -43,14 +43,17 @@ def _their_job(root, owner: str | None, job: str) -> None:
      (None, "holds data of no recorded owner (checkpoints of job other)")],
     ids=["another owner's job", "a foreign directory"],
 )  # fmt: skip
-def test_another_owners_job_or_a_foreign_directory_is_refused_with_nothing_written(dags, tmp_path, owner, refusal,
-                                                                                 monkeypatch, capfd):
+def test_another_owners_job_or_a_foreign_directory_is_refused_with_nothing_written(
+    dags, tmp_path, owner, refusal, monkeypatch, capfd
+):
     monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(tmp_path / "groups"))
     theirs = tmp_path / "theirs"
     _their_job(theirs, owner, "shared" if owner else "other")
     before = tree(theirs)
     # a trigger-set local price of 1e12 would stop their next run if it reached their ledger: it is refused too
-    run = dags["train_llama"].test(run_conf={"job": "shared", "checkpoint_uri": str(theirs), "local_spot_price": 499})
+    run = dags["train_llama"].test(
+        run_conf={"job": "shared", "checkpoint_uri": str(theirs), "local_spot_price": 499}
+    )
     _refused(run, "budget")
     out = capfd.readouterr()
     assert refusal in out.out + out.err
@@ -75,7 +78,9 @@ def test_an_empty_job_is_refused_by_the_form(dags, tmp_path, monkeypatch):
      ({"checkpoint_uri": "/srv/other-team/ckpt"}, "checkpoint_uri: '/srv/other-team/ckpt' is outside the storage roots")],
     ids=["registry outside the roots", "tokens per micro-batch", "checkpoints outside the roots"],
 )  # fmt: skip
-def test_a_run_beyond_the_limits_is_refused_before_any_task(dags, tmp_path, monkeypatch, capfd, conf, refusal):
+def test_a_run_beyond_the_limits_is_refused_before_any_task(
+    dags, tmp_path, monkeypatch, capfd, conf, refusal
+):
     monkeypatch.setenv("DTRAIN_LOCAL_STATE_DIR", str(tmp_path / "groups"))
     monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", str(tmp_path))  # the platform's: not /srv/other-team
     run = dags["train_llama"].test(run_conf={"checkpoint_uri": str(tmp_path / "ckpt"), **conf})
@@ -91,7 +96,10 @@ def test_the_sweeps_limits_are_the_train_limits(dags, tmp_path, monkeypatch):
     train, sweep = dags["train_llama"].params, dags["sweep_llama"].params
     for name in ("num_nodes", "procs_per_node", "steps"):
         assert sweep.get_param(name).schema["maximum"] == train.get_param(name).schema["maximum"], name
-    assert sweep.get_param("price_per_hour").schema["maximum"] == train.get_param("local_spot_price").schema["maximum"]
+    assert (
+        sweep.get_param("price_per_hour").schema["maximum"]
+        == train.get_param("local_spot_price").schema["maximum"]
+    )
     for conf, field in (({"learning_rates": [1e-3 * (i + 1) for i in range(17)]}, "learning_rates"),
                         ({"num_nodes": 9}, "num_nodes"), ({"price_per_hour": 1e12}, "price_per_hour")):  # fmt: skip
         with pytest.raises(ParamValidationError, match=field):
@@ -102,7 +110,9 @@ def test_the_sweeps_limits_are_the_train_limits(dags, tmp_path, monkeypatch):
     assert _states(run)["check_conf"] == TaskInstanceState.FAILED and not os.path.exists("/srv/other-team")
 
 
-def test_a_forged_checkpoint_runs_nothing_when_a_run_resumes_validates_and_evaluates(dags, tmp_path, monkeypatch):
+def test_a_forged_checkpoint_runs_nothing_when_a_run_resumes_validates_and_evaluates(
+    dags, tmp_path, monkeypatch
+):
     """The job's directory holds a checkpoint whose .metadata would run a command when unpickled (its manifest's
     checksums match): the run resumes past it, validates and evaluates, and the command never runs."""
     from tests.trainer.conftest import FAST, run_trainer

@@ -29,7 +29,10 @@ def moto_server():
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in ("AIRFLOW_CONN_AWS_DEFAULT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AIRFLOW_CONN_AWS_DEFAULT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    }
     os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
         {
             "conn_type": "aws",
@@ -138,9 +141,7 @@ def spot_market(moto_server, monkeypatch) -> FakeSpotMarket:
             "NextToken": self._get_param("NextToken"),
         }
         page, token = market.query(self.region, params)
-        history = [
-            {**r, "Timestamp": r["Timestamp"].strftime("%Y-%m-%dT%H:%M:%S.000Z")} for r in page
-        ]
+        history = [{**r, "Timestamp": r["Timestamp"].strftime("%Y-%m-%dT%H:%M:%S.000Z")} for r in page]
         result: dict[str, Any] = {"SpotPriceHistory": history}
         if token:
             result["NextToken"] = token
@@ -158,9 +159,9 @@ def sqs_queue(moto_server, monkeypatch):
     from airflow.providers.amazon.aws.hooks.sqs import SqsHook
 
     client = SqsHook(aws_conn_id="aws_default").conn
-    url = client.create_queue(QueueName=f"spot-events-{uuid.uuid4().hex[:8]}", Attributes={"VisibilityTimeout": "30"})[
-        "QueueUrl"
-    ]
+    url = client.create_queue(
+        QueueName=f"spot-events-{uuid.uuid4().hex[:8]}", Attributes={"VisibilityTimeout": "30"}
+    )["QueueUrl"]
     monkeypatch.setenv("AIRFLOW__DTRAIN__INTERRUPTION_QUEUES", url)
     return client, url
 
@@ -196,8 +197,16 @@ def write_manifest(
         }
     # every field a committed manifest has (trainer.checkpoint_dir.MANIFEST_REQUIRED): the budget reads
     # only manifests that pass the checks validation makes
-    manifest = {"step": step, "flavor": "debug", "files": {}, "cost": cost, "world_size": 1, "config_hash": "0",
-                "tokens_seen": 8 * step, "wall_time_s": 1.5 * step}
+    manifest = {
+        "step": step,
+        "flavor": "debug",
+        "files": {},
+        "cost": cost,
+        "world_size": 1,
+        "config_hash": "0",
+        "tokens_seen": 8 * step,
+        "wall_time_s": 1.5 * step,
+    }
     if step_time_s is not None:
         manifest["step_time_s"] = step_time_s
     if committed:

@@ -20,29 +20,99 @@ SPOT_COST = 1 * (1 + 0.05 * 600 / 3600) * 2 * 1.20
     [
         ("cheap spot, big budget", dict(remaining_budget=100.0), Choice.SPOT, "spot: 1.00 h × 2 node(s)"),
         ("no budget at all", dict(remaining_budget=None), Choice.SPOT, "within no budget"),
-        ("spot exactly at budget", dict(remaining_budget=SPOT_COST), Choice.SPOT, f"${SPOT_COST:.2f} within ${SPOT_COST:.2f}"),
-        ("a cent below the spot estimate", dict(remaining_budget=SPOT_COST - 0.01), Choice.STOP, "spot estimate $2.42 exceeds"),
-        ("on-demand exactly at budget", dict(spot_price=None, remaining_budget=6.12), Choice.ON_DEMAND, "$6.12 within $6.12"),
-        ("on-demand over budget, no spot", dict(spot_price=None, remaining_budget=6.11), Choice.STOP, "on-demand estimate $6.12 exceeds"),
-        ("nothing remaining", dict(steps_remaining=0, remaining_budget=0.0), Choice.STOP, "no steps remaining"),
+        (
+            "spot exactly at budget",
+            dict(remaining_budget=SPOT_COST),
+            Choice.SPOT,
+            f"${SPOT_COST:.2f} within ${SPOT_COST:.2f}",
+        ),
+        (
+            "a cent below the spot estimate",
+            dict(remaining_budget=SPOT_COST - 0.01),
+            Choice.STOP,
+            "spot estimate $2.42 exceeds",
+        ),
+        (
+            "on-demand exactly at budget",
+            dict(spot_price=None, remaining_budget=6.12),
+            Choice.ON_DEMAND,
+            "$6.12 within $6.12",
+        ),
+        (
+            "on-demand over budget, no spot",
+            dict(spot_price=None, remaining_budget=6.11),
+            Choice.STOP,
+            "on-demand estimate $6.12 exceeds",
+        ),
+        (
+            "nothing remaining",
+            dict(steps_remaining=0, remaining_budget=0.0),
+            Choice.STOP,
+            "no steps remaining",
+        ),
         ("budget spent", dict(remaining_budget=0.0), Choice.STOP, "exceeds the remaining budget $0.00"),
-        ("unknown step time with a budget", dict(step_time_s=None, remaining_budget=50.0), Choice.STOP, "unknown step time"),
+        (
+            "unknown step time with a budget",
+            dict(step_time_s=None, remaining_budget=50.0),
+            Choice.STOP,
+            "unknown step time",
+        ),
         ("unknown step time, no budget", dict(step_time_s=None), Choice.SPOT, "spot"),
-        ("no prices at all", dict(spot_price=None, on_demand_price=None, remaining_budget=50.0), Choice.STOP, "no price known"),
+        (
+            "no prices at all",
+            dict(spot_price=None, on_demand_price=None, remaining_budget=50.0),
+            Choice.STOP,
+            "no price known",
+        ),
         ("only a spot price", dict(on_demand_price=None, remaining_budget=50.0), Choice.SPOT, "spot"),
-        ("only on-demand", dict(spot_price=None, remaining_budget=50.0), Choice.ON_DEMAND, "no acceptable spot offer"),
-        ("spot too risky", dict(interruption_rate_per_hour=0.5, max_interruption_rate_per_hour=0.2, remaining_budget=50.0),
-         Choice.ON_DEMAND, "interruption risk 0.500/h above 0.200/h"),
-        ("no spot offer, may wait, time to spare",
-         dict(spot_price=None, remaining_budget=50.0, max_wait_s=3600, deadline_s=3 * 3600), Choice.WAIT, "wait 900 s"),
-        ("no spot offer, waited enough",
-         dict(spot_price=None, remaining_budget=50.0, max_wait_s=3600, waited_s=3600, deadline_s=3 * 3600), Choice.ON_DEMAND, "on-demand"),
-        ("no spot offer, a wait would miss the deadline",
-         dict(spot_price=None, remaining_budget=50.0, max_wait_s=3600, deadline_s=3600 + 600), Choice.ON_DEMAND, "on-demand"),
-        ("spot too slow for the deadline", dict(remaining_budget=50.0, deadline_s=3600), Choice.ON_DEMAND, "past the deadline"),
-        ("only spot fits the budget, none offered: wait for it",
-         dict(spot_price=None, remaining_budget=3.0, max_wait_s=3600, wait_target_price=1.2), Choice.WAIT, "wait"),
-        ("only spot would fit, waiting not allowed", dict(spot_price=None, remaining_budget=3.0), Choice.STOP, "exceeds"),
+        (
+            "only on-demand",
+            dict(spot_price=None, remaining_budget=50.0),
+            Choice.ON_DEMAND,
+            "no acceptable spot offer",
+        ),
+        (
+            "spot too risky",
+            dict(interruption_rate_per_hour=0.5, max_interruption_rate_per_hour=0.2, remaining_budget=50.0),
+            Choice.ON_DEMAND,
+            "interruption risk 0.500/h above 0.200/h",
+        ),
+        (
+            "no spot offer, may wait, time to spare",
+            dict(spot_price=None, remaining_budget=50.0, max_wait_s=3600, deadline_s=3 * 3600),
+            Choice.WAIT,
+            "wait 900 s",
+        ),
+        (
+            "no spot offer, waited enough",
+            dict(spot_price=None, remaining_budget=50.0, max_wait_s=3600, waited_s=3600, deadline_s=3 * 3600),
+            Choice.ON_DEMAND,
+            "on-demand",
+        ),
+        (
+            "no spot offer, a wait would miss the deadline",
+            dict(spot_price=None, remaining_budget=50.0, max_wait_s=3600, deadline_s=3600 + 600),
+            Choice.ON_DEMAND,
+            "on-demand",
+        ),
+        (
+            "spot too slow for the deadline",
+            dict(remaining_budget=50.0, deadline_s=3600),
+            Choice.ON_DEMAND,
+            "past the deadline",
+        ),
+        (
+            "only spot fits the budget, none offered: wait for it",
+            dict(spot_price=None, remaining_budget=3.0, max_wait_s=3600, wait_target_price=1.2),
+            Choice.WAIT,
+            "wait",
+        ),
+        (
+            "only spot would fit, waiting not allowed",
+            dict(spot_price=None, remaining_budget=3.0),
+            Choice.STOP,
+            "exceeds",
+        ),
     ],
 )
 def test_decision_table(case, overrides, choice, reason):
@@ -58,7 +128,13 @@ def test_decision_table(case, overrides, choice, reason):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("steps_remaining", -1), ("step_time_s", 0.0), ("num_nodes", 0), ("spot_price", -1.0), ("wait_interval_s", 0)],
+    [
+        ("steps_remaining", -1),
+        ("step_time_s", 0.0),
+        ("num_nodes", 0),
+        ("spot_price", -1.0),
+        ("wait_interval_s", 0),
+    ],
 )
 def test_invalid_inputs_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"{field}: invalid value {value!r}"):
@@ -123,7 +199,9 @@ def test_the_money_the_training_task_keeps_back_to_stop_is_not_spent_on_training
     """The bundled trainer stops with its save and exit, and the platform deadline's grace and margin, still
     paid for (175 s of the group with the defaults): a job whose estimate fits the money left but not beyond
     that reserve is not launched, since it would stop at once, having paid for its start-up."""
-    write_manifest(tmp_path, 9_900, spot_dollars=29.8, step_time_s=1.8)  # 100 steps left: 180 s, $0.12 of spot
+    write_manifest(
+        tmp_path, 9_900, spot_dollars=29.8, step_time_s=1.8
+    )  # 100 steps left: 180 s, $0.12 of spot
     kwargs = dict(checkpoint_uri=str(tmp_path), budget_usd=30.1, spot_price=1.168, on_demand_price=3.06)
     ti = _TI()
     assert _branch(**kwargs).choose_branch({"ti": ti}) == "train_spot"  # $0.30 left, and no reserve counted
@@ -142,7 +220,9 @@ def test_the_money_the_training_task_keeps_back_to_stop_is_not_spent_on_training
 
     offer = fixed_price_choice(price_per_hour=1.168, on_demand_price=3.06).to_dict()
     ti = _TI({"spot_price": offer})
-    fixed = _branch(checkpoint_uri=str(tmp_path), budget_usd=30.1, price_task_id="spot_price", stop_reserve_s=175)
+    fixed = _branch(
+        checkpoint_uri=str(tmp_path), budget_usd=30.1, price_task_id="spot_price", stop_reserve_s=175
+    )
     assert fixed.choose_branch({"ti": ti}) == "train_spot"
     assert ti.pushed["decision"]["stop_reserve_usd"] == pytest.approx(175 * 2 * 1.168 / 3600, abs=1e-6)
 
@@ -153,7 +233,9 @@ def test_branch_uses_the_ledger_and_the_sensors_offer(tmp_path):
     offer = {"spot_price": 1.168, "on_demand_price": 3.06, "instance_type": "p3.2xlarge"}
     ti = _TI({"spot_price": offer})
 
-    branch = _branch(checkpoint_uri=str(tmp_path), budget_usd=30.0, price_task_id="spot_price").choose_branch({"ti": ti})
+    branch = _branch(checkpoint_uri=str(tmp_path), budget_usd=30.0, price_task_id="spot_price").choose_branch(
+        {"ti": ti}
+    )
 
     assert branch == "train_spot"
     decision = ti.pushed["decision"]
@@ -165,16 +247,18 @@ def test_branch_uses_the_ledger_and_the_sensors_offer(tmp_path):
 def test_branch_stops_when_the_money_left_does_not_cover_the_rest(tmp_path):
     write_manifest(tmp_path, 4000, spot_dollars=25.0, step_time_s=1.8)
     ti = _TI()
-    branch = _branch(checkpoint_uri=str(tmp_path), budget_usd=30.0, spot_price=1.168, on_demand_price=3.06).choose_branch(
-        {"ti": ti}
-    )
+    branch = _branch(
+        checkpoint_uri=str(tmp_path), budget_usd=30.0, spot_price=1.168, on_demand_price=3.06
+    ).choose_branch({"ti": ti})
     assert branch == "stop"
     assert "spot estimate $7.07 exceeds the remaining budget $5.00" in ti.pushed["decision"]["reason"]
 
 
 def test_branch_before_the_first_checkpoint_uses_the_estimate_or_stops(tmp_path):
     ti = _TI()
-    kwargs = dict(checkpoint_uri=str(tmp_path / "new"), budget_usd=100.0, spot_price=None, on_demand_price=3.06)
+    kwargs = dict(
+        checkpoint_uri=str(tmp_path / "new"), budget_usd=100.0, spot_price=None, on_demand_price=3.06
+    )
     assert _branch(step_time_estimate_s=1.0, **kwargs).choose_branch({"ti": ti}) == "train_on_demand"
     assert _branch(**kwargs).choose_branch({"ti": ti}) == "stop"
     assert "unknown step time" in ti.pushed["decision"]["reason"]
@@ -191,7 +275,10 @@ def test_branch_with_a_deadline_but_no_step_time_and_no_budget_takes_on_demand(t
 def test_branch_when_the_job_is_done(tmp_path):
     write_manifest(tmp_path, 10_000, spot_dollars=12.0)
     ti = _TI()
-    assert _branch(checkpoint_uri=str(tmp_path), budget_usd=100.0, spot_price=1.0).choose_branch({"ti": ti}) == "stop"
+    assert (
+        _branch(checkpoint_uri=str(tmp_path), budget_usd=100.0, spot_price=1.0).choose_branch({"ti": ti})
+        == "stop"
+    )
     assert ti.pushed["decision"]["reason"].startswith("no steps remaining")
 
 

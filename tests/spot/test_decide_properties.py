@@ -50,7 +50,9 @@ def test_a_job_on_on_demand_is_not_charged_a_spot_start_up_and_does_not_switch_f
                           current=Choice.ON_DEMAND)  # fmt: skip
     decision = decide(inputs)
     assert decision.choice == Choice.ON_DEMAND
-    assert "stay on on-demand" in decision.reason and decision.on_demand_cost == 1.05 * 1.0  # no start-up in it
+    assert (
+        "stay on on-demand" in decision.reason and decision.on_demand_cost == 1.05 * 1.0
+    )  # no start-up in it
     # a saving larger than the start-up is worth the switch
     cheap = BudgetInputs(**{**inputs.__dict__, "spot_price": 0.30})
     assert decide(cheap).choice == Choice.SPOT
@@ -117,7 +119,9 @@ def test_the_deadline_guard_buys_on_demand_when_a_preemption_is_likelier_than_no
     assert spot_when(interruption_rate_per_hour=0.5)  # 44 %: no likelier than not, the user's risk stands
     assert spot_when(deadline_s=1.4 * 3600)  # 0.40 h to spare: room for a launch and a preemption
     assert spot_when(current=Choice.SPOT)  # a running group is not moved: no launch to bet on
-    assert spot_when(remaining_budget=3.4)  # on-demand ($3.50) over the budget: spot is the only way in budget
+    assert spot_when(
+        remaining_budget=3.4
+    )  # on-demand ($3.50) over the budget: spot is the only way in budget
     assert spot_when(deadline_guard=False)
     assert spot_when(current=None)  # start-ups not tracked: no launch to weigh
 
@@ -128,7 +132,11 @@ def test_late_within_budget_takes_the_capacity_that_finishes_first():
     inputs = BudgetInputs(**BASE, spot_price=1.0, on_demand_price=3.0, remaining_budget=10.0, deadline_s=1800,
                           current=Choice.SPOT)  # fmt: skip
     decision = decide(inputs)
-    assert decision.choice == Choice.SPOT and "past the deadline" in decision.reason and "allow_late" in decision.reason
+    assert (
+        decision.choice == Choice.SPOT
+        and "past the deadline" in decision.reason
+        and "allow_late" in decision.reason
+    )
     assert decide(BudgetInputs(**{**inputs.__dict__, "current": Choice.ON_DEMAND})).choice == Choice.ON_DEMAND
     assert decide(BudgetInputs(**{**inputs.__dict__, "allow_late": False})).choice == Choice.STOP
 
@@ -157,7 +165,10 @@ def test_min_finish_chance_tries_spot_that_fits_the_budget_unless_the_preemption
                           remaining_budget=4.5, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
                           lost_work_s=30.0)  # fmt: skip
     expected = decide(inputs)
-    assert expected.choice == Choice.STOP and "spot estimate $4.73 exceeds the remaining budget $4.50" in expected.reason
+    assert (
+        expected.choice == Choice.STOP
+        and "spot estimate $4.73 exceeds the remaining budget $4.50" in expected.reason
+    )
     lam = 2.0 * (1 + 2.0 * 330 / 3600)
     chance = math.exp(-lam) * (1 + lam)
     assert budget_chance(inputs, 1.0, 1.0, 0.0) == pytest.approx(chance)
@@ -195,7 +206,10 @@ def test_min_finish_chance_judges_the_deadline_by_the_chance_of_the_preemptions_
     assert decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.25})).choice == Choice.SPOT
     strict = decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.5}))
     assert strict.choice == Choice.ON_DEMAND
-    assert f"spot finishes by the deadline with a chance of {chance:.0%}, below min_finish_chance 50%" in strict.reason
+    assert (
+        f"spot finishes by the deadline with a chance of {chance:.0%}, below min_finish_chance 50%"
+        in strict.reason
+    )
     # no time even for the work itself: no chance, so spot is not in time even at a threshold of 0; late
     # either way, and on-demand would finish no earlier than an unpreempted spot run: spot, past the deadline
     late = BudgetInputs(**{**inputs.__dict__, "deadline_s": 3500.0, "min_finish_chance": 0.0})
@@ -216,5 +230,7 @@ def test_with_min_finish_chance_a_late_choice_states_its_chance_not_an_estimate_
     assert "allow_late: a 32% chance within $4.50" in decision.reason
     assert "$4.73 within" not in decision.reason
     # the same with no spot now and a wait for it: the wait's reason gives its chance too
-    wait = decide(BudgetInputs(**{**inputs.__dict__, "spot_price": None, "max_wait_s": 3600, "wait_target_price": 1.0}))
+    wait = decide(
+        BudgetInputs(**{**inputs.__dict__, "spot_price": None, "max_wait_s": 3600, "wait_target_price": 1.0})
+    )
     assert wait.choice == Choice.WAIT and "allow_late: a 32% chance within $4.50" in wait.reason, wait.reason

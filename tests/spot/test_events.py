@@ -52,7 +52,10 @@ def test_other_well_formed_events_are_not_notices():
         (json.dumps({"Type": "Notification", "Message": 42}), "SNS envelope: Message is not a string"),
         (json.dumps({**spot_warning(ID), "detail": {}}), "without a valid detail.instance-id: None"),
         (json.dumps({**spot_warning(ID), "detail": {"instance-id": "node-7"}}), "'node-7'"),
-        (json.dumps({**rebalance(ID), "detail": "i-0b662ef9931388ba0"}), "without a valid detail.instance-id"),
+        (
+            json.dumps({**rebalance(ID), "detail": "i-0b662ef9931388ba0"}),
+            "without a valid detail.instance-id",
+        ),
     ],
 )
 def test_malformed_bodies_raise_naming_what_is_wrong(body, reason):
@@ -68,8 +71,14 @@ def _node(name: str, taints: list[dict], provider_id: str = f"aws:///us-east-1b/
 @pytest.mark.parametrize(
     ("taints", "kind"),
     [
-        ([{"key": "aws-node-termination-handler/spot-itn", "value": "1771423289", "effect": "NoSchedule"}], SPOT_INTERRUPTION),
-        ([{"key": "aws-node-termination-handler/rebalance-recommendation", "effect": "NoSchedule"}], REBALANCE_RECOMMENDATION),
+        (
+            [{"key": "aws-node-termination-handler/spot-itn", "value": "1771423289", "effect": "NoSchedule"}],
+            SPOT_INTERRUPTION,
+        ),
+        (
+            [{"key": "aws-node-termination-handler/rebalance-recommendation", "effect": "NoSchedule"}],
+            REBALANCE_RECOMMENDATION,
+        ),
         ([{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}], DISRUPTION),
         ([{"key": "karpenter.sh/disruption", "value": "disrupting", "effect": "NoSchedule"}], DISRUPTION),
         # the most urgent wins

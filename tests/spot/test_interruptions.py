@@ -24,8 +24,12 @@ def test_a_single_shot_watch_ends_with_the_first_notice_and_its_record():
     record = state.acted("g", running, fresh, asked=2)
 
     assert fresh == [WARNING]
-    assert (record["interrupted"], record["group"], record["group_state"], record["checkpoint_requested"]) == (
-        True, "g", "running", 2)
+    assert (
+        record["interrupted"],
+        record["group"],
+        record["group_state"],
+        record["checkpoint_requested"],
+    ) == (True, "g", "running", 2)
     assert [n["instance_id"] for n in record["notices"]] == [WARNING.instance_id]
 
 
@@ -34,13 +38,20 @@ def test_a_single_shot_watch_ends_uninterrupted_with_the_group_but_waits_for_one
 
     assert state.group_gone("g", _status("g", GroupState.NOT_FOUND)) is None
     assert state.group_gone("g", _status("g", GroupState.SUCCEEDED)) == {
-        "interrupted": False, "group": "g", "group_state": "succeeded", "notices": []}
+        "interrupted": False,
+        "group": "g",
+        "group_state": "succeeded",
+        "notices": [],
+    }
 
 
 def test_a_following_watch_acts_once_per_notice_across_relaunches_and_ends_with_all_of_them():
     state = WatchState(follow_relaunches_s=600)
 
-    assert state.acted("g-r0", _status("g-r0", GroupState.RUNNING), state.fresh("g-r0", [WARNING, TAINT]), 1) is None
+    assert (
+        state.acted("g-r0", _status("g-r0", GroupState.RUNNING), state.fresh("g-r0", [WARNING, TAINT]), 1)
+        is None
+    )
     assert state.fresh("g-r0", [TAINT]) == []  # a taint stays on the node: not acted on twice
     assert state.group_gone("g-r0", _status("g-r0", GroupState.PREEMPTED)) is None  # a relaunch may come
     assert state.fresh("g-r1", [TAINT]) == [TAINT]  # the relaunch is another group
@@ -50,7 +61,10 @@ def test_a_following_watch_acts_once_per_notice_across_relaunches_and_ends_with_
 
     assert (record["interrupted"], record["group"], record["checkpoint_requested"]) == (True, "g-r1", 2)
     assert [(n["group"], n["kind"]) for n in record["notices"]] == [
-        ("g-r0", SPOT_INTERRUPTION), ("g-r0", DISRUPTION), ("g-r1", DISRUPTION)]
+        ("g-r0", SPOT_INTERRUPTION),
+        ("g-r0", DISRUPTION),
+        ("g-r1", DISRUPTION),
+    ]
 
 
 def test_a_following_watch_ends_when_no_relaunch_comes_in_time():

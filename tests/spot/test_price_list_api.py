@@ -65,12 +65,17 @@ def test_the_price_list_api_price_wins_over_the_builtin_table(price_list):
     [request] = price_list
     assert request["target"] == "AWSPriceListService.GetProducts" and request["ServiceCode"] == "AmazonEC2"
     filters = {f["Field"]: (f["Type"], f["Value"]) for f in request["Filters"]}
-    assert filters["instanceType"] == ("TERM_MATCH", "p5.48xlarge") and filters["regionCode"] == ("TERM_MATCH", "us-west-2")
+    assert filters["instanceType"] == ("TERM_MATCH", "p5.48xlarge") and filters["regionCode"] == (
+        "TERM_MATCH",
+        "us-west-2",
+    )
     assert filters["operatingSystem"][1] == "Linux" and filters["tenancy"][1] == "Shared"
     assert filters["capacitystatus"][1] == "Used" and filters["preInstalledSw"][1] == "NA"
 
 
 def test_a_type_the_price_list_does_not_know_falls_back_to_the_table(price_list):
     assert on_demand_price("p4d.24xlarge", "us-east-1", aws_conn_id="aws_pricing") == (
-        ON_DEMAND_USD_PER_HOUR["p4d.24xlarge"], "builtin")
+        ON_DEMAND_USD_PER_HOUR["p4d.24xlarge"],
+        "builtin",
+    )
     assert len(price_list) == 1  # it was asked first

@@ -26,9 +26,15 @@ HOUR = 3600.0
 
 
 def test_each_second_is_billed_at_the_price_in_effect_then():
-    prices = [(1_000.0, 0.9), (1_000.0 + HOUR, 1.8), (0.0, 5.0)]  # unordered; the 5.0 was replaced before the start
+    prices = [
+        (1_000.0, 0.9),
+        (1_000.0 + HOUR, 1.8),
+        (0.0, 5.0),
+    ]  # unordered; the 5.0 was replaced before the start
     # 2 nodes, from 30 min before the price change to 30 min after it
-    assert dollars_at_prices(1_000.0 + HOUR / 2, 1_000.0 + 1.5 * HOUR, 2, prices) == pytest.approx(2 * (0.45 + 0.9))
+    assert dollars_at_prices(1_000.0 + HOUR / 2, 1_000.0 + 1.5 * HOUR, 2, prices) == pytest.approx(
+        2 * (0.45 + 0.9)
+    )
     # a price that takes effect after the end costs nothing
     later = [*prices, (1_000.0 + 2 * HOUR, 99.0)]
     assert dollars_at_prices(1_000.0, 1_000.0 + HOUR / 2, 1, later) == pytest.approx(0.45)
@@ -49,7 +55,9 @@ def _operator(tmp_path, **overrides) -> FSDPTrainOperator:
     return FSDPTrainOperator(**{**arguments, **overrides})
 
 
-def _ended_group(tmp_path, op: FSDPTrainOperator, ran_hours: float) -> tuple[GroupSession, str, logging.Logger]:
+def _ended_group(
+    tmp_path, op: FSDPTrainOperator, ran_hours: float
+) -> tuple[GroupSession, str, logging.Logger]:
     """A session whose group ``ran_hours`` ago was launched (its spend file opened then) and has just ended."""
     spec = op.job_spec()
     log = logging.getLogger("test_spot_billing")
@@ -103,8 +111,12 @@ def test_a_price_drop_never_counts_less_than_the_trainer_did(tmp_path, spot_mark
     assert entry["dollars"] == pytest.approx(3.6, rel=1e-3), "the cap keeps the larger of the two figures"
 
 
-def test_a_history_that_begins_after_the_launch_keeps_the_launch_price_and_says_so(tmp_path, spot_market, caplog):
-    spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(0.5, 0.3)]})  # what the first half hour cost: unknown
+def test_a_history_that_begins_after_the_launch_keeps_the_launch_price_and_says_so(
+    tmp_path, spot_market, caplog
+):
+    spot_market.set(
+        "us-east-1", {("p3.2xlarge", "us-east-1a"): [(0.5, 0.3)]}
+    )  # what the first half hour cost: unknown
     session, name, _ = _ended_group(tmp_path, _operator(tmp_path), ran_hours=1)
 
     with caplog.at_level(logging.WARNING, logger="test_spot_billing"):
@@ -115,7 +127,9 @@ def test_a_history_that_begins_after_the_launch_keeps_the_launch_price_and_says_
     assert any("stays counted at its launch price" in r.getMessage() for r in caplog.records)
 
 
-def test_an_unreachable_price_api_keeps_the_launch_price_and_the_group_still_ends(tmp_path, monkeypatch, caplog):
+def test_an_unreachable_price_api_keeps_the_launch_price_and_the_group_still_ends(
+    tmp_path, monkeypatch, caplog
+):
     monkeypatch.setenv("AIRFLOW_CONN_AWS_NOWHERE", json.dumps({
         "conn_type": "aws", "login": "x", "password": "x",
         "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1",
@@ -158,8 +172,9 @@ def test_while_a_spot_group_runs_its_prices_are_written_for_its_cap_every_refres
 
 @pytest.mark.torchrun
 @pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
-def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_in_effect(tmp_path, spot_market,
-                                                                                          slow_steps):
+def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_in_effect(
+    tmp_path, spot_market, slow_steps
+):
     """End to end: the quote says $0.90/node-h, EC2 bills $9.00. The trigger feeds the price to the trainer,
     whose cap stops the job within its budget at that price; at the quote it would have run ten times longer."""
     from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
@@ -189,7 +204,9 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
     assert summary["stopped"] == "budget", summary
     entry = _spend_entry(tmp_path, name)
     assert entry["dollars_at_prices_in_effect"] <= budget, entry  # what EC2 bills, within the cap
-    assert entry["dollars_at_prices_in_effect"] == pytest.approx(10 * entry["dollars_at_launch_price"], rel=0.01)
+    assert entry["dollars_at_prices_in_effect"] == pytest.approx(
+        10 * entry["dollars_at_launch_price"], rel=0.01
+    )
     assert summary["dollars"] == pytest.approx(entry["dollars"]) and summary["dollars"] <= budget
     log = (tmp_path / "groups" / name / "group.log").read_text()
     assert "spot price now $9.0000/node-h (launched at $0.9000)" in log
@@ -203,15 +220,18 @@ def test_a_price_rise_brings_the_platform_deadline_forward_by_what_the_money_lef
            "grace_s": 110, "margin_s": 30, "save": "within"}  # fmt: skip
     new = repriced_deadline(own, spent_usd=5.0, price=4.0, elapsed_s=3600)
     assert new["seconds"] == 3600 + 2250 - 110 - 30 and new["usd_per_hour"] == 8.0 and new["spent_usd"] == 5.0
-    assert "set 3600s after the launch" in deadline_words(new, "deadline") and "$8.0000/h" in deadline_words(new, "d")
+    assert "set 3600s after the launch" in deadline_words(new, "deadline") and "$8.0000/h" in deadline_words(
+        new, "d"
+    )
     # nothing left: at once (1 s, the least a Job takes)
     assert repriced_deadline(own, spent_usd=12.0, price=4.0, elapsed_s=3600)["seconds"] == 3600 - 110 - 30
 
 
 @pytest.mark.torchrun
 @pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
-def test_your_program_on_spot_whose_price_doubled_is_stopped_by_its_supervisor_within_the_budget(tmp_path,
-                                                                                                  spot_market):
+def test_your_program_on_spot_whose_price_doubled_is_stopped_by_its_supervisor_within_the_budget(
+    tmp_path, spot_market
+):
     """A program of your own has no cap of its own: the platform deadline is its cap. Quoted $36/node-h (a cent a
     second), it would get 90 s of its $0.90, and the supervisor would stop it 75 s after the launch (10 s grace,
     5 s margin) -- at the $72 EC2 bills, $1.50. The watch reads the price, and the deadline moves to 29-30 s."""
@@ -229,7 +249,9 @@ def test_your_program_on_spot_whose_price_doubled_is_stopped_by_its_supervisor_w
 
     assert summary["stopped"] == "budget", summary
     reason = summary["budget_stop"]["reason"]
-    assert "dollar cap by its supervisor" in reason and "the spot price then in effect, $72.0000/h" in reason, reason
+    assert (
+        "dollar cap by its supervisor" in reason and "the spot price then in effect, $72.0000/h" in reason
+    ), reason
     seconds = int(reason.split("deadline=", 1)[1].split()[0])
     assert seconds in (29, 30), reason  # 45 s at $72 (less the fraction of a second billed), less 15 s
     [name] = LocalLauncher(tmp_path / "groups").find("")

@@ -42,13 +42,22 @@ def test_every_job_is_counted_per_size_and_the_policy_keeps_every_budget(tmp_pat
     tables = [t.split("\n\n")[0] for t in out.split("\nsynthetic, ")[1:]]
     assert [t.split(" ")[0] for t in tables] == ["1", "4", "16"]  # one table per job size
     for table in tables:
-        rows = {line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")}
+        rows = {
+            line.split("|")[1].strip(): line.split("|")
+            for line in table.splitlines()
+            if line.startswith("| ")
+        }
         assert set(rows) >= {"always on-demand", "our policy", "our policy, on time or stop", "naive spot, with warning",
                              "naive spot, no warning", "Uniform Progress"}  # fmt: skip
         for name, cells in rows.items():
             if name == "strategy":
                 continue
-            on_time, late, stopped, never = int(cells[5]), int(cells[6]), int(cells[7].split()[0]), int(cells[8])
+            on_time, late, stopped, never = (
+                int(cells[5]),
+                int(cells[6]),
+                int(cells[7].split()[0]),
+                int(cells[8]),
+            )
             assert on_time + late + stopped + never == 12, (name, cells)
         assert rows["our policy"][10].strip() == "0"  # budget violations
         strict = rows["our policy, on time or stop"]
@@ -63,7 +72,10 @@ def test_every_job_is_counted_per_size_and_the_policy_keeps_every_budget(tmp_pat
     for name in ("our policy", "our policy, on time or stop"):
         met = [not _verdict(t, name).startswith("NOT") for t in tables]
         assert f"- {name}, per scenario and size: {sum(met)} of 3" in summary, summary
-        assert f"- {name}, all jobs together: {0 if _verdict(together, name).startswith('NOT') else 1} of 1" in summary
+        assert (
+            f"- {name}, all jobs together: {0 if _verdict(together, name).startswith('NOT') else 1} of 1"
+            in summary
+        )
 
 
 def _verdict(text: str, name: str) -> str:
@@ -126,9 +138,13 @@ def test_the_simulated_policy_sees_the_offer_spot_price_sensor_would_choose():
         for n in (1, 4):
             have = [z for z in zones if z.capacity[k] >= n]
             prices = [SpotPrice("p3.2xlarge", z.name, z.price[k], "2026-11-25T00:00:00Z") for z in have]
-            best, _ = choose_offer(prices, {"p3.2xlarge": (od, "table")}, max_price=None, max_price_fraction=0.5)
+            best, _ = choose_offer(
+                prices, {"p3.2xlarge": (od, "table")}, max_price=None, max_price_fraction=0.5
+            )
             got = policy.offer(world, k, n, spot_cost.State())
-            if best is None:  # nothing acceptable has the nodes: decide() hears of the acceptable zone with the most
+            if (
+                best is None
+            ):  # nothing acceptable has the nodes: decide() hears of the acceptable zone with the most
                 assert got is None or (zones[got].price[k] <= 0.5 * od and zones[got].capacity[k] < n), (k, n)
             else:
                 assert zones[got].name == best.availability_zone, (k, n, best, zones[got])
@@ -201,21 +217,43 @@ def test_the_hindsight_check_counts_every_parameter_set_per_user_and_size(tmp_pa
     """benchmarks/spot_hindsight.py runs the whole grid on the held-out jobs: per size and user, how many sets
     would have been at or below every baseline, and where none is, the closest set and its gap."""
     _market(tmp_path)
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "spot_hindsight.py"), str(tmp_path), "--scenario",
-                           "synthetic", "--jobs", "6", "--seed", "3"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "spot_hindsight.py"),
+            str(tmp_path),
+            "--scenario",
+            "synthetic",
+            "--jobs",
+            "6",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     cells = done.stdout.split("\n\nsynthetic, ")[1:]
     assert [c.split(" ")[0] for c in cells] == ["1", "4", "16"]
     spot_cost, _ = _benchmark_modules()
-    n_sets = len(spot_cost.PRICE_RATIOS) * len(spot_cost.MAX_RISKS) * len(spot_cost.LATE_RISKS) * len(
-        spot_cost.BUDGET_CHANCES)
+    n_sets = (
+        len(spot_cost.PRICE_RATIOS)
+        * len(spot_cost.MAX_RISKS)
+        * len(spot_cost.LATE_RISKS)
+        * len(spot_cost.BUDGET_CHANCES)
+    )
     for cell in cells:
         lines = [line for line in cell.splitlines() if line.startswith("- ")]
-        assert [line.split(":")[0] for line in lines] == ["- our policy", "- our policy, on time or stop"], cell
+        assert [line.split(":")[0] for line in lines] == ["- our policy", "- our policy, on time or stop"], (
+            cell
+        )
         for line in lines:
             count = int(line.split(": ")[1].split(" of ")[0])
             assert 0 <= count <= n_sets and f" of {n_sets} sets" in line
-            assert ("; the cheapest set" in line) == (count > 0) and ("; the closest set" in line) == (count == 0), line
+            assert ("; the cheapest set" in line) == (count > 0) and ("; the closest set" in line) == (
+                count == 0
+            ), line
             # what it claims holds by the figures it prints: a passing set costs no more than the cheapest
             # baseline and keeps as many as the most; the closest one misses on one of the two
             bases = [b.rsplit(" ", 4) for b in cell.splitlines()[0].split(": ", 1)[1].split("; ")]
@@ -228,9 +266,23 @@ def test_the_hindsight_check_counts_every_parameter_set_per_user_and_size(tmp_pa
             else:
                 assert cost > base_cost or kept < base_kept, (line, bases)
 
-    wrong = subprocess.run([sys.executable, str(REPO / "benchmarks" / "spot_hindsight.py"), str(tmp_path),
-                            "--scenario", "groups"], capture_output=True, text=True, timeout=120)
-    assert wrong.returncode == 2 and "--scenario 'groups': not in" in wrong.stderr and "synthetic" in wrong.stderr
+    wrong = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "spot_hindsight.py"),
+            str(tmp_path),
+            "--scenario",
+            "groups",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        wrong.returncode == 2
+        and "--scenario 'groups': not in" in wrong.stderr
+        and "synthetic" in wrong.stderr
+    )
 
 
 def test_the_choice_study_reproduces_spot_costs_rule_and_scores_every_other_rule(tmp_path):
@@ -354,7 +406,9 @@ def test_the_policy_is_told_the_time_left_to_the_deadline_not_a_tick_less():
 
 
 def _rows(table: str) -> dict[str, list[str]]:
-    return {line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")}
+    return {
+        line.split("|")[1].strip(): line.split("|") for line in table.splitlines() if line.startswith("| ")
+    }
 
 
 def test_several_seeds_pool_their_held_out_jobs_and_count_the_seeds_each_setting_met_the_line_on(tmp_path):
@@ -375,6 +429,7 @@ def test_several_seeds_pool_their_held_out_jobs_and_count_the_seeds_each_setting
                 assert line.replace("- ", f"- seed {seed}, ", 1) in pooled
     # every count of a pooled table is the sum of the seeds' own tables, strategy by strategy
     for size in ("1", "4", "16"):
+
         def table(out: str) -> dict[str, list[str]]:
             return _rows(out.split(f"\nsynthetic, {size} node(s), ")[1].split("\n\n")[0])
 
@@ -390,5 +445,7 @@ def test_several_seeds_pool_their_held_out_jobs_and_count_the_seeds_each_setting
         for name in ("our policy", "our policy, on time or stop"):
             met = [seed for seed, out in single.items()
                    if not _verdict(out.split(f"\nsynthetic, {size} node(s), ")[1].split("\n\n")[0], name).startswith("NOT")]  # fmt: skip
-            assert f"{name}, seed by seed: at or below every baseline on {len(met)} of 2 seeds" in block, block
+            assert f"{name}, seed by seed: at or below every baseline on {len(met)} of 2 seeds" in block, (
+                block
+            )
     assert _run(str(tmp_path), "--seeds", "4-x").returncode == 2

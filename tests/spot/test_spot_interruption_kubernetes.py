@@ -20,8 +20,10 @@ GROUP, NAMESPACE = "spot-k8s-r0", "training"
 def cluster(tmp_path, monkeypatch):
     server = FakeKubernetesApiServer().start()
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")  # its default namespace: "default"
-    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT",
-                       json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}),
+    )
     from kubernetes import client, config
 
     api = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))  # the platform team's namespace
@@ -37,8 +39,15 @@ def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(clust
     assert launcher.status(GROUP).state == GroupState.RUNNING and cluster.jobs("default") == []
 
     def sensor(**kwargs) -> SpotInterruptionSensor:
-        return SpotInterruptionSensor(task_id="spot_watch", group="spot-k8s", node_names=["ip-10-0-0-1"],
-                                      sqs_queue_url=url, backend="kubernetes", wait_time_seconds=0, **kwargs)
+        return SpotInterruptionSensor(
+            task_id="spot_watch",
+            group="spot-k8s",
+            node_names=["ip-10-0-0-1"],
+            sqs_queue_url=url,
+            backend="kubernetes",
+            wait_time_seconds=0,
+            **kwargs,
+        )
 
     # No notice and the group runs in "training": keep watching.
     assert sensor(namespace=NAMESPACE).poke({}).is_done is False
@@ -47,17 +56,25 @@ def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(clust
     cluster.exit(GROUP, 0, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
     ended = sensor(namespace=NAMESPACE).poke({})
     assert ended.is_done and ended.xcom_value == {
-        "interrupted": False, "group": GROUP, "group_state": "preempted", "notices": []}
+        "interrupted": False,
+        "group": GROUP,
+        "group_state": "preempted",
+        "notices": [],
+    }
     # A sensor looking in the connection's namespace never sees the group, and would watch on until its timeout.
     assert sensor().poke({}).is_done is False
 
 
 def _asked(cluster) -> list[str]:
     """The pods asked to checkpoint now, in order: each PATCH of a pod (its dtrain.io/checkpoint-now annotation)."""
-    return [path.rsplit("/", 1)[-1] for method, path in cluster.requests if method == "PATCH" and "/pods/" in path]
+    return [
+        path.rsplit("/", 1)[-1] for method, path in cluster.requests if method == "PATCH" and "/pods/" in path
+    ]
 
 
-def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until_training_ends(cluster, tmp_path):
+def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until_training_ends(
+    cluster, tmp_path
+):
     """The bundled DAG's set-up: the sensor names the train task, not a group, and has no queue
     and no instance list; it watches the nodes of that task's groups through their taints."""
     from airflow_dtrain.spec import group_base_name
@@ -68,8 +85,13 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
     for i in (1, 2, 3):
         cluster.add_node(f"ip-10-0-0-{i}", f"i-00000000000000{i:03d}")
 
-    sensor = SpotInterruptionSensor(task_id="spot_watch", train_task_id="train_spot", backend="kubernetes",
-                                    namespace=NAMESPACE, sqs_queue_url="{{ params.interruption_queue_url or None }}")
+    sensor = SpotInterruptionSensor(
+        task_id="spot_watch",
+        train_task_id="train_spot",
+        backend="kubernetes",
+        namespace=NAMESPACE,
+        sqs_queue_url="{{ params.interruption_queue_url or None }}",
+    )
     sensor.sqs_queue_url = "None"  # as the template renders without a queue
     assert sensor.follow_relaunches_s == 600
 
@@ -99,26 +121,34 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
     for index in (0, 1):
         cluster.exit(f"{base}-r1", index, 0, namespace=NAMESPACE)
     record = poke().xcom_value  # training is over: so is the watch
-    assert (record["interrupted"], record["group"], record["group_state"], record["checkpoint_requested"]) == (
-        True, f"{base}-r1", "succeeded", 4)
+    assert (
+        record["interrupted"],
+        record["group"],
+        record["group_state"],
+        record["checkpoint_requested"],
+    ) == (True, f"{base}-r1", "succeeded", 4)
     assert [(n["group"], n["kind"], n["node_name"], n["source"]) for n in record["notices"]] == [
         (f"{base}-r0", "spot-interruption", "ip-10-0-0-2", "node-taint"),
-        (f"{base}-r1", "rebalance-recommendation", "ip-10-0-0-3", "node-taint")]
+        (f"{base}-r1", "rebalance-recommendation", "ip-10-0-0-3", "node-taint"),
+    ]
 
 
 def test_following_a_preempted_group_that_is_not_relaunched_ends_after_the_grace(cluster, tmp_path):
     launch_debug_group("alone-r0", tmp_path, namespace=NAMESPACE)
     cluster.run("alone-r0", namespace=NAMESPACE)
     cluster.exit("alone-r0", 0, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
-    sensor = SpotInterruptionSensor(task_id="w", group="alone", backend="kubernetes", namespace=NAMESPACE,
-                                    follow_relaunches_s=1.0)
+    sensor = SpotInterruptionSensor(
+        task_id="w", group="alone", backend="kubernetes", namespace=NAMESPACE, follow_relaunches_s=1.0
+    )
     assert sensor.poke({}).is_done is False
     time.sleep(1.1)
     record = sensor.poke({}).xcom_value
     assert record == {"interrupted": False, "group": "alone-r0", "group_state": "preempted", "notices": []}
 
 
-def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(cluster, tmp_path, statsd_listener):
+def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(
+    cluster, tmp_path, statsd_listener
+):
     """On a Karpenter cluster that handles spot warnings itself, the node's only sign is
     Karpenter's taint; the default kinds act on it. Scheduled maintenance (days away) is not."""
     cluster.add_node("ip-10-0-0-7", "i-00000000000000007")
@@ -140,8 +170,11 @@ def test_by_default_a_karpenter_disruption_taint_asks_the_group_to_checkpoint(cl
 
 def test_following_relaunches_in_reschedule_mode_is_refused_naming_the_mode():
     with pytest.raises(ValueError, match=r"task_id='w'\): mode: 'reschedule'.*follow_relaunches_s=600"):
-        SpotInterruptionSensor(task_id="w", train_task_id="train_spot", backend="kubernetes", mode="reschedule")
+        SpotInterruptionSensor(
+            task_id="w", train_task_id="train_spot", backend="kubernetes", mode="reschedule"
+        )
     # Deferrable, or a single-shot watch of one group, keeps nothing between pokes that matters.
-    SpotInterruptionSensor(task_id="w", train_task_id="train_spot", backend="kubernetes", mode="reschedule",
-                           deferrable=True)
+    SpotInterruptionSensor(
+        task_id="w", train_task_id="train_spot", backend="kubernetes", mode="reschedule", deferrable=True
+    )
     SpotInterruptionSensor(task_id="w", group="g", backend="kubernetes", mode="reschedule")

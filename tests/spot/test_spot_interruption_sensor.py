@@ -35,7 +35,12 @@ def group(tmp_path_factory):
     """A real local group training until stopped, checkpointing only when asked (checkpoint_every=0)."""
     root = tmp_path_factory.mktemp("spot-group")
     spec = JobSpec.from_arguments(
-        **SMALL, steps=100_000, checkpoint_every=0, num_nodes=1, procs_per_node=1, checkpoint_uri=str(root / "ckpt")
+        **SMALL,
+        steps=100_000,
+        checkpoint_every=0,
+        num_nodes=1,
+        procs_per_node=1,
+        checkpoint_uri=str(root / "ckpt"),
     )
     launcher = LocalLauncher(root / "groups")
     with pytest.MonkeyPatch.context() as env:  # it trains until the module ends: leave the CPU to the tests
@@ -65,12 +70,18 @@ def _send(client, url, *bodies) -> None:
 
 
 def _remaining(client, url) -> list[str]:
-    messages = client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", [])
+    messages = client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0).get(
+        "Messages", []
+    )
     return [m["Body"] for m in messages]
 
 
 def _checkpoint_now_saves(launcher) -> list[dict]:
-    lines = [line.split(":", 1)[1].strip() for line in launcher.logs(GROUP).lines if '"event": "checkpoint"' in line]
+    lines = [
+        line.split(":", 1)[1].strip()
+        for line in launcher.logs(GROUP).lines
+        if '"event": "checkpoint"' in line
+    ]
     return [json.loads(line) for line in lines if json.loads(line).get("reason") == "checkpoint-now"]
 
 
@@ -80,8 +91,13 @@ def _assert_saved_and_still_training(launcher, root, saves_before: int) -> int:
     saved = _checkpoint_now_saves(launcher)[-1]
     # progress.json names the save a moment after its event is printed (the previous test's until then)
     name = f"step-{saved['step']:08d}"
-    wait_for(lambda: (progress(root / "ckpt").get("latest_checkpoint") or "").rstrip("/").rsplit("/", 1)[-1] >= name,
-             30, f"latest_checkpoint to reach {name}")
+    wait_for(
+        lambda: (
+            (progress(root / "ckpt").get("latest_checkpoint") or "").rstrip("/").rsplit("/", 1)[-1] >= name
+        ),
+        30,
+        f"latest_checkpoint to reach {name}",
+    )
     assert (root / "ckpt" / f"step-{saved['step']:08d}" / "manifest.json").exists()
     wait_for_step(root / "ckpt", saved["step"] + 2)
     assert launcher.status(GROUP).state == GroupState.RUNNING
@@ -114,7 +130,9 @@ def test_warning_for_an_unrelated_instance_is_ignored(group, sqs_queue):
     client, url = sqs_queue
     saves = len(_checkpoint_now_saves(launcher))
     step = progress(root / "ckpt")["step"]
-    _send(client, url, spot_warning(OTHER_INSTANCE), rebalance(OTHER_INSTANCE), state_change(GROUP_INSTANCES[0]))
+    _send(
+        client, url, spot_warning(OTHER_INSTANCE), rebalance(OTHER_INSTANCE), state_change(GROUP_INSTANCES[0])
+    )
 
     assert not _sensor(root, url).poke({}).is_done
 
@@ -187,7 +205,12 @@ def test_a_group_that_ended_ends_the_watch(group, sqs_queue, tmp_path):
     result = sensor.poke({})
 
     assert result.is_done and result.xcom_value["interrupted"] is False
-    assert result.xcom_value == {"interrupted": False, "group": "done-r0", "group_state": "succeeded", "notices": []}
+    assert result.xcom_value == {
+        "interrupted": False,
+        "group": "done-r0",
+        "group_state": "succeeded",
+        "notices": [],
+    }
 
 
 @pytest.mark.parametrize(
@@ -203,7 +226,13 @@ def test_a_group_that_ended_ends_the_watch(group, sqs_queue, tmp_path):
     ],
 )
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, message):
-    arguments = {"task_id": "w", "group": "g", "instance_ids": GROUP_INSTANCES, "sqs_queue_url": "http://q", **kwargs}
+    arguments = {
+        "task_id": "w",
+        "group": "g",
+        "instance_ids": GROUP_INSTANCES,
+        "sqs_queue_url": "http://q",
+        **kwargs,
+    }
     with pytest.raises(ValueError, match="SpotInterruptionSensor\\(task_id='w'\\)") as err:
         SpotInterruptionSensor(**arguments)
     assert message in str(err.value)

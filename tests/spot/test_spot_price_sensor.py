@@ -29,7 +29,11 @@ P3_HISTORY = {
 
 
 def _sensor(**kwargs) -> SpotPriceSensor:
-    arguments = {"task_id": "spot_price", "instance_types": ["p3.2xlarge", "p3.8xlarge"], "use_price_list_api": False}
+    arguments = {
+        "task_id": "spot_price",
+        "instance_types": ["p3.2xlarge", "p3.8xlarge"],
+        "use_price_list_api": False,
+    }
     return SpotPriceSensor(**{**arguments, **kwargs})
 
 
@@ -75,7 +79,10 @@ def test_every_page_of_the_price_history_is_read(spot_market):
     result = _sensor(instance_types=["g5.xlarge", "g4dn.xlarge"], max_price=1.0).poke({})
 
     assert spot_market.requests == 3
-    assert (result.xcom_value["instance_type"], result.xcom_value["availability_zone"]) == ("g4dn.xlarge", "us-east-1f")
+    assert (result.xcom_value["instance_type"], result.xcom_value["availability_zone"]) == (
+        "g4dn.xlarge",
+        "us-east-1f",
+    )
     assert result.xcom_value["spot_price"] == pytest.approx(0.30)
 
 
@@ -84,8 +91,14 @@ def test_on_demand_overrides_change_what_is_acceptable(spot_market):
 
     one_type = {"instance_types": ["p3.2xlarge"]}
     assert _sensor(max_price_fraction=0.5, **one_type).poke({}).is_done  # 1.168 <= 0.5 x 3.06
-    assert not _sensor(max_price_fraction=0.5, on_demand_prices={"us-east-1/p3.2xlarge": 2.0}, **one_type).poke({}).is_done
-    choice = _sensor(max_price_fraction=0.6, on_demand_prices={"p3.2xlarge": 2.0}, **one_type).poke({}).xcom_value
+    assert (
+        not _sensor(max_price_fraction=0.5, on_demand_prices={"us-east-1/p3.2xlarge": 2.0}, **one_type)
+        .poke({})
+        .is_done
+    )
+    choice = (
+        _sensor(max_price_fraction=0.6, on_demand_prices={"p3.2xlarge": 2.0}, **one_type).poke({}).xcom_value
+    )
     assert choice["on_demand_price"] == 2.0 and choice["on_demand_source"] == "override"
 
 
@@ -100,7 +113,13 @@ def test_price_list_api_unreachable_falls_back_to_the_builtin_table(moto_server,
 def test_price_list_product_document_is_parsed():
     # the shape of one pricing:GetProducts PriceList entry (trimmed)
     product = {
-        "product": {"attributes": {"instanceType": "p3.2xlarge", "regionCode": "us-east-1", "operatingSystem": "Linux"}},
+        "product": {
+            "attributes": {
+                "instanceType": "p3.2xlarge",
+                "regionCode": "us-east-1",
+                "operatingSystem": "Linux",
+            }
+        },
         "terms": {
             "OnDemand": {
                 "CGJXHFUSGE546RV6.JRTCKXETXF": {
@@ -121,7 +140,9 @@ def test_price_list_product_document_is_parsed():
 
 def test_offers_without_an_on_demand_price_are_not_accepted_on_a_relative_limit(spot_market, capsys):
     spot_market.set("us-east-1", {("p9.mega", "us-east-1a"): [(1, 0.01)]})
-    sensor = SpotPriceSensor(task_id="s", instance_types=["p9.mega"], max_price_fraction=0.9, use_price_list_api=False)
+    sensor = SpotPriceSensor(
+        task_id="s", instance_types=["p9.mega"], max_price_fraction=0.9, use_price_list_api=False
+    )
     assert not sensor.poke({}).is_done
     assert "p9.mega in us-east-1a at $0.0100/h: no on-demand price known" in capsys.readouterr().out
 
@@ -138,7 +159,9 @@ def test_deferrable_sensor_defers_then_the_trigger_fires_when_the_price_drops(sp
     trigger = SpotPriceTrigger(**json.loads(json.dumps(kwargs)))  # what the triggerer rebuilds
 
     def price_drops():
-        spot_market.set("us-east-1", {**P3_HISTORY, ("p3.2xlarge", "us-east-1f"): [(30, 1.2433), (0.01, 0.9520)]})
+        spot_market.set(
+            "us-east-1", {**P3_HISTORY, ("p3.2xlarge", "us-east-1f"): [(30, 1.2433), (0.01, 0.9520)]}
+        )
 
     timer = threading.Timer(1.0, price_drops)
     timer.start()
@@ -164,7 +187,9 @@ def test_deferrable_error_event_fails_the_task_with_the_cause(moto_server):
 
 
 def test_fixed_price_needs_no_aws():
-    sensor = SpotPriceSensor(task_id="local_price", fixed_price_per_hour=0.5, aws_conn_id="no_such_connection")
+    sensor = SpotPriceSensor(
+        task_id="local_price", fixed_price_per_hour=0.5, aws_conn_id="no_such_connection"
+    )
     choice = sensor.execute({})
     assert choice["source"] == "fixed" and choice["spot_price"] == 0.5 and choice["on_demand_price"] == 0.5
 
@@ -173,11 +198,23 @@ def test_fixed_price_needs_no_aws():
     ("kwargs", "message"),
     [
         ({"instance_types": ["p3.2xlarge"]}, "max_price / max_price_fraction: give at least one"),
-        ({"instance_types": ["p3.2xlarge"], "max_price_fraction": 1.5}, "max_price_fraction: must be > 0.0 and <= 1.0, got 1.5"),
-        ({"instance_types": ["p3.2xlarge"], "max_price": "cheap"}, "max_price: expected a number, got 'cheap'"),
+        (
+            {"instance_types": ["p3.2xlarge"], "max_price_fraction": 1.5},
+            "max_price_fraction: must be > 0.0 and <= 1.0, got 1.5",
+        ),
+        (
+            {"instance_types": ["p3.2xlarge"], "max_price": "cheap"},
+            "max_price: expected a number, got 'cheap'",
+        ),
         ({"instance_types": [], "max_price": 1.0}, "instance_types: expected instance types"),
-        ({"instance_types": ["p3.2xlarge"], "max_price": 1, "availability_zones": ["mars-1a"]}, "not an availability zone: 'mars-1a'"),
-        ({"instance_types": ["p3.2xlarge"], "max_price": 1, "on_demand_prices": {"p3.2xlarge": -3}}, "on_demand_prices['p3.2xlarge']"),
+        (
+            {"instance_types": ["p3.2xlarge"], "max_price": 1, "availability_zones": ["mars-1a"]},
+            "not an availability zone: 'mars-1a'",
+        ),
+        (
+            {"instance_types": ["p3.2xlarge"], "max_price": 1, "on_demand_prices": {"p3.2xlarge": -3}},
+            "on_demand_prices['p3.2xlarge']",
+        ),
     ],
 )
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, message):

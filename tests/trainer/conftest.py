@@ -16,8 +16,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 # Small and fast on 2 CPU cores; every run in these tests uses it unless it says otherwise.
-FAST_DEFAULTS = ["--flavor", "debug", "--set", "data.seq_len=32", "--set", "global_batch_size=8",
-                 "--set", "micro_batch_size=4", "--set", "metrics.log_every=1"]
+FAST_DEFAULTS = [
+    "--flavor",
+    "debug",
+    "--set",
+    "data.seq_len=32",
+    "--set",
+    "global_batch_size=8",
+    "--set",
+    "micro_batch_size=4",
+    "--set",
+    "metrics.log_every=1",
+]
 # Async saves are the default on GPU only (sync on a CPU-only node): the trainer tests run the async
 # path on CPU so that what a GPU job does is what they test.
 FAST = [*FAST_DEFAULTS, "--set", "checkpoint.async_save=true"]
@@ -36,8 +46,12 @@ def s3(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL_S3": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     import boto3
@@ -68,8 +82,17 @@ def trainer_cmd(args: list[str], nproc: int | None) -> list[str]:
     if nproc is None:
         return [sys.executable, "-m", "trainer", *args]
     # --standalone: a rendezvous on a free local port, so tests never collide on one.
-    return [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "trainer", *args]
+    return [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "trainer",
+        *args,
+    ]
 
 
 class Run:
@@ -86,7 +109,9 @@ class Run:
         return {e["step"]: e["loss"] for e in self.of("train")}
 
     def __repr__(self) -> str:
-        return f"Run(rc={self.returncode})\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
+        return (
+            f"Run(rc={self.returncode})\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"
+        )
 
 
 def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, env: dict | None = None):
@@ -96,8 +121,15 @@ def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, en
     stderr = tempfile.TemporaryFile(mode="w+")
     # torchrun starts each worker in a session of its own: a tag in the environment finds them all
     env = {**trainer_env(data_dir), **(env or {}), "DTRAIN_TEST_RUN": uuid.uuid4().hex}
-    proc = subprocess.Popen(trainer_cmd(args, nproc), cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    proc = subprocess.Popen(
+        trainer_cmd(args, nproc),
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
     proc.dtrain_tag = env["DTRAIN_TEST_RUN"]
     watchdog = threading.Timer(timeout, _killpg, (proc,))
     watchdog.start()
@@ -130,21 +162,42 @@ def _finish(proc, stderr, watchdog, stdout: str) -> "Run":
     return run
 
 
-def run_trainer(args: list[str], data_dir: str, nproc: int | None = None, timeout: float = 240,
-                env: dict | None = None) -> Run:
+def run_trainer(
+    args: list[str], data_dir: str, nproc: int | None = None, timeout: float = 240, env: dict | None = None
+) -> Run:
     proc, stderr, watchdog = _start(args, data_dir, nproc, timeout, env)
     return _finish(proc, stderr, watchdog, proc.stdout.read())
 
 
-def run_and_signal(args: list[str], data_dir: str, *, when_step: int, send, nproc: int | None = None,
-                   timeout: float = 240, env: dict | None = None) -> Run:
+def run_and_signal(
+    args: list[str],
+    data_dir: str,
+    *,
+    when_step: int,
+    send,
+    nproc: int | None = None,
+    timeout: float = 240,
+    env: dict | None = None,
+) -> Run:
     """Start a run, call send(proc) once a "train" event for step >= when_step is printed, wait for exit."""
-    return run_with_signals(args, data_dir, [(lambda e: e["event"] == "train" and e["step"] >= when_step, send)],
-                            nproc=nproc, timeout=timeout, env=env)
+    return run_with_signals(
+        args,
+        data_dir,
+        [(lambda e: e["event"] == "train" and e["step"] >= when_step, send)],
+        nproc=nproc,
+        timeout=timeout,
+        env=env,
+    )
 
 
-def run_with_signals(args: list[str], data_dir: str, plan, nproc: int | None = None, timeout: float = 240,
-                     env: dict | None = None) -> Run:
+def run_with_signals(
+    args: list[str],
+    data_dir: str,
+    plan,
+    nproc: int | None = None,
+    timeout: float = 240,
+    env: dict | None = None,
+) -> Run:
     """Start a run; plan is [(predicate(event), send(proc))]: each send fires, in order, on the first
     JSON event (after the previous one fired) that matches its predicate. Waits for the exit."""
     proc, stderr, watchdog = _start(args, data_dir, nproc, timeout, env)

@@ -17,12 +17,25 @@ from tests.trainer.conftest import FAST, FAST_DEFAULTS, run_trainer
 
 def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2", "--set", "checkpoint.async_save=true"]
+    args = [
+        *FAST,
+        "--checkpoint-uri",
+        str(ckpt),
+        "--checkpoint-every",
+        "2",
+        "--set",
+        "checkpoint.async_save=true",
+    ]
     first = run_trainer([*args, "--steps", "7"], data_dir, nproc=2)
     assert first.returncode == 0, first
     saves = [(e["step"], e["reason"]) for e in first.of("checkpoint")]
-    assert saves == [(2, "interval"), (4, "interval"), (6, "interval"), (7, "final")], (torch.__version__, first)
-    assert all(e["blocked_s"] < e["seconds"] for e in first.of("checkpoint")[:3]), "the interval saves ran async"
+    assert saves == [(2, "interval"), (4, "interval"), (6, "interval"), (7, "final")], (
+        torch.__version__,
+        first,
+    )
+    assert all(e["blocked_s"] < e["seconds"] for e in first.of("checkpoint")[:3]), (
+        "the interval saves ran async"
+    )
     assert [e["async"] for e in first.of("checkpoint")] == [True, True, True, False]
 
     # Take away the final (synchronous) save: the next run must resume from the last async one
@@ -41,8 +54,18 @@ def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
     from trainer.checkpoint import Checkpointer
     from trainer.config import CheckpointConfig
 
-    run = run_trainer([*FAST_DEFAULTS, "--checkpoint-uri", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "--steps", "4"],
-                      data_dir)
+    run = run_trainer(
+        [
+            *FAST_DEFAULTS,
+            "--checkpoint-uri",
+            str(tmp_path / "ckpt"),
+            "--checkpoint-every",
+            "2",
+            "--steps",
+            "4",
+        ],
+        data_dir,
+    )
     assert run.returncode == 0, run
     assert [(e["step"], e["async"]) for e in run.of("checkpoint")] == [(2, False), (4, False)]
 
@@ -98,5 +121,9 @@ def test_every_save_of_a_run_reuses_the_host_buffers_of_the_first():
         stager.close()
     assert {k: t.data_ptr() for k, t in second["model"].items()} == pointers, torch.__version__
     assert {k: t.data_ptr() for k, t in third["model"].items()} == pointers
-    assert torch.equal(third["model"]["w"], torch.arange(1024, dtype=torch.float32) * 2), "the new values are copied"
-    assert all(t.data_ptr() != params[k].data_ptr() for k, t in third["model"].items()), "a copy, not the tensor"
+    assert torch.equal(third["model"]["w"], torch.arange(1024, dtype=torch.float32) * 2), (
+        "the new values are copied"
+    )
+    assert all(t.data_ptr() != params[k].data_ptr() for k, t in third["model"].items()), (
+        "a copy, not the tensor"
+    )

@@ -10,8 +10,13 @@ from tests.trainer.conftest import REPO, trainer_env
 
 
 def run(script: str, *args: str, data_dir: str) -> str:
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], env=trainer_env(data_dir),
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
+        env=trainer_env(data_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -23,15 +28,34 @@ def test_trainer_overhead_prints_both_rates_and_their_ratio(data_dir):
     assert set(rates) == {"bare PyTorch loop", "trainer"} and all(float(v) > 0 for v in rates.values()), out
     assert abs(ratio - float(rates["trainer"]) / float(rates["bare PyTorch loop"])) < 0.002, out
     # one process: against a hand-built plain module, and what FSDP2 would cost there
-    assert {"trainer/plain", "bare/plain", "FSDP2/plain"} <= set(re.findall(r"^([\w/]+):\s+[\d.]+  \(per round", out, re.M)), out
+    assert {"trainer/plain", "bare/plain", "FSDP2/plain"} <= set(
+        re.findall(r"^([\w/]+):\s+[\d.]+  \(per round", out, re.M)
+    ), out
 
 
 def test_mfu_refuses_a_cpu_unless_asked_and_then_reports_tokens_per_second(data_dir):
-    refused = subprocess.run([sys.executable, str(REPO / "benchmarks" / "mfu.py")], env=trainer_env(data_dir),
-                             capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "mfu.py")],
+        env=trainer_env(data_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode == 2 and "torch.cuda.is_available() is False" in refused.stderr
-    out = run("mfu.py", "--flavor", "debug", "--allow-cpu", "--steps", "2", "--warmup", "1", "--seq-len", "32",
-              "--no-compile", data_dir=data_dir)
+    out = run(
+        "mfu.py",
+        "--flavor",
+        "debug",
+        "--allow-cpu",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--seq-len",
+        "32",
+        "--no-compile",
+        data_dir=data_dir,
+    )
     assert float(re.search(r"^tokens/s: ([\d,]+)", out, re.M).group(1).replace(",", "")) > 0, out
     assert "MFU: n/a" in out  # no bf16 peak is known for a CPU
 
@@ -45,7 +69,7 @@ def test_bench_smoke_runs_every_benchmark_script_in_quick_mode():
     dry = subprocess.run(["make", "-n", "bench-smoke"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
     loop = re.search(r"for s in ([^;]+);", dry.stdout)
-    assert loop and "--quick" in dry.stdout[loop.end():], dry.stdout
+    assert loop and "--quick" in dry.stdout[loop.end() :], dry.stdout
     listed = loop.group(1).split()
     files = sorted(p.name for p in (REPO / "benchmarks").iterdir() if p.suffix in (".py", ".sh"))
     scripts = [f for f in files if f not in NOT_SCRIPTS]

@@ -16,8 +16,9 @@ from trainer.cost import CostLedger
 HOUR = 3600.0
 
 
-def _guard(tmp_path, *, budget: float, launched_hours_ago: float, price: float = 0.9,
-           grace_period_s: float = 0.0) -> BudgetGuard:
+def _guard(
+    tmp_path, *, budget: float, launched_hours_ago: float, price: float = 0.9, grace_period_s: float = 0.0
+) -> BudgetGuard:
     cost = CostLedger(price_per_node_hour=price, capacity_type="spot", gpus_per_node=8, nodes=2,
                       since=time.time() - launched_hours_ago * HOUR)  # fmt: skip
     cfg = CostConfig(price_per_node_hour=price, capacity_type="spot", budget_usd=budget, stop_margin_s=30.0)
@@ -42,13 +43,17 @@ def test_a_price_rise_counts_from_the_second_it_took_effect_and_stops_the_job_at
     entry = guard.cost.attempt_entry()
     assert entry["dollars"] == pytest.approx(5.4, rel=1e-3)
     assert entry["dollars_at_launch_price"] == pytest.approx(3.6, rel=1e-3)
-    assert guard.cost.snapshot()["spot"]["dollars"] == pytest.approx(5.4, rel=1e-3), "the manifest's ledger agrees"
+    assert guard.cost.snapshot()["spot"]["dollars"] == pytest.approx(5.4, rel=1e-3), (
+        "the manifest's ledger agrees"
+    )
 
     prices.record_prices("job-r0", {"prices_in_effect": [[now - 3 * HOUR, 0.9], [now - HOUR, 2.5]]})
     guard._others_at = float("-inf")
     over = guard.over()
     assert over is not None, "at $2.50 since an hour ago the job has spent $6.80: past its $6 cap"
-    assert over["spent_usd"] == pytest.approx(2 * (0.9 + 2.5), rel=1e-3) and over["usd_per_hour"] == pytest.approx(5.0)
+    assert over["spent_usd"] == pytest.approx(2 * (0.9 + 2.5), rel=1e-3) and over[
+        "usd_per_hour"
+    ] == pytest.approx(5.0)
 
 
 def test_prices_read_after_the_launch_keep_the_launch_price_for_the_seconds_before(tmp_path):
@@ -74,10 +79,16 @@ def test_a_price_drop_never_counts_less_than_the_launch_price(tmp_path):
 def test_a_malformed_prices_file_is_named_and_the_cap_keeps_the_prices_it_had(tmp_path, capsys):
     guard = _guard(tmp_path, budget=100.0, launched_hours_ago=1)
     (tmp_path / "prices").mkdir()
-    (tmp_path / "prices" / "job-r0.json").write_text(json.dumps({"prices_in_effect": [["yesterday", "cheap"]]}))
+    (tmp_path / "prices" / "job-r0.json").write_text(
+        json.dumps({"prices_in_effect": [["yesterday", "cheap"]]})
+    )
     guard.over()
     err = capsys.readouterr().err
-    assert "could not read the spot prices in effect" in err and "prices/job-r0.json" in err and "yesterday" in err
+    assert (
+        "could not read the spot prices in effect" in err
+        and "prices/job-r0.json" in err
+        and "yesterday" in err
+    )
     assert guard.cost.attempt_entry()["dollars"] == pytest.approx(1.8, rel=1e-3)
 
 

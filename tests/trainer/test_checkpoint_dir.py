@@ -9,8 +9,16 @@ import uuid
 import pytest
 
 from conftest import BUCKET, REPO
-from trainer.checkpoint_dir import (BEST, EVAL_RESULTS, MANIFEST, PROGRESS, SUMMARY, CheckpointDir, Ledger,
-                                    step_dir_name)
+from trainer.checkpoint_dir import (
+    BEST,
+    EVAL_RESULTS,
+    MANIFEST,
+    PROGRESS,
+    SUMMARY,
+    CheckpointDir,
+    Ledger,
+    step_dir_name,
+)
 
 
 class Root:
@@ -26,7 +34,9 @@ class Root:
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         self.fs.pipe_file(path, data)
 
-    def save(self, step: int, *, commit: bool = True, cost: dict | None = None, job: str | None = None) -> None:
+    def save(
+        self, step: int, *, commit: bool = True, cost: dict | None = None, job: str | None = None
+    ) -> None:
         """A step directory with its shard files; its manifest only if ``commit`` (else: an interrupted save)."""
         name = step_dir_name(step)
         self.put(f"{name}/.metadata", b"meta")
@@ -115,8 +125,11 @@ def test_a_new_checkpoint_is_seen_by_the_same_reader(root):
 
 
 def test_ledger_progress_and_summary(root):
-    cost = {"spot": {"node_hours": 1.0, "gpu_hours": 8.0, "dollars": 3.0},
-            "on_demand": {"node_hours": 0.5, "gpu_hours": 4.0, "dollars": 5.0}, "total_dollars": 8.0}
+    cost = {
+        "spot": {"node_hours": 1.0, "gpu_hours": 8.0, "dollars": 3.0},
+        "on_demand": {"node_hours": 0.5, "gpu_hours": 4.0, "dollars": 5.0},
+        "total_dollars": 8.0,
+    }
     root.save(2, cost={"spot": {"dollars": 1.0}})
     root.save(4, cost=cost)
     root.put(PROGRESS, {"status": "completed", "step": 4, "history": [[1, 4.0], [4, 3.0]]})
@@ -138,7 +151,10 @@ def test_a_malformed_cost_entry_is_skipped_naming_the_manifest_and_the_field(roo
     ledger = CheckpointDir(root.uri).ledger()
     assert (ledger.step, ledger.total_dollars) == (1, 0.5)
     (skipped,) = ledger.skipped
-    assert skipped["checkpoint"].endswith(step_dir_name(2)) and f"{step_dir_name(2)}/{MANIFEST}: cost.spot" in skipped["detail"]
+    assert (
+        skipped["checkpoint"].endswith(step_dir_name(2))
+        and f"{step_dir_name(2)}/{MANIFEST}: cost.spot" in skipped["detail"]
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncated", "nan", "not_an_object"])
@@ -150,10 +166,27 @@ def test_the_budget_ledger_and_validation_skip_a_bad_newest_manifest_and_never_w
     root.save(2, cost={"spot": {"dollars": 1.0}})
     root.save(4, cost={"spot": {"dollars": 2.0}})
     name = f"{step_dir_name(4)}/{MANIFEST}"
-    good = json.dumps({"step": 4, "step_time_s": 1.5, "world_size": 1, "flavor": "debug", "config_hash": "0",
-                       "files": {}, "tokens_seen": 32, "wall_time_s": 6.0, "cost": {"spot": {"dollars": 2.0}}})
-    root.put(name, {"truncated": good[: len(good) // 2].encode(), "nan": good.replace("1.5", "NaN").encode(),
-                    "not_an_object": b"[4]"}[damage])
+    good = json.dumps(
+        {
+            "step": 4,
+            "step_time_s": 1.5,
+            "world_size": 1,
+            "flavor": "debug",
+            "config_hash": "0",
+            "files": {},
+            "tokens_seen": 32,
+            "wall_time_s": 6.0,
+            "cost": {"spot": {"dollars": 2.0}},
+        }
+    )
+    root.put(
+        name,
+        {
+            "truncated": good[: len(good) // 2].encode(),
+            "nan": good.replace("1.5", "NaN").encode(),
+            "not_an_object": b"[4]",
+        }[damage],
+    )
     ckpt = CheckpointDir(root.uri)
     ledger = ckpt.ledger()
     assert (ledger.step, ledger.total_dollars, ledger.step_time_s) == (2, 1.0, 1.5)
@@ -199,9 +232,13 @@ def test_mark_best_refuses_an_uncommitted_save(root):
 
 def test_importing_it_loads_neither_torch_nor_numpy_nor_fsspec():
     """The provider imports it at DAG-parse time."""
-    code = ("import sys, trainer.checkpoint_dir\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'fsspec', 's3fs')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True).stdout
+    code = (
+        "import sys, trainer.checkpoint_dir\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'fsspec', 's3fs')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -242,8 +279,12 @@ def test_writer_leases_taken_concurrently_get_distinct_increasing_tokens(root):
     # every creator won a token of its own (a token taken from a stale listing is given back: gaps are fine)
     assert len(set(tokens)) == len(tokens) == 18
     newest = ckpt.newest_lease()
-    assert newest.token == max(tokens) and newest.info["token"] == max(tokens) and newest.group.startswith("g")
-    assert ckpt.leases()[-1] == max(tokens) and len(ckpt.leases()) <= 4 + 6  # old ones pruned (racing prunes may lag)
+    assert (
+        newest.token == max(tokens) and newest.info["token"] == max(tokens) and newest.group.startswith("g")
+    )
+    assert (
+        ckpt.leases()[-1] == max(tokens) and len(ckpt.leases()) <= 4 + 6
+    )  # old ones pruned (racing prunes may lag)
 
 
 def test_lease_creation_is_exclusive_across_processes(tmp_path):
@@ -253,8 +294,15 @@ def test_lease_creation_is_exclusive_across_processes(tmp_path):
         "d = CheckpointDir(sys.argv[1])\n"
         "print(' '.join(str(d.acquire_lease({'pid': 0}).token) for _ in range(10)))\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "ckpt")], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / "ckpt")],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     tokens = [int(t) for p in procs for t in p.communicate(timeout=120)[0].split()]
     assert all(p.returncode == 0 for p in procs)
     assert len(set(tokens)) == len(tokens) == 40  # unique across processes (gaps allowed, see acquire_lease)

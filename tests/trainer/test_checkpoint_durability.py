@@ -17,8 +17,16 @@ import time
 import pytest
 import torch
 
-from conftest import (FAST, REPO, load_checkpoint_tensors, read_json, run_trainer, trainer_cmd, trainer_env,
-                      worker_pids)
+from conftest import (
+    FAST,
+    REPO,
+    load_checkpoint_tensors,
+    read_json,
+    run_trainer,
+    trainer_cmd,
+    trainer_env,
+    worker_pids,
+)
 from tests.conftest import RecordingTI
 
 STEPS = 8
@@ -54,11 +62,28 @@ def _status(pid: int) -> str:
 def reference(data_dir, tmp_path_factory):
     """2 ranks, STEPS steps, async interval saves every 2 steps, all kept: steps 2, 4, 6, 8."""
     ckpt = tmp_path_factory.mktemp("reference")
-    run = run_trainer([*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2",
-                       "--set", "checkpoint.keep=4"], data_dir, nproc=2)
+    run = run_trainer(
+        [
+            *FAST,
+            "--steps",
+            str(STEPS),
+            "--checkpoint-uri",
+            str(ckpt),
+            "--checkpoint-every",
+            "2",
+            "--set",
+            "checkpoint.keep=4",
+        ],
+        data_dir,
+        nproc=2,
+    )
     assert run.returncode == 0, run
     assert [(e["step"], e["reason"]) for e in run.of("checkpoint")] == [
-        (2, "interval"), (4, "interval"), (6, "interval"), (8, "final")]
+        (2, "interval"),
+        (4, "interval"),
+        (6, "interval"),
+        (8, "final"),
+    ]
     return ckpt
 
 
@@ -67,17 +92,34 @@ def reference(data_dir, tmp_path_factory):
 
 @pytest.mark.torchrun
 @pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
-def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes_from_it(reference, data_dir, tmp_path):
+def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes_from_it(
+    reference, data_dir, tmp_path
+):
     from trainer.checkpoint_dir import CheckpointDir
 
     ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--steps", str(STEPS), "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2",
-            "--set", "checkpoint.keep=2"]
+    args = [
+        *FAST,
+        "--steps",
+        str(STEPS),
+        "--checkpoint-uri",
+        str(ckpt),
+        "--checkpoint-every",
+        "2",
+        "--set",
+        "checkpoint.keep=2",
+    ]
     # The test hook holds rank 0 after the files of step 4 are written, before its manifest.
     env = {**trainer_env(data_dir), "DTRAIN_TEST_COMMIT_DELAY": "4:300"}
     stderr = tempfile.NamedTemporaryFile(mode="w+", delete=False)
-    proc = subprocess.Popen(trainer_cmd(args, 2), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        trainer_cmd(args, 2),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while "test hook: step 4 files written" not in open(stderr.name).read():
@@ -108,7 +150,11 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes
     assert resumed.of("resume")[0]["from_step"] == 2
     assert min(resumed.losses()) == 3
     progress = read_json(ckpt / "progress.json")
-    assert (progress["status"], progress["attempt"], progress["steps_lost"]) == ("completed", 2, before["step"] - 2)
+    assert (progress["status"], progress["attempt"], progress["steps_lost"]) == (
+        "completed",
+        2,
+        before["step"] - 2,
+    )
     # keep=2 plus the best one; the interrupted step 4 was redone and then retired
     assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000002", "step-00000006", "step-00000008"]
 
@@ -134,7 +180,11 @@ def test_a_sound_checkpoint_validates_and_a_flipped_byte_in_one_shard_is_named(c
     from trainer.validate import CheckpointInvalid, validate_checkpoint
 
     report = validate_checkpoint(str(ckpt_copy))
-    assert (report["checkpoint"], report["step"], report["valid"]) == (str(ckpt_copy / "step-00000008"), 8, True)
+    assert (report["checkpoint"], report["step"], report["valid"]) == (
+        str(ckpt_copy / "step-00000008"),
+        8,
+        True,
+    )
     assert report["checks"]["step_forward"] == {"previous_step": 6}
     written = sorted(p.name for p in (ckpt_copy / "step-00000008").iterdir() if p.name != "manifest.json")
     # .metadata and checkpoint.write_threads (4) files per rank, every one of them checked
@@ -172,8 +222,10 @@ def test_manifests_record_xxh3_and_older_sha256_manifests_still_validate(ckpt_co
         data = (step / name).read_bytes()
         assert entry == {"size": len(data), "xxh3_128": xxhash.xxh3_128(data).hexdigest()}
     # A manifest written before xxh3 (sha256 per file) is verified with sha256.
-    manifest["files"] = {name: {"size": e["size"], "sha256": hashlib.sha256((step / name).read_bytes()).hexdigest()}
-                         for name, e in manifest["files"].items()}
+    manifest["files"] = {
+        name: {"size": e["size"], "sha256": hashlib.sha256((step / name).read_bytes()).hexdigest()}
+        for name, e in manifest["files"].items()
+    }
     (step / "manifest.json").write_text(json.dumps(manifest))
     assert validate_checkpoint(str(step))["valid"]
     _flip_byte(step / "__0_0.distcp")
@@ -196,8 +248,10 @@ def test_a_nan_in_a_saved_tensor_fails_validation_naming_the_tensor(ckpt_copy, t
     dcp.save(state, checkpoint_id=str(bad), no_dist=True)
     manifest = read_json(ckpt_copy / "step-00000006" / "manifest.json")
     manifest["step"] = 9
-    manifest["files"] = {p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-                         for p in bad.iterdir()}
+    manifest["files"] = {
+        p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in bad.iterdir()
+    }
     (bad / "manifest.json").write_text(json.dumps(manifest))
 
     with pytest.raises(CheckpointInvalid) as err:
@@ -218,7 +272,9 @@ def test_checkpoint_validation_operator_reports_falls_back_and_raises_naming_the
     _flip_byte(ckpt_copy / "step-00000008" / ".metadata", offset=10)
     with pytest.raises(CheckpointInvalid, match=r"'checksum' failed for \.metadata"):
         op.execute({"ti": RecordingTI(task_id="validate")})
-    fallback = CheckpointValidationOperator(task_id="validate", checkpoint_uri=str(ckpt_copy), fallback_to_valid=True)
+    fallback = CheckpointValidationOperator(
+        task_id="validate", checkpoint_uri=str(ckpt_copy), fallback_to_valid=True
+    )
     report = fallback.execute({"ti": RecordingTI(task_id="validate")})
     assert report["step"] == 6 and report["fell_back_from"][0]["file"] == ".metadata"
 
@@ -232,13 +288,21 @@ def test_the_validation_module_imports_no_torch():
 # --------------------------------------------------------------------------- export
 
 
-def test_export_writes_safetensors_that_transformers_loads_with_the_same_logits(reference, data_dir, tmp_path):
+def test_export_writes_safetensors_that_transformers_loads_with_the_same_logits(
+    reference, data_dir, tmp_path
+):
     transformers = pytest.importorskip("transformers")
     from trainer.evaluate import load_model
 
     out = tmp_path / "hf"
-    p = subprocess.run([sys.executable, "-m", "trainer.export", "--checkpoint-uri", str(reference), "--out", str(out)],
-                       cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "trainer.export", "--checkpoint-uri", str(reference), "--out", str(out)],
+        cwd=REPO,
+        env=trainer_env(data_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["step"] == 8  # the root resolves to the latest committed checkpoint
     assert {"config.json", "model.safetensors"} <= {f.name for f in out.iterdir()}
@@ -255,8 +319,9 @@ def test_export_writes_safetensors_that_transformers_loads_with_the_same_logits(
         assert not torch.allclose(fresh(tokens).logits, expected, atol=1e-2)
 
 
-def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given(reference, data_dir, tmp_path,
-                                                                                   monkeypatch):
+def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given(
+    reference, data_dir, tmp_path, monkeypatch
+):
     from trainer.evaluate import main
 
     monkeypatch.setenv("DTRAIN_DATA_DIR", data_dir)
@@ -280,7 +345,9 @@ def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given
     evaluation = json.loads((tmp_path / "e.json").read_text())
     exported = evaluation["export"]
     assert exported["out"] == str(tmp_path / "registry" / "step-00000008") and exported["step"] == 8
-    assert [point[0] for point in evaluation["eval_curve"]] == sorted(int(p.name[5:]) for p in reference.glob("step-*"))
+    assert [point[0] for point in evaluation["eval_curve"]] == sorted(
+        int(p.name[5:]) for p in reference.glob("step-*")
+    )
     written = {f.name for f in (tmp_path / "registry" / "step-00000008").iterdir()}
     assert {"config.json", "model.safetensors"} <= written
     # ...and they are step 8's, bit for bit
@@ -294,8 +361,9 @@ def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given
         assert torch.equal(tensor, saved[ours]), name
 
 
-def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention_deleted(ckpt_copy, data_dir,
-                                                                                         tmp_path, monkeypatch):
+def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention_deleted(
+    ckpt_copy, data_dir, tmp_path, monkeypatch
+):
     """A job continued over several runs is evaluated once per checkpoint, not once per run: --all with --out
     reuses the held-out loss of a checkpoint evaluated before as it is committed now, with the same batches."""
     import trainer.evaluate as ev
@@ -303,9 +371,21 @@ def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention
     monkeypatch.setenv("DTRAIN_DATA_DIR", data_dir)
     loaded = []
     load_model = ev.load_model
-    monkeypatch.setattr(ev, "load_model", lambda path, device: (loaded.append(int(path[-8:])), load_model(path, device))[1])
+    monkeypatch.setattr(
+        ev, "load_model", lambda path, device: (loaded.append(int(path[-8:])), load_model(path, device))[1]
+    )
     out = tmp_path / "evals.json"
-    args = ["--checkpoint-uri", str(ckpt_copy), "--batches", "1", "--batch-size", "2", "--all", "--out", str(out)]
+    args = [
+        "--checkpoint-uri",
+        str(ckpt_copy),
+        "--batches",
+        "1",
+        "--batch-size",
+        "2",
+        "--all",
+        "--out",
+        str(out),
+    ]
 
     assert ev.main(args) == 0 and loaded == [2, 4, 6, 8]
     first = json.loads(out.read_text())
@@ -318,13 +398,17 @@ def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention
     # Retention deletes step 2; step 4 is written again (a resume rewound past it); other batches change everything.
     shutil.rmtree(ckpt_copy / "step-00000002")
     manifest = read_json(ckpt_copy / "step-00000004" / "manifest.json")
-    (ckpt_copy / "step-00000004" / "manifest.json").write_text(json.dumps({**manifest, "created_at": time.time()}))
+    (ckpt_copy / "step-00000004" / "manifest.json").write_text(
+        json.dumps({**manifest, "created_at": time.time()})
+    )
     loaded.clear()
     assert ev.main(args) == 0 and loaded == [4, 8]
     assert json.loads(out.read_text())["eval_curve"] == first["eval_curve"], "step 2 stays on the curve"
     loaded.clear()
     assert ev.main([*args, "--batches", "2"]) == 0 and loaded == [4, 6, 8]
-    assert [s for s, _ in json.loads(out.read_text())["eval_curve"]] == [4, 6, 8], "2 was evaluated on other batches"
+    assert [s for s, _ in json.loads(out.read_text())["eval_curve"]] == [4, 6, 8], (
+        "2 was evaluated on other batches"
+    )
 
 
 @pytest.mark.parametrize("field", ["step_time_s", "cost.total_dollars", "tokens_seen"])

@@ -51,7 +51,9 @@ def test_a_new_annotation_value_reaches_every_worker_once(tmp_path):
     worker.write_text(WORKER)
     annotations = tmp_path / "annotations"
     # an old request (set before this pod's agent started) is not acted on
-    write_annotations(annotations, {"batch.kubernetes.io/job-completion-index": "0", CHECKPOINT_NOW_ANNOTATION: "1"})
+    write_annotations(
+        annotations, {"batch.kubernetes.io/job-completion-index": "0", CHECKPOINT_NOW_ANNOTATION: "1"}
+    )
     env = {**os.environ, "DTRAIN_REQUESTS_FILE": str(annotations), "PYTHONPATH": str(REPO)}
     agent = subprocess.Popen(
         [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", str(worker), str(tmp_path)],

@@ -29,30 +29,72 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     from trainer.validate import validate_checkpoint
 
     uri = f"s3://{BUCKET}/runs/r1"
-    common = [*FAST, "--steps", "6", "--checkpoint-uri", uri, "--checkpoint-every", "2", "--set", "checkpoint.keep=2"]
-    first = run_trainer([*common, "--set", "simulate_preemption_at_step=3", "--set", "cost.capacity_type=spot",
-                         "--set", "cost.price_per_node_hour=3600", "--set", "cost.gpus_per_node=8"], data_dir)
+    common = [
+        *FAST,
+        "--steps",
+        "6",
+        "--checkpoint-uri",
+        uri,
+        "--checkpoint-every",
+        "2",
+        "--set",
+        "checkpoint.keep=2",
+    ]
+    first = run_trainer(
+        [
+            *common,
+            "--set",
+            "simulate_preemption_at_step=3",
+            "--set",
+            "cost.capacity_type=spot",
+            "--set",
+            "cost.price_per_node_hour=3600",
+            "--set",
+            "cost.gpus_per_node=8",
+        ],
+        data_dir,
+    )
     assert first.returncode == 75, first
     assert [(e["step"], e["reason"]) for e in first.of("checkpoint")] == [(2, "interval"), (3, "preemption")]
     progress = read_progress(uri)  # the provider's own reader, same endpoint settings
     assert (progress["status"], progress["step"], progress["latest_checkpoint"]) == (
-        "preempted", 3, f"{uri}/step-00000003")
+        "preempted",
+        3,
+        f"{uri}/step-00000003",
+    )
     spot = read_ledger(uri)
     assert spot.step == 3 and spot.by_capacity["spot"]["node_hours"] > 0
     assert spot.total_dollars == pytest.approx(spot.by_capacity["spot"]["node_hours"] * 3600, rel=1e-3)
-    assert spot.by_capacity["spot"]["gpu_hours"] == pytest.approx(spot.by_capacity["spot"]["node_hours"] * 8, rel=1e-3)
+    assert spot.by_capacity["spot"]["gpu_hours"] == pytest.approx(
+        spot.by_capacity["spot"]["node_hours"] * 8, rel=1e-3
+    )
     assert spot.step_time_s and spot.step_time_s > 0
 
     statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     statsd.bind(("127.0.0.1", 0))
-    second = run_trainer([*common, "--set", "cost.capacity_type=on_demand", "--set", "cost.price_per_node_hour=7200",
-                          "--set", "metrics.statsd_host=127.0.0.1",
-                          "--set", f"metrics.statsd_port={statsd.getsockname()[1]}"], data_dir)
+    second = run_trainer(
+        [
+            *common,
+            "--set",
+            "cost.capacity_type=on_demand",
+            "--set",
+            "cost.price_per_node_hour=7200",
+            "--set",
+            "metrics.statsd_host=127.0.0.1",
+            "--set",
+            f"metrics.statsd_port={statsd.getsockname()[1]}",
+        ],
+        data_dir,
+    )
     assert second.returncode == 0, second
     assert second.of("resume")[0] == {"event": "resume", "from_step": 3, "path": f"{uri}/step-00000003"}
     progress = read_progress(uri)
     assert (progress["status"], progress["step"], progress["attempt"], progress["steps_lost"]) == (
-        "completed", 6, 2, 0)
+        "completed",
+        6,
+        2,
+        0,
+    )
 
     # Retention on S3: the last 2; nothing half-written left behind.
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
@@ -70,17 +112,25 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     assert ledger.step == 6
     assert ledger.by_capacity["spot"] == spot.by_capacity["spot"]
     assert ledger.by_capacity["on_demand"]["dollars"] > 0
-    assert ledger.total_dollars == pytest.approx(spot.total_dollars + ledger.by_capacity["on_demand"]["dollars"],
-                                                 rel=1e-4)
-    dollars = [float(g.split(":")[1].split("|")[0]) for g in _gauges(statsd) if g.startswith("dtrain.cost.dollars:")]
+    assert ledger.total_dollars == pytest.approx(
+        spot.total_dollars + ledger.by_capacity["on_demand"]["dollars"], rel=1e-4
+    )
+    dollars = [
+        float(g.split(":")[1].split("|")[0]) for g in _gauges(statsd) if g.startswith("dtrain.cost.dollars:")
+    ]
     # live spend, as the budget counts it: from what the first attempt spent (up to its exit, past its
     # checkpoint) it grows; the last one is sent after the final commit, just before the spend file's last write
     assert dollars == sorted(dollars) and spot.total_dollars < dollars[0]
-    assert dollars[-1] == pytest.approx(ledger.total_dollars, rel=0.05) and dollars[-1] <= ledger.total_dollars
+    assert (
+        dollars[-1] == pytest.approx(ledger.total_dollars, rel=0.05) and dollars[-1] <= ledger.total_dollars
+    )
 
     report = validate_checkpoint(uri)
     assert (report["checkpoint"], report["step"], report["checks"]["step_forward"]) == (
-        f"{uri}/step-00000006", 6, {"previous_step": 4})
+        f"{uri}/step-00000006",
+        6,
+        {"previous_step": 4},
+    )
 
     # The stop and the round trip through S3 change nothing: same weights as one uninterrupted local run.
     local = tmp_path / "local"
@@ -125,11 +175,15 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
 
     # Evaluated again (the next run of the job): the earlier checkpoints' results are read back from S3, not
     # evaluated again; the curve is the same.
-    again = subprocess.run(evaluate, cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240)
+    again = subprocess.run(
+        evaluate, cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     earlier = [step for step, _ in result["eval_curve"] if step != 6]
     assert earlier, result["eval_curve"]
-    assert f"[trainer.evaluate] reused the held-out loss of step(s) {earlier}" in again.stderr, again.stderr[-3000:]
+    assert f"[trainer.evaluate] reused the held-out loss of step(s) {earlier}" in again.stderr, again.stderr[
+        -3000:
+    ]
     fs.invalidate_cache()
     with fs.open(f"{BUCKET}/runs/r1/evals/latest.json") as f:
         assert json.load(f)["eval_curve"] == result["eval_curve"]

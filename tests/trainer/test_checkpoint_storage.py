@@ -20,14 +20,26 @@ def _committed(ckpt) -> list[int]:
     return [c.step for c in CheckpointDir(str(ckpt)).committed()]
 
 
-@pytest.mark.parametrize("nproc,at,every,steps", [pytest.param(2, "6:1", 2, 8, marks=pytest.mark.fault_trial),
-                                                   (None, "4", 2, 4)],
-                         ids=["async-interval-save-rank1", "final-save-one-process"])
-def test_a_full_disk_exits_74_naming_the_path_and_the_older_checkpoints_resume(data_dir, tmp_path, nproc, at, every,
-                                                                                steps):
+@pytest.mark.parametrize(
+    "nproc,at,every,steps",
+    [pytest.param(2, "6:1", 2, 8, marks=pytest.mark.fault_trial), (None, "4", 2, 4)],
+    ids=["async-interval-save-rank1", "final-save-one-process"],
+)
+def test_a_full_disk_exits_74_naming_the_path_and_the_older_checkpoints_resume(
+    data_dir, tmp_path, nproc, at, every, steps
+):
     ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--steps", str(steps), "--checkpoint-uri", str(ckpt), "--checkpoint-every", str(every),
-            "--set", "checkpoint.keep=10"]
+    args = [
+        *FAST,
+        "--steps",
+        str(steps),
+        "--checkpoint-uri",
+        str(ckpt),
+        "--checkpoint-every",
+        str(every),
+        "--set",
+        "checkpoint.keep=10",
+    ]
     failed_step = int(at.split(":")[0])
 
     run = run_trainer(args, data_dir, nproc=nproc, env={"DTRAIN_TEST_ENOSPC_AT_STEP": at})
@@ -61,7 +73,9 @@ def small_tmpfs(tmp_path):
     mnt.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount(8) here")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=100m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {done.stderr.strip()}")
     yield mnt
@@ -71,15 +85,26 @@ def small_tmpfs(tmp_path):
 @pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_a_real_full_tmpfs_exits_74_and_resumes_once_it_has_room(data_dir, small_tmpfs):
     ckpt = small_tmpfs / "ckpt"
-    args = [*FAST, "--steps", "8", "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2",
-            "--set", "checkpoint.keep=10"]
+    args = [
+        *FAST,
+        "--steps",
+        "8",
+        "--checkpoint-uri",
+        str(ckpt),
+        "--checkpoint-every",
+        "2",
+        "--set",
+        "checkpoint.keep=10",
+    ]
 
     run = run_trainer(args, data_dir, nproc=2)
 
     assert run.returncode == STORAGE_EXIT_CODE, run
     committed = _committed(ckpt)
     assert committed == [2, 4], committed  # 2 x 39 MB fit in 100 MB, the third did not
-    assert f"checkpoint step 6 could not be written to {ckpt / 'step-00000006'}" in run.stderr, run.stderr[-3000:]
+    assert f"checkpoint step 6 could not be written to {ckpt / 'step-00000006'}" in run.stderr, run.stderr[
+        -3000:
+    ]
     assert "No space left on device" in run.stderr
     assert "the older checkpoints (step 2, 4) are intact" in run.stderr
     assert not (ckpt / "step-00000006").exists()

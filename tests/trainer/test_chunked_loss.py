@@ -28,7 +28,9 @@ def test_chunked_loss_and_gradients_equal_the_whole_logits_ones(chunk):
     loss.backward()
     torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-6)
     for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad, expected[name], rtol=1e-5, atol=1e-6, msg=f"gradient of {name}")
+        torch.testing.assert_close(
+            param.grad, expected[name], rtol=1e-5, atol=1e-6, msg=f"gradient of {name}"
+        )
 
 
 def test_no_chunk_holds_more_than_chunk_tokens_of_logits():

@@ -14,8 +14,16 @@ import pytest
 
 from trainer import checkpoint_dir, config, contract
 from trainer.checkpoint_dir import CheckpointDir, CheckpointInvalid
-from trainer.contract import (Fenced, JobEnv, commit_checkpoint, job_env, latest_checkpoint, progress, step_path,
-                              take_lease)
+from trainer.contract import (
+    Fenced,
+    JobEnv,
+    commit_checkpoint,
+    job_env,
+    latest_checkpoint,
+    progress,
+    step_path,
+    take_lease,
+)
 from trainer.validate import validate_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,8 +44,12 @@ def _save(uri: str, step: int, payload: bytes = b"weights", **fields) -> str:
 def test_the_copied_layout_and_exit_codes_are_the_houses():
     """contract.py spells them itself (so it can be copied without the package): they must not drift."""
     assert (contract.MANIFEST, contract.PROGRESS, contract.SPEND, contract.LEASES, contract.BEST) == (
-        checkpoint_dir.MANIFEST, checkpoint_dir.PROGRESS, checkpoint_dir.SPEND, checkpoint_dir.LEASES,
-        checkpoint_dir.BEST)
+        checkpoint_dir.MANIFEST,
+        checkpoint_dir.PROGRESS,
+        checkpoint_dir.SPEND,
+        checkpoint_dir.LEASES,
+        checkpoint_dir.BEST,
+    )
     assert contract._step_dir_name(50) == checkpoint_dir.step_dir_name(50)
     assert contract.LEASE_FILE.pattern == checkpoint_dir.LEASE_FILE.pattern
     assert contract.STEP_DIR.pattern == checkpoint_dir.STEP_DIR.pattern
@@ -49,8 +61,10 @@ def test_the_copied_layout_and_exit_codes_are_the_houses():
 def test_the_contract_imports_nothing_but_the_standard_library(tmp_path):
     """Copied next to a program, it works without this package or any other (no site-packages at all)."""
     (tmp_path / "contract.py").write_text((REPO / "trainer" / "contract.py").read_text())
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import contract; "
-            f"print(contract.latest_checkpoint({str(tmp_path)!r}), contract.job_env({{'DTRAIN_STEPS': '3'}}).steps)")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import contract; "
+        f"print(contract.latest_checkpoint({str(tmp_path)!r}), contract.job_env({{'DTRAIN_STEPS': '3'}}).steps)"
+    )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "None 3"
@@ -60,8 +74,18 @@ def test_job_env_reads_what_the_operator_sets_and_names_a_bad_variable(tmp_path)
     env = job_env({"DTRAIN_CHECKPOINT_URI": "/ckpt", "DTRAIN_JOB": "llm", "DTRAIN_STEPS": "500",
                    "DTRAIN_CHECKPOINT_EVERY": "50", "DTRAIN_GRACE_PERIOD_S": "240", "DTRAIN_GROUP_NAME": "g-r1",
                    "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})  # fmt: skip
-    assert env == JobEnv(checkpoint_uri="/ckpt", steps=500, job="llm", checkpoint_every=50, grace_period_s=240.0,
-                         simulate_preemption_at_step=0, attempt="g-r1", rank=3, local_rank=1, world_size=4)
+    assert env == JobEnv(
+        checkpoint_uri="/ckpt",
+        steps=500,
+        job="llm",
+        checkpoint_every=50,
+        grace_period_s=240.0,
+        simulate_preemption_at_step=0,
+        attempt="g-r1",
+        rank=3,
+        local_rank=1,
+        world_size=4,
+    )
     assert [s for s in range(1, 501) if env.checkpoint_due(s)] == list(range(50, 501, 50))
     with pytest.raises(ValueError, match=r"DTRAIN_STEPS: expected an integer, got 'lots'"):
         job_env({"DTRAIN_STEPS": "lots"})
@@ -124,7 +148,9 @@ def test_a_writer_fenced_off_by_a_newer_lease_commits_nothing(tmp_path):
     _save(uri, 2, lease=mine)
     newer = take_lease(uri, job="llm")  # a retry started while this group still ran
     assert newer == mine + 1 and CheckpointDir(uri).newest_lease().token == newer
-    with pytest.raises(Fenced, match=rf"writer lease {newer} is newer than this one's {mine}; step 4 is not committed"):
+    with pytest.raises(
+        Fenced, match=rf"writer lease {newer} is newer than this one's {mine}; step 4 is not committed"
+    ):
         _save(uri, 4, lease=mine)
     assert latest_checkpoint(uri).step == 2
     assert CheckpointDir(uri).manifest(2)["lease"] == mine
@@ -146,7 +172,12 @@ def test_progress_carries_the_counters_over_attempts_as_the_operator_reads_them(
     progress(10, status="completed", env=second)
     read = CheckpointDir(first.checkpoint_uri).progress()
     assert (read["status"], read["step"], read["attempt"], read["resumed_from_step"], read["steps_lost"]) == (
-        "completed", 10, 2, 4, 1)
+        "completed",
+        10,
+        2,
+        4,
+        1,
+    )
     assert [s for s, _ in read["history"]] == list(range(1, 11))  # step 5 once: the retrained one
     assert read["latest_checkpoint"] == "/ckpt/step-00000004" and read["wall_time_s"] >= 0
 
@@ -162,7 +193,9 @@ def test_progress_bills_the_attempts_spend_file_the_operator_opened_and_never_a_
     root.record_spend("job-r0", opened)
     progress(1, step_time_s=0.25, env=env)
     entry = root.spend_entry("job-r0")
-    assert entry["dollars"] == pytest.approx(3.0, rel=1e-3) and entry["gpu_hours"] == pytest.approx(16, rel=1e-3)
+    assert entry["dollars"] == pytest.approx(3.0, rel=1e-3) and entry["gpu_hours"] == pytest.approx(
+        16, rel=1e-3
+    )
     assert entry["step_time_s"] == 0.25
     assert root.spend().total_dollars == pytest.approx(3.0, rel=1e-3)
 
@@ -234,13 +267,22 @@ def test_the_documented_environment_is_the_one_the_launchers_set():
                              "DTRAIN_CHECKPOINT_EVERY": "10", "DTRAIN_GRACE_PERIOD_S": "110",
                              "DTRAIN_SIMULATE_PREEMPTION_AT_STEP": "20"}  # fmt: skip
     read = job_env({**contract_vars, "DTRAIN_GROUP_NAME": "g-r0"})
-    assert (read.checkpoint_uri, read.steps, read.checkpoint_every, read.simulate_preemption_at_step) == ("/ckpt", 40, 10, 20)
+    assert (read.checkpoint_uri, read.steps, read.checkpoint_every, read.simulate_preemption_at_step) == (
+        "/ckpt",
+        40,
+        10,
+        20,
+    )
     docs = (REPO / "docs" / "own_training_code.md").read_text()
     for name in [*contract_vars, "DTRAIN_GROUP_NAME"]:
         assert name in contract.__doc__ and name in docs, name
-    assert "DTRAIN_SIMULATE_PREEMPTION_AT_STEP" not in agent_env(JobSpec.from_arguments(checkpoint_uri="/ckpt"))
+    assert "DTRAIN_SIMULATE_PREEMPTION_AT_STEP" not in agent_env(
+        JobSpec.from_arguments(checkpoint_uri="/ckpt")
+    )
     # the statsd tags FSDPTrainOperator puts in the config (the task instance and the job) reach the program too
     tags = "dag_id:d,run_id:manual__2026-01-01T00:00:00+00:00,task_id:t,map_index:-1,job:llm"
-    tagged = agent_env(JobSpec.from_arguments(checkpoint_uri="/ckpt", config={"metrics": {"statsd_tags": tags}}))
+    tagged = agent_env(
+        JobSpec.from_arguments(checkpoint_uri="/ckpt", config={"metrics": {"statsd_tags": tags}})
+    )
     assert tagged["DTRAIN_STATSD_TAGS"] == tags
     assert "DTRAIN_STATSD_TAGS" in contract.__doc__ and "DTRAIN_STATSD_TAGS" in docs

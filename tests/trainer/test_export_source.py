@@ -27,9 +27,20 @@ from hf_tokenizer_assets import tiny_tokenizer  # noqa: E402
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2  # the special tokens come first in the tokenizer's vocabulary
 SEQ = 64  # the training seq_len; the source's context is 512
-LLAMA3 = {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-SOURCE_GENERATION = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": True,
-                     "temperature": 0.6, "top_p": 0.9}
+LLAMA3 = {
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+SOURCE_GENERATION = {
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": PAD_ID,
+    "do_sample": True,
+    "temperature": 0.6,
+    "top_p": 0.9,
+}
 # The fields of config.json that training changes: none, only the weights change. (The dtype field follows the
 # exported weights: it differs from the source's only when the export is asked for another dtype, --dtype.)
 CHANGED_BY_TRAINING: tuple[str, ...] = ()
@@ -63,7 +74,9 @@ def eos_dominant_bf16(path: Path) -> None:
     w["model.norm.weight"][0] = 1.0
     w["lm_head.weight"][:, 0] = 0.0
     w["lm_head.weight"][EOS_ID, 0] = 10.0
-    save_file({k: v.to(torch.bfloat16) for k, v in w.items()}, path / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: v.to(torch.bfloat16) for k, v in w.items()}, path / "model.safetensors", metadata={"format": "pt"}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +91,15 @@ def source(tmp_path_factory) -> Path:
     else:
         config[rope_key]["rope_theta"] = 500000.0
     dtype_key = "dtype" if "dtype" in config else "torch_dtype"
-    config.update({"max_position_embeddings": 512, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
-                   "pad_token_id": PAD_ID, dtype_key: "bfloat16"})
+    config.update(
+        {
+            "max_position_embeddings": 512,
+            "bos_token_id": BOS_ID,
+            "eos_token_id": EOS_ID,
+            "pad_token_id": PAD_ID,
+            dtype_key: "bfloat16",
+        }
+    )
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(json.dumps(SOURCE_GENERATION, indent=2))
     eos_dominant_bf16(path)
@@ -115,20 +135,44 @@ def test_the_export_gives_the_source_back_with_only_its_weights_trained(source, 
     store = tmp_path / "store"
     prepare([corpus], str(store), tokenizer=str(src), log=lambda m: None)
     ckpt = tmp_path / "ckpt"
-    run = run_trainer([*FAST, "--steps", "2", "--checkpoint-uri", str(ckpt), "--set", f"data.seq_len={SEQ}",
-                       "--set", f"model.init_from={src}", "--set", f"data.dataset={store}"], data_dir)
+    run = run_trainer(
+        [
+            *FAST,
+            "--steps",
+            "2",
+            "--checkpoint-uri",
+            str(ckpt),
+            "--set",
+            f"data.seq_len={SEQ}",
+            "--set",
+            f"model.init_from={src}",
+            "--set",
+            f"data.dataset={store}",
+        ],
+        data_dir,
+    )
     assert run.returncode == 0, run  # the model's own tokenizer's data is accepted
     source_config, source_generation = read(src / "config.json"), read(src / "generation_config.json")
     dtype_key = "dtype" if "dtype" in source_config else "torch_dtype"
 
     out = tmp_path / "export"
-    done = subprocess.run([sys.executable, "-m", "trainer.export", "--checkpoint-uri", str(ckpt), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.export", "--checkpoint-uri", str(ckpt), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
-    assert "not_kept" not in json.loads(done.stdout.strip().splitlines()[-1]) and "not kept" not in done.stderr
+    assert (
+        "not_kept" not in json.loads(done.stdout.strip().splitlines()[-1]) and "not kept" not in done.stderr
+    )
     exported = read(out / "config.json")
     assert exported["max_position_embeddings"] == 512  # the source's context, not the training seq_len 64
-    assert (exported["bos_token_id"], exported["eos_token_id"], exported["pad_token_id"]) == (BOS_ID, EOS_ID, PAD_ID)
+    assert (exported["bos_token_id"], exported["eos_token_id"], exported["pad_token_id"]) == (
+        BOS_ID,
+        EOS_ID,
+        PAD_ID,
+    )
     # every other field too: RoPE settings (llama3 scaling, theta 500000), tied embeddings, dtype, ...
     assert differing(exported, source_config) == set(CHANGED_BY_TRAINING), exported
     assert read(out / "generation_config.json") == source_generation
@@ -140,7 +184,9 @@ def test_the_export_gives_the_source_back_with_only_its_weights_trained(source, 
     assert differing(fp32_config, source_config) == {*CHANGED_BY_TRAINING, dtype_key}
     assert fp32_config[dtype_key] == "float32"
     assert safetensors_dtypes(tmp_path / "export-fp32") == {"F32"} and "not_kept" not in fp32
-    bf16_bytes, fp32_bytes = (os.path.getsize(d / "model.safetensors") for d in (out, tmp_path / "export-fp32"))
+    bf16_bytes, fp32_bytes = (
+        os.path.getsize(d / "model.safetensors") for d in (out, tmp_path / "export-fp32")
+    )
     assert bf16_bytes < 0.55 * fp32_bytes, (bf16_bytes, fp32_bytes)
 
     # generate stops at EOS because the exported generation config says which id that is: the same greedy
@@ -152,7 +198,9 @@ def test_the_export_gives_the_source_back_with_only_its_weights_trained(source, 
     stopped = model.generate(**prompt, max_new_tokens=20, do_sample=False)
     assert stopped.shape[1] == prompt["input_ids"].shape[1] + 1 and stopped[0, -1] == EOS_ID, stopped
     unstopped = model.generate(**prompt, max_new_tokens=20, do_sample=False, eos_token_id=PAD_ID)
-    assert unstopped.shape[1] == prompt["input_ids"].shape[1] + 20 and set(unstopped[0, -20:].tolist()) == {EOS_ID}
+    assert unstopped.shape[1] == prompt["input_ids"].shape[1] + 20 and set(unstopped[0, -20:].tolist()) == {
+        EOS_ID
+    }
 
     # The source directory is gone: the manifest's record of it keeps the export whole.
     shutil.rmtree(src)
@@ -164,21 +212,39 @@ def test_the_export_gives_the_source_back_with_only_its_weights_trained(source, 
     assert safetensors_dtypes(again) == {"BF16"}
 
 
-def test_the_export_makes_a_generation_config_and_says_what_it_could_not_keep(source, corpus, data_dir,
-                                                                               tmp_path, capsys):
+def test_the_export_makes_a_generation_config_and_says_what_it_could_not_keep(
+    source, corpus, data_dir, tmp_path, capsys
+):
     src = tmp_path / "my-llama"
     shutil.copytree(source, src)
     (src / "generation_config.json").unlink()  # a source without one: made from config.json's ids
     store = tmp_path / "store"
     prepare([corpus], str(store), tokenizer=str(src), log=lambda m: None)
     ckpt = tmp_path / "ckpt"
-    run = run_trainer([*FAST, "--steps", "1", "--checkpoint-uri", str(ckpt), "--set", f"data.seq_len={SEQ}",
-                       "--set", f"model.init_from={src}", "--set", f"data.dataset={store}"], data_dir)
+    run = run_trainer(
+        [
+            *FAST,
+            "--steps",
+            "1",
+            "--checkpoint-uri",
+            str(ckpt),
+            "--set",
+            f"data.seq_len={SEQ}",
+            "--set",
+            f"model.init_from={src}",
+            "--set",
+            f"data.dataset={store}",
+        ],
+        data_dir,
+    )
     assert run.returncode == 0, run
     weights, manifest, step_dir = load_weights(str(ckpt))
     made = export_weights(weights, manifest, step_dir, str(tmp_path / "made"))
     assert read(tmp_path / "made" / "generation_config.json") == {
-        "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+    }
     assert "not_kept" not in made
 
     # A checkpoint from before the manifest recorded the source: read from the source while it is there...
@@ -195,8 +261,13 @@ def test_the_export_makes_a_generation_config_and_says_what_it_could_not_keep(so
     assert config["eos_token_id"] is None and not (tmp_path / "degraded" / "generation_config.json").exists()
     assert safetensors_dtypes(tmp_path / "degraded") == {"F32"}
     not_kept = "; ".join(degraded["not_kept"])
-    for what in ("config.json", "max_position_embeddings", "generation_config.json", f"{src} has no config.json",
-                 "the weights' dtype"):
+    for what in (
+        "config.json",
+        "max_position_embeddings",
+        "generation_config.json",
+        f"{src} has no config.json",
+        "the weights' dtype",
+    ):
         assert what in not_kept, not_kept
     assert "not kept" in said and str(src) in said
 
@@ -208,13 +279,27 @@ def test_a_model_with_a_tokenizer_refuses_byte_level_data(data, source, corpus, 
         dataset = str(tmp_path / "bytes")
         prepare([corpus], dataset, tokenizer=None, log=lambda m: None)
     ckpt = tmp_path / "ckpt"
-    run = run_trainer([*FAST, "--steps", "1", "--checkpoint-uri", str(ckpt), "--set", f"model.init_from={source}",
-                       "--set", f"data.dataset={dataset}"], data_dir)
+    run = run_trainer(
+        [
+            *FAST,
+            "--steps",
+            "1",
+            "--checkpoint-uri",
+            str(ckpt),
+            "--set",
+            f"model.init_from={source}",
+            "--set",
+            f"data.dataset={dataset}",
+        ],
+        data_dir,
+    )
     assert run.returncode == 2, run
     assert not run.of("train") and not list(ckpt.glob("step-*")), run
     named = "(the built-in demo corpus) " if data == "builtin" else ""
-    assert f"data.dataset: {dataset!r} {named}is byte-level text (bytes (byte-level, vocab 256), no tokenizer)" \
-        in run.stderr, run
+    assert (
+        f"data.dataset: {dataset!r} {named}is byte-level text (bytes (byte-level, vocab 256), no tokenizer)"
+        in run.stderr
+    ), run
     assert f"model.init_from {str(source)!r} has its own tokenizer my-llama (sha256 " in run.stderr, run
 
 
@@ -224,10 +309,14 @@ def test_a_store_of_another_tokenizer_is_refused_naming_both(source, corpus, dat
     theirs = prepare([corpus], str(store), tokenizer=other, log=lambda m: None)["tokenizer"]
     ours = prepare([corpus], str(tmp_path / "ours"), tokenizer=str(source), log=lambda m: None)["tokenizer"]
     assert theirs["sha256"] != ours["sha256"]
-    run = run_trainer([*FAST, "--steps", "1", "--set", f"model.init_from={source}",
-                       "--set", f"data.dataset={store}"], data_dir)
+    run = run_trainer(
+        [*FAST, "--steps", "1", "--set", f"model.init_from={source}", "--set", f"data.dataset={store}"],
+        data_dir,
+    )
     assert run.returncode == 2, run
     assert not run.of("train"), run
-    assert (f"data.dataset: {str(store)!r} was prepared with tokenizer other-tok (sha256 {theirs['sha256'][:12]}, "
-            f"vocab {theirs['vocab_size']}), but model.init_from {str(source)!r} has tokenizer my-llama (sha256 "
-            f"{ours['sha256'][:12]}, vocab {ours['vocab_size']})") in run.stderr, run
+    assert (
+        f"data.dataset: {str(store)!r} was prepared with tokenizer other-tok (sha256 {theirs['sha256'][:12]}, "
+        f"vocab {theirs['vocab_size']}), but model.init_from {str(source)!r} has tokenizer my-llama (sha256 "
+        f"{ours['sha256'][:12]}, vocab {ours['vocab_size']})"
+    ) in run.stderr, run

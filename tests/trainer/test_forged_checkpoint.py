@@ -145,7 +145,8 @@ def test_validation_refuses_a_forged_byte_item_naming_its_shard_and_item(ckpt, m
 
 
 def test_the_validation_operator_under_dag_test_fails_on_a_forged_checkpoint_and_falls_back(
-        airflow_home, ckpt, marker, tmp_path):
+    airflow_home, ckpt, marker, tmp_path
+):
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
     from airflow.sdk import DAG

@@ -60,7 +60,9 @@ def _preempt(tmp_path: Path, save_s: float, shutdown_timeout_s: int) -> tuple[su
 @pytest.mark.fault_trial  # slow fault injection: `make test-faults` (and .ci/run), not `make test`
 def test_the_agent_waits_the_shutdown_timeout_not_30s_for_a_preemption_save(tmp_path):
     agent, stderr, waited = _preempt(tmp_path, SAVE_S, shutdown_timeout_s=60)
-    assert (tmp_path / "saved").exists(), f"the worker was killed mid-save after {waited:.0f}s:\n{stderr[-2000:]}"
+    assert (tmp_path / "saved").exists(), (
+        f"the worker was killed mid-save after {waited:.0f}s:\n{stderr[-2000:]}"
+    )
     assert agent.returncode == 75, stderr[-2000:]
     assert "forcefully exiting via 9" not in stderr, stderr[-2000:]
     assert waited >= SAVE_S
@@ -70,7 +72,9 @@ def test_the_agent_waits_the_shutdown_timeout_not_30s_for_a_preemption_save(tmp_
 def test_a_save_cut_short_by_the_shutdown_timeout_is_said_so_in_the_nodes_last_line(tmp_path):
     agent, stderr, _ = _preempt(tmp_path, 60, shutdown_timeout_s=3)
     assert not (tmp_path / "saved").exists()
-    assert agent.returncode == 75, stderr[-2000:]  # still a preemption: relaunched from the last committed step
+    assert agent.returncode == 75, stderr[
+        -2000:
+    ]  # still a preemption: relaunched from the last committed step
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("[trainer.launch] exit 75:") and "local rank(s) [0]" in last, stderr[-2000:]
     assert "SIGKILLed, their save cut short" in last and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in last, last

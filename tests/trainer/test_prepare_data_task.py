@@ -19,15 +19,18 @@ tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is in the `tra
 
 
 def run(tmp_path, **kwargs) -> str:
-    op = PrepareDataOperator(task_id="prepare_data", output_root=kwargs.pop("output_root", str(tmp_path / "data")),
-                             **kwargs)
+    op = PrepareDataOperator(
+        task_id="prepare_data", output_root=kwargs.pop("output_root", str(tmp_path / "data")), **kwargs
+    )
     return op.execute({})
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """A model directory's tokenizer files (as save_pretrained writes them), trained on the built-in text."""
-    return tiny_tokenizer(tmp_path_factory.mktemp("my-llama"), vocab_size=300, corpus=builtin_documents()[:300])
+    return tiny_tokenizer(
+        tmp_path_factory.mktemp("my-llama"), vocab_size=300, corpus=builtin_documents()[:300]
+    )
 
 
 def test_builtin_without_a_tokenizer_is_the_byte_level_default(tmp_path):
@@ -40,7 +43,9 @@ def test_builtin_with_the_models_tokenizer_is_tokenised_once(tmp_path, model_dir
     assert store.startswith(str(tmp_path / "data"))
     meta = read_meta(store)
     tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-    assert meta["tokenizer"]["kind"] == "hf" and meta["vocab_size"] == tok.get_vocab_size(with_added_tokens=True)
+    assert meta["tokenizer"]["kind"] == "hf" and meta["vocab_size"] == tok.get_vocab_size(
+        with_added_tokens=True
+    )
     assert meta["eos_id"] == tok.token_to_id("<|end_of_text|>")
     assert "prepare_data: done: 8,898 documents" in capsys.readouterr().out  # progress in the task log
 
@@ -70,7 +75,7 @@ def test_a_jsonl_file_with_a_named_field_and_a_wide_vocabulary(tmp_path):
     train, _ = open_split(store, "train")
     val, _ = open_split(store, "val")
     assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == len(docs)
-    text = tok.decode(np.asarray(train[0:len(train)]).tolist(), skip_special_tokens=True)
+    text = tok.decode(np.asarray(train[0 : len(train)]).tolist(), skip_special_tokens=True)
     assert docs[0] in text and docs[1] in text
 
     # A changed input is a new store; the old one stays for the checkpoints trained on it.
@@ -86,13 +91,19 @@ def test_bad_inputs_are_refused_naming_the_argument_and_the_value(tmp_path, mode
     monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", "/")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"text": "a document."}) + "\n")
-    with pytest.raises(DataError, match=r"^text_field: .*corpus.jsonl line 1: 'body' is missing \(it has: text\)"):
+    with pytest.raises(
+        DataError, match=r"^text_field: .*corpus.jsonl line 1: 'body' is missing \(it has: text\)"
+    ):
         run(tmp_path, dataset=str(corpus), tokenizer=model_dir, text_field="body")
-    with pytest.raises(DataError, match=r"^dataset: wikitext: unknown input kind .*hub dataset name is not fetched"):
+    with pytest.raises(
+        DataError, match=r"^dataset: wikitext: unknown input kind .*hub dataset name is not fetched"
+    ):
         run(tmp_path, dataset="wikitext", tokenizer=model_dir)
     with pytest.raises(DataError, match=r"^tokenizer: '/no/such/model' does not exist"):
         run(tmp_path, dataset="builtin", tokenizer="/no/such/model")
-    assert not any((tmp_path / "data").glob("*")) if (tmp_path / "data").exists() else True  # nothing half-written
+    assert (
+        not any((tmp_path / "data").glob("*")) if (tmp_path / "data").exists() else True
+    )  # nothing half-written
 
 
 def test_a_store_of_another_tokenizer_is_refused_naming_both(tmp_path, model_dir):
@@ -101,7 +112,9 @@ def test_a_store_of_another_tokenizer_is_refused_naming_both(tmp_path, model_dir
     with pytest.raises(DataError) as err:
         run(tmp_path, dataset=bytes_store, tokenizer=model_dir)
     message = str(err.value)
-    assert message.startswith(f"dataset: {bytes_store!r} was prepared with tokenizer bytes (byte-level, vocab 256)")
+    assert message.startswith(
+        f"dataset: {bytes_store!r} was prepared with tokenizer bytes (byte-level, vocab 256)"
+    )
     assert f"the model's tokenizer ({model_dir!r}) is {os.path.basename(model_dir)} (sha256" in message
     # The same store with no model tokenizer, or a store of the model's tokenizer, is used as is.
     assert run(tmp_path, dataset=bytes_store, tokenizer="") == bytes_store
@@ -112,12 +125,20 @@ def test_a_store_of_another_tokenizer_is_refused_naming_both(tmp_path, model_dir
 def test_tokenizer_and_store_in_object_storage(tmp_path, model_dir, s3):
     import fsspec
 
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)  # a cached one may point at an earlier test's server
-    for name in os.listdir(model_dir):  # the model's tokenizer files in a bucket (its weights would be there too)
+    fs = fsspec.filesystem(
+        "s3", skip_instance_cache=True
+    )  # a cached one may point at an earlier test's server
+    for name in os.listdir(
+        model_dir
+    ):  # the model's tokenizer files in a bucket (its weights would be there too)
         fs.put_file(os.path.join(model_dir, name), f"{BUCKET}/models/my-llama/{name}")
     fs.put_file(str(_jsonl(tmp_path)), f"{BUCKET}/raw/corpus.jsonl")
-    store = run(tmp_path, dataset=f"s3://{BUCKET}/raw/corpus.jsonl", tokenizer=f"s3://{BUCKET}/models/my-llama",
-                output_root=f"s3://{BUCKET}/prepared")
+    store = run(
+        tmp_path,
+        dataset=f"s3://{BUCKET}/raw/corpus.jsonl",
+        tokenizer=f"s3://{BUCKET}/models/my-llama",
+        output_root=f"s3://{BUCKET}/prepared",
+    )
     assert store.startswith(f"s3://{BUCKET}/prepared/corpus-my-llama-")
     meta = json.loads(fs.cat_file(f"{store}/meta.json"))
     local = read_meta(run(tmp_path, dataset=str(_jsonl(tmp_path)), tokenizer=model_dir))
@@ -125,8 +146,15 @@ def test_tokenizer_and_store_in_object_storage(tmp_path, model_dir, s3):
     assert meta["splits"]["train"]["tokens"] == local["splits"]["train"]["tokens"]
     assert fs.exists(f"{store}/tokenizer/tokenizer.json")  # exported models get the tokenizer from here
     # Prepared once: the second run reuses the object-storage store.
-    assert run(tmp_path, dataset=f"s3://{BUCKET}/raw/corpus.jsonl", tokenizer=f"s3://{BUCKET}/models/my-llama",
-               output_root=f"s3://{BUCKET}/prepared") == store
+    assert (
+        run(
+            tmp_path,
+            dataset=f"s3://{BUCKET}/raw/corpus.jsonl",
+            tokenizer=f"s3://{BUCKET}/models/my-llama",
+            output_root=f"s3://{BUCKET}/prepared",
+        )
+        == store
+    )
 
 
 def _jsonl(tmp_path):

@@ -61,8 +61,9 @@ def test_null_rows_are_refused_or_counted_the_same_in_every_format(kind, tmp_pat
     src = _write(kind, tmp_path / "docs", [None if i in NULLS else d for i, d in enumerate(DOCS)])
     with pytest.raises(PrepareError) as err:
         prepare([src], str(tmp_path / "refused"), tokenizer=tok, log=_quiet)
-    assert str(err.value) == (f"--input: {src} {PLACE[kind]}: 'text' is null "
-                              "(--on-bad-row=skip counts and skips such rows)")
+    assert str(err.value) == (
+        f"--input: {src} {PLACE[kind]}: 'text' is null (--on-bad-row=skip counts and skips such rows)"
+    )
     assert not (tmp_path / "refused").exists()
 
     lines = []
@@ -73,8 +74,9 @@ def test_null_rows_are_refused_or_counted_the_same_in_every_format(kind, tmp_pat
     first = [{"file": src, unit: int(n) + (i - 3), "why": "'text' is null"} for i in NULLS[:5]]
     assert meta["bad_rows"]["first"] == first
     assert f"prepare_data: skipped {src} {PLACE[kind]}: 'text' is null" in lines
-    assert any(line.startswith("prepare_data: skipped 8 bad rows of 40 (--on-bad-row=skip)")
-               for line in lines)
+    assert any(
+        line.startswith("prepare_data: skipped 8 bad rows of 40 (--on-bad-row=skip)") for line in lines
+    )
     (done,) = [line for line in lines if line.startswith("prepare_data: done")]
     assert "32 documents" in done and "(8 bad rows of 40 skipped)" in done
     # The 32 good documents, whatever the format: the same store as a file without the bad rows.
@@ -120,23 +122,30 @@ def test_binary_files_are_refused_naming_the_file_whatever_the_policy(tmp_path, 
 @pytest.mark.parametrize("tokenizer", ["bytes", "hf"])
 def test_a_lone_surrogate_bad_bytes_and_broken_lines_are_named_by_line(tokenizer, tmp_path, tok, capsys):
     path = tmp_path / "docs.jsonl"
-    path.write_bytes(b'{"text": "fine"}\n'
-                     b'{"text": "ab\\ud800c"}\n'  # a lone surrogate in JSON's escape: valid JSON, not text
-                     b'{"text": "caf\xe9"}\n'  # Latin-1, not UTF-8
-                     b'{"text": "cut short\n'
-                     b'[1, 2]\n'
-                     b'{"text": "the end"}\n')
+    path.write_bytes(
+        b'{"text": "fine"}\n'
+        b'{"text": "ab\\ud800c"}\n'  # a lone surrogate in JSON's escape: valid JSON, not text
+        b'{"text": "caf\xe9"}\n'  # Latin-1, not UTF-8
+        b'{"text": "cut short\n'
+        b"[1, 2]\n"
+        b'{"text": "the end"}\n'
+    )
     args = ["--input", str(path), "--out", str(tmp_path / "store")]
     args += ["--tokenizer", tok] if tokenizer == "hf" else []
     assert main(args) == 2
-    assert capsys.readouterr().err == (f"--input: {path} line 2: 'text' holds a lone surrogate (\\ud800) at "
-                                       "character 2: not Unicode text (--on-bad-row=skip counts and skips "
-                                       "such rows)\n")
+    assert capsys.readouterr().err == (
+        f"--input: {path} line 2: 'text' holds a lone surrogate (\\ud800) at "
+        "character 2: not Unicode text (--on-bad-row=skip counts and skips "
+        "such rows)\n"
+    )
     assert main([*args, "--on-bad-row", "skip"]) == 0
     out = capsys.readouterr().out
-    for line, why in ((2, "'text' holds a lone surrogate"), (3, "not UTF-8 (byte 0xe9 at column 14)"),
-                      (4, "not JSON: Invalid control character at column 20"),
-                      (5, "a JSON array, not an object with 'text'")):
+    for line, why in (
+        (2, "'text' holds a lone surrogate"),
+        (3, "not UTF-8 (byte 0xe9 at column 14)"),
+        (4, "not JSON: Invalid control character at column 20"),
+        (5, "a JSON array, not an object with 'text'"),
+    ):
         assert f"prepare_data: skipped {path} line {line}: {why}" in out
     meta = read_meta(str(tmp_path / "store"))
     assert meta["bad_rows"]["skipped"] == 4 and meta["splits"]["train"]["documents"] == 1
@@ -147,7 +156,7 @@ def _shards(root, kind="jsonl"):
     """DOCS[:30] as three shards of ten documents, with a marker file that is not data."""
     root.mkdir()
     for n in range(3):
-        _write(kind, root / f"part-{n:05d}", DOCS[10 * n:10 * n + 10])
+        _write(kind, root / f"part-{n:05d}", DOCS[10 * n : 10 * n + 10])
     (root / "_SUCCESS").write_text("")
     return root
 
@@ -162,15 +171,20 @@ def test_a_directory_or_a_glob_of_shards_is_one_dataset_in_name_order(tmp_path, 
             assert meta["splits"] == whole["splits"], spec
             # the 20th document is held out: the documents are counted across the shards of ten
             for split in ("train", "val"):
-                assert (np.asarray(open_split(str(tmp_path / f"store-{kind}-{n}"), split)[0]).tolist()
-                        == np.asarray(open_split(str(tmp_path / "one"), split)[0]).tolist())
+                assert (
+                    np.asarray(open_split(str(tmp_path / f"store-{kind}-{n}"), split)[0]).tolist()
+                    == np.asarray(open_split(str(tmp_path / "one"), split)[0]).tolist()
+                )
     assert read_meta(str(tmp_path / "store-jsonl-1"))["source"] == "shards-jsonl/part-*.jsonl"
 
     mixed = _shards(tmp_path / "mixed")
     _write("parquet", mixed / "part-00009", DOCS[:2])
     named = re.escape(str(mixed))
-    with pytest.raises(PrepareError, match=rf"^--input: {named} mixes jsonl \(.*part-00000.jsonl\) and "
-                                           rf"parquet \(.*part-00009.parquet\) files: .* e.g. .*/\*.jsonl$"):
+    with pytest.raises(
+        PrepareError,
+        match=rf"^--input: {named} mixes jsonl \(.*part-00000.jsonl\) and "
+        rf"parquet \(.*part-00009.parquet\) files: .* e.g. .*/\*.jsonl$",
+    ):
         prepare([str(mixed)], str(tmp_path / "x"), tokenizer=tok, log=_quiet)
     (mixed / "part-00009.parquet").unlink()
     (mixed / "notes.csv").write_text("a,b\n")
@@ -198,8 +212,12 @@ def test_a_glob_of_shards_on_s3(s3, tmp_path, tok):
     # the DAG's task: its store named after the glob's directory, keyed by every shard's ETag
     from airflow_dtrain.operators.prepare_data import PrepareDataOperator
 
-    task = PrepareDataOperator(task_id="prepare_data", dataset=f"s3://{BUCKET}/{raw}/part-*.jsonl",
-                               tokenizer=tok, output_root=f"s3://{BUCKET}/prepared")
+    task = PrepareDataOperator(
+        task_id="prepare_data",
+        dataset=f"s3://{BUCKET}/{raw}/part-*.jsonl",
+        tokenizer=tok,
+        output_root=f"s3://{BUCKET}/prepared",
+    )
     store = task.execute({})
     assert store.startswith(f"s3://{BUCKET}/prepared/{raw}-tok-")
     assert json.loads(fs.cat_file(f"{store}/meta.json"))["splits"] == local["splits"]
@@ -211,8 +229,10 @@ def test_small_data_holds_out_a_document_or_a_sequence_or_is_refused_with_counts
     meta = prepare([src], str(tmp_path / "store"), tokenizer=tok, log=lines.append)  # 1/20 of 5: none
     assert meta["splits"]["val"]["documents"] == 1 and meta["splits"]["train"]["documents"] == 4
     said = "prepare_data: --val-fraction 0.05 held out 0 documents, 0 tokens, short of one document: the last"
-    assert any(line.startswith(f"{said} 1 document of training (") and line.endswith(") is held out too")
-               for line in lines)
+    assert any(
+        line.startswith(f"{said} 1 document of training (") and line.endswith(") is held out too")
+        for line in lines
+    )
     tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
     per_doc = meta["splits"]["val"]["tokens"]
     # --seq-len: the held-out split holds one evaluation sequence, of whole documents
@@ -225,17 +245,24 @@ def test_small_data_holds_out_a_document_or_a_sequence_or_is_refused_with_counts
         f"--input: too little text to train and evaluate at --seq-len {tokens // 2}: five.jsonl gives 5 "
         f"documents, {tokens} tokens; training and the held-out evaluation need a sequence of "
         f"{tokens // 2 + 1} tokens each (seq_len + 1), from whole documents of their own: give more text, or "
-        "a shorter --seq-len")
+        "a shorter --seq-len"
+    )
     one = _write("jsonl", tmp_path / "one", DOCS[:1])
-    with pytest.raises(PrepareError, match=r"^--input: too little text to hold out a document for evaluation"
-                                           r": one.jsonl gives 1 document, \d+ tokens; the held-out split"):
+    with pytest.raises(
+        PrepareError,
+        match=r"^--input: too little text to hold out a document for evaluation"
+        r": one.jsonl gives 1 document, \d+ tokens; the held-out split",
+    ):
         prepare([one], str(tmp_path / "x"), tokenizer=tok, log=_quiet)
     assert not (tmp_path / "refused").exists() and not (tmp_path / "x").exists()
 
     # A store that cannot give one evaluation sequence is refused when training starts, with its counts.
-    with pytest.raises(ConfigError, match=rf"^data.dataset: .*/store \(five.jsonl\): its held-out split has "
-                                          rf"{per_doc} tokens, fewer than one sequence of seq_len \+ 1 = "
-                                          rf"{per_doc + 1}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^data.dataset: .*/store \(five.jsonl\): its held-out split has "
+        rf"{per_doc} tokens, fewer than one sequence of seq_len \+ 1 = "
+        rf"{per_doc + 1}",
+    ):
         TrainBatches(str(tmp_path / "store"), per_doc, 4, 2, 0, 1, seed=0, device=torch.device("cpu"))
 
 
@@ -252,8 +279,18 @@ def test_five_documents_in_three_shards_train_from_a_model_and_evaluate_at_step_
         _write("jsonl", shards / f"part-{n}", docs)
     meta = prepare([str(shards)], str(tmp_path / "store"), tokenizer=model, seq_len=32, log=_quiet)
     assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 5
-    run = run_trainer([*FAST, "--steps", "2", "--set", f"model.init_from={model}",
-                       "--set", f"data.dataset={tmp_path / 'store'}"], data_dir)
+    run = run_trainer(
+        [
+            *FAST,
+            "--steps",
+            "2",
+            "--set",
+            f"model.init_from={model}",
+            "--set",
+            f"data.dataset={tmp_path / 'store'}",
+        ],
+        data_dir,
+    )
     assert run.returncode == 0, run
     (start,) = run.of("eval")
     assert start["step"] == 0 and np.isfinite(start["loss"]) and start["tokens"] >= 32
@@ -267,18 +304,25 @@ def test_the_task_takes_a_directory_a_policy_and_a_sequence_length(tmp_path, tok
     shards.mkdir()
     rows = [None if i in NULLS else d for i, d in enumerate(DOCS)]
     for n in range(3):
-        _write("parquet", shards / f"part-{n}", rows[10 * n:10 * n + 10])
+        _write("parquet", shards / f"part-{n}", rows[10 * n : 10 * n + 10])
 
     model = shutil.copytree(tok, tmp_path / "tok")  # within the roots
 
     def run(**kwargs):
-        return PrepareDataOperator(task_id="prepare_data", output_root=str(tmp_path / "data"),
-                                   tokenizer=str(model), allowed_roots=[str(tmp_path)], **kwargs).execute({})
+        return PrepareDataOperator(
+            task_id="prepare_data",
+            output_root=str(tmp_path / "data"),
+            tokenizer=str(model),
+            allowed_roots=[str(tmp_path)],
+            **kwargs,
+        ).execute({})
 
     with pytest.raises(DataError) as err:
         run(dataset=str(shards))
-    assert str(err.value) == (f"dataset: {shards}/part-0.parquet row 3: 'text' is null (on_bad_row='skip' "
-                              "counts and skips such rows)")
+    assert str(err.value) == (
+        f"dataset: {shards}/part-0.parquet row 3: 'text' is null (on_bad_row='skip' "
+        "counts and skips such rows)"
+    )
     store = run(dataset=str(shards), on_bad_row="skip", seq_len="16")  # templated: a string
     assert os.path.basename(store).startswith("shards-tok-")
     meta = read_meta(store)
@@ -288,8 +332,11 @@ def test_the_task_takes_a_directory_a_policy_and_a_sequence_length(tmp_path, tok
     # longer sequences than it holds out: a store of their own, from the same text
     longer = run(dataset=str(shards), on_bad_row="skip", seq_len=60)
     assert longer == f"{store}-seq60" and read_meta(longer)["splits"]["val"]["tokens"] >= 61
-    with pytest.raises(DataError, match=r"^dataset: '.*' is a token store whose train split has [\d,]+ "
-                                        r"tokens, fewer than one sequence of seq_len \+ 1 = 100,001"):
+    with pytest.raises(
+        DataError,
+        match=r"^dataset: '.*' is a token store whose train split has [\d,]+ "
+        r"tokens, fewer than one sequence of seq_len \+ 1 = 100,001",
+    ):
         run(dataset=store, seq_len=100_000)
     # A shard behind a symbolic link stays within the roots like any other path.
     outside = tmp_path.parent / f"{tmp_path.name}-outside"

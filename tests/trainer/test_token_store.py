@@ -18,7 +18,9 @@ from trainer.token_store import BYTES_TOKENIZER, open_split, same_tokenizer
 
 pytest.importorskip("tokenizers")
 
-DOCS = [f"document {i}: the quick brown fox jumps over the lazy dog {i} times. " * (1 + i % 3) for i in range(8)]
+DOCS = [
+    f"document {i}: the quick brown fox jumps over the lazy dog {i} times. " * (1 + i % 3) for i in range(8)
+]
 HELD_OUT = {3, 7}  # val_fraction 0.25: every 4th document
 
 
@@ -47,7 +49,9 @@ def test_a_vocabulary_above_65535_ids_is_stored_as_uint32_and_round_trips(tmp_pa
     big = tiny_tokenizer(tmp_path / "big", vocab_size=70_000)
     docs = ["the dog <|extra_69000|> sees the cat. <|extra_65600|>", "a red <|extra_1|> bird"] * 4
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    meta = prepare([str(tmp_path / "docs.jsonl")], str(tmp_path / "store"), tokenizer=big, val_fraction=0.25, log=_quiet)
+    meta = prepare(
+        [str(tmp_path / "docs.jsonl")], str(tmp_path / "store"), tokenizer=big, val_fraction=0.25, log=_quiet
+    )
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_000
     assert meta["tokenizer"]["kind"] == "hf" and meta["tokenizer"]["name"] == "big"
     train = np.asarray(open_split(str(tmp_path / "store"), "train")[0])
@@ -57,8 +61,10 @@ def test_a_vocabulary_above_65535_ids_is_stored_as_uint32_and_round_trips(tmp_pa
     tok = _tokenizer(big)
     assert tok.decode(train.tolist(), skip_special_tokens=False).startswith(train_docs[0])
     # The tokenizer travels with the store, for an export to ship it.
-    assert sorted(p.name for p in (tmp_path / "store" / "tokenizer").iterdir()) == ["tokenizer.json",
-                                                                                   "tokenizer_config.json"]
+    assert sorted(p.name for p in (tmp_path / "store" / "tokenizer").iterdir()) == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     # A small vocabulary: uint16.
     small = prepare([str(tmp_path / "docs.jsonl")], str(tmp_path / "s"), tokenizer=small_tok, log=_quiet)
     assert small["dtype"] == "uint16" and small["vocab_size"] == 200
@@ -84,8 +90,9 @@ def _write_input(kind: str, tmp_path):
 @pytest.mark.parametrize("kind", ["jsonl", "parquet", "datasets"])
 def test_each_document_input_form_reads_back_as_the_tokenizers_ids(kind, tmp_path, small_tok):
     src = _write_input(kind, tmp_path)
-    meta = prepare([src], str(tmp_path / "store"), tokenizer=small_tok, text_field="body", val_fraction=0.25,
-                   log=_quiet)
+    meta = prepare(
+        [src], str(tmp_path / "store"), tokenizer=small_tok, text_field="body", val_fraction=0.25, log=_quiet
+    )
     assert meta["splits"]["train"]["documents"] == 6 and meta["splits"]["val"]["documents"] == 2
     store = str(tmp_path / "store")
     train, val = (np.asarray(open_split(store, s)[0]).tolist() for s in ("train", "val"))
@@ -95,21 +102,25 @@ def test_each_document_input_form_reads_back_as_the_tokenizers_ids(kind, tmp_pat
     ld = TrainBatches(store, 16, 4, 2, 0, 1, seed=0, device=torch.device("cpu"))
     (x, _), _ = ld.next_batch()
     row = x[0].tolist()
-    assert any(train[s:s + 16] == row for s in range(0, len(train) - 16, 16))
-    (vx, _), = eval_batches(store, 8, 2, 1, torch.device("cpu"))
+    assert any(train[s : s + 16] == row for s in range(0, len(train) - 16, 16))
+    ((vx, _),) = eval_batches(store, 8, 2, 1, torch.device("cpu"))
     assert vx[1].tolist() == val[8:16]
 
 
 def test_a_text_file_is_a_document_with_its_tail_held_out(tmp_path, small_tok):
     text = "".join(DOCS) + "\nthe lazy dog.\n"
     (tmp_path / "a.txt").write_text(text)
-    prepare([str(tmp_path / "a.txt")], str(tmp_path / "store"), tokenizer=small_tok, val_fraction=0.1, log=_quiet)
+    prepare(
+        [str(tmp_path / "a.txt")], str(tmp_path / "store"), tokenizer=small_tok, val_fraction=0.1, log=_quiet
+    )
     cut = len(text) - int(len(text) * 0.1)  # ASCII: bytes are characters
     train, val = (np.asarray(open_split(str(tmp_path / "store"), s)[0]).tolist() for s in ("train", "val"))
     assert train == _expected(small_tok, [text[:cut]]) and val == _expected(small_tok, [text[cut:]])
 
 
-def test_a_text_file_without_newlines_is_read_in_bounded_blocks_cut_between_words(tmp_path, small_tok, monkeypatch):
+def test_a_text_file_without_newlines_is_read_in_bounded_blocks_cut_between_words(
+    tmp_path, small_tok, monkeypatch
+):
     import trainer.prepare_data as prep
 
     monkeypatch.setattr(prep, "BLOCK_BYTES", 64)
@@ -119,7 +130,9 @@ def test_a_text_file_without_newlines_is_read_in_bounded_blocks_cut_between_word
     blocks = []
     read = prep._txt
     monkeypatch.setattr(prep, "_txt", lambda *a: (blocks.append(len(p.text)) or p for p in read(*a)))
-    prepare([str(tmp_path / "a.txt")], str(tmp_path / "store"), tokenizer=small_tok, val_fraction=0.1, log=_quiet)
+    prepare(
+        [str(tmp_path / "a.txt")], str(tmp_path / "store"), tokenizer=small_tok, val_fraction=0.1, log=_quiet
+    )
     assert len(blocks) > 10 and max(blocks) <= 256 + 64  # never the whole line in memory
     cut = len(text) - int(len(text) * 0.1)
     train, val = (np.asarray(open_split(str(tmp_path / "store"), s)[0]).tolist() for s in ("train", "val"))
@@ -129,8 +142,12 @@ def test_a_text_file_without_newlines_is_read_in_bounded_blocks_cut_between_word
 
 def test_a_dataset_dict_holds_out_its_validation_split(tmp_path, small_tok):
     datasets = pytest.importorskip("datasets")
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS[:5]}),
-                               "validation": datasets.Dataset.from_dict({"text": DOCS[5:]})})
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": DOCS[:5]}),
+            "validation": datasets.Dataset.from_dict({"text": DOCS[5:]}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     prepare([str(tmp_path / "dd")], str(tmp_path / "store"), tokenizer=small_tok, log=_quiet)
     train, val = (np.asarray(open_split(str(tmp_path / "store"), s)[0]).tolist() for s in ("train", "val"))
@@ -158,11 +175,20 @@ def test_shards_read_as_one_stream_and_give_the_same_batches_as_one_file(tmp_pat
     src = _write_input("jsonl", tmp_path)
     lines = []
     one = prepare([src], str(tmp_path / "one"), tokenizer=small_tok, text_field="body", log=_quiet)
-    many = prepare([src], str(tmp_path / "many"), tokenizer=small_tok, text_field="body", shard_tokens=37,
-                   log=lines.append)
+    many = prepare(
+        [src],
+        str(tmp_path / "many"),
+        tokenizer=small_tok,
+        text_field="body",
+        shard_tokens=37,
+        log=lines.append,
+    )
     shards = many["splits"]["train"]["shards"]
     assert len(one["splits"]["train"]["shards"]) == 1 and len(shards) > 5
-    assert all(s["tokens"] == 37 for s in shards[:-1]) and sum(s["tokens"] for s in shards) == one["splits"]["train"]["tokens"]
+    assert (
+        all(s["tokens"] == 37 for s in shards[:-1])
+        and sum(s["tokens"] for s in shards) == one["splits"]["train"]["tokens"]
+    )
     assert any("tokens/s" in line for line in lines)  # progress for a task log
     a, b = (np.asarray(open_split(str(tmp_path / d), "train")[0]) for d in ("one", "many"))
     assert a.tolist() == b.tolist()

@@ -42,8 +42,13 @@ def test_binary_search_finds_the_largest_size_that_fits_in_log2_probes(limit):
 def test_cpu_keeps_the_configured_micro_batch_and_says_it_skipped():
     said = []
     cfg = TrainConfig(parallel=ParallelConfig(auto_micro_batch_size=True), micro_batch_size=2)
-    assert fit_micro_batch_size(cfg, model=None, device=torch.device("cpu"), world_size=1, log=said.append) is cfg
-    assert said == ["auto micro-batch size: skipped on cpu (no GPU memory to probe); keeping micro_batch_size 2"]
+    assert (
+        fit_micro_batch_size(cfg, model=None, device=torch.device("cpu"), world_size=1, log=said.append)
+        is cfg
+    )
+    assert said == [
+        "auto micro-batch size: skipped on cpu (no GPU memory to probe); keeping micro_batch_size 2"
+    ]
 
 
 @pytest.fixture
@@ -91,4 +96,6 @@ def test_an_out_of_memory_probe_leaves_the_model_as_it_was(one_rank_group, where
     assert all(p.grad is None for p in model.parameters())  # no gradients left behind by the probes
     # The next real step is the step a model that was never probed takes.
     tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
-    assert _loss_and_grad_norm(model, tokens) == pytest.approx(_loss_and_grad_norm(reference, tokens), rel=1e-6)
+    assert _loss_and_grad_norm(model, tokens) == pytest.approx(
+        _loss_and_grad_norm(reference, tokens), rel=1e-6
+    )

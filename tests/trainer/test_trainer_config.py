@@ -40,8 +40,10 @@ def test_importing_config_does_not_import_torch_or_numpy():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ({"model": {"flavor": "tiny"}},
-         "model.flavor: unknown flavour 'tiny' (choose from debug, llama3_1b, llama3_3b, llama3_8b)"),
+        (
+            {"model": {"flavor": "tiny"}},
+            "model.flavor: unknown flavour 'tiny' (choose from debug, llama3_1b, llama3_3b, llama3_8b)",
+        ),
         ({"data": {"seq_len": 4}}, "data.seq_len: must be >= 8, got 4"),
         ({"optim": {"lr": 0}}, "optim.lr: must be > 0, got 0.0"),
         ({"optim": {"lr": -1e-3}}, "optim.lr: must be > 0, got -0.001"),
@@ -58,12 +60,20 @@ def test_importing_config_does_not_import_torch_or_numpy():
         ({"metrics": {"statsd_port": 0}}, "metrics.statsd_port: must be in 1..65535, got 0"),
         ({"metrics": {"statsd_port": 70000}}, "metrics.statsd_port: must be in 1..65535, got 70000"),
         ({"metrics": {"log_every": 0}}, "metrics.log_every: must be >= 1, got 0"),
-        ({"metrics": {"statsd_tags": "run id:x|y"}}, "metrics.statsd_tags: must be comma-separated key:value pairs"),
+        (
+            {"metrics": {"statsd_tags": "run id:x|y"}},
+            "metrics.statsd_tags: must be comma-separated key:value pairs",
+        ),
         ({"steps": 0}, "steps: must be >= 1, got 0"),
         ({"micro_batch_size": 0}, "micro_batch_size: must be >= 1, got 0"),
-        ({"global_batch_size": 7, "micro_batch_size": 2},
-         "global_batch_size: 7 is not divisible by micro_batch_size 2"),
-        ({"steps": 10, "simulate_preemption_at_step": 10}, "simulate_preemption_at_step: must be in [0, steps=10)"),
+        (
+            {"global_batch_size": 7, "micro_batch_size": 2},
+            "global_batch_size: 7 is not divisible by micro_batch_size 2",
+        ),
+        (
+            {"steps": 10, "simulate_preemption_at_step": 10},
+            "simulate_preemption_at_step: must be in [0, steps=10)",
+        ),
         ({"simulate_preemption_at_step": -1}, "simulate_preemption_at_step: must be in [0, steps=50)"),
         ({"seed": -1}, "seed: must be in [0, 2**32), got -1"),
     ],
@@ -81,7 +91,9 @@ def test_bad_checkpoint_uri_message_quotes_the_uri(uri):
     assert repr(uri) in str(exc.value)
 
 
-@pytest.mark.parametrize("uri", ["", "/tmp/ckpt", "relative/dir", "file:///tmp/ckpt", "s3://my-bucket", "s3://my-bucket/runs/1"])
+@pytest.mark.parametrize(
+    "uri", ["", "/tmp/ckpt", "relative/dir", "file:///tmp/ckpt", "s3://my-bucket", "s3://my-bucket/runs/1"]
+)
 def test_good_checkpoint_uris_are_accepted(uri):
     assert CheckpointConfig(uri=uri).uri == uri
 
@@ -154,10 +166,24 @@ def test_dict_and_json_round_trip_preserves_everything():
         simulate_preemption_at_step=500,
     )
     d = json.loads(json.dumps(c.to_dict()))
-    assert d["checkpoint"] == {"uri": "s3://bucket/run", "every": 100, "keep": 2, "grace_period_s": 110.0,
-                               "async_save": None, "write_threads": 4, "continue_job": ""}
-    assert d["cost"] == {"price_per_node_hour": 0.0, "capacity_type": "any", "gpus_per_node": 0, "budget_usd": 0.0,
-                         "price_ceiling_per_node_hour": 0.0, "stop_margin_s": 30.0, "ledger_uri": ""}
+    assert d["checkpoint"] == {
+        "uri": "s3://bucket/run",
+        "every": 100,
+        "keep": 2,
+        "grace_period_s": 110.0,
+        "async_save": None,
+        "write_threads": 4,
+        "continue_job": "",
+    }
+    assert d["cost"] == {
+        "price_per_node_hour": 0.0,
+        "capacity_type": "any",
+        "gpus_per_node": 0,
+        "budget_usd": 0.0,
+        "price_ceiling_per_node_hour": 0.0,
+        "stop_margin_s": 30.0,
+        "ledger_uri": "",
+    }
     assert TrainConfig.from_dict(d) == c
     assert TrainConfig.from_dict(d).config_hash() == c.config_hash()
 
@@ -198,7 +224,9 @@ def test_from_file_errors_name_the_file(tmp_path):
 
 def test_with_overrides_applies_dotted_paths_and_leaves_the_original():
     base = TrainConfig()
-    c = base.with_overrides({"model.flavor": "llama3_8b", "steps": 10, "optim.lr": "1e-4", "checkpoint.every": "5"})
+    c = base.with_overrides(
+        {"model.flavor": "llama3_8b", "steps": 10, "optim.lr": "1e-4", "checkpoint.every": "5"}
+    )
     assert (c.model.flavor, c.steps, c.optim.lr, c.checkpoint.every) == ("llama3_8b", 10, 1e-4, 5)
     assert base == TrainConfig()  # frozen: the original is untouched
 

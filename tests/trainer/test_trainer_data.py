@@ -8,7 +8,14 @@ import numpy as np
 import torch
 
 from conftest import REPO
-from trainer.data import BUILTIN_NAME, TrainBatches, ensure_builtin, eval_batches, generate_builtin_text, open_split
+from trainer.data import (
+    BUILTIN_NAME,
+    TrainBatches,
+    ensure_builtin,
+    eval_batches,
+    generate_builtin_text,
+    open_split,
+)
 
 
 def test_builtin_corpus_is_deterministic_english_like_text():
@@ -37,11 +44,15 @@ def test_builtin_corpus_is_built_once_with_train_and_held_out_splits(data_dir):
 
 def _global_batches(path, world_size, steps, micro=2, gbs=8):
     """Per step, the set of sequences (as bytes) seen by all ranks together, and per rank."""
-    loaders = [TrainBatches(path, 16, gbs, micro, r, world_size, seed=3, device=torch.device("cpu"))
-               for r in range(world_size)]
+    loaders = [
+        TrainBatches(path, 16, gbs, micro, r, world_size, seed=3, device=torch.device("cpu"))
+        for r in range(world_size)
+    ]
     out = []
     for _ in range(steps):
-        per_rank = [[bytes(x.numpy().astype(np.uint8)) for mb in ld.next_batch() for x in mb[0]] for ld in loaders]
+        per_rank = [
+            [bytes(x.numpy().astype(np.uint8)) for mb in ld.next_batch() for x in mb[0]] for ld in loaders
+        ]
         out.append(per_rank)
     return out
 
@@ -89,18 +100,42 @@ def test_prepare_data_writes_the_trainer_format(tmp_path):
     a.write_text("hello world. " * 400)
     b.write_text("héllo again! " * 400)
     out = tmp_path / "tok"
-    p = subprocess.run([sys.executable, "-m", "trainer.prepare_data", "--input", str(a), str(b), "--out", str(out),
-                        "--val-fraction", "0.1"], cwd=REPO, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.prepare_data",
+            "--input",
+            str(a),
+            str(b),
+            "--out",
+            str(out),
+            "--val-fraction",
+            "0.1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     meta = json.load(open(out / "meta.json"))
     train, _ = open_split(str(out), "train")
     val, _ = open_split(str(out), "val")
     total = len(a.read_bytes()) + len(b.read_bytes())
     assert (meta["version"], meta["tokenizer"], meta["dtype"]) == (2, {"kind": "bytes"}, "uint16")
-    assert {s: meta["splits"][s]["tokens"] for s in ("train", "val")} == {"train": len(train), "val": len(val)}
-    assert len(train) + len(val) == total + 4 * 2  # each file a document in each split, each ending in a blank line
+    assert {s: meta["splits"][s]["tokens"] for s in ("train", "val")} == {
+        "train": len(train),
+        "val": len(val),
+    }
+    assert (
+        len(train) + len(val) == total + 4 * 2
+    )  # each file a document in each split, each ending in a blank line
     assert "héllo".encode() in bytes(np.asarray(train).astype(np.uint8))
     # Refuses to overwrite.
-    again = subprocess.run([sys.executable, "-m", "trainer.prepare_data", "--input", str(a), "--out", str(out)],
-                           cwd=REPO, capture_output=True, text=True)
+    again = subprocess.run(
+        [sys.executable, "-m", "trainer.prepare_data", "--input", str(a), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 2 and "already exists" in again.stderr

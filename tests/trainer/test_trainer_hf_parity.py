@@ -18,14 +18,30 @@ transformers = pytest.importorskip("transformers", reason="transformers is in th
 SEQ = 64
 # Llama 3.1's rule with a short original context, so that at SEQ positions all three
 # frequency bands (kept, interpolated, divided by `factor`) change the logits.
-LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 48}
+LLAMA3_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 48,
+}
 
 
-def small_args(*, n_kv_heads: int, tie: bool, rope_scaling: dict | None, rope_theta: float = 10000.0) -> ModelArgs:
-    return ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, ffn_dim=160, vocab_size=97,
-                     norm_eps=1e-5, rope_theta=rope_theta, rope_scaling=rope_scaling, tie_word_embeddings=tie,
-                     max_seq_len=SEQ)
+def small_args(
+    *, n_kv_heads: int, tie: bool, rope_scaling: dict | None, rope_theta: float = 10000.0
+) -> ModelArgs:
+    return ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        ffn_dim=160,
+        vocab_size=97,
+        norm_eps=1e-5,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=tie,
+        max_seq_len=SEQ,
+    )
 
 
 def ours(args: ModelArgs, seed: int = 0) -> Llama:
@@ -45,17 +61,28 @@ def hf_config(args: ModelArgs):
     rope = {"rope_type": "default", "rope_theta": args.rope_theta}
     if args.rope_scaling:
         rope = {"rope_type": "llama3", "rope_theta": args.rope_theta, **args.rope_scaling}
-    if "rope_parameters" in inspect.signature(transformers.LlamaConfig.__init__).parameters:  # transformers >= 5
+    if (
+        "rope_parameters" in inspect.signature(transformers.LlamaConfig.__init__).parameters
+    ):  # transformers >= 5
         rope_kwargs = {"rope_parameters": rope}
     else:
-        rope_kwargs = {"rope_theta": args.rope_theta,
-                       "rope_scaling": None if not args.rope_scaling else {k: v for k, v in rope.items()
-                                                                           if k != "rope_theta"}}
+        rope_kwargs = {
+            "rope_theta": args.rope_theta,
+            "rope_scaling": None
+            if not args.rope_scaling
+            else {k: v for k, v in rope.items() if k != "rope_theta"},
+        }
     config = transformers.LlamaConfig(
-        vocab_size=args.vocab_size, hidden_size=args.dim, intermediate_size=args.ffn_dim,
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_kv_heads,
-        rms_norm_eps=args.norm_eps, max_position_embeddings=args.max_seq_len,
-        tie_word_embeddings=args.tie_word_embeddings, **rope_kwargs,
+        vocab_size=args.vocab_size,
+        hidden_size=args.dim,
+        intermediate_size=args.ffn_dim,
+        num_hidden_layers=args.n_layers,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=args.n_kv_heads,
+        rms_norm_eps=args.norm_eps,
+        max_position_embeddings=args.max_seq_len,
+        tie_word_embeddings=args.tie_word_embeddings,
+        **rope_kwargs,
     )
     config._attn_implementation = "eager"
     return config
@@ -93,8 +120,9 @@ def logits_of_both(model: Llama, seed: int = 0) -> tuple[torch.Tensor, torch.Ten
     ],
 )
 def test_logits_equal_transformers_llama_to_1e_5(n_kv_heads, tie, rope_scaling, rope_theta):
-    ours_logits, hf_logits = logits_of_both(ours(small_args(n_kv_heads=n_kv_heads, tie=tie,
-                                                             rope_scaling=rope_scaling, rope_theta=rope_theta)))
+    ours_logits, hf_logits = logits_of_both(
+        ours(small_args(n_kv_heads=n_kv_heads, tie=tie, rope_scaling=rope_scaling, rope_theta=rope_theta))
+    )
     assert ours_logits.dtype == hf_logits.dtype == torch.float32
     assert ours_logits.abs().max() > 0.1  # not trivially equal near zero
     torch.testing.assert_close(ours_logits, hf_logits, rtol=1e-5, atol=1e-5)
@@ -117,4 +145,3 @@ def test_llama3_rope_scaling_is_exercised_and_matters():
     a, _ = logits_of_both(ours(scaled))
     b, _ = logits_of_both(ours(plain))
     assert (a - b).abs().max() > 1e-3
-

@@ -11,7 +11,14 @@ import torch
 
 from trainer import metrics as m
 from trainer.config import MetricsConfig
-from trainer.metrics import PER_RANK_METRICS, TRAINING_METRICS, GpuTelemetry, Metrics, SaveOverlap, flops_per_token
+from trainer.metrics import (
+    PER_RANK_METRICS,
+    TRAINING_METRICS,
+    GpuTelemetry,
+    Metrics,
+    SaveOverlap,
+    flops_per_token,
+)
 from trainer.model import ModelArgs
 from trainer.statsd import RANK_TAGS, RUN_TAGS, parse_line
 
@@ -24,12 +31,28 @@ def test_importing_metrics_does_not_import_torch():
 
 
 def test_training_metrics_are_one_dotted_scheme():
-    assert {"train.loss", "train.grad_norm", "train.lr", "train.tokens_per_s", "train.mfu", "train.peak_memory_bytes",
-            "train.step", "gpu.utilization_pct", "gpu.memory_used_bytes", "gpu.power_w", "gpu.temperature_c",
-            "checkpoint.seconds", "cost.dollars", "cost.budget_dollars"} <= set(TRAINING_METRICS)
+    assert {
+        "train.loss",
+        "train.grad_norm",
+        "train.lr",
+        "train.tokens_per_s",
+        "train.mfu",
+        "train.peak_memory_bytes",
+        "train.step",
+        "gpu.utilization_pct",
+        "gpu.memory_used_bytes",
+        "gpu.power_w",
+        "gpu.temperature_c",
+        "checkpoint.seconds",
+        "cost.dollars",
+        "cost.budget_dollars",
+    } <= set(TRAINING_METRICS)
     assert len(set(TRAINING_METRICS)) == len(TRAINING_METRICS)
     assert PER_RANK_METRICS <= set(TRAINING_METRICS)
-    assert all(n.count(".") == 1 and n.split(".")[0] in ("train", "gpu", "checkpoint", "cost") for n in TRAINING_METRICS)
+    assert all(
+        n.count(".") == 1 and n.split(".")[0] in ("train", "gpu", "checkpoint", "cost")
+        for n in TRAINING_METRICS
+    )
 
 
 def _listen():
@@ -56,10 +79,17 @@ def _received(sock) -> dict[str, float]:
 
 def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(capsys):
     assert GpuTelemetry(torch.device("cpu")).read() == {}
-    assert GpuTelemetry(torch.device("cuda", 0)).read() == {}  # asked for a GPU that is not there: still quiet
+    assert (
+        GpuTelemetry(torch.device("cuda", 0)).read() == {}
+    )  # asked for a GPU that is not there: still quiet
     sock = _listen()
-    metrics = Metrics(MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1], statsd_prefix="job7"),
-                      is_rank0=True, world_size=1, device=torch.device("cpu"), flops_per_token=1e6)
+    metrics = Metrics(
+        MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1], statsd_prefix="job7"),
+        is_rank0=True,
+        world_size=1,
+        device=torch.device("cpu"),
+        flops_per_token=1e6,
+    )
     metrics.count_tokens(1000)
     metrics.log_step(step=1, loss=2.5, grad_norm=0.5, lr=1e-3, force=True)
     metrics.close()
@@ -68,8 +98,9 @@ def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(ca
     assert set(event) == {"event", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"}
     assert event["mfu"] is None  # no known peak on CPU
     gauges = _received(sock)
-    assert set(gauges) == {f"job7.train.{n}" for n in ("step", "loss", "grad_norm", "lr", "tokens_per_s",
-                                                       "peak_memory_bytes")}
+    assert set(gauges) == {
+        f"job7.train.{n}" for n in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "peak_memory_bytes")
+    }
     assert gauges["job7.train.loss"] == 2.5
 
 
@@ -79,30 +110,50 @@ def test_every_line_carries_the_configured_tags_and_per_rank_series_their_node_a
     sock = _listen()
     cfg = MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1], statsd_tags=tags)
     rank0 = Metrics(cfg, is_rank0=True, world_size=4, device=torch.device("cpu"), flops_per_token=1e6)
-    rank3 = Metrics(cfg, is_rank0=False, rank=3, world_size=4, device=torch.device("cpu"), flops_per_token=1e6)
+    rank3 = Metrics(
+        cfg, is_rank0=False, rank=3, world_size=4, device=torch.device("cpu"), flops_per_token=1e6
+    )
     for metrics in (rank0, rank3):
         metrics.count_tokens(1000)
         metrics.log_step(step=1, loss=2.5, grad_norm=0.5, lr=1e-3, force=True)
         metrics.close()
     capsys.readouterr()
     lines = _lines(sock)
-    run = {"dag_id": "train_llama", "run_id": "manual__2026-05-01T09:30:00+00:00", "task_id": "train",
-           "map_index": "-1", "job": "demo"}
-    assert lines and all({k: t.get(k) for k in RUN_TAGS} == run for _, _, _, t in lines)  # the run_id's ':' kept
+    run = {
+        "dag_id": "train_llama",
+        "run_id": "manual__2026-05-01T09:30:00+00:00",
+        "task_id": "train",
+        "map_index": "-1",
+        "job": "demo",
+    }
+    assert lines and all(
+        {k: t.get(k) for k in RUN_TAGS} == run for _, _, _, t in lines
+    )  # the run_id's ':' kept
     by_series = {(name, t.get("node"), t.get("rank")) for name, _, _, t in lines}
     # the group's series once, from rank 0, without node/rank; memory from each rank with them
     assert ("dtrain.train.loss", None, None) in by_series
     assert not any(name == "dtrain.train.loss" and rank for name, _, rank in by_series)
-    assert {("dtrain.train.peak_memory_bytes", "1", "0"), ("dtrain.train.peak_memory_bytes", "1", "3")} <= by_series
+    assert {
+        ("dtrain.train.peak_memory_bytes", "1", "0"),
+        ("dtrain.train.peak_memory_bytes", "1", "3"),
+    } <= by_series
     for name, _, _, t in lines:
         per_rank = name.removeprefix("dtrain.") in PER_RANK_METRICS
-        assert (set(t) == set(RUN_TAGS) | set(RANK_TAGS)) if per_rank else (set(t) == set(RUN_TAGS)), (name, t)
+        assert (set(t) == set(RUN_TAGS) | set(RANK_TAGS)) if per_rank else (set(t) == set(RUN_TAGS)), (
+            name,
+            t,
+        )
 
 
 def test_without_configured_tags_every_line_still_has_the_same_keys():
     sock = _listen()
-    metrics = Metrics(MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1]),
-                      is_rank0=True, world_size=1, device=torch.device("cpu"), flops_per_token=1e6)
+    metrics = Metrics(
+        MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1]),
+        is_rank0=True,
+        world_size=1,
+        device=torch.device("cpu"),
+        flops_per_token=1e6,
+    )
     metrics.gauge("checkpoint.seconds", 1.5)
     metrics.close()
     [(name, value, kind, tags)] = _lines(sock)
@@ -134,8 +185,13 @@ def test_on_a_gpu_mfu_and_nvml_readings_are_reported_in_the_documented_units(mon
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(uuid="abc"))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 3 * 2**30)
     sock = _listen()
-    metrics = Metrics(MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1]),
-                      is_rank0=True, world_size=8, device=torch.device("cuda", 0), flops_per_token=8e9)
+    metrics = Metrics(
+        MetricsConfig(statsd_host="127.0.0.1", statsd_port=sock.getsockname()[1]),
+        is_rank0=True,
+        world_size=8,
+        device=torch.device("cuda", 0),
+        flops_per_token=8e9,
+    )
     metrics._window_start -= 1.0  # a one-second window
     metrics.count_tokens(400_000)
     metrics.log_step(step=10, loss=2.0, grad_norm=1.0, lr=3e-4, force=True)
@@ -147,7 +203,11 @@ def test_on_a_gpu_mfu_and_nvml_readings_are_reported_in_the_documented_units(mon
     assert event["mfu"] == pytest.approx(tokens_per_s * 8e9 / (989e12 * 8), abs=1e-4)
     assert event["peak_mem_mb"] == 3072.0
     assert {k: event[k] for k in event if k.startswith("gpu_")} == {
-        "gpu_utilization_pct": 87, "gpu_memory_used_mb": 40960.0, "gpu_power_w": 612.3, "gpu_temperature_c": 71}
+        "gpu_utilization_pct": 87,
+        "gpu_memory_used_mb": 40960.0,
+        "gpu_power_w": 612.3,
+        "gpu_temperature_c": 71,
+    }
     gauges = _received(sock)
     assert gauges["dtrain.gpu.power_w"] == 612.3 and gauges["dtrain.train.mfu"] == event["mfu"]
     # memory in bytes on statsd (the JSON line keeps MiB)
@@ -156,9 +216,18 @@ def test_on_a_gpu_mfu_and_nvml_readings_are_reported_in_the_documented_units(mon
     assert set(gauges) == {f"dtrain.{n}" for n in TRAINING_METRICS if n.startswith(("train.", "gpu."))}
 
 
-@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
-                                        ("NVIDIA H200", 989e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12),
-                                        ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GeForce RTX 3090", None)])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA GeForce RTX 3090", None),
+    ],
+)
 def test_peak_flops_picks_the_most_specific_device_name(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
     found = m.peak_flops(torch.device("cuda", 0))
@@ -185,7 +254,9 @@ def test_save_overlap_counts_how_much_slower_the_steps_under_a_background_save_r
     o.saved(10, in_background=True)
     for seconds in (0.3, 0.9, 0.5):  # the save's call and copy (0.1 s blocked) fall in the first
         o.step(seconds)
-    assert o.committed(10, blocked_s=0.1) == pytest.approx({"overlap_s": 1.0, "overlap_steps": 3, "cost_s": 1.1})
+    assert o.committed(10, blocked_s=0.1) == pytest.approx(
+        {"overlap_s": 1.0, "overlap_steps": 3, "cost_s": 1.1}
+    )
     assert o.reference() == pytest.approx(0.2), "the slowed steps are no reference"
     # a synchronous save: all of it blocked, and the step that held it is no reference either
     o.saved(12, in_background=False)

@@ -49,15 +49,24 @@ def test_sequence_longer_than_max_seq_len_is_refused():
 def test_parameter_names_match_hugging_face_llama():
     names = {n for n, _ in build().named_parameters()}
     assert "embed_tokens.weight" in names and "norm.weight" in names and "lm_head.weight" in names
-    for suffix in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                   "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                   "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"):
+    for suffix in (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+    ):
         assert f"layers.3.{suffix}" in names
 
 
-@pytest.mark.parametrize("flavor, billions", [("llama3_1b", 1.236), ("llama3_3b", 3.213), ("llama3_8b", 8.030)])
+@pytest.mark.parametrize(
+    "flavor, billions", [("llama3_1b", 1.236), ("llama3_3b", 3.213), ("llama3_8b", 8.030)]
+)
 def test_llama3_flavours_have_the_published_sizes(flavor, billions):
     with torch.device("meta"):  # no memory
         model = Llama(ModelArgs.from_flavor(flavor, 128))
     assert model.num_params() / 1e9 == pytest.approx(billions, abs=0.002)
-

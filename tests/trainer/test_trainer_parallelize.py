@@ -38,7 +38,10 @@ def test_no_warmup_and_warmup_longer_than_the_run():
     "spec, message",
     [
         ({"replicate_degree": -1}, "parallel.replicate_degree: must be >= 0"),
-        ({"activation_checkpointing": "some"}, "parallel.activation_checkpointing: unknown value 'some' (choose from none, selective, full)"),
+        (
+            {"activation_checkpointing": "some"},
+            "parallel.activation_checkpointing: unknown value 'some' (choose from none, selective, full)",
+        ),
         ({"selective_ac_every": -2}, "parallel.selective_ac_every: must be >= 0"),
         ({"compile": "yes"}, "parallel.compile: expected true or false, got 'yes'"),
         ({"cpu_offload": 1}, "parallel.cpu_offload: expected true or false, got 1"),
@@ -53,10 +56,18 @@ def test_bad_parallel_settings_are_refused_naming_the_field(spec, message):
 
 
 def test_parallel_settings_come_from_the_command_line_and_round_trip():
-    cfg = TrainConfig().with_overrides({"parallel.compile": "true", "parallel.activation_checkpointing": "full",
-                                        "parallel.replicate_degree": "2"})
+    cfg = TrainConfig().with_overrides(
+        {
+            "parallel.compile": "true",
+            "parallel.activation_checkpointing": "full",
+            "parallel.replicate_degree": "2",
+        }
+    )
     assert (cfg.parallel.compile, cfg.parallel.activation_checkpointing, cfg.parallel.replicate_degree) == (
-        True, "full", 2)
+        True,
+        "full",
+        2,
+    )
     assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     with pytest.raises(ConfigError, match=r"parallel.compile: expected true or false, got 'maybe'"):
         TrainConfig().with_overrides({"parallel.compile": "maybe"})
@@ -65,7 +76,9 @@ def test_parallel_settings_come_from_the_command_line_and_round_trip():
 def test_replica_groups_must_divide_the_world_size():
     cfg = TrainConfig(parallel=ParallelConfig(replicate_degree=3), global_batch_size=12, micro_batch_size=1)
     cfg.validate_world_size(6)
-    with pytest.raises(ConfigError, match="parallel.replicate_degree: 3 replica groups do not divide world size 4"):
+    with pytest.raises(
+        ConfigError, match="parallel.replicate_degree: 3 replica groups do not divide world size 4"
+    ):
         cfg.validate_world_size(4)
 
 
@@ -120,32 +133,59 @@ def test_activation_checkpointing_recomputes_in_backward_and_leaves_the_gradient
 # --------------------------------------------------------------------------- through the trainer
 
 P_STEPS = 4
-P_ARGS = ["--flavor", "debug", "--set", "data.seq_len=32", "--set", "global_batch_size=8",
-          "--set", "micro_batch_size=2", "--set", "metrics.log_every=1"]
+P_ARGS = [
+    "--flavor",
+    "debug",
+    "--set",
+    "data.seq_len=32",
+    "--set",
+    "global_batch_size=8",
+    "--set",
+    "micro_batch_size=2",
+    "--set",
+    "metrics.log_every=1",
+]
 
 
 @pytest.fixture(scope="module")
 def one_process(data_dir):
     """The reference: 1 process, FSDP over 1 rank, no AC, no compile; auto micro-batch asked for."""
-    run = run_trainer([*P_ARGS, "--steps", str(P_STEPS), "--set", "parallel.auto_micro_batch_size=true"], data_dir)
+    run = run_trainer(
+        [*P_ARGS, "--steps", str(P_STEPS), "--set", "parallel.auto_micro_batch_size=true"], data_dir
+    )
     assert run.returncode == 0, run
     return run
 
 
 def test_auto_micro_batch_size_is_skipped_on_cpu_keeping_the_configured_value(one_process):
-    assert ("auto micro-batch size: skipped on cpu (no GPU memory to probe); keeping micro_batch_size 2"
-            in one_process.stderr)
+    assert (
+        "auto micro-batch size: skipped on cpu (no GPU memory to probe); keeping micro_batch_size 2"
+        in one_process.stderr
+    )
     assert sorted(one_process.losses()) == list(range(1, P_STEPS + 1))
 
 
 @pytest.mark.torchrun
-def test_hsdp_2x2_with_full_activation_checkpointing_follows_the_one_process_trajectory(one_process, data_dir,
-                                                                                      tmp_path):
+def test_hsdp_2x2_with_full_activation_checkpointing_follows_the_one_process_trajectory(
+    one_process, data_dir, tmp_path
+):
     # 4 ranks as 2 "nodes" of 2: shard inside a pair, replicate across pairs.
     ckpt = tmp_path / "ckpt"
-    run = run_trainer([*P_ARGS, "--steps", str(P_STEPS), "--set", "parallel.replicate_degree=2",
-                       "--set", "parallel.activation_checkpointing=full", "--checkpoint-uri", str(ckpt)],
-                      data_dir, nproc=4)
+    run = run_trainer(
+        [
+            *P_ARGS,
+            "--steps",
+            str(P_STEPS),
+            "--set",
+            "parallel.replicate_degree=2",
+            "--set",
+            "parallel.activation_checkpointing=full",
+            "--checkpoint-uri",
+            str(ckpt),
+        ],
+        data_dir,
+        nproc=4,
+    )
     assert run.returncode == 0, run
     assert "HSDP mesh {'dp_replicate': 2, 'dp_shard': 2}" in run.stderr
     for step, loss in one_process.losses().items():
@@ -156,8 +196,9 @@ def test_hsdp_2x2_with_full_activation_checkpointing_follows_the_one_process_tra
 
 def test_compiled_blocks_follow_the_eager_trajectory(one_process, data_dir):
     # Inductor on CPU needs a C++ compiler; one micro-batch per step keeps this to one compiled graph.
-    run = run_trainer([*P_ARGS, "--steps", "2", "--set", "parallel.compile=true", "--set", "micro_batch_size=8"],
-                      data_dir)
+    run = run_trainer(
+        [*P_ARGS, "--steps", "2", "--set", "parallel.compile=true", "--set", "micro_batch_size=8"], data_dir
+    )
     if run.returncode != 0 and "InductorError" in run.stderr and "compiler" in run.stderr.lower():
         pytest.skip(f"torch.compile cannot build CPU kernels here: {run.stderr[-300:]}")
     assert run.returncode == 0, run

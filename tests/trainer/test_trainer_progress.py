@@ -18,7 +18,11 @@ def test_every_step_rewrites_a_valid_file_and_a_long_run_keeps_its_whole_curve(t
         progress.update(step=step, loss=10.0 / step, tokens_seen=step * 64, flush=step % 10 == 0)
         if step in (1, 7, HISTORY_POINTS + 1, steps):
             on_disk = read(tmp_path)
-            assert (on_disk["step"], on_disk["tokens_seen"], on_disk["status"]) == (step, step * 64, "running")
+            assert (on_disk["step"], on_disk["tokens_seen"], on_disk["status"]) == (
+                step,
+                step * 64,
+                "running",
+            )
             assert on_disk["history"] == progress.history  # what the file says is what was recorded
     history = read(tmp_path)["history"]
     assert len(history) <= HISTORY_POINTS

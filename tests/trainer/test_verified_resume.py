@@ -36,7 +36,9 @@ def test_resuming_with_a_different_seq_len_is_refused_naming_it(data_dir, tmp_pa
     other = run_trainer([*args, "--steps", "6", "--set", "data.seq_len=16"], data_dir)
     assert other.returncode == 2, other
     assert "data.seq_len is 16 here but 32 in the checkpoint" in other.stderr, other.stderr[-2000:]
-    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000002", "step-00000004"], "nothing was lost"
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000002", "step-00000004"], (
+        "nothing was lost"
+    )
 
     # a safe change (the learning rate) is allowed, and said
     ok = run_trainer([*args, "--steps", "6", "--set", "optim.lr=0.001"], data_dir)

@@ -118,8 +118,11 @@ def test_no_dag_offers_the_program_on_its_trigger_form_and_a_run_cannot_set_it(d
 
     assert not [dag_id for dag_id, name, _ in _params(dags) if name in ("entrypoint", "limits")]
     for dag_id in ("train_llama", "sweep_llama"):  # the DAGs that check their conf
-        with pytest.raises(UnknownConfKeys, match=r"dag_run.conf: key 'entrypoint' is refused: the program every "
-                                                  r"process runs is set by the DAG author"):
+        with pytest.raises(
+            UnknownConfKeys,
+            match=r"dag_run.conf: key 'entrypoint' is refused: the program every "
+            r"process runs is set by the DAG author",
+        ):
             reject_unknown_conf({"steps": 10, "entrypoint": ["/tmp/not-the-authors.py"]}, dags[dag_id].params)
     with pytest.raises(KeyError, match=r"entrypoint: .* never a trigger-form param"):
         param_schema("entrypoint")

@@ -50,7 +50,9 @@ def test_dagbag_loads_with_no_import_errors_and_nothing_heavy():
     timeout = conf.getfloat("core", "dagbag_import_timeout")
     for path, seconds in result["parse_seconds"].items():
         print(f"{path}: parsed in {seconds:.2f}s")
-        assert seconds < timeout, f"{path} took {seconds:.2f}s to parse, past core.dagbag_import_timeout={timeout}"
+        assert seconds < timeout, (
+            f"{path} took {seconds:.2f}s to parse, past core.dagbag_import_timeout={timeout}"
+        )
 
 
 def test_train_llama_has_a_schedule_params_doc_and_tags():

@@ -40,7 +40,9 @@ def _ms(t: datetime) -> str:
     return str(int(t.timestamp() * 1000))
 
 
-def test_the_dashboard_link_opens_the_shipped_dashboard_on_this_run_its_job_and_time_range(monkeypatch, tmp_path):
+def test_the_dashboard_link_opens_the_shipped_dashboard_on_this_run_its_job_and_time_range(
+    monkeypatch, tmp_path
+):
     monkeypatch.setenv("AIRFLOW__DTRAIN__GRAFANA_URL", "https://grafana.example.com/")
     op = FSDPTrainOperator(task_id="train", job="demo", local_state_dir=str(tmp_path))
     url = _link(TrainingDashboardLink, op, _ti("success", TASK_END))
@@ -48,13 +50,19 @@ def test_the_dashboard_link_opens_the_shipped_dashboard_on_this_run_its_job_and_
     dashboard = json.loads((REPO / "docker" / "grafana" / "dtrain-dashboard.json").read_text())
     assert DASHBOARD_UID == dashboard["uid"]
     parts = urlsplit(url)
-    assert f"{parts.scheme}://{parts.netloc}{parts.path}" == f"https://grafana.example.com/d/{dashboard['uid']}/airflow-dtrain"
+    assert (
+        f"{parts.scheme}://{parts.netloc}{parts.path}"
+        == f"https://grafana.example.com/d/{dashboard['uid']}/airflow-dtrain"
+    )
     query = {k: v for k, [v] in parse_qs(parts.query).items()}
     # the dashboard's own variables, set to this run (its ':' and '+' survive the URL)
     assert {v["name"] for v in dashboard["templating"]["list"]} >= {"dag", "run", "job"}
     assert (query["var-dag"], query["var-run"], query["var-job"]) == ("train_llama", RUN_ID, "demo")
     # from a minute before the run started to a minute after the task ended, in Grafana's epoch ms
-    assert (query["from"], query["to"]) == (_ms(RUN_START - timedelta(minutes=1)), _ms(TASK_END + timedelta(minutes=1)))
+    assert (query["from"], query["to"]) == (
+        _ms(RUN_START - timedelta(minutes=1)),
+        _ms(TASK_END + timedelta(minutes=1)),
+    )
 
 
 def test_while_the_task_runs_or_is_deferred_the_range_ends_now(monkeypatch, tmp_path):
@@ -70,15 +78,22 @@ def test_while_the_task_runs_or_is_deferred_the_range_ends_now(monkeypatch, tmp_
 def test_no_dashboard_link_without_a_configured_grafana(monkeypatch, tmp_path):
     monkeypatch.delenv("AIRFLOW__DTRAIN__GRAFANA_URL", raising=False)
     op = FSDPTrainOperator(task_id="train", local_state_dir=str(tmp_path))
-    assert _link(TrainingDashboardLink, op, _ti("success", TASK_END)) == ""  # the API shows an empty link as none
+    assert (
+        _link(TrainingDashboardLink, op, _ti("success", TASK_END)) == ""
+    )  # the API shows an empty link as none
     defaults = get_provider_info()["config"]["dtrain"]["options"]["grafana_url"]
     assert defaults["default"] == ""  # the provider's own default configures none either
 
 
 def test_the_report_link_opens_the_checkpoint_directory(tmp_path):
-    op = FSDPTrainOperator(task_id="train", checkpoint_uri=str(tmp_path / "ckpt"), local_state_dir=str(tmp_path))
+    op = FSDPTrainOperator(
+        task_id="train", checkpoint_uri=str(tmp_path / "ckpt"), local_state_dir=str(tmp_path)
+    )
     assert _link(TrainingReportLink, op, _ti("success", TASK_END)) == f"file://{tmp_path}/ckpt"
-    assert browsable_url("s3://ml-ckpt/jobs/demo") == "https://s3.console.aws.amazon.com/s3/buckets/ml-ckpt?prefix=jobs/demo/"
+    assert (
+        browsable_url("s3://ml-ckpt/jobs/demo")
+        == "https://s3.console.aws.amazon.com/s3/buckets/ml-ckpt?prefix=jobs/demo/"
+    )
     assert browsable_url("gs://elsewhere/x") == ""  # nothing to open: no link
 
 

@@ -23,12 +23,23 @@ def test_a_node_that_exits_78_ends_its_group_failed_saying_why():
 
 
 def test_the_session_fails_a_fenced_group_instead_of_relaunching_it(tmp_path):
-    spec = JobSpec.from_arguments(flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1,
-                                  checkpoint_uri=str(tmp_path / "ckpt"))
+    spec = JobSpec.from_arguments(
+        flavor="debug",
+        steps=4,
+        global_batch_size=2,
+        micro_batch_size=1,
+        checkpoint_uri=str(tmp_path / "ckpt"),
+    )
     launcher = LocalLauncher(tmp_path / "groups")
     session = GroupSession(launcher, "dag-train-abc", spec, log=logging.getLogger("test"))
-    event = {"status": "error", "name": "dag-train-abc-r0", "state": "failed", "message": "node 0 exited 78: ...",
-             "node_exit_codes": {"0": FENCED_EXIT_CODE}, "log_tail": ["[trainer] fenced off, exit 78: ..."]}
+    event = {
+        "status": "error",
+        "name": "dag-train-abc-r0",
+        "state": "failed",
+        "message": "node 0 exited 78: ...",
+        "node_exit_codes": {"0": FENCED_EXIT_CODE},
+        "log_tail": ["[trainer] fenced off, exit 78: ..."],
+    }
 
     with pytest.raises(GroupFailed, match="another group took over the checkpoint directory") as err:
         session.on_end(event)

@@ -34,7 +34,9 @@ def _extract(op):
     from airflow.providers.openlineage.extractors.manager import ExtractorManager
     from airflow.utils.state import TaskInstanceState
 
-    ti = types.SimpleNamespace(dag_id=op.dag_id, run_id=RUN_ID, task_id=op.task_id, map_index=-1, try_number=1)
+    ti = types.SimpleNamespace(
+        dag_id=op.dag_id, run_id=RUN_ID, task_id=op.task_id, map_index=-1, try_number=1
+    )
     return ExtractorManager().extract_metadata(
         dagrun=types.SimpleNamespace(run_id=RUN_ID), task=op, task_instance_state=TaskInstanceState.SUCCESS,
         task_instance=ti,
@@ -42,8 +44,11 @@ def _extract(op):
 
 
 def test_a_training_task_has_its_data_and_model_in_and_its_checkpoints_out(tmp_path):
-    pytest.importorskip("airflow.providers.openlineage", reason="the OpenLineage provider is not installed "
-                        "(pip install apache-airflow-providers-openlineage: the test extra has it)")
+    pytest.importorskip(
+        "airflow.providers.openlineage",
+        reason="the OpenLineage provider is not installed "
+        "(pip install apache-airflow-providers-openlineage: the test extra has it)",
+    )
     from airflow.sdk import DAG
 
     from airflow_dtrain import FSDPTrainOperator
@@ -70,4 +75,6 @@ def test_the_builtin_corpus_is_no_input_and_a_default_checkpoint_directory_is_th
     lineage = _extract(op)
     assert lineage.inputs == []
     base = group_base_name("lineage_demo", RUN_ID, "train", -1)
-    assert [(d.namespace, d.name) for d in lineage.outputs] == [("file", str(tmp_path / "checkpoints" / base))]
+    assert [(d.namespace, d.name) for d in lineage.outputs] == [
+        ("file", str(tmp_path / "checkpoints" / base))
+    ]

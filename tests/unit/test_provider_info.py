@@ -79,7 +79,10 @@ def test_airflow_providers_get_shows_the_documentation_url(airflow_home, tmp_pat
     subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "egg_info", "--egg-base",
                     str(tmp_path)], cwd=REPO, check=True, capture_output=True, timeout=120)  # fmt: skip
     # first on the path, so this metadata is the one Airflow finds (whatever an older install left)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     out = subprocess.run(
         [sys.executable, "-m", "airflow", "providers", "get", "airflow-dtrain", "--full", "--output", "json"],
         check=True, capture_output=True, text=True, env=env, timeout=120,

@@ -45,7 +45,9 @@ def test_every_python_example_builds(line, code, monkeypatch):
     from airflow.sdk import DAG
 
     # the examples' checkpoints live on the PVC /mnt/ckpt: a deployment's [dtrain] storage_roots names it
-    monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", os.environ["AIRFLOW__DTRAIN__STORAGE_ROOTS"] + ",/mnt/ckpt")
+    monkeypatch.setenv(
+        "AIRFLOW__DTRAIN__STORAGE_ROOTS", os.environ["AIRFLOW__DTRAIN__STORAGE_ROOTS"] + ",/mnt/ckpt"
+    )
 
     namespace: dict = {}
     # The examples build tasks as they would inside `with DAG(...)`; earlier blocks' imports carry over.

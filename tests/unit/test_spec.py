@@ -28,7 +28,10 @@ BAD = [
     ({"entrypoint": ["-m", "my-pkg.train"]}, ["entrypoint: '-m'", "'my-pkg.train'"]),
     ({"entrypoint": ["/opt/train.py", "--steps", 5]}, ["entrypoint[2]: expected a string, got 5"]),
     ({"entrypoint": ["{{ params.program }}"]}, ["entrypoint[0]: '{{ params.program }}' is a template"]),
-    ({"entrypoint": {"script": "train.py"}}, ["entrypoint: expected a list of strings", "{'script': 'train.py'}"]),
+    (
+        {"entrypoint": {"script": "train.py"}},
+        ["entrypoint: expected a list of strings", "{'script': 'train.py'}"],
+    ),
 ]
 
 
@@ -80,10 +83,20 @@ def test_group_names_are_deterministic_dns_safe_and_distinct():
 
 def test_the_dag_authors_limits_bound_what_a_rendered_trigger_value_may_ask(tmp_path, airflow_home):
     with pytest.raises(SpecError, match=r"num_nodes: 16 is above the limit of 8 \(limits.max_nodes\)"):
-        FSDPTrainOperator(task_id="train", num_nodes=16, global_batch_size=16, micro_batch_size=1,
-                          limits={"max_nodes": 8}, local_state_dir=str(tmp_path))
-    op = FSDPTrainOperator(task_id="train", num_nodes="{{ params.num_nodes }}", limits={"max_nodes": 2, "backends": ["local"]},
-                           local_state_dir=str(tmp_path))
+        FSDPTrainOperator(
+            task_id="train",
+            num_nodes=16,
+            global_batch_size=16,
+            micro_batch_size=1,
+            limits={"max_nodes": 8},
+            local_state_dir=str(tmp_path),
+        )
+    op = FSDPTrainOperator(
+        task_id="train",
+        num_nodes="{{ params.num_nodes }}",
+        limits={"max_nodes": 2, "backends": ["local"]},
+        local_state_dir=str(tmp_path),
+    )
     op.num_nodes = "4"  # what rendering a trigger value gives: refused before launch
     with pytest.raises(SpecError, match="limits.max_nodes"):
         op.execute({"ti": RecordingTI()})
@@ -97,7 +110,10 @@ def test_the_dag_authors_limits_bound_what_a_rendered_trigger_value_may_ask(tmp_
 def test_a_local_checkpoint_path_is_normalised_once_for_every_reader():
     spec = JobSpec.from_arguments(checkpoint_uri="/tmp/runs/a/../b/./ckpt")
     assert spec.train.checkpoint.uri == "/tmp/runs/b/ckpt"
-    assert JobSpec.from_arguments(checkpoint_uri="s3://bucket/a/../b").train.checkpoint.uri == "s3://bucket/a/../b"
+    assert (
+        JobSpec.from_arguments(checkpoint_uri="s3://bucket/a/../b").train.checkpoint.uri
+        == "s3://bucket/a/../b"
+    )
 
 
 @pytest.mark.parametrize(
@@ -120,7 +136,9 @@ def test_what_torchrun_runs_after_its_own_flags(entrypoint, argv, own):
     assert spec.own_program is own
     assert JobSpec.from_dict(spec.to_dict()) == spec
     # only the bundled trainer gets its own flags
-    assert ("--set" in spec.entrypoint_argv("/etc/c.json", ["--set", "a=b"])) is (argv[:2] == ["-m", "trainer"])
+    assert ("--set" in spec.entrypoint_argv("/etc/c.json", ["--set", "a=b"])) is (
+        argv[:2] == ["-m", "trainer"]
+    )
 
 
 def test_your_own_program_owns_its_config_the_trainers_checks_are_skipped(tmp_path):

@@ -23,7 +23,10 @@ def test_the_status_line_has_every_field_from_the_trainers_events_and_the_ledger
                 now=1120.0)  # fmt: skip
     line = status.line(now=1120.0)
     # 4096*32 tokens at 41k tok/s = 3.2 s/step; 3800 steps to go = 3h22m
-    assert line == "step 1200/5000 · 3.2 s/step · 41k tok/s · ETA 3h22m · $12.40 of $50.00 · last ckpt step 1000 (2m00s ago)"
+    assert (
+        line
+        == "step 1200/5000 · 3.2 s/step · 41k tok/s · ETA 3h22m · $12.40 of $50.00 · last ckpt step 1000 (2m00s ago)"
+    )
 
 
 def test_before_the_first_step_and_without_a_budget_it_says_so():

@@ -15,8 +15,10 @@ from airflow_dtrain.spec import JobSpec
 from trainer.checkpoint_dir import storage_cause
 from trainer.config import PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE
 
-LINE = ("checkpoint step 40 could not be written to /x/ckpt/step-00000040 (rank 1): [Errno 28] No space left on "
-        "device: '/x/ckpt/step-00000040/__1_0.distcp'; the older checkpoints (step 20, 30) are intact")
+LINE = (
+    "checkpoint step 40 could not be written to /x/ckpt/step-00000040 (rank 1): [Errno 28] No space left on "
+    "device: '/x/ckpt/step-00000040/__1_0.distcp'; the older checkpoints (step 20, 30) are intact"
+)
 
 
 def test_a_node_that_exits_74_ends_its_group_failed_saying_why():
@@ -27,13 +29,27 @@ def test_a_node_that_exits_74_ends_its_group_failed_saying_why():
 
 
 def test_the_session_fails_the_task_leading_with_the_trainers_line_and_does_not_relaunch(tmp_path):
-    spec = JobSpec.from_arguments(flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1,
-                                  checkpoint_uri=str(tmp_path / "ckpt"))
+    spec = JobSpec.from_arguments(
+        flavor="debug",
+        steps=4,
+        global_batch_size=2,
+        micro_batch_size=1,
+        checkpoint_uri=str(tmp_path / "ckpt"),
+    )
     launcher = LocalLauncher(tmp_path / "groups")
     session = GroupSession(launcher, "dag-train-abc", spec, log=logging.getLogger("test"))
-    event = {"status": "error", "name": "dag-train-abc-r0", "state": "failed", "message": "node 0 exited 74: ...",
-             "node_exit_codes": {"0": STORAGE_EXIT_CODE},
-             "log_tail": ["[node0] step 39 ...", f"[node0][trainer] exit 74: {LINE}", "[node0][trainer.launch] exit 74"]}
+    event = {
+        "status": "error",
+        "name": "dag-train-abc-r0",
+        "state": "failed",
+        "message": "node 0 exited 74: ...",
+        "node_exit_codes": {"0": STORAGE_EXIT_CODE},
+        "log_tail": [
+            "[node0] step 39 ...",
+            f"[node0][trainer] exit 74: {LINE}",
+            "[node0][trainer.launch] exit 74",
+        ],
+    }
 
     with pytest.raises(GroupFailed) as err:
         session.on_end(event)

@@ -33,7 +33,9 @@ def test_the_train_task_refuses_a_trigger_pointing_outside(tmp_path):
         spec = JobSpec.from_arguments(**{"checkpoint_uri": str(tmp_path / "ckpt"), argument: value})
         with pytest.raises(SpecError, match=rf"^{argument}: '{value}' is outside the storage roots"):
             limits.check(spec)
-    with pytest.raises(SpecError, match=r"limits.storage_roots: expected absolute paths or s3:// prefixes, got 'data'"):
+    with pytest.raises(
+        SpecError, match=r"limits.storage_roots: expected absolute paths or s3:// prefixes, got 'data'"
+    ):
         JobLimits(storage_roots=("data",))
 
 

@@ -42,11 +42,15 @@ def test_the_admins_limits_bound_every_dag_and_the_author_only_narrows_them(monk
     admin = admin_limits()
     assert admin.max_nodes == 4 and admin.max_runtime_s == 600
     assert admin.max_tokens_per_micro_batch == ADMIN_DEFAULTS.max_tokens_per_micro_batch
-    assert str(tmp_path / "team") in admin.storage_roots and any(r.endswith("/dtrain") for r in admin.storage_roots)
+    assert str(tmp_path / "team") in admin.storage_roots and any(
+        r.endswith("/dtrain") for r in admin.storage_roots
+    )
     effective = limits_for({"max_nodes": 8, "max_steps": 10, "storage_roots": [str(tmp_path / "team" / "a")]})
     assert (effective.max_nodes, effective.max_steps, effective.max_runtime_s) == (4, 10, 600)
     assert effective.storage_roots == (str(tmp_path / "team" / "a"),)
-    with pytest.raises(SpecError, match=r"limits.storage_roots: '/elsewhere' is outside the platform's storage roots"):
+    with pytest.raises(
+        SpecError, match=r"limits.storage_roots: '/elsewhere' is outside the platform's storage roots"
+    ):
         limits_for({"storage_roots": ["/elsewhere"]})
     monkeypatch.setenv("AIRFLOW__DTRAIN__LIMITS", "{not json")
     with pytest.raises(SpecError, match=r"\[dtrain\] limits: not JSON"):
@@ -106,9 +110,13 @@ def test_a_job_directory_belongs_to_its_owner_and_job(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "job" / "owner.json").read_text()) == {"owner": "team-a", "job": "llama"}
     check_job_dir(d, owner="team-a", job="llama")  # the same job again: its own
     before = tree(tmp_path)
-    with pytest.raises(OwnershipError, match=r"belongs to job 'llama' of 'team-a', not to job 'llama' of 'team-b'"):
+    with pytest.raises(
+        OwnershipError, match=r"belongs to job 'llama' of 'team-a', not to job 'llama' of 'team-b'"
+    ):
         check_job_dir(d, owner="team-b", job="llama")
-    with pytest.raises(OwnershipError, match=r"belongs to job 'llama' of 'team-a', not to job 'other' of 'team-a'"):
+    with pytest.raises(
+        OwnershipError, match=r"belongs to job 'llama' of 'team-a', not to job 'other' of 'team-a'"
+    ):
         check_job_dir(d, owner="team-a", job="other")
     with pytest.raises(OwnershipError, match=r"job: '' is not a job name"):
         check_job_dir(str(tmp_path / "new"), owner="team-a", job="")
@@ -120,15 +128,21 @@ def test_an_unclaimed_directory_with_another_jobs_data_is_refused(tmp_path):
     step.mkdir(parents=True)
     (step / "manifest.json").write_text(json.dumps({"step": 10, "job": "theirs", "files": {}}))
     before = tree(tmp_path)
-    with pytest.raises(OwnershipError, match=r"already holds data of no recorded owner \(checkpoints of job theirs\)"):
+    with pytest.raises(
+        OwnershipError, match=r"already holds data of no recorded owner \(checkpoints of job theirs\)"
+    ):
         check_job_dir(str(tmp_path / "d"), owner="team-a", job="mine")
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "notes.txt").write_text("someone's files")
     before = tree(tmp_path)
-    with pytest.raises(OwnershipError, match=r"already holds data of no recorded owner: refused for job 'mine'"):
+    with pytest.raises(
+        OwnershipError, match=r"already holds data of no recorded owner: refused for job 'mine'"
+    ):
         check_job_dir(str(tmp_path / "e"), owner="team-a", job="mine")
     assert tree(tmp_path) == before
-    check_job_dir(str(tmp_path / "d"), owner="team-a", job="theirs")  # its own job's, from before owners: claimed
+    check_job_dir(
+        str(tmp_path / "d"), owner="team-a", job="theirs"
+    )  # its own job's, from before owners: claimed
     assert json.loads((tmp_path / "d" / "owner.json").read_text())["job"] == "theirs"
 
 
@@ -139,7 +153,9 @@ def test_owners_map_users_and_dags_to_teams(monkeypatch):
         triggering_user_name = "alice"
 
     assert owner_of(_ctx()) == "train_llama"
-    monkeypatch.setenv("AIRFLOW__DTRAIN__OWNERS", json.dumps({"users": {"alice": "team-a"}, "dags": {"train_llama": "ml"}}))
+    monkeypatch.setenv(
+        "AIRFLOW__DTRAIN__OWNERS", json.dumps({"users": {"alice": "team-a"}, "dags": {"train_llama": "ml"}})
+    )
     assert owner_of({**_ctx(), "dag_run": Run()}) == "team-a"
     assert owner_of(_ctx()) == "ml"
 
@@ -155,9 +171,13 @@ def test_a_new_directory_inside_another_jobs_directory_is_refused(tmp_path):
     check_job_dir(str(theirs), owner="team-b", job="llama")
     before = tree(tmp_path)
     for inside, job in ((theirs / "registry", "llama"), (theirs / "sub" / "ckpt", "mine")):
-        with pytest.raises(OwnershipError, match=r"lies inside .*theirs', the directory of job 'llama' of 'team-b'"):
+        with pytest.raises(
+            OwnershipError, match=r"lies inside .*theirs', the directory of job 'llama' of 'team-b'"
+        ):
             check_job_dir(str(inside), owner="team-a", job=job)
-    with pytest.raises(OwnershipError, match=r"the directory of job 'llama' of 'team-b': refused for job 'other'"):
+    with pytest.raises(
+        OwnershipError, match=r"the directory of job 'llama' of 'team-b': refused for job 'other'"
+    ):
         check_job_dir(str(theirs / "x"), owner="team-b", job="other")
     assert tree(tmp_path) == before
     # a shared ledger (a sweep's, job None) holds its members' directories, of its owner
