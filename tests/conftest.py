@@ -22,19 +22,20 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflow.db'}"
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflow.db'}"
 # One CPU thread per process: the test processes run side by side on few cores (make test: 2 workers on 2),
-# and OpenMP threads beyond the cores spin; torch runs several times slower, and the local launcher gives every
-# group's processes this value instead of a share of all the cores (airflow_dtrain/launchers/local.py).
+# and OpenMP threads beyond the cores spin; torch runs several times slower, and the local launcher gives
+# every group's processes this value instead of a share of all the cores (airflow_dtrain/launchers/local.py).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The platform's storage roots of the test session: the temporary directory (every test's tmp_path) and every moto
-# bucket. A deployment names its own (the default is $AIRFLOW_HOME/dtrain alone); tests/unit/test_trust.py sets
-# narrower ones where refusals are what it checks.
+# The platform's storage roots of the test session: the temporary directory (every test's tmp_path) and every
+# moto bucket. A deployment names its own (the default is $AIRFLOW_HOME/dtrain alone);
+# tests/unit/test_trust.py sets narrower ones where refusals are what it checks.
 os.environ.setdefault("AIRFLOW__DTRAIN__STORAGE_ROOTS", f"{os.path.realpath(tempfile.gettempdir())},s3://")
 # One copy of the built-in corpus for the whole session.
 os.environ.setdefault("DTRAIN_DATA_DIR", str(_HOME / "data"))
 
 
-# Started first: the tests that run longest (a real Airflow, whole DAG runs). make test runs two xdist workers in
-# collection order; the browser test, collected last, used to run alone for its last minute with a core idle.
+# Started first: the tests that run longest (a real Airflow, whole DAG runs). make test runs two xdist
+# workers in collection order; the browser test, collected last, used to run alone for its last minute with a
+# core idle.
 _LONGEST_FIRST = (
     "tests/integration/test_scheduler.py",
     "tests/ui/",
@@ -149,7 +150,7 @@ SLOW_STEP_S = "0.3"
 
 @pytest.fixture
 def slow_steps(monkeypatch):
-    """Every step of the bundled trainer also sleeps 0.3 s, as on a slower machine: for groups that train until
-    they are stopped or reach their dollar cap, which would otherwise take every core they can get from the
-    tests running beside them for as long as they run."""
+    """Every step of the bundled trainer also sleeps 0.3 s, as on a slower machine: for groups that train
+    until they are stopped or reach their dollar cap, which would otherwise take every core they can get from
+    the tests running beside them for as long as they run."""
     monkeypatch.setenv(STEP_SLEEP_ENV, SLOW_STEP_S)

@@ -34,10 +34,17 @@ def tiny_llama(
             "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if rope_scaling else None,
         }
     config = transformers.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=n_kv_heads, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=tie,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
         **rope_kwargs,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():  # every norm gain 1 would hide a mis-mapped norm

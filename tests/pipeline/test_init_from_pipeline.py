@@ -48,7 +48,8 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     assert manifest["config"]["data"]["dataset"] == prepared and prepared != "builtin"
     assert manifest["tokenizer"]["kind"] == "hf" and manifest["tokenizer"]["name"] == "my-llama"
 
-    # the job's own registry entry, on its evaluation set; the DAG run says what it exported and that it is the best
+    # the job's own registry entry, on its evaluation set; the DAG run says what it exported and that it is
+    # the best
     (best_file,) = registry.glob(f"{job}/eval-*/best.json")
     best = json.loads(best_file.read_text())
     assert (

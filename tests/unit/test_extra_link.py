@@ -22,7 +22,7 @@ TASK_END = RUN_START + timedelta(hours=2, minutes=17)
 
 
 def _ti(state: str, end: datetime | None = None, map_index: int = -1):
-    """What Airflow hands get_link when the task ends: the Task SDK's task instance, here its parts we read."""
+    """What Airflow hands get_link when the task ends: the Task SDK's task instance, the parts we read."""
     dag_run = types.SimpleNamespace(start_date=RUN_START)
     return types.SimpleNamespace(
         dag_id="train_llama", run_id=RUN_ID, task_id="train", map_index=map_index, state=state,

@@ -55,9 +55,15 @@ def test_a_training_task_has_its_data_and_model_in_and_its_checkpoints_out(tmp_p
 
     store, model = tmp_path / "stores" / "fineweb", tmp_path / "hf" / "llama-3.2-1b"
     with DAG(dag_id="lineage_demo", schedule=None):
-        op = FSDPTrainOperator(task_id="train", dataset=str(store), init_from=str(model),
-                               checkpoint_uri="s3://ml-ckpt/jobs/demo", backend="kubernetes",
-                               kubernetes={"image": "ghcr.io/acme/dtrain:1"}, local_state_dir=str(tmp_path))  # fmt: skip
+        op = FSDPTrainOperator(
+            task_id="train",
+            dataset=str(store),
+            init_from=str(model),
+            checkpoint_uri="s3://ml-ckpt/jobs/demo",
+            backend="kubernetes",
+            kubernetes={"image": "ghcr.io/acme/dtrain:1"},
+            local_state_dir=str(tmp_path),
+        )
     lineage = _extract(op)
     assert [(d.namespace, d.name) for d in lineage.inputs] == [("file", str(store)), ("file", str(model))]
     assert [(d.namespace, d.name) for d in lineage.outputs] == [("s3://ml-ckpt", "jobs/demo")]

@@ -159,6 +159,10 @@ def test_a_local_script_that_is_not_there_is_refused_before_anything_is_launched
     assert not (tmp_path / "state").exists(), "nothing may be launched or written"
     # relative: the worker's working directory, spelled absolute once for the local backend
     assert op.job_spec(skip_templates=True).entrypoint[0].startswith("/")
-    kubernetes = JobSpec.from_arguments(entrypoint=["own/train.py"], backend="kubernetes",
-                                        checkpoint_uri="s3://bkt/run", kubernetes={"image": "img:1"})  # fmt: skip
+    kubernetes = JobSpec.from_arguments(
+        entrypoint=["own/train.py"],
+        backend="kubernetes",
+        checkpoint_uri="s3://bkt/run",
+        kubernetes={"image": "img:1"},
+    )
     assert kubernetes.entrypoint == ("own/train.py",), "in the image: relative to its WORKDIR"
