@@ -28,10 +28,10 @@ from tests.conftest import REPO, RecordingTI
 from tests.pipeline.trust_helpers import tree
 
 
-def test_the_readmes_who_sets_what_table_is_the_limits_object():
-    readme = (REPO / "README.md").read_text()
-    assert limits_table() in readme
-    rows = re.findall(r"^\| `(\w+)` \| (admin[^|]*) \|", readme, re.M)
+def test_the_security_pages_who_sets_what_table_is_the_limits_object():
+    page = (REPO / "docs" / "security.md").read_text()
+    assert limits_table() in page
+    rows = re.findall(r"^\| `(\w+)` \| (admin[^|]*) \|", page, re.M)
     assert [name for name, _ in rows] == [f.name for f in dataclasses.fields(Limits)]
     assert set(WHO_SETS_WHAT) == {f.name for f in dataclasses.fields(Limits)}
 
