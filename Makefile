@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_HOME ?= $(CURDIR)/.demo
 PYTEST_ARGS ?=
 # Two test processes; an idle one takes tests queued for the other (--dist worksteal), so the run does not end
-# with one of them working through its queue alone. See the README's test section.
+# with one of them working through its queue alone. See docs/testing.md.
 TEST_WORKERS ?= 2
 
 # The lowest torch the trainer extra allows (setup.cfg), tested by `make test-torch-min`.
@@ -42,9 +42,11 @@ chromium:
 		echo "no chromium, and no apt-get as root to install it: the browser test (tests/ui) will be skipped"; \
 	fi
 
-# Syntax errors and pyflakes over the whole tree (the rules: pyproject.toml [tool.ruff.lint]); .ci/run runs it first.
+# The pinned ruff (setup.cfg's test extra) over the whole tree: syntax errors, pyflakes and line length
+# (pyproject.toml [tool.ruff.lint]), and the formatting. .ci/run runs it first; `ruff format .` fixes the latter.
 lint: venv
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # Every test but the long fault trials (marker fault_trial), which belong with the benchmarks: `make test-faults`.
 test: venv chromium
