@@ -1,7 +1,8 @@
 """Where a training job stands, in one line of the task log, and the group's output batched.
 
-``StatusLine`` reads the trainer's own event lines as they arrive (``trainer/metrics.py``: "train",
-"checkpoint", "resume", "preempted") and the job's spend ledger, and every ``every_s`` seconds
+``StatusLine`` reads the trainer's own events as they arrive (``trainer/metrics.py``: "train",
+"checkpoint", "resume", "preempted"; on the local backend from the ranks' events files, ``group_events``,
+on Kubernetes from the pods' logs) and the job's spend ledger, and every ``every_s`` seconds
 (not every step) gives one line::
 
     step 1200/5000 · 3.1 s/step · 41k tok/s · ETA 3h17m · $12.40 of $50.00 · last ckpt step 1000 (2m ago)
@@ -72,17 +73,15 @@ class StatusLine:
     def from_dict(cls, value: dict[str, Any] | None) -> StatusLine | None:
         return cls(**value) if value else None
 
-    def feed(self, lines: list[str], now: float | None = None) -> None:
-        """Take in the trainer's event lines among ``lines`` (prefixed or not)."""
+    def feed(self, lines: list[str], now: float | None = None, events: list[dict] | None = None) -> None:
+        """Take in the trainer's events: ``events`` when the backend keeps them as data (the local one: its
+        events files, ``group_events``), else the event lines among ``lines`` (pod logs, prefixed or not)."""
+        self.feed_events(events_in(lines) if events is None else events, now)
+
+    def feed_events(self, events: list[dict], now: float | None = None) -> None:
+        """Take in the trainer's events ("train", "checkpoint", "resume"; the rest are not its business)."""
         now = time.time() if now is None else now
-        for line in lines:
-            start = line.find('{"event"')
-            if start < 0:
-                continue
-            try:
-                event = json.loads(line[start:])
-            except ValueError:
-                continue
+        for event in events:
             kind = event.get("event")
             if kind == "train":
                 self.step = int(event.get("step") or self.step)
@@ -135,6 +134,38 @@ class StatusLine:
             return None
         self.last_at = now
         return self.line(now)
+
+
+def events_in(lines: list[str]) -> list[dict]:
+    """The trainer's events among output lines (``[nodeN][rankR]:`` prefixed or not): for a backend whose
+    events reach the Airflow side only as its pods' logs (Kubernetes: no shared disk). A line that is not a
+    whole event is passed over: the logs are for people, the events files are the record."""
+    events = []
+    for line in lines:
+        start = line.find('{"event"')
+        if start < 0:
+            continue
+        try:
+            event = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def group_events(launcher: Any, name: str, lines: list[str], cursor: Any = None) -> tuple[list[dict], Any]:
+    """The trainer's events of group ``name`` since ``cursor``, and the cursor for the next call: read from
+    its events files where the backend keeps them (the local one: ``LocalLauncher.events``), else found among
+    ``lines``, the group's output of this poll (Kubernetes pod logs; the cursor stays None)."""
+    if getattr(type(launcher), "events", None) is None:  # the class's: a test's mock launcher has every name
+        return events_in(lines), cursor
+    return launcher.events(name, cursor)
+
+
+def has_trained(events: list[dict]) -> bool:
+    """Whether a (relaunched) group trains again: it resumed from a checkpoint or reported a step."""
+    return any(event.get("event") in ("resume", "train") for event in events)
 
 
 def log_lines(log: Any, lines: list[str], *, limit: int = MAX_LINES) -> None:

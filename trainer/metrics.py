@@ -1,6 +1,7 @@
-"""What the trainer reports: one JSON line per event on rank 0's stdout, and statsd gauges.
+"""What the trainer reports: one JSON line per event of rank 0, and statsd gauges.
 
-Events (each a single line starting with "{"):
+Events (each a single line starting with "{") go to rank 0's events file, ``$DTRAIN_EVENTS_DIR/rank-0.jsonl``
+(``trainer/events.py``: line-atomic, what readers read), and to its stdout for people and pod logs:
 
     {"event": "train", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb",
                        ["gpu_utilization_pct", "gpu_memory_used_mb", "gpu_power_w", "gpu_temperature_c"]}
@@ -30,7 +31,6 @@ module level, so the Airflow side (dashboards, tests) can import TRAINING_METRIC
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
@@ -40,6 +40,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from trainer.config import MetricsConfig
+from trainer.events import EventLog
 from trainer.statsd import RANK_TAGS, RUN_TAGS, UNKNOWN, Sender, parse_tags
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ PER_RANK_METRICS: frozenset[str] = frozenset(
         "gpu.temperature_c",
     }
 )
-"""The series every rank sends for itself, tagged ``node`` and ``rank`` too (the rest: rank 0, for the group)."""
+"""The series every rank sends for itself, tagged ``node`` and ``rank`` too (the rest: rank 0, for the
+group)."""
 
 # Dense (no 2:4 sparsity) bf16 tensor-core peak per GPU, by device-name substring; the first
 # match wins, so specific names come before the families that contain them. Sources: NVIDIA
@@ -273,19 +275,21 @@ class Metrics:
                 else f"{torch_device_name(device)}: peak unknown, mfu will be null"
             )
             print(
-                f"[trainer] MFU = tokens/s × {flops_per_token / 1e9:.2f} GFLOP/token ÷ (peak × {world_size} GPUs); "
-                f"peak of {said}",
+                f"[trainer] MFU = tokens/s × {flops_per_token / 1e9:.2f} GFLOP/token ÷ "
+                f"(peak × {world_size} GPUs); peak of {said}",
                 file=sys.stderr,
                 flush=True,
             )
         self._window_start, self._window_tokens = time.perf_counter(), 0
+        self._events: EventLog | None = None
 
     def emit(self, event: str, **fields) -> None:
-        """Print one JSON line (rank 0 only)."""
+        """One event (rank 0 only): a line of its events file and of stdout (``trainer/events.py``)."""
         if not self.is_rank0:
             return
-        line = json.dumps({"event": event, **{k: _finite_or_none(v) for k, v in fields.items()}})
-        print(line, file=sys.stdout, flush=True)
+        if self._events is None:
+            self._events = EventLog.from_env()
+        self._events.emit(event, **{k: _finite_or_none(v) for k, v in fields.items()})
 
     def gauge(self, name: str, value: float, kind: str = "g") -> None:
         """Send ``<prefix>.<name>``, tagged; name must be one of TRAINING_METRICS (one scheme, one list).
@@ -340,6 +344,8 @@ class Metrics:
     def close(self) -> None:
         if self._sender is not None:
             self._sender.close()
+        if self._events is not None:
+            self._events.close()
 
 
 def torch_device_name(device: torch.device) -> str:

@@ -9,8 +9,9 @@ triggerer -- can find, watch and stop a group by name.
 
 Group directory ``<state_dir>/<name>/``: ``group.json`` (what to run),
 ``train_config.json``, ``supervisor.json`` and ``nodes.json`` (pids),
-``group.log`` (every process's output, ``[nodeN][rankR]:`` prefixed) and
-``result.json`` (written last: the group has ended).
+``group.log`` (every process's output, ``[nodeN][rankR]:`` prefixed, for people to read),
+``events/rank-<R>.jsonl`` (each rank's events, what programs read: ``trainer/events.py``, ``events()``)
+and ``result.json`` (written last: the group has ended).
 
 Each node runs under a memory limit (``memory_limit``), so that a job that asks for
 too much fails, saying which limit it ran out of, instead of taking the machine and
@@ -23,37 +24,43 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from airflow_dtrain.launchers._local_supervisor import kill_tree, write_json_atomic
+from airflow_dtrain.launchers._local_supervisor import write_json_atomic
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, budget_deadline
+from airflow_dtrain.launchers.local_memory import (  # noqa: F401 - re-exported: importers use this module's names
+    DEFAULT_MEMORY_GI_PER_PROCESS,
+    MEMORY_OPTION,
+    memory_limit,
+    quantity_bytes,
+)
+from airflow_dtrain.launchers.local_processes import (
+    GROUP_DIR_ENV,
+    alive,
+    group_processes,
+    signal_workers,
+    sweep,
+)
 from airflow_dtrain.launchers.state_dir import default_state_dir
-from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE, agent_env, node_command
+from airflow_dtrain.launchers.torchrun import agent_env, node_command
+from trainer.events import EVENTS_DIR_ENV, EventCursor
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
-GROUP_DIR_ENV = "DTRAIN_LOCAL_GROUP_DIR"
-"""Set on every process of a local group: its group directory, which (with DTRAIN_GROUP_NAME) tells it from a
-group of the same name in another state directory."""
+EVENTS_SUBDIR = "events"
+"""The group's events directory, under its group directory (``DTRAIN_EVENTS_DIR`` of its ranks)."""
 _MAX_LOG_CHUNK = 1 << 20
 PREDECESSOR_WAIT_CAP_S = 600.0
 """The longest a launch waits for an earlier group's processes, whatever the spec's grace period."""
-MEMORY_OPTION = "local_memory_per_node"
-"""``[dtrain] local_memory_per_node``: the memory limit of each node of a local group, unless its
-``resources.memory`` sets one."""
-DEFAULT_MEMORY_GI_PER_PROCESS = 4
-"""Without either: what a CPU pod of the group gets on Kubernetes (``kubernetes/objects.py``), per process."""
 
 
 def _threads_per_process(processes: int) -> int:
@@ -69,65 +76,10 @@ def _threads_per_process(processes: int) -> int:
     return int(explicit)
 
 
-_QUANTITY_UNITS = {
-    "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}  # fmt: skip
-
-
-def quantity_bytes(value: str, where: str) -> int:
-    """A Kubernetes memory quantity (``"64Gi"``, ``"1.5G"``, ``"512Mi"``, ``"1000000"``) in bytes, rounded
-    down; ``ValueError`` naming ``where`` (the field or option it was read from) for anything else."""
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", value.strip())
-    if not match or match[2] not in _QUANTITY_UNITS or Fraction(match[1]) * _QUANTITY_UNITS[match[2]] < 1:
-        raise ValueError(f"{where}: not a Kubernetes memory quantity such as '16Gi' or '512Mi', got "
-                         f"{value!r}")  # fmt: skip
-    return int(Fraction(match[1]) * _QUANTITY_UNITS[match[2]])
-
-
-def memory_limit(spec: JobSpec) -> dict[str, Any]:
-    """How much memory each node of a local group may use (``bytes``) and where the number comes from
-    (``source``, for the message of a group that runs out of it): the job's ``resources.memory``, else the
-    admin's ``[dtrain] local_memory_per_node`` (``AIRFLOW__DTRAIN__LOCAL_MEMORY_PER_NODE``), else the limit a
-    pod of the group would get on Kubernetes: 32Gi per GPU, else 4Gi per process. The group's supervisor
-    enforces it (``_local_supervisor.MemoryLimit``: a cgroup per node where the machine lets it make one, else
-    RLIMIT_DATA per process, which counts differently: read there what it covers)."""
-    if spec.resources.memory:
-        field = "resources.memory"
-        return {"bytes": quantity_bytes(spec.resources.memory, field), "source": field}
-    option = f"[dtrain] {MEMORY_OPTION}"
-    configured = _configured(MEMORY_OPTION)
-    if configured:
-        return {"bytes": quantity_bytes(configured, option), "source": option}
-    from airflow_dtrain.kubernetes.objects import DEFAULT_MEMORY_GI_PER_GPU
-
-    gpus = spec.resources.gpus_per_node
-    per, unit = (DEFAULT_MEMORY_GI_PER_GPU, "GPU") if gpus else (DEFAULT_MEMORY_GI_PER_PROCESS, "process")
-    return {"bytes": per * (gpus or spec.procs_per_node) * 2**30,
-            "source": f"the default, {per}Gi per {unit}; set resources.memory or {option}"}  # fmt: skip
-
-
-def _configured(option: str) -> str:
-    """``[dtrain] <option>`` of the Airflow deployment; "" when unset, or without Airflow (unit tests)."""
-    try:
-        from airflow.sdk import conf
-    except ImportError:
-        return ""
-    return (conf.get("dtrain", option, fallback="") or "").strip()
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _alive(record: dict[str, Any]) -> bool:
-    try:
-        proc = psutil.Process(record["pid"])
-        return proc.create_time() == record["create_time"] and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 class LocalLauncher(PodGroupLauncher):
@@ -173,12 +125,21 @@ class LocalLauncher(PodGroupLauncher):
             group_dir.mkdir()
         except FileExistsError:
             raise ValueError(f"group {name!r} already exists in {self.state_dir}") from None
+        group = self._group(name, spec, group_dir, threads)
+        group["memory_limit"] = memory  # per node; the supervisor enforces it
+        deadline = budget_deadline(spec, spent_usd)
+        if deadline is not None:
+            # The supervisor stops the group at the budget even with nobody watching (status: "at_budget").
+            group["budget_deadline"] = {**deadline, "at": group["created_at"] + deadline["seconds"]}
+        write_json_atomic(group_dir / "group.json", group)
+        self._start_supervisor(name, group_dir)
+        return self.status(name)
 
+    def _group(self, name: str, spec: JobSpec, group_dir: Path, threads: int) -> dict[str, Any]:
+        """``group.json``: what the supervisor runs (each node's command, environment and GPUs)."""
         config_path = group_dir / "train_config.json"
         config_path.write_text(json.dumps(spec.train.to_dict(), indent=1))
-        num_nodes = spec.num_nodes
-        gpus = spec.resources.gpus_per_node
-        port = _free_port()
+        num_nodes, gpus, port = spec.num_nodes, spec.resources.gpus_per_node, _free_port()
         commands = [
             node_command(
                 name, spec,
@@ -196,6 +157,8 @@ class LocalLauncher(PodGroupLauncher):
         env = {
             "DTRAIN_GROUP_NAME": name,
             GROUP_DIR_ENV: str(group_dir.resolve()),
+            # each rank appends its events to <group dir>/events/rank-<RANK>.jsonl (trainer/events.py)
+            EVENTS_DIR_ENV: str((group_dir / EVENTS_SUBDIR).resolve()),
             "OMP_NUM_THREADS": str(threads),
             **agent_env(spec),
         }
@@ -207,21 +170,18 @@ class LocalLauncher(PodGroupLauncher):
             "env": env,
             "rdzv_port": port,
             "peer_exit_grace_s": self.peer_exit_grace_s,
-            "memory_limit": memory,  # per node; the supervisor enforces it
             "created_at": time.time(),
         }
-        deadline = budget_deadline(spec, spent_usd)
-        if deadline is not None:
-            # The supervisor stops the group at the budget even with nobody watching (status: "at_budget").
-            group["budget_deadline"] = {**deadline, "at": group["created_at"] + deadline["seconds"]}
         if gpus:
             # one GPU per process, consecutive ranges per node
             group["node_env"] = [
                 {"CUDA_VISIBLE_DEVICES": ",".join(str(node * gpus + g) for g in range(gpus))}
                 for node in range(num_nodes)
             ]
-        write_json_atomic(group_dir / "group.json", group)
+        return group
 
+    def _start_supervisor(self, name: str, group_dir: Path) -> None:
+        """Start the group's detached supervisor; wait (60 s at most) until it has written its pid."""
         with open(group_dir / "supervisor.log", "ab") as out:
             starter = subprocess.Popen(
                 [self.python, "-m", "airflow_dtrain.launchers._local_supervisor", str(group_dir)],
@@ -238,7 +198,6 @@ class LocalLauncher(PodGroupLauncher):
                     f"group {name}: supervisor did not start; see {group_dir / 'supervisor.log'}"
                 )
             time.sleep(0.05)
-        return self.status(name)
 
     def _end_predecessors(self, name: str, wait_s: float) -> None:
         """No process of an earlier group of this task may run beside ``name``: wait, then SIGKILL.
@@ -264,8 +223,8 @@ class LocalLauncher(PodGroupLauncher):
             described = "; ".join(f"{g}: {len(p)} process(es) (pids {', '.join(str(x.pid) for x in p)})"
                                   for g, p in sorted(alive.items()))  # fmt: skip
             if time.monotonic() > deadline:
-                self.log.warning("Processes of an earlier group are still running %.0fs later (%s): killing them "
-                                 "(SIGKILL) before launching %s", wait_s, described, name)  # fmt: skip
+                self.log.warning("Processes of an earlier group are still running %.0fs later (%s): killing "
+                                 "them (SIGKILL) before launching %s", wait_s, described, name)  # fmt: skip
                 for group, procs in alive.items():
                     for proc in procs:
                         try:
@@ -276,8 +235,9 @@ class LocalLauncher(PodGroupLauncher):
                 psutil.wait_procs([p for procs in alive.values() for p in procs], timeout=10)
                 return
             if not announced:
-                self.log.warning("Processes of an earlier group of this task are still running (%s): waiting up to "
-                                 "%.0fs for them to save and exit before launching %s", described, wait_s, name)  # fmt: skip
+                self.log.warning("Processes of an earlier group of this task are still running (%s): waiting "
+                                 "up to %.0fs for them to save and exit before launching %s",
+                                 described, wait_s, name)  # fmt: skip
                 announced = True
             time.sleep(0.5)
 
@@ -324,7 +284,7 @@ class LocalLauncher(PodGroupLauncher):
         supervisor = group_dir / "supervisor.json"
         if not supervisor.exists():
             return GroupStatus(name, GroupState.PENDING, "supervisor starting")
-        if _alive(json.loads(supervisor.read_text())):
+        if alive(json.loads(supervisor.read_text())):
             if not (group_dir / "nodes.json").exists():
                 return GroupStatus(name, GroupState.PENDING, "starting nodes")
             return GroupStatus(name, GroupState.RUNNING, "")
@@ -346,6 +306,16 @@ class LocalLauncher(PodGroupLauncher):
         data = data[: end + 1]
         return LogChunk(data.decode("utf-8", "replace").splitlines(), offset + len(data))
 
+    def events_dir(self, name: str) -> Path:
+        """Where the ranks of group ``name`` append their events (``trainer/events.py``)."""
+        return self._dir(name) / EVENTS_SUBDIR
+
+    def events(self, name: str, cursor: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], dict]:
+        """The trainer's events of group ``name`` written since ``cursor`` (None: all), read from its events
+        files, not scraped from ``group.log``; and the cursor for the next call (plain values)."""
+        reader = EventCursor(self.events_dir(name), cursor)
+        return reader.read(), reader.offsets
+
     def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
         group_dir = self._dir(name)
         current = self.status(name)
@@ -356,7 +326,7 @@ class LocalLauncher(PodGroupLauncher):
             while not supervisor.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             record = json.loads(supervisor.read_text()) if supervisor.exists() else None
-            if record and _alive(record):
+            if record and alive(record):
                 os.kill(record["pid"], signal.SIGTERM)
             deadline = time.monotonic() + grace_period_s + 15
             while not (group_dir / "result.json").exists() and time.monotonic() < deadline:
@@ -374,69 +344,17 @@ class LocalLauncher(PodGroupLauncher):
         return self.status(name)
 
     def checkpoint_now(self, name: str) -> int:
-        """SIGUSR1 to every worker of every node: each torchrun agent's children, whatever program they run
-        (the bundled trainer or your own), never the agents themselves (for which it is fatal) nor what the
-        workers start in turn (data loader workers would die of it)."""
-        asked = 0
-        for agent in self._agents(name):
-            try:
-                workers = agent.children()
-            except psutil.NoSuchProcess:
-                continue
-            for worker in workers:
-                try:
-                    worker.send_signal(signal.SIGUSR1)
-                    asked += 1
-                except psutil.NoSuchProcess:
-                    continue
-        return asked
-
-    def _agents(self, name: str) -> list[psutil.Process]:
-        """The torchrun agents (``python -m trainer.launch``) of group ``name``."""
-        agents = []
-        for proc in self.processes(name):
-            try:
-                if LAUNCH_MODULE in proc.cmdline():
-                    agents.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return agents
+        """SIGUSR1 to every worker of every node (``local_processes.signal_workers``)."""
+        return signal_workers(self.processes(name))
 
     def _sweep(self, name: str) -> None:
         """Kill whatever is left of the group: the supervisor, its nodes and every tagged process."""
-        group_dir = self._dir(name)
-        for record_file in ("supervisor.json",):
-            path = group_dir / record_file
-            if path.exists() and _alive(record := json.loads(path.read_text())):
-                kill_tree(record["pid"])
-        nodes = group_dir / "nodes.json"
-        if nodes.exists():
-            for record in json.loads(nodes.read_text()).values():
-                if _alive(record):
-                    kill_tree(record["pid"])
-        for proc in self.processes(name):
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                continue
+        sweep(self._dir(name), lambda: self.processes(name))
 
     def processes(self, name: str) -> list[psutil.Process]:
-        """Live processes of group ``name`` of this state directory (for the launch's wait on an earlier group,
-        the sweep, tests and troubleshooting): tagged with its name and its directory (``GROUP_DIR_ENV``; a
-        process without the directory's tag, started by an earlier version, is matched by its name)."""
-        where, live = str(self._dir(name).resolve()), []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                env = proc.environ()
-                if (
-                    env.get("DTRAIN_GROUP_NAME") == name
-                    and env.get(GROUP_DIR_ENV, where) == where
-                    and proc.status() != psutil.STATUS_ZOMBIE
-                ):
-                    live.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                continue
-        return live
+        """Live processes of group ``name`` of this state directory (for the launch's wait on an earlier
+        group, the sweep, tests and troubleshooting): ``local_processes.group_processes``."""
+        return group_processes(name, self._dir(name))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

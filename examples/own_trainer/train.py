@@ -100,8 +100,23 @@ def params_sha256(model: torch.nn.Module) -> str:
 
 
 def emit(rank: int, event: str, **fields) -> None:
-    if rank == 0:
-        print(json.dumps({"event": event, **fields}), flush=True)
+    """Rank 0's events, as the bundled trainer's (trainer/events.py): one line appended, in one write, to
+    ``$DTRAIN_EVENTS_DIR/rank-0.jsonl`` (what the provider reads; the local backend sets it), and the same
+    line on stdout, in one write too (``print`` writes the newline apart: another rank's output can land
+    between the two in the group's log)."""
+    if rank != 0:
+        return
+    line = json.dumps({"event": event, **fields}) + "\n"
+    if os.environ.get("DTRAIN_EVENTS_DIR"):
+        os.makedirs(os.environ["DTRAIN_EVENTS_DIR"], exist_ok=True)
+        path = os.path.join(os.environ["DTRAIN_EVENTS_DIR"], f"rank-{rank}.jsonl")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 class Run:

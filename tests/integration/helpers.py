@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher
+from trainer.events import read_events
 
 # Small enough for 2 CPU cores: a few seconds of training per group.
 SMALL = {
@@ -27,6 +28,14 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2) -> Any
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def group_events(state_dir: Path, name: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """The trainer's events of local group ``name`` (of one ``kind``: all when None), from its ranks' events
+    files (``<group dir>/events``, trainer/events.py), not scraped from its group.log; for a group that
+    ended (a running one: ``LocalLauncher.events``)."""
+    events = read_events(Path(state_dir) / name / "events")
+    return [e for e in events if kind is None or e["event"] == kind]
 
 
 def wait_terminal(launcher: PodGroupLauncher, name: str, timeout: float = 300) -> GroupStatus:

@@ -18,7 +18,7 @@ from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from airflow_dtrain.spec import group_base_name
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from tests.conftest import RecordingTI, run_trigger
-from tests.integration.helpers import SMALL, node_pids, wait_for, wait_for_step
+from tests.integration.helpers import SMALL, group_events, node_pids, wait_for, wait_for_step
 
 pytestmark = pytest.mark.torchrun
 
@@ -200,11 +200,7 @@ def test_a_rank_killed_with_sigkill_is_relaunched_from_the_last_checkpoint_and_t
     summary = _complete(op, ti, relaunched.value, run_trigger(relaunched.value.trigger))
     assert summary["final_step"] == 40 and summary["relaunches"] == 1
     assert summary["preemptions"] == 0, "a lost worker is a failure, not a preemption"
-    import json
-    import re
-
-    log = (tmp_path / "groups" / relaunched.value.trigger.name / "group.log").read_text()
-    [resume] = [json.loads(m) for m in re.findall(r'\{"event": "resume".*\}', log)][:1]
+    [resume] = group_events(tmp_path / "groups", relaunched.value.trigger.name, "resume")[:1]
     assert committed is not None and resume["from_step"] >= committed[0] >= 4, (
         "resumed from the last committed checkpoint"
     )

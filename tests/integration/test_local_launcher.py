@@ -12,6 +12,7 @@ import pytest
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.spec import JobSpec
+from trainer.events import EVENTS_DIR_ENV, read_events
 from tests.integration.helpers import SMALL, node_pids, progress, wait_for, wait_for_step, wait_terminal
 
 pytestmark = pytest.mark.torchrun
@@ -49,6 +50,12 @@ def test_two_node_group_trains_and_every_node_reaches_the_log(tmp_path):
     assert launcher.logs("two-nodes-r0", chunk.cursor).lines == []
     assert launcher.find("two-nodes") == ["two-nodes-r0"]
     assert launcher.status("nope-r0").state == GroupState.NOT_FOUND
+    # the trainer's events come from its ranks' events files (rank 0 reports), not from group.log
+    assert group["env"][EVENTS_DIR_ENV] == str(launcher.events_dir("two-nodes-r0").resolve())
+    events, cursor = launcher.events("two-nodes-r0")
+    assert [e["step"] for e in events if e["event"] == "train"] == [2, 4, 6]  # log_every 2
+    assert events[-1]["event"] == "done" and events == read_events(launcher.events_dir("two-nodes-r0"))
+    assert launcher.events("two-nodes-r0", cursor) == ([], cursor)  # each event once
 
 
 def test_stop_checkpoints_and_leaves_no_process_behind(tmp_path, slow_steps):
@@ -90,9 +97,9 @@ def test_a_lost_node_ends_the_group_as_preempted_and_its_peers_are_stopped(tmp_p
 
 
 def test_a_group_of_the_same_name_in_another_state_directory_is_left_alone(tmp_path, slow_steps):
-    """Group names repeat across state directories (two deployments, or two test runs, on one machine). A launch
-    waits for what is left of its task's earlier group, then kills it: never another directory's group of
-    that name."""
+    """Group names repeat across state directories (two deployments, or two test runs, on one machine). A
+    launch waits for what is left of its task's earlier group, then kills it: never another directory's group
+    of that name."""
     other = LocalLauncher(tmp_path / "other-groups")
     other.launch("same-r0", _spec(tmp_path / "other", steps=100_000, num_nodes=1))
     try:

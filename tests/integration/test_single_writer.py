@@ -19,7 +19,7 @@ from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import GROUP_DIR_ENV, LocalLauncher
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI
-from tests.integration.helpers import SMALL, progress, wait_for_step
+from tests.integration.helpers import SMALL, group_events, progress, wait_for_step
 from trainer.checkpoint_dir import CheckpointDir
 
 pytestmark = pytest.mark.torchrun
@@ -117,10 +117,7 @@ def test_supervisor_kill_9_then_a_retry_leaves_exactly_one_writer(tmp_path, capl
 
     # The orphans' preemption save was the last checkpoint of the first group: the retry resumed there,
     # losing no step, and finished at the requested step.
-    log = (groups / second / "group.log").read_text()
-    resume = [
-        json.loads(line[line.index("{") :]) for line in log.splitlines() if '"event": "resume"' in line
-    ][0]
+    resume = group_events(groups, second, "resume")[0]
     # (left alone, the orphans would have trained on to step 40 while the retry's launch waited for them)
     assert at_kill <= resume["from_step"] <= at_kill + 4, (at_kill, resume)
     assert summary["final_step"] == STEPS and summary["steps_lost"] == 0

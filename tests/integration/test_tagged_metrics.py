@@ -3,7 +3,6 @@ statsd listener: every datagram names its run, and no series of one run holds a 
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.spec import group_base_name
 from tests.conftest import RecordingTI
-from tests.integration.helpers import SMALL
+from tests.integration.helpers import SMALL, group_events
 from trainer.metrics import PER_RANK_METRICS
 from trainer.statsd import RANK_TAGS, RUN_TAGS, parse_line
 
@@ -24,13 +23,8 @@ RUNS = {"manual__2026-05-01T09:30:00+00:00": 1e-3, "scheduled__2026-05-01T10:00:
 
 
 def _train_events(state_dir: Path, group: str) -> list[dict]:
-    """The run's own "train" JSON lines, from its group's log (what the task log shows)."""
-    events = []
-    for line in (state_dir / group / "group.log").read_text().splitlines():
-        at = line.find('{"event": "train"')
-        if at >= 0:
-            events.append(json.loads(line[at:]))
-    return events
+    """The run's own "train" events, from its group's events files."""
+    return group_events(state_dir, group, "train")
 
 
 def test_two_concurrent_runs_send_separate_tagged_series(tmp_path, statsd_listener):

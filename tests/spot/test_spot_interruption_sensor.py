@@ -77,12 +77,9 @@ def _remaining(client, url) -> list[str]:
 
 
 def _checkpoint_now_saves(launcher) -> list[dict]:
-    lines = [
-        line.split(":", 1)[1].strip()
-        for line in launcher.logs(GROUP).lines
-        if '"event": "checkpoint"' in line
-    ]
-    return [json.loads(line) for line in lines if json.loads(line).get("reason") == "checkpoint-now"]
+    """The group's checkpoint-now saves so far, from its events files (it is still running)."""
+    events, _ = launcher.events(GROUP)
+    return [e for e in events if e["event"] == "checkpoint" and e.get("reason") == "checkpoint-now"]
 
 
 def _assert_saved_and_still_training(launcher, root, saves_before: int) -> int:

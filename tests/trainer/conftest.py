@@ -1,7 +1,9 @@
-"""Helpers for the trainer tests: real processes (python -m trainer, torchrun via trainer.launch) on CPU/gloo."""
+"""Helpers for the trainer tests: real processes (python -m trainer, torchrun via trainer.launch) on
+CPU/gloo."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from trainer.events import EVENTS_DIR_ENV, EventCursor, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +82,8 @@ def trainer_env(data_dir: str) -> dict:
 
 
 def trainer_cmd(args: list[str], nproc: int | None) -> list[str]:
-    """`python -m trainer ARGS` (nproc None) or `python -m trainer.launch --nproc-per-node N -m trainer ARGS`."""
+    """`python -m trainer ARGS` (nproc None) or
+    `python -m trainer.launch --nproc-per-node N -m trainer ARGS`."""
     if nproc is None:
         return [sys.executable, "-m", "trainer", *args]
     # --standalone: a rendezvous on a free local port, so tests never collide on one.
@@ -96,11 +101,12 @@ def trainer_cmd(args: list[str], nproc: int | None) -> list[str]:
 
 
 class Run:
-    """A finished run: exit code, JSON events from stdout, stderr."""
+    """A finished run: exit code, its events (read from its events files: trainer/events.py), stdout and
+    stderr."""
 
-    def __init__(self, returncode: int, stdout: str, stderr: str):
+    def __init__(self, returncode: int, stdout: str, stderr: str, events: list[dict] | None = None):
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-        self.events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        self.events = events if events is not None else []
 
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["event"] == kind]
@@ -119,8 +125,15 @@ def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, en
     watchdog that kills the whole group after `timeout` seconds. stderr goes to a file:
     a full pipe would block the run while we read its stdout."""
     stderr = tempfile.TemporaryFile(mode="w+")
-    # torchrun starts each worker in a session of its own: a tag in the environment finds them all
-    env = {**trainer_env(data_dir), **(env or {}), "DTRAIN_TEST_RUN": uuid.uuid4().hex}
+    # each run's events go to a directory of its own (a test may name one); torchrun starts each worker in a
+    # session of its own: a tag in the environment finds them all
+    events = tempfile.mkdtemp(prefix="dtrain-events-")
+    env = {
+        **trainer_env(data_dir),
+        EVENTS_DIR_ENV: events,
+        **(env or {}),
+        "DTRAIN_TEST_RUN": uuid.uuid4().hex,
+    }
     proc = subprocess.Popen(
         trainer_cmd(args, nproc),
         cwd=REPO,
@@ -130,7 +143,11 @@ def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, en
         stderr=stderr,
         start_new_session=True,
     )
-    proc.dtrain_tag = env["DTRAIN_TEST_RUN"]
+    proc.dtrain_tag, proc.dtrain_events, proc.dtrain_own_events = (
+        env["DTRAIN_TEST_RUN"],
+        env[EVENTS_DIR_ENV],
+        events,
+    )
     watchdog = threading.Timer(timeout, _killpg, (proc,))
     watchdog.start()
     return proc, stderr, watchdog
@@ -156,8 +173,11 @@ def _finish(proc, stderr, watchdog, stdout: str) -> "Run":
     watchdog.cancel()
     _killpg(proc)  # workers left behind by a dead agent, if any
     stderr.seek(0)
-    run = Run(proc.returncode, stdout, stderr.read())
-    stderr.close()
+    try:
+        run = Run(proc.returncode, stdout, stderr.read(), read_events(proc.dtrain_events))
+    finally:
+        stderr.close()
+        shutil.rmtree(proc.dtrain_own_events, ignore_errors=True)
     assert not timed_out, f"run timed out and was killed: {run}"
     return run
 
@@ -199,13 +219,16 @@ def run_with_signals(
     env: dict | None = None,
 ) -> Run:
     """Start a run; plan is [(predicate(event), send(proc))]: each send fires, in order, on the first
-    JSON event (after the previous one fired) that matches its predicate. Waits for the exit."""
+    event (after the previous one fired) that matches its predicate. Waits for the exit. The events are
+    read from the run's events files; each line of its stdout (where every event is echoed, after it is
+    written there) is the moment to look."""
     proc, stderr, watchdog = _start(args, data_dir, nproc, timeout, env)
-    lines, pending = [], list(plan)
+    lines, pending, cursor = [], list(plan), EventCursor(proc.dtrain_events)
     for line in proc.stdout:
         lines.append(line)
-        if pending and line.startswith("{") and pending[0][0](json.loads(line)):
-            pending.pop(0)[1](proc)
+        for event in cursor.read() if pending else []:
+            if pending and pending[0][0](event):
+                pending.pop(0)[1](proc)
     run = _finish(proc, stderr, watchdog, "".join(lines))
     assert not pending, f"the run ended before all signals were sent: {run}"
     return run
@@ -233,7 +256,8 @@ def read_json(path) -> dict:
 
 
 def load_checkpoint_tensors(step_dir) -> dict:
-    """Every tensor of a DCP checkpoint as full (unsharded) tensors: {"model.x": t, "optim.state.x.exp_avg": t, ...}."""
+    """Every tensor of a DCP checkpoint as full (unsharded) tensors:
+    {"model.x": t, "optim.state.x.exp_avg": t, ...}."""
     from trainer.checkpoint import checkpoint_tensors
 
     return checkpoint_tensors(str(step_dir))

@@ -1,4 +1,5 @@
-"""trainer.metrics: the names dashboards rely on, their tags, MFU, and GPU telemetry that is absent without a GPU."""
+"""trainer.metrics: the names dashboards rely on, their tags, MFU, and GPU telemetry that is absent without
+a GPU."""
 
 import json
 import socket
@@ -11,6 +12,7 @@ import torch
 
 from trainer import metrics as m
 from trainer.config import MetricsConfig
+from trainer.events import EVENTS_DIR_ENV, read_events
 from trainer.metrics import (
     PER_RANK_METRICS,
     TRAINING_METRICS,
@@ -77,7 +79,9 @@ def _received(sock) -> dict[str, float]:
     return {name: value for name, value, _, _ in _lines(sock)}
 
 
-def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(capsys):
+def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(EVENTS_DIR_ENV, str(tmp_path / "events"))
+    monkeypatch.setenv("RANK", "0")
     assert GpuTelemetry(torch.device("cpu")).read() == {}
     assert (
         GpuTelemetry(torch.device("cuda", 0)).read() == {}
@@ -93,8 +97,9 @@ def test_without_a_gpu_the_gpu_fields_and_gauges_are_absent_and_nothing_fails(ca
     metrics.count_tokens(1000)
     metrics.log_step(step=1, loss=2.5, grad_norm=0.5, lr=1e-3, force=True)
     metrics.close()
-    [line] = capsys.readouterr().out.splitlines()
-    event = json.loads(line)
+    [event] = read_events(tmp_path / "events")  # rank 0's file: what the readers read
+    [line] = capsys.readouterr().out.splitlines()  # and the same line on stdout, for people and pod logs
+    assert json.loads(line) == event
     assert set(event) == {"event", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"}
     assert event["mfu"] is None  # no known peak on CPU
     gauges = _received(sock)

@@ -109,6 +109,8 @@ def test_run_completes_with_events_progress_committed_checkpoints_and_statsd(dat
     )
     assert run.returncode == 0, run
     assert all(line.startswith("{") for line in run.stdout.splitlines())  # stdout is pure JSON lines
+    # the events come from the run's events file; stdout echoes each of them, line for line
+    assert [json.loads(line) for line in run.stdout.splitlines()] == run.events
     assert [e["step"] for e in run.of("train")] == [1, 2, 3, 4, 5, 6]
     first = run.of("train")[0]
     assert set(first) == {"event", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_mb"}
