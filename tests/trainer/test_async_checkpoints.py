@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.trainer.conftest import FAST, FAST_DEFAULTS, run_trainer
+from trainer.testing.faults import activate as activate_faults
 
 
 def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_dir, tmp_path):
@@ -82,7 +83,7 @@ def test_a_save_slower_than_the_interval_says_what_it_cost_and_how_to_set_the_in
     steps' slowdown), the save that waited says how long, and the log says that the interval is shorter than
     a save, and which interval is not."""
     args = [*FAST, "--checkpoint-uri", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "--steps", "6"]
-    run = run_trainer(args, data_dir, env={"DTRAIN_TEST_COMMIT_DELAY": "2:10"})
+    run = run_trainer(args, data_dir, env=activate_faults({"DTRAIN_TEST_COMMIT_DELAY": "2:10"}))
     assert run.returncode == 0, run
     saves = {e["step"]: e for e in run.of("checkpoint")}
     assert sorted(saves) == [2, 4, 6], run

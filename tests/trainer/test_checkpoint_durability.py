@@ -17,6 +17,8 @@ import time
 import pytest
 import torch
 
+from trainer.testing.faults import activate as activate_faults
+
 from conftest import (
     FAST,
     REPO,
@@ -110,7 +112,7 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes
         "checkpoint.keep=2",
     ]
     # The test hook holds rank 0 after the files of step 4 are written, before its manifest.
-    env = {**trainer_env(data_dir), "DTRAIN_TEST_COMMIT_DELAY": "4:300"}
+    env = activate_faults({**trainer_env(data_dir), "DTRAIN_TEST_COMMIT_DELAY": "4:300"})
     stderr = tempfile.NamedTemporaryFile(mode="w+", delete=False)
     proc = subprocess.Popen(
         trainer_cmd(args, 2),
