@@ -59,8 +59,10 @@ def test_the_copied_layout_and_exit_codes_are_the_houses():
 
 
 def test_the_contract_imports_nothing_but_the_standard_library(tmp_path):
-    """Copied next to a program, it works without this package or any other (no site-packages at all)."""
-    (tmp_path / "contract.py").write_text((REPO / "trainer" / "contract.py").read_text())
+    """Copied next to a program (with contract_files.py, its file side), it works without this package or any
+    other (no site-packages at all)."""
+    for name in ("contract.py", "contract_files.py"):
+        (tmp_path / name).write_text((REPO / "trainer" / name).read_text())
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import contract; "
         f"print(contract.latest_checkpoint({str(tmp_path)!r}), contract.job_env({{'DTRAIN_STEPS': '3'}}).steps)"
