@@ -50,8 +50,9 @@ def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_di
 
 
 def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
-    """Unset (auto), the interval saves of a CPU-only run are synchronous: there the background save takes the
-    training threads' cores and costs more than a sync save (benchmarks/RESULTS.md). On a GPU they are async."""
+    """Unset (auto), the interval saves of a CPU-only run are synchronous: there the background save takes
+    the training threads' cores and costs more than a sync save (benchmarks/RESULTS.md). On a GPU they are
+    async."""
     from trainer.checkpoint import Checkpointer
     from trainer.config import CheckpointConfig
 
@@ -78,7 +79,8 @@ def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
 
 
 def test_a_save_slower_than_the_interval_says_what_it_cost_and_how_to_set_the_interval(data_dir, tmp_path):
-    """Step 2's commit is held 10 s (the test hook), with a save every 2 steps: step 4's save must wait for it.
+    """Step 2's commit is held 10 s (the test hook), with a save every 2 steps: step 4's save must wait for
+    it.
     Each checkpoint event says what the save cost training (cost_s = blocked_s + overlap_s, the overlapped
     steps' slowdown), the save that waited says how long, and the log says that the interval is shorter than
     a save, and which interval is not."""
