@@ -29,7 +29,9 @@ every manifest). A manifest names the job (``"job"``) and the lease token that w
 checkpoints of another job are never resumed or pruned (``foreign_jobs``, ``prune``).
 
 Writing a checkpoint (the DCP save, the commit protocol) stays in trainer/checkpoint.py
-and progress.json's writer in trainer/progress.py; they take the names from here.
+and progress.json's writer in trainer/progress.py; they take the names from here. The lease
+files are trainer/checkpoint_leases.py's, the ledger and spend files trainer/checkpoint_ledger.py's,
+the errors trainer/checkpoint_errors.py's (all importable from here).
 
 Standard library only at module level (fsspec is imported on the first remote access,
 through trainer.storage): the Airflow provider imports this at DAG-parse time.
@@ -39,17 +41,31 @@ and the provider, change the directory between two looks.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from trainer.capacity import Capacity
-from trainer.cost import CAPACITY_TYPES
+# The errors, the lease files and the money a checkpoint directory holds live in modules of their own; their
+# names are importable from here as before.
+from trainer.checkpoint_errors import (  # noqa: F401 - re-exported
+    _NOT_STORAGE,
+    _S3_REFUSALS,
+    CheckpointInvalid,
+    CheckpointStorageError,
+    WriterFenced,
+    storage_cause,
+)
+from trainer.checkpoint_leases import (  # noqa: F401 - re-exported
+    LEASE_FILE,
+    LEASES,
+    LEASES_KEPT,
+    Lease,
+    LeaseFiles,
+    lease_file_name,
+)
+from trainer.checkpoint_ledger import PRICES, SPEND, Ledger, Spend, SpendFiles  # noqa: F401 - re-exported
 from trainer.storage import Storage
 
 MANIFEST = "manifest.json"
@@ -61,28 +77,15 @@ SUMMARY = "summary.json"
 EVALS = "evals"
 EVAL_RESULTS = f"{EVALS}/latest.json"
 REPORT = "report.png"
-SPEND = "spend"
-"""Under a job's ledger root (its checkpoint directory, or a sweep's): ``spend/<attempt>.json``, one file
-per attempt (pod group), rewritten by that attempt as it runs and finalised by the provider when it ends.
-One writer per file, so attempts of a job, or members of a sweep, never race on a shared total."""
-PRICES = "prices"
-"""Under a job's ledger root: ``prices/<attempt>.json``, ``{"prices_in_effect": [[since, usd_per_node_hour], ...],
-"zone", "instance_type", "updated_at"}``: the spot prices in effect since a spot attempt's launch, written by the
-provider while the attempt runs (its one writer), read by the attempt's cap (``trainer.budget``)."""
-LEASES = "lease"
-"""Writer leases, one file per token: ``lease/<token:010d>.json``."""
-LEASES_KEPT = 4
-"""Lease files kept (the newest); older ones only tell the history, and the current one is never pruned."""
 REGISTRY_BEST = "best.json"
-OWNER = "owner.json"
-"""At the root of a job's directory (its checkpoints, a sweep's ledger, its registry entry): ``{"owner", "job"}``,
-written once, before anything else is (``airflow_dtrain.trust.check_job_dir``)."""
 """In a model registry, not a checkpoint directory: the best checkpoint so far."""
+OWNER = "owner.json"
+"""At the root of a job's directory (its checkpoints, a sweep's ledger, its registry entry):
+``{"owner", "job"}``, written once, before anything else is (``airflow_dtrain.trust.check_job_dir``)."""
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 STEP_DIR_GLOB = "step-*"
 """For messages: what a step directory looks like."""
-LEASE_FILE = re.compile(r"^(\d{10})\.json$")
 
 
 def step_dir_name(step: int) -> str:
@@ -95,67 +98,6 @@ def step_of(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class WriterFenced(RuntimeError):
-    """A newer writer lease exists in the checkpoint directory: another group took it over, and
-    this one must commit nothing more (``python -m trainer`` exits ``FENCED_EXIT_CODE``)."""
-
-
-class CheckpointStorageError(RuntimeError):
-    """A checkpoint could not be written: the storage refused it (a full disk, no permission, a
-    read-only filesystem, S3 AccessDenied). Raised on every rank together, after the partial step
-    directory was removed; ``python -m trainer`` prints the message, one line naming the path and the
-    cause, and exits ``STORAGE_EXIT_CODE``."""
-
-
-# Transient network trouble is not the storage refusing a write: those stay ordinary failures.
-_NOT_STORAGE = (ConnectionError, TimeoutError)
-# S3 error codes (botocore's ClientError.response["Error"]["Code"]) that mean "this principal may not write here".
-_S3_REFUSALS = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                          "NoSuchBucket", "AccountProblem", "QuotaExceeded"})  # fmt: skip
-
-
-def storage_cause(err: BaseException | None) -> BaseException | None:
-    """The storage refusal behind ``err`` (an OSError such as ENOSPC/EACCES/EROFS, or a botocore S3
-    AccessDenied), looking through chained exceptions and DCP's per-rank ``CheckpointException``
-    failures; None when ``err`` is something else (a crash, a lost peer, a fence)."""
-    seen: set[int] = set()
-    todo = [err]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and not isinstance(e, _NOT_STORAGE):
-            return e
-        code = (
-            ((getattr(e, "response", None) or {}).get("Error") or {}).get("Code")
-            if isinstance(getattr(e, "response", None), dict)
-            else None
-        )
-        if code in _S3_REFUSALS:
-            return e
-        failures = getattr(e, "failures", None)  # torch.distributed.checkpoint's CheckpointException
-        if isinstance(failures, dict):
-            todo.extend(f[0] if isinstance(f, tuple) else f for f in failures.values())
-        todo.extend([e.__cause__, e.__context__])
-    return None
-
-
-def lease_file_name(token: int) -> str:
-    return f"{token:010d}.json"
-
-
-class Lease(NamedTuple):
-    """A writer lease: its fencing token and what its file says (who took it, when)."""
-
-    token: int
-    info: dict[str, Any]
-
-    @property
-    def group(self) -> str:
-        return self.info.get("group") or f"pid {self.info.get('pid', '?')} on {self.info.get('host', '?')}"
-
-
 class Checkpoint(NamedTuple):
     """One step directory: a tuple, so ``(step, path)`` unpacking works."""
 
@@ -163,95 +105,18 @@ class Checkpoint(NamedTuple):
     path: str
 
 
-@dataclass(frozen=True)
-class Ledger:
-    """The spend recorded in one checkpoint manifest (all zeros before the first checkpoint)."""
-
-    step: int = 0
-    step_time_s: float | None = None
-    total_dollars: float = 0.0
-    by_capacity: dict[str, dict[str, float]] = field(default_factory=dict)
-    """``{"spot" | "on_demand" | "local": {"node_hours", "gpu_hours", "dollars"}}``."""
-    path: str | None = None
-    """The checkpoint directory it was read from (None: no committed checkpoint yet)."""
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    """Newer committed checkpoints whose manifest failed its checks (``CheckpointInvalid.to_dict()``)."""
-
-    @property
-    def gpu_hours(self) -> float:
-        return sum(c.get("gpu_hours", 0.0) for c in self.by_capacity.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "step_time_s": self.step_time_s,
-            "total_dollars": self.total_dollars,
-            "gpu_hours": self.gpu_hours,
-            "by_capacity": self.by_capacity,
-            "path": self.path,
-            "skipped": self.skipped,
-        }
-
-    @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], path: str, where: str) -> Ledger:
-        """The ledger a manifest carries; ``ValueError`` naming ``where`` and the field when malformed."""
-        cost = manifest.get("cost") or {}
-        if not isinstance(cost, dict):
-            raise ValueError(f"{where}: cost: expected an object, got {cost!r}")
-        by_capacity = {c: {"node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0} for c in CAPACITY_TYPES}
-        for key, entry in cost.items():
-            try:  # buckets of older manifests are spelled as they were ("local", "on-demand")
-                bucket = Capacity(key).value
-            except ValueError:
-                continue
-            try:
-                for k in ("node_hours", "gpu_hours", "dollars"):
-                    by_capacity[bucket][k] += float((entry or {}).get(k, 0.0) or 0.0)
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError(f"{where}: cost.{key}: expected numbers, got {entry!r}") from None
-        total = cost.get("total_dollars")
-        try:
-            total = float(total) if total is not None else sum(c["dollars"] for c in by_capacity.values())
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: cost.total_dollars: expected a number, got {total!r}") from None
-        step_time = manifest.get("step_time_s")
-        try:
-            step_time = float(step_time) if step_time is not None else None
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: step_time_s: expected a number, got {step_time!r}") from None
-        if step_time is not None and step_time <= 0:
-            step_time = None  # not measured (e.g. a checkpoint before the first timed step)
-        return cls(
-            step=int(manifest.get("step", 0)),
-            step_time_s=step_time,
-            total_dollars=total,
-            by_capacity=by_capacity,
-            path=path,
-        )
-
-
 MANIFEST_REQUIRED = ("step", "world_size", "flavor", "config_hash", "files", "tokens_seen", "wall_time_s")
 """Fields every committed manifest has."""
 FORMAT_DCP = "dcp"
-"""A manifest's ``format`` when its step directory is a torch.distributed.checkpoint save: the bundled trainer's
-(a manifest without the field was written by it before the field existed). A program of your own names its own
-format (trainer/contract.py's ``commit_checkpoint``) and only a ``"dcp"`` one gets the DCP checks."""
+"""A manifest's ``format`` when its step directory is a torch.distributed.checkpoint save: the bundled
+trainer's (a manifest without the field was written by it before the field existed). A program of your own
+names its own format (trainer/contract.py's ``commit_checkpoint``) and only a ``"dcp"`` one gets the DCP
+checks."""
 
 
 def manifest_format(manifest: dict[str, Any]) -> str:
     """What a committed checkpoint's files are (``FORMAT_DCP`` for the bundled trainer's)."""
     return str(manifest.get("format") or FORMAT_DCP)
-
-
-class CheckpointInvalid(ValueError):
-    """A checkpoint failed a check; ``checkpoint``, ``check`` and ``file`` say which, where."""
-
-    def __init__(self, checkpoint: str, check: str, file: str, detail: str):
-        self.checkpoint, self.check, self.file, self.detail = checkpoint, check, file, detail
-        super().__init__(f"checkpoint {checkpoint}: check {check!r} failed for {file}: {detail}")
-
-    def to_dict(self) -> dict:
-        return {"checkpoint": self.checkpoint, "check": self.check, "file": self.file, "detail": self.detail}
 
 
 def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
@@ -266,35 +131,7 @@ def _non_finite(node: Any, prefix: str = "") -> tuple[str, float] | None:
     return None
 
 
-@dataclass
-class Spend:
-    """Every second billed to a job (or a sweep): the sum of its attempts' spend files."""
-
-    total_dollars: float = 0.0
-    by_capacity: dict[str, dict[str, float]] = field(default_factory=dict)
-    attempts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """``{attempt: its spend file}``."""
-
-    @classmethod
-    def of(cls, entries: dict[str, dict[str, Any]], where: str) -> Spend:
-        by_capacity = {c: {"node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0} for c in CAPACITY_TYPES}
-        for name, entry in entries.items():
-            try:
-                bucket = Capacity(entry.get("capacity", Capacity.ANY.value)).value
-                for k in ("node_hours", "gpu_hours", "dollars"):
-                    value = float(entry.get(k, 0.0) or 0.0)
-                    if not value >= 0:
-                        raise ValueError
-                    by_capacity[bucket][k] += value
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError(
-                    f"{where}/{name}.json: expected a spend entry with numbers >= 0, got {entry!r}"
-                ) from None
-        total = sum(c["dollars"] for c in by_capacity.values())
-        return cls(total_dollars=round(total, 9), by_capacity=by_capacity, attempts=dict(entries))
-
-
-class CheckpointDir:
+class CheckpointDir(LeaseFiles, SpendFiles):
     """A checkpoint root: its step directories and the small files beside them.
 
     Paths it returns are plain absolute paths locally and full ``s3://`` URLs remotely; a
@@ -325,7 +162,8 @@ class CheckpointDir:
 
     @classmethod
     def resolve(cls, uri: str) -> tuple[CheckpointDir, str, dict[str, Any]]:
-        """(root, step directory, manifest) of a step directory URI, or of the latest committed one under a root.
+        """(root, step directory, manifest) of a step directory URI, or of the latest committed one under
+        a root.
 
         Raises FileNotFoundError naming the URI when there is no committed checkpoint.
         """
@@ -384,7 +222,8 @@ class CheckpointDir:
         return None
 
     def manifest(self, step: int | str) -> dict[str, Any]:
-        """A committed checkpoint's manifest: FileNotFoundError when it has none, ValueError when it does not parse."""
+        """A committed checkpoint's manifest: FileNotFoundError when it has none, ValueError when it does
+        not parse."""
         path = self.manifest_path(step)
         if not self.storage.exists(path):
             raise FileNotFoundError(
@@ -495,56 +334,6 @@ class CheckpointDir:
                 found.setdefault(other, []).append(c.path)
         return found
 
-    def leases(self) -> list[int]:
-        """The tokens of the lease files there, lowest first ([] before the first writer)."""
-        return sorted(int(m.group(1)) for name in self.storage.listdir(self.path(LEASES))
-                      if (m := LEASE_FILE.match(name)))  # fmt: skip
-
-    def lease_path(self, token: int) -> str:
-        return self.path(LEASES, lease_file_name(token))
-
-    def lease(self, token: int) -> Lease:
-        """A lease's file; its info is {} when it was pruned or is not readable."""
-        try:
-            return Lease(token, self.storage.read_json(self.lease_path(token)))
-        except (FileNotFoundError, ValueError):
-            return Lease(token, {})
-
-    def newest_lease(self) -> Lease | None:
-        tokens = self.leases()
-        return self.lease(tokens[-1]) if tokens else None
-
-    def acquire_lease(self, info: dict[str, Any], attempts: int = 100) -> Lease:
-        """Become the writer: create ``lease/<token>.json`` with token = 1 + the highest one there.
-
-        The creation is exclusive (``Storage.create_exclusive``), so two writers racing for one
-        token get one each: the loser takes the next. Every earlier holder is fenced off from then on.
-        """
-        self.storage.makedirs()
-        token = (self.leases() or [0])[-1] + 1
-        for _ in range(attempts):
-            body = {"token": token, **info, "acquired_at": time.time()}
-            if self.storage.create_exclusive(self.lease_path(token), json.dumps(body, indent=2)):
-                newest = (self.leases() or [token])[-1]
-                if newest <= token:
-                    self.prune_leases(token)
-                    return Lease(token, body)
-                # A newer lease already exists: this token was read from a stale listing (its file had
-                # been pruned, or others took newer ones meanwhile). Holding it would mean being fenced at
-                # once, and a reused token is not unique: give it back and take one past the newest.
-                self.storage.remove_file(self.lease_path(token))
-                token = newest + 1
-                continue
-            token = max(token + 1, (self.leases() or [0])[-1] + 1)
-        raise RuntimeError(f"could not take a writer lease in {self.path(LEASES)} after {attempts} attempts")
-
-    def prune_leases(self, current: int, keep: int = LEASES_KEPT) -> None:
-        """Remove all but the ``keep`` newest lease files; never ``current`` nor any newer one."""
-        tokens = self.leases()
-        for token in tokens[:-keep] if keep > 0 else tokens:
-            if token < current:
-                self.storage.remove_file(self.lease_path(token))
-
     # -- files beside the step directories --------------------------------------------------
     def read_json(self, name: str, default: Any = None) -> Any:
         """A JSON file under the root (``name`` may hold ``/``), or ``default`` when it does not exist."""
@@ -568,72 +357,3 @@ class CheckpointDir:
     def write_summary(self, summary: dict[str, Any]) -> str:
         """The run summary as ``summary.json`` beside the checkpoints; returns its path."""
         return self.write_json(SUMMARY, summary)
-
-    def ledger(self, spend_root: CheckpointDir | None = None) -> Ledger:
-        """The job's ledger: step and measured step time of the latest committed checkpoint, and the
-        spend of every attempt (``spend_root``'s spend files, default this directory's) -- or the
-        checkpoint's own ledger where that is larger (a directory written before spend files existed).
-
-        Raises ``ValueError`` naming the manifest or spend file and the field when one is malformed.
-        """
-        ledger, skipped = Ledger(), []
-        for checkpoint in reversed(self.committed()):  # the newest whose manifest checks out
-            try:
-                manifest = self.checked_manifest(checkpoint.path)
-            except CheckpointInvalid as err:
-                skipped.append(err.to_dict())
-                continue
-            ledger = Ledger.from_manifest(manifest, checkpoint.path, self.manifest_path(checkpoint.path))
-            break
-        ledger = dataclasses.replace(ledger, skipped=skipped)
-        spend = (spend_root or self).spend()
-        if spend.total_dollars > ledger.total_dollars:
-            ledger = dataclasses.replace(
-                ledger, total_dollars=spend.total_dollars, by_capacity=spend.by_capacity
-            )
-        return ledger
-
-    # -- the spend ledger -------------------------------------------------------------------
-    def record_spend(self, attempt: str, entry: dict[str, Any]) -> str:
-        """Write one attempt's spend file (its own: no other writer); returns its path."""
-        if not attempt or "/" in attempt or attempt.startswith("."):
-            raise ValueError(f"attempt: not a file name: {attempt!r}")
-        return self.write_json(f"{SPEND}/{attempt}.json", {"attempt": attempt, **entry}, durable=False)
-
-    def spend_entry(self, attempt: str) -> dict[str, Any] | None:
-        return self.read_json(f"{SPEND}/{attempt}.json")
-
-    def record_prices(self, attempt: str, entry: dict[str, Any]) -> str:
-        """Write the spot prices in effect since ``attempt``'s launch (``PRICES``); returns the path."""
-        if not attempt or "/" in attempt or attempt.startswith("."):
-            raise ValueError(f"attempt: not a file name: {attempt!r}")
-        return self.write_json(f"{PRICES}/{attempt}.json", {"attempt": attempt, **entry}, durable=False)
-
-    def prices_in_effect(self, attempt: str) -> list[tuple[float, float]]:
-        """``attempt``'s prices (``PRICES``) as ``[(since, usd_per_node_hour), ...]``; [] when none were written.
-        Raises ``ValueError`` naming the file when it is not such a list."""
-        entry = self.read_json(f"{PRICES}/{attempt}.json") or {}
-        got = entry.get("prices_in_effect") if isinstance(entry, dict) else entry
-        try:
-            prices = [(float(t), float(p)) for t, p in got or []]
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{self.path(PRICES, attempt + '.json')}: prices_in_effect: expected [[since, price], "
-                f"...], got {got!r}"
-            ) from None
-        if any(not (p >= 0) for _, p in prices):
-            raise ValueError(
-                f"{self.path(PRICES, attempt + '.json')}: a price below 0 or not a number: {prices!r}"
-            )
-        return prices
-
-    def spend(self) -> Spend:
-        """The sum of every attempt's spend file (zero when there is none)."""
-        entries = {}
-        for name in self.storage.listdir(self.path(SPEND)):
-            if name.endswith(".json") and not name.startswith("."):
-                try:
-                    entries[name[:-5]] = self.read_json(f"{SPEND}/{name}", default={})
-                except ValueError as err:  # a torn or hand-edited file: the budget must not guess
-                    raise ValueError(f"{self.path(SPEND, name)}: not JSON ({err})") from None
-        return Spend.of(entries, self.path(SPEND))

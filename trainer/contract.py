@@ -10,7 +10,7 @@ What every process gets (both backends), read by ``job_env()``::
 
     DTRAIN_CHECKPOINT_URI              where checkpoints, progress.json and the spend ledger go
     DTRAIN_JOB                         the job's name ("" for none); a manifest records it
-    DTRAIN_OWNER                       only when set: who the job belongs to ([dtrain] owners); a manifest records it
+    DTRAIN_OWNER                       only when set: who the job belongs to ([dtrain] owners); in manifests
     DTRAIN_STEPS                       optimizer steps of the whole job (a resumed run goes on to it)
     DTRAIN_CHECKPOINT_EVERY            save every N steps (0: only at the end and when asked)
     DTRAIN_GRACE_PERIOD_S              seconds a preemption save may take before SIGKILL
@@ -40,8 +40,6 @@ for ``s3://`` keep the same layout with your own storage library: the manifest i
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -52,13 +50,26 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+# The file side (atomic JSON, checksums, the writer lease, the spend file) is trainer/contract_files.py's,
+# re-exported here: copied next to your program, this module imports its copy there.
+try:
+    from trainer.contract_files import (  # noqa: F401 - re-exported
+        LEASE_FILE, LEASES, SPEND, Fenced, files_of, local_path, newer_lease, progress_state, read_json,
+        record_spend, sha256, take_lease, write_json,
+    )  # fmt: skip
+except ImportError:  # copied next to your program: contract.py and contract_files.py side by side
+    from contract_files import (  # noqa: F401 - re-exported
+        LEASE_FILE, LEASES, SPEND, Fenced, files_of, local_path, newer_lease, progress_state, read_json,
+        record_spend, sha256, take_lease, write_json,
+    )  # fmt: skip
+
 __all__ = [
-    "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "STORAGE_EXIT_CODE", "Checkpoint", "Fenced",
-    "JobEnv", "Signals", "commit_checkpoint", "die_with_agent", "job_env", "latest_checkpoint", "progress",
-    "simulate_preemption", "step_path", "take_lease",
+    "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "STORAGE_EXIT_CODE", "Checkpoint",
+    "Fenced", "JobEnv", "Signals", "commit_checkpoint", "die_with_agent", "job_env", "latest_checkpoint",
+    "progress", "simulate_preemption", "step_path", "take_lease",
 ]  # fmt: skip
 
-# -- exit codes (trainer/config.py's; tests/trainer/test_contract.py holds this copy to them) -------------------
+# -- exit codes (trainer/config.py's; tests/trainer/test_contract.py holds this copy to them) ----------------
 PREEMPTED_EXIT_CODE = 75
 """Saved the step it was on after SIGTERM: the operator relaunches the group from that checkpoint."""
 STORAGE_EXIT_CODE = 74
@@ -66,39 +77,19 @@ STORAGE_EXIT_CODE = 74
 BUDGET_EXIT_CODE = 77
 """Stopped at the job's dollar cap with the step saved: the task succeeds with ``stopped: "budget"``."""
 FENCED_EXIT_CODE = 78
-"""Another group took over the checkpoint directory (a newer writer lease): the task fails, never relaunched."""
-# 76 (a worker was lost) is the torchrun agent's to report for a process killed by a signal, never a program's.
+"""Another group took over the checkpoint directory (a newer writer lease): the task fails, not relaunched."""
+# 76 (a worker was lost) is the torchrun agent's to report for a process a signal killed, never a program's.
 
-# -- the checkpoint directory's layout (trainer/checkpoint_dir.py's) -------------------------------------------
+# -- the checkpoint directory's layout (trainer/checkpoint_dir.py's) -----------------------------------------
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
-SPEND = "spend"
-LEASES = "lease"
 BEST = "BEST"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-LEASE_FILE = re.compile(r"^(\d{10})\.json$")
 _HISTORY_POINTS = 1000
-_SPEND_WRITE_S = 5.0
 
 
 def _step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def _local(uri: str) -> str:
-    """The local path of a checkpoint URI; ValueError for anything these helpers cannot write."""
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    if "://" in uri:
-        raise ValueError(
-            f"checkpoint uri: these helpers write local paths and file:// only, got {uri!r} "
-            "(keep the same layout with your own storage library)"
-        )
-    if not uri:
-        raise ValueError(
-            "checkpoint uri: empty (DTRAIN_CHECKPOINT_URI is not set: the job keeps no checkpoints)"
-        )
-    return uri
 
 
 # -- the job's environment -----------------------------------------------------------------------------------
@@ -171,7 +162,7 @@ def job_env(environ: Any = None) -> JobEnv:
     )
 
 
-# -- signals ---------------------------------------------------------------------------------------------------
+# -- signals -------------------------------------------------------------------------------------------------
 _PR_SET_PDEATHSIG = 1
 
 
@@ -257,15 +248,15 @@ def simulate_preemption(
     return True
 
 
-# -- checkpoints -----------------------------------------------------------------------------------------------
+# -- checkpoints ---------------------------------------------------------------------------------------------
 class Checkpoint(NamedTuple):
     step: int
     path: str
 
 
 def step_path(uri: str, step: int, *, create: bool = False) -> str:
-    """The step directory of ``step`` under ``uri`` (``create``: make it, as every rank may before writing)."""
-    path = os.path.join(os.path.abspath(_local(uri)), _step_dir_name(step))
+    """The step directory of ``step`` under ``uri`` (``create``: make it, as each rank may before writing)."""
+    path = os.path.join(os.path.abspath(local_path(uri)), _step_dir_name(step))
     if create:
         os.makedirs(path, exist_ok=True)
     return path
@@ -284,99 +275,10 @@ def _step_dirs(root: str) -> list[Checkpoint]:
 def latest_checkpoint(uri: str) -> Checkpoint | None:
     """The newest committed checkpoint (a step directory with a manifest) under ``uri``, or None.
     An interrupted save above it is skipped."""
-    for checkpoint in reversed(_step_dirs(os.path.abspath(_local(uri)))):
+    for checkpoint in reversed(_step_dirs(os.path.abspath(local_path(uri)))):
         if os.path.isfile(os.path.join(checkpoint.path, MANIFEST)):
             return checkpoint
     return None
-
-
-def _write_json(path: str, obj: Any, durable: bool = True, indent: int | None = 2) -> None:
-    """Whole or not at all for readers: a temporary file, renamed (fsynced first when ``durable``)."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=indent)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fd = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _files(step_dir: str) -> dict[str, dict[str, Any]]:
-    """{relative path: {"size", "sha256"}} of every file in a step directory but the commit's own."""
-    found = {}
-    for where, _, names in os.walk(step_dir):
-        for name in names:
-            path = os.path.join(where, name)
-            rel = os.path.relpath(path, step_dir).replace(os.sep, "/")
-            # temporary files start with a dot; DCP's index (.metadata) is part of the checkpoint
-            if rel in (MANIFEST, BEST) or (name.startswith(".") and name != ".metadata"):
-                continue
-            found[rel] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
-    return dict(sorted(found.items()))
-
-
-class Fenced(RuntimeError):
-    """Another group took over the checkpoint directory (its writer lease is newer): commit nothing more,
-    exit ``FENCED_EXIT_CODE``."""
-
-
-def take_lease(uri: str, *, job: str = "", attempts: int = 100) -> int:
-    """Become the directory's one writer: create ``lease/<token>.json`` with 1 + the highest token there
-    (exclusively: two writers racing get one token each) and return the token. Every earlier writer is
-    fenced off from then on (``commit_checkpoint(lease=...)`` refuses to commit for it). Rank 0, at start."""
-    root = os.path.abspath(_local(uri))
-    leases = os.path.join(root, LEASES)
-    os.makedirs(leases, exist_ok=True)
-
-    def tokens() -> list[int]:
-        return sorted(int(m.group(1)) for n in os.listdir(leases) if (m := LEASE_FILE.match(n)))
-
-    token = (tokens() or [0])[-1] + 1
-    for _ in range(attempts):
-        body = {"token": token, "job": job, "group": os.environ.get("DTRAIN_GROUP_NAME"), "host": socket.gethostname(),
-                "pid": os.getpid(), "acquired_at": time.time()}  # fmt: skip
-        try:
-            fd = os.open(
-                os.path.join(leases, f"{token:010d}.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644
-            )
-        except FileExistsError:
-            token = max(token + 1, (tokens() or [0])[-1] + 1)
-            continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f, indent=2)
-        newest = tokens()[-1]
-        if newest > token:  # read from a stale listing: give it back, take one past the newest
-            os.remove(os.path.join(leases, f"{token:010d}.json"))
-            token = newest + 1
-            continue
-        for old in tokens()[:-4]:  # the newest four tell the history; ours is never among the removed
-            if old < token:
-                os.remove(os.path.join(leases, f"{old:010d}.json"))
-        return token
-    raise RuntimeError(f"could not take a writer lease in {leases} after {attempts} attempts")
-
-
-def _newer_lease(root: str, token: int) -> int | None:
-    try:
-        names = os.listdir(os.path.join(root, LEASES))
-    except FileNotFoundError:
-        return None
-    newest = max((int(m.group(1)) for n in names if (m := LEASE_FILE.match(n))), default=0)
-    return newest if newest > token else None
 
 
 def commit_checkpoint(
@@ -407,11 +309,11 @@ def commit_checkpoint(
     :param keep: retention: keep the newest ``keep`` committed checkpoints (and any marked best), remove older
         ones and interrupted saves below this one; None: remove nothing.
     """
-    root = os.path.abspath(_local(uri))
+    root = os.path.abspath(local_path(uri))
     path = step_path(root, step)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"commit_checkpoint: {path} does not exist: write the step's files first")
-    if lease is not None and (newer := _newer_lease(root, lease)) is not None:
+    if lease is not None and (newer := newer_lease(root, lease)) is not None:
         raise Fenced(
             f"another group took over the checkpoint directory {root}: writer lease {newer} is newer than "
             f"this one's {lease}; step {step} is not committed"
@@ -431,10 +333,10 @@ def commit_checkpoint(
         "tokens_seen": tokens_seen,
         "wall_time_s": round(wall_time_s, 3),
         **fields,
-        "files": _files(path) if files is None else files,
+        "files": files_of(path, skip=(MANIFEST, BEST)) if files is None else files,
         "created_at": time.time(),
     }
-    _write_json(os.path.join(path, MANIFEST), manifest)  # the commit point
+    write_json(os.path.join(path, MANIFEST), manifest)  # the commit point
     if keep is not None:
         _prune(root, keep, step)
     return path
@@ -455,7 +357,7 @@ def _prune(root: str, keep: int, committed_step: int) -> None:
         shutil.rmtree(c.path, ignore_errors=True)
 
 
-# -- progress and spend ------------------------------------------------------------------------------------------
+# -- progress and spend --------------------------------------------------------------------------------------
 def progress(
     step: int,
     *,
@@ -482,69 +384,14 @@ def progress(
     env = env or job_env()
     if env.rank != 0 or not env.checkpoint_uri:
         return None
-    root = os.path.abspath(_local(env.checkpoint_uri))
+    root = os.path.abspath(local_path(env.checkpoint_uri))
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, PROGRESS)
-    try:
-        with open(path) as f:
-            previous = json.load(f)
-    except (FileNotFoundError, ValueError):
-        previous = {}
     now = time.time()
-    if previous.get("group") == env.attempt:
-        state = dict(previous)
-    else:  # this attempt's first call: carry the previous attempt's counters over
-        state = {
-            "group": env.attempt,
-            "attempt": int(previous.get("attempt", 0)) + 1,
-            "resumed_from_step": step or None,
-            "steps_lost": int(previous.get("steps_lost", 0)) + max(0, int(previous.get("step", 0)) - step),
-            "prior_wall_time_s": float(previous.get("wall_time_s", 0.0)),
-            "attempt_started_at": now,
-            "latest_checkpoint": previous.get("latest_checkpoint"),
-            "loss": previous.get("loss") if previous.get("step") == step else None,
-            "tokens_seen": previous.get("tokens_seen", 0),
-            "history": [p for p in previous.get("history", []) if p[0] <= step],
-        }
-    changed = state.get("status") != status
-    history = state.get("history", [])
-    if loss is not None:
-        history = [p for p in history if p[0] < step] + [[step, round(float(loss), 6)]]
-        if len(history) > _HISTORY_POINTS:  # keep the curve's shape: every other point, the ends kept
-            history = history[:1] + history[1:-1:2] + history[-1:]
-    state.update(
-        status=status, step=step, steps=env.steps, history=history, updated_at=now,
-        wall_time_s=round(state["prior_wall_time_s"] + now - state["attempt_started_at"], 3),
-        **({"loss": loss} if loss is not None else {}),
-        **({"tokens_seen": tokens_seen} if tokens_seen is not None else {}),
-        **({"latest_checkpoint": latest_checkpoint} if latest_checkpoint is not None else {}),
+    state, changed = progress_state(
+        read_json(path), env, step, status, now, loss=loss, tokens_seen=tokens_seen,
+        latest_checkpoint=latest_checkpoint, history_points=_HISTORY_POINTS,
     )  # fmt: skip
-    _write_json(path, state, durable=changed, indent=None)
-    _record_spend(root, env.attempt, now, force=changed, step_time_s=step_time_s)
+    write_json(path, state, durable=changed, indent=None)
+    record_spend(root, env.attempt, now, force=changed, step_time_s=step_time_s)
     return state
-
-
-def _record_spend(root: str, attempt: str, now: float, *, force: bool, step_time_s: float | None) -> None:
-    """Bill this attempt's spend file up to ``now`` (as the operator does when the group ends): only a file
-    the operator opened, never one it closed; never less than it already says."""
-    path = os.path.join(root, SPEND, f"{attempt}.json")
-    try:
-        with open(path) as f:
-            entry = json.load(f)
-    except (FileNotFoundError, ValueError):
-        return
-    if "launched_at" not in entry or entry.get("ended"):
-        return
-    if not force and now - float(entry.get("updated_at") or 0) < _SPEND_WRITE_S:
-        return
-    seconds = max(0.0, now - float(entry["launched_at"]))
-    node_hours = float(entry.get("nodes", 1)) * seconds / 3600
-    entry.update(
-        billed_s=max(float(entry.get("billed_s", 0.0)), round(seconds, 3)),
-        node_hours=max(float(entry.get("node_hours", 0.0)), round(node_hours, 9)),
-        gpu_hours=max(float(entry.get("gpu_hours", 0.0)), round(node_hours * float(entry.get("gpus_per_node", 0)), 9)),
-        dollars=max(float(entry.get("dollars", 0.0)), round(node_hours * float(entry.get("price_per_node_hour", 0)), 9)),
-        updated_at=now,
-        **({"step_time_s": round(step_time_s, 6)} if step_time_s else {}),
-    )  # fmt: skip
-    _write_json(path, entry, durable=False)

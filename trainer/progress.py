@@ -101,8 +101,10 @@ class Progress:
     def update(
         self, *, flush: bool = True, lr: float | None = None, tokens_per_s: float | None = None, **fields
     ) -> None:
-        """Record fields; write the file now unless flush=False and the root is remote. ``lr``, ``tokens_per_s``:
-        the step's learning rate and (at logged steps) throughput, for the curves only."""
+        """Record fields; write the file now unless flush=False and the root is remote.
+
+        ``lr``, ``tokens_per_s``: the step's learning rate and (at logged steps) throughput, for the curves
+        only."""
         if fields.get("latest_checkpoint") and fields["latest_checkpoint"] != self.state.get(
             "latest_checkpoint"
         ):

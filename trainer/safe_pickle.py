@@ -238,8 +238,8 @@ def _safe_fsspec_reader() -> type:
 def safe_reader(step_dir: str, *, remote: bool) -> FileSystemReader:
     """The reader of a step directory: the fsspec one for a remote one (s3://), else the filesystem one."""
     if remote:
-        # its own filesystem instance, as trainer.storage.Storage's: fsspec's cached one keeps the endpoint and
-        # credentials it was made with (a rotated credential, another endpoint in the same process)
+        # its own filesystem instance, as trainer.storage.Storage's: fsspec's cached one keeps the endpoint
+        # and credentials it was made with (a rotated credential, another endpoint in the same process)
         return _safe_fsspec_reader()(step_dir, skip_instance_cache=True)
     return SafeFileSystemReader(step_dir)
 

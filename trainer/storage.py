@@ -24,7 +24,8 @@ _HASH_BLOCK = 8 << 20
 
 
 def new_hasher(algorithm: str):
-    """A hashlib-style object (update/hexdigest) for one of CHECKSUM_ALGORITHMS (xxhash imported on first use)."""
+    """A hashlib-style object (update/hexdigest) for one of CHECKSUM_ALGORITHMS (xxhash imported on first
+    use)."""
     if algorithm == "sha256":
         return hashlib.sha256()
     if algorithm in ("xxh3_128", "xxh3_64"):

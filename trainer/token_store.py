@@ -79,7 +79,8 @@ def describe_tokenizer(identity: dict | None) -> str:
     identity = identity or BYTES_TOKENIZER
     if identity.get("kind") == "bytes":
         return f"bytes (byte-level, vocab {BYTES_VOCAB})"
-    return f"{identity.get('name')} (sha256 {str(identity.get('sha256'))[:12]}, vocab {identity.get('vocab_size')})"
+    sha = str(identity.get("sha256"))[:12]
+    return f"{identity.get('name')} (sha256 {sha}, vocab {identity.get('vocab_size')})"
 
 
 def same_tokenizer(a: dict | None, b: dict | None) -> bool:

@@ -95,7 +95,6 @@ def _validate_one(
     root: CheckpointDir, path: str, previous_step: int | None, sample_tensors: int | None
 ) -> dict:
     storage = root.storage
-    name = path.rstrip("/").rsplit("/", 1)[-1]
     checks: dict = {}
 
     # -- manifest (the same checks the budget task's ledger makes)
@@ -108,8 +107,42 @@ def _validate_one(
     files = manifest["files"]
     if not isinstance(files, dict):
         raise CheckpointInvalid(path, "manifest", MANIFEST, f"files: expected an object, got {files!r}")
+    checks["files"] = {"count": len(files), "bytes": _check_files(storage, path, files, dcp_format)}
 
-    # -- files: presence, size, checksum (the bundled trainer records both for every file; your own may not)
+    if not dcp_format:
+        checks["step_forward"] = _step_forward(path, manifest, previous_step)
+        skipped = f"skipped: format {fmt!r} is not a torch.distributed.checkpoint save"
+        checks["dcp_metadata"] = checks["dcp_objects"] = checks["finite"] = skipped
+        return _report(path, manifest, checks)
+
+    # -- DCP metadata
+    metadata = _dcp_metadata(storage, path, manifest)
+    checks["dcp_metadata"] = {"entries": len(metadata.state_dict_metadata)}
+    checks["dcp_objects"] = {"loaded": _check_objects(storage, path, metadata)}
+
+    # -- progress
+    checks["step_forward"] = _step_forward(path, manifest, previous_step)
+
+    # -- finite tensors
+    checks["finite"] = {"sampled": _check_finite(storage, path, metadata, sample_tensors)}
+    return _report(path, manifest, checks)
+
+
+def _report(path: str, manifest: dict, checks: dict) -> dict:
+    return {
+        "checkpoint": path,
+        "step": manifest["step"],
+        "valid": True,
+        "checks": checks,
+        "tokens_seen": manifest.get("tokens_seen"),
+        "world_size": manifest.get("world_size"),
+    }
+
+
+def _check_files(storage: Storage, path: str, files: dict, dcp_format: bool) -> int:
+    """Presence, size, checksum of every file the manifest lists (the bundled trainer records both for
+    every file; your own may not); returns the bytes they hold."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
     total = 0
     for file, entry in sorted(files.items()):
         entry = entry if isinstance(entry, dict) else {}
@@ -140,22 +173,11 @@ def _validate_one(
                     f"{algorithm} {actual[:16]}..., the manifest says {str(expected)[:16]}...",
                 )
         total += size
-    checks["files"] = {"count": len(files), "bytes": total}
+    return total
 
-    if not dcp_format:
-        checks["step_forward"] = _step_forward(path, manifest, previous_step)
-        skipped = f"skipped: format {fmt!r} is not a torch.distributed.checkpoint save"
-        checks["dcp_metadata"] = checks["dcp_objects"] = checks["finite"] = skipped
-        return {
-            "checkpoint": path,
-            "step": manifest["step"],
-            "valid": True,
-            "checks": checks,
-            "tokens_seen": manifest.get("tokens_seen"),
-            "world_size": manifest.get("world_size"),
-        }
 
-    # -- DCP metadata
+def _dcp_metadata(storage: Storage, path: str, manifest: dict):
+    """DCP's index of the step directory, loaded safely; every file it references must be in the manifest."""
     from trainer.checkpoint_reader import storage_reader  # torch from here on
     from trainer.safe_pickle import UnsafeCheckpoint
 
@@ -171,22 +193,7 @@ def _validate_one(
     unlisted = sorted(referenced - set(manifest["files"]))
     if unlisted:
         raise CheckpointInvalid(path, "dcp_metadata", unlisted[0], "holds tensors but is not in the manifest")
-    checks["dcp_metadata"] = {"entries": len(metadata.state_dict_metadata)}
-    checks["dcp_objects"] = {"loaded": _check_objects(storage, path, metadata)}
-
-    # -- progress
-    checks["step_forward"] = _step_forward(path, manifest, previous_step)
-
-    # -- finite tensors
-    checks["finite"] = {"sampled": _check_finite(storage, path, metadata, sample_tensors)}
-    return {
-        "checkpoint": path,
-        "step": manifest["step"],
-        "valid": True,
-        "checks": checks,
-        "tokens_seen": manifest.get("tokens_seen"),
-        "world_size": manifest.get("world_size"),
-    }
+    return metadata
 
 
 def _step_forward(path: str, manifest: dict, previous_step: int | None) -> dict | str:

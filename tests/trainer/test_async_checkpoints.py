@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.trainer.conftest import FAST, FAST_DEFAULTS, run_trainer
+from trainer.testing.faults import activate as activate_faults
 
 
 def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_dir, tmp_path):
@@ -49,8 +50,9 @@ def test_three_async_saves_in_one_run_and_a_bitwise_resume_from_the_last(data_di
 
 
 def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
-    """Unset (auto), the interval saves of a CPU-only run are synchronous: there the background save takes the
-    training threads' cores and costs more than a sync save (benchmarks/RESULTS.md). On a GPU they are async."""
+    """Unset (auto), the interval saves of a CPU-only run are synchronous: there the background save takes
+    the training threads' cores and costs more than a sync save (benchmarks/RESULTS.md). On a GPU they are
+    async."""
     from trainer.checkpoint import Checkpointer
     from trainer.config import CheckpointConfig
 
@@ -77,12 +79,13 @@ def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
 
 
 def test_a_save_slower_than_the_interval_says_what_it_cost_and_how_to_set_the_interval(data_dir, tmp_path):
-    """Step 2's commit is held 10 s (the test hook), with a save every 2 steps: step 4's save must wait for it.
+    """Step 2's commit is held 10 s (the test hook), with a save every 2 steps: step 4's save must wait for
+    it.
     Each checkpoint event says what the save cost training (cost_s = blocked_s + overlap_s, the overlapped
     steps' slowdown), the save that waited says how long, and the log says that the interval is shorter than
     a save, and which interval is not."""
     args = [*FAST, "--checkpoint-uri", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "--steps", "6"]
-    run = run_trainer(args, data_dir, env={"DTRAIN_TEST_COMMIT_DELAY": "2:10"})
+    run = run_trainer(args, data_dir, env=activate_faults({"DTRAIN_TEST_COMMIT_DELAY": "2:10"}))
     assert run.returncode == 0, run
     saves = {e["step"]: e for e in run.of("checkpoint")}
     assert sorted(saves) == [2, 4, 6], run

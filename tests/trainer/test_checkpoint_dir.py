@@ -37,7 +37,8 @@ class Root:
     def save(
         self, step: int, *, commit: bool = True, cost: dict | None = None, job: str | None = None
     ) -> None:
-        """A step directory with its shard files; its manifest only if ``commit`` (else: an interrupted save)."""
+        """A step directory with its shard files; its manifest only if ``commit`` (else: an interrupted
+        save)."""
         name = step_dir_name(step)
         self.put(f"{name}/.metadata", b"meta")
         self.put(f"{name}/__0_0.distcp", b"shard")

@@ -17,6 +17,8 @@ import time
 import pytest
 import torch
 
+from trainer.testing.faults import activate as activate_faults
+
 from conftest import (
     FAST,
     REPO,
@@ -110,7 +112,7 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes
         "checkpoint.keep=2",
     ]
     # The test hook holds rank 0 after the files of step 4 are written, before its manifest.
-    env = {**trainer_env(data_dir), "DTRAIN_TEST_COMMIT_DELAY": "4:300"}
+    env = activate_faults({**trainer_env(data_dir), "DTRAIN_TEST_COMMIT_DELAY": "4:300"})
     stderr = tempfile.NamedTemporaryFile(mode="w+", delete=False)
     proc = subprocess.Popen(
         trainer_cmd(args, 2),
@@ -280,7 +282,10 @@ def test_checkpoint_validation_operator_reports_falls_back_and_raises_naming_the
 
 
 def test_the_validation_module_imports_no_torch():
-    code = "import sys, trainer.validate, airflow_dtrain.operators.checkpoint_validation; print('torch' in sys.modules)"
+    code = (
+        "import sys, trainer.validate, airflow_dtrain.operators.checkpoint_validation; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -325,8 +330,8 @@ def test_evaluate_exports_only_a_checkpoint_whose_loss_beats_the_one_it_is_given
     from trainer.evaluate import main
 
     monkeypatch.setenv("DTRAIN_DATA_DIR", data_dir)
-    args = ["--checkpoint-uri", str(reference), "--batches", "1", "--batch-size", "2", "--out", str(tmp_path / "e.json"),
-            "--export-to", str(tmp_path / "registry")]  # fmt: skip
+    args = ["--checkpoint-uri", str(reference), "--batches", "1", "--batch-size", "2",
+            "--out", str(tmp_path / "e.json"), "--export-to", str(tmp_path / "registry")]  # fmt: skip
     assert main([*args, "--export-if-below", "0.0"]) == 0  # no loss is below 0: the best so far stays
     result = json.loads((tmp_path / "e.json").read_text())
     assert result["step"] == 8 and result["loss"] > 0 and result["export"] is None
@@ -365,7 +370,8 @@ def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention
     ckpt_copy, data_dir, tmp_path, monkeypatch
 ):
     """A job continued over several runs is evaluated once per checkpoint, not once per run: --all with --out
-    reuses the held-out loss of a checkpoint evaluated before as it is committed now, with the same batches."""
+    reuses the held-out loss of a checkpoint evaluated before as it is committed now, with the same
+    batches."""
     import trainer.evaluate as ev
 
     monkeypatch.setenv("DTRAIN_DATA_DIR", data_dir)
@@ -395,7 +401,8 @@ def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention
     assert ev.main(args) == 0 and loaded == [8], "the latest is evaluated, the others reused"
     assert json.loads(out.read_text())["eval_curve"] == first["eval_curve"]
 
-    # Retention deletes step 2; step 4 is written again (a resume rewound past it); other batches change everything.
+    # Retention deletes step 2; step 4 is written again (a resume rewound past it); other batches change
+    # everything.
     shutil.rmtree(ckpt_copy / "step-00000002")
     manifest = read_json(ckpt_copy / "step-00000004" / "manifest.json")
     (ckpt_copy / "step-00000004" / "manifest.json").write_text(

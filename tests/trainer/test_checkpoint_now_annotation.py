@@ -56,7 +56,8 @@ def test_a_new_annotation_value_reaches_every_worker_once(tmp_path):
     )
     env = {**os.environ, "DTRAIN_REQUESTS_FILE": str(annotations), "PYTHONPATH": str(REPO)}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", str(worker), str(tmp_path)],
+        [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", str(worker),
+         str(tmp_path)],
         env=env, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     counts = lambda: [(tmp_path / f"rank{r}").read_text() if (tmp_path / f"rank{r}").exists() else None  # noqa: E731

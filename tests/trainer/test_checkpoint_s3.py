@@ -119,7 +119,8 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
         float(g.split(":")[1].split("|")[0]) for g in _gauges(statsd) if g.startswith("dtrain.cost.dollars:")
     ]
     # live spend, as the budget counts it: from what the first attempt spent (up to its exit, past its
-    # checkpoint) it grows; the last one is sent after the final commit, just before the spend file's last write
+    # checkpoint) it grows; the last one is sent after the final commit, just before the spend file's last
+    # write
     assert dollars == sorted(dollars) and spot.total_dollars < dollars[0]
     assert (
         dollars[-1] == pytest.approx(ledger.total_dollars, rel=0.05) and dollars[-1] <= ledger.total_dollars
@@ -151,13 +152,14 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
 
     from conftest import REPO, trainer_env
 
-    # It exports the checkpoint it evaluated when its loss beats the registry's best (here there is none), to a
-    # registry on S3, in the same process (what EvaluateCheckpointOperator runs): uploaded, config.json last.
+    # It exports the checkpoint it evaluated when its loss beats the registry's best (here there is none), to
+    # a registry on S3, in the same process (what EvaluateCheckpointOperator runs): uploaded, config.json
+    # last.
     transformers = pytest.importorskip("transformers")
     evaluate = [sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", uri, "--batches", "2", "--all",
                 "--out", f"{uri}/evals/latest.json", "--report", f"{uri}/report.png"]  # fmt: skip
-    out = subprocess.run([*evaluate, "--export-to", f"s3://{BUCKET}/registry/r1"], cwd=REPO, env=trainer_env(data_dir),
-                         capture_output=True, text=True, timeout=240)  # fmt: skip
+    out = subprocess.run([*evaluate, "--export-to", f"s3://{BUCKET}/registry/r1"], cwd=REPO,
+                         env=trainer_env(data_dir), capture_output=True, text=True, timeout=240)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     fs.invalidate_cache()  # this s3fs instance listed the prefix before the files existed
     with fs.open(f"{BUCKET}/runs/r1/evals/latest.json") as f:

@@ -1,9 +1,9 @@
 """A checkpoint the storage refuses (a full disk) stops the run clearly: exit 74, one line naming the
 path and the cause, the partial step directory removed, the older checkpoints intact and resumable.
 
-Two ways to fill the disk: the test hook (DTRAIN_TEST_ENOSPC_AT_STEP, a writer that fails with ENOSPC
-part-way through a shard) and, where this process may mount one, a real tmpfs too small for the
-next checkpoint."""
+Two ways to fill the disk: the test hook (DTRAIN_TEST_ENOSPC_AT_STEP through trainer/testing/faults.py, a
+writer that fails with ENOSPC part-way through a shard) and, where this process may mount one, a real tmpfs
+too small for the next checkpoint."""
 
 import shutil
 import subprocess
@@ -13,6 +13,7 @@ from conftest import FAST, run_trainer
 
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import STORAGE_EXIT_CODE
+from trainer.testing.faults import activate as activate_faults
 from trainer.validate import validate_checkpoint
 
 
@@ -42,7 +43,7 @@ def test_a_full_disk_exits_74_naming_the_path_and_the_older_checkpoints_resume(
     ]
     failed_step = int(at.split(":")[0])
 
-    run = run_trainer(args, data_dir, nproc=nproc, env={"DTRAIN_TEST_ENOSPC_AT_STEP": at})
+    run = run_trainer(args, data_dir, nproc=nproc, env=activate_faults({"DTRAIN_TEST_ENOSPC_AT_STEP": at}))
 
     assert run.returncode == STORAGE_EXIT_CODE, run
     step_dir = ckpt / f"step-{failed_step:08d}"

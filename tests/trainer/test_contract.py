@@ -1,5 +1,6 @@
-"""trainer/contract.py, the helpers of a training program of your own: what they write is what the operator,
-the ledger and CheckpointValidationOperator read; and the copy of the layout they keep agrees with the house's."""
+"""trainer/contract.py, the helpers of a training program of your own: what they write is what the
+operator, the ledger and CheckpointValidationOperator read; and the copy of the layout they keep agrees
+with the house's."""
 
 from __future__ import annotations
 
@@ -59,11 +60,14 @@ def test_the_copied_layout_and_exit_codes_are_the_houses():
 
 
 def test_the_contract_imports_nothing_but_the_standard_library(tmp_path):
-    """Copied next to a program, it works without this package or any other (no site-packages at all)."""
-    (tmp_path / "contract.py").write_text((REPO / "trainer" / "contract.py").read_text())
+    """Copied next to a program (with contract_files.py, its file side), it works without this package or any
+    other (no site-packages at all)."""
+    for name in ("contract.py", "contract_files.py"):
+        (tmp_path / name).write_text((REPO / "trainer" / name).read_text())
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import contract; "
-        f"print(contract.latest_checkpoint({str(tmp_path)!r}), contract.job_env({{'DTRAIN_STEPS': '3'}}).steps)"
+        f"print(contract.latest_checkpoint({str(tmp_path)!r}), "
+        "contract.job_env({'DTRAIN_STEPS': '3'}).steps)"
     )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -72,7 +76,8 @@ def test_the_contract_imports_nothing_but_the_standard_library(tmp_path):
 
 def test_job_env_reads_what_the_operator_sets_and_names_a_bad_variable(tmp_path):
     env = job_env({"DTRAIN_CHECKPOINT_URI": "/ckpt", "DTRAIN_JOB": "llm", "DTRAIN_STEPS": "500",
-                   "DTRAIN_CHECKPOINT_EVERY": "50", "DTRAIN_GRACE_PERIOD_S": "240", "DTRAIN_GROUP_NAME": "g-r1",
+                   "DTRAIN_CHECKPOINT_EVERY": "50", "DTRAIN_GRACE_PERIOD_S": "240",
+                   "DTRAIN_GROUP_NAME": "g-r1",
                    "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})  # fmt: skip
     assert env == JobEnv(
         checkpoint_uri="/ckpt",
@@ -188,7 +193,8 @@ def test_progress_bills_the_attempts_spend_file_the_operator_opened_and_never_a_
     env = _env(tmp_path, attempt="job-r0")
     root = CheckpointDir(env.checkpoint_uri)
     launched = time.time() - 3600  # an hour ago, on 2 nodes at $1.50/node-hour
-    opened = {"capacity": "spot", "nodes": 2, "price_per_node_hour": 1.5, "gpus_per_node": 8, "launched_at": launched,
+    opened = {"capacity": "spot", "nodes": 2, "price_per_node_hour": 1.5, "gpus_per_node": 8,
+              "launched_at": launched,
               "billed_s": 0.0, "node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0}  # fmt: skip
     root.record_spend("job-r0", opened)
     progress(1, step_time_s=0.25, env=env)
@@ -231,8 +237,8 @@ sys.exit(75)
 
 
 def test_signals_set_flags_instead_of_killing_the_process(tmp_path):
-    out = subprocess.run([sys.executable, "-c", SIGNALS, str(REPO / "trainer")], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", SIGNALS, str(REPO / "trainer")], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
     assert out.returncode == 75, out.stderr  # not killed by SIGUSR1's or SIGTERM's default action
     assert out.stdout.split("\n")[:2] == ["usr1 True True False False", "term True True"]
 
@@ -279,7 +285,8 @@ def test_the_documented_environment_is_the_one_the_launchers_set():
     assert "DTRAIN_SIMULATE_PREEMPTION_AT_STEP" not in agent_env(
         JobSpec.from_arguments(checkpoint_uri="/ckpt")
     )
-    # the statsd tags FSDPTrainOperator puts in the config (the task instance and the job) reach the program too
+    # the statsd tags FSDPTrainOperator puts in the config (the task instance and the job) reach the program
+    # too
     tags = "dag_id:d,run_id:manual__2026-01-01T00:00:00+00:00,task_id:t,map_index:-1,job:llm"
     tagged = agent_env(
         JobSpec.from_arguments(checkpoint_uri="/ckpt", config={"metrics": {"statsd_tags": tags}})

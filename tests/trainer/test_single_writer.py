@@ -16,6 +16,7 @@ from conftest import FAST, REPO, run_trainer, trainer_cmd, trainer_env
 
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import FENCED_EXIT_CODE
+from trainer.testing.faults import activate as activate_faults
 
 
 def _manifests(ckpt: Path) -> dict[int, dict]:
@@ -43,11 +44,13 @@ def test_a_second_writer_fences_the_first_off_and_finishes(data_dir, tmp_path):
     # A (2 ranks under torchrun): rank 0 is held after the files of step 3 are written, before its manifest
     # (until B has finished, at most 120 s: B starts, takes its lease and saves its own step 3 meanwhile).
     release = tmp_path / "release-a"
-    env_a = {
-        **trainer_env(data_dir),
-        "DTRAIN_TEST_COMMIT_DELAY": f"3:120:{release}",
-        "DTRAIN_GROUP_NAME": "group-a",
-    }
+    env_a = activate_faults(
+        {
+            **trainer_env(data_dir),
+            "DTRAIN_TEST_COMMIT_DELAY": f"3:120:{release}",
+            "DTRAIN_GROUP_NAME": "group-a",
+        }
+    )
     stderr_a = tempfile.NamedTemporaryFile(mode="w+", delete=False)
     a = subprocess.Popen(
         trainer_cmd(args, 2),

@@ -1,0 +1,75 @@
+"""Checkpoint faults a test injects, driven by the environment: activate with
+``DTRAIN_FAULTS=trainer.testing.faults:from_env`` (the seam: trainer/checkpointing/faults.py).
+
+``DTRAIN_TEST_COMMIT_DELAY="STEP:SECONDS[:FILE]"`` makes rank 0 sleep after the files of that step are
+written (and uploaded) but before its manifest, so that a test can kill -9 a group in the middle of a save
+deterministically; with FILE, only until FILE exists.
+
+``DTRAIN_TEST_ENOSPC_AT_STEP="STEP[:RANK]"`` (rank 0 by default) makes that rank's storage writer fail the
+write of that step with ENOSPC after leaving a partial shard file behind, as a disk filling up mid-save does.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from trainer.checkpointing.faults import FAULTS_ENV, Faults
+
+COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
+ENOSPC_ENV = "DTRAIN_TEST_ENOSPC_AT_STEP"
+FROM_ENV = f"{__name__}:from_env"
+"""What ``DTRAIN_FAULTS`` is set to for these faults."""
+
+
+def activate(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with these faults switched on: for the environment of a trainer subprocess."""
+    return {**env, FAULTS_ENV: FROM_ENV}
+
+
+class NoSpaceWriter(dcp.FileSystemWriter):
+    """A disk that fills up part-way through a shard (``DTRAIN_TEST_ENOSPC_AT_STEP``)."""
+
+    def write_data(self, plan, planner):
+        name = os.path.join(str(self.path), f"__{dist.get_rank() if dist.is_initialized() else 0}_0.distcp")
+        with open(name, "wb") as f:
+            f.write(b"\0" * 4096)  # what got written before the disk was full
+        print(f"[trainer] test hook: {ENOSPC_ENV}: {name} fails with ENOSPC", file=sys.stderr, flush=True)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+
+
+class EnvFaults(Faults):
+    """The faults the DTRAIN_TEST_* variables ask for (read at each hook, so a test may change them)."""
+
+    def storage_writer(self, write_dir: str, step: int, rank: int, thread_count: int):
+        spec = os.environ.get(ENOSPC_ENV, "")
+        at, _, at_rank = spec.partition(":")
+        if spec and int(at) == step and int(at_rank or 0) == rank:
+            return NoSpaceWriter(write_dir, thread_count=thread_count)
+        return None
+
+    def before_manifest(self, step: int, rank: int) -> None:
+        spec = os.environ.get(COMMIT_DELAY_ENV, "")
+        if rank != 0 or not spec:
+            return
+        at, _, rest = spec.partition(":")
+        seconds, _, release = rest.partition(":")
+        if int(at) != step:
+            return
+        print(
+            f"[trainer] test hook: step {step} files written, sleeping {seconds}s before the manifest",
+            file=sys.stderr,
+            flush=True,
+        )
+        until = time.monotonic() + float(seconds)
+        while time.monotonic() < until and not (release and os.path.exists(release)):
+            time.sleep(min(0.2, max(0.0, until - time.monotonic())))
+
+
+def from_env() -> EnvFaults:
+    return EnvFaults()
