@@ -1,4 +1,5 @@
-"""``python -m trainer [--config FILE] [--steps N] [--checkpoint-uri U] [--optim-lr X] ... [--set dotted.key=value ...]``
+"""``python -m trainer [--config FILE] [--steps N] [--checkpoint-uri U] [--optim-lr X] ...
+[--set dotted.key=value ...]``
 
 Every field of the training config is a flag, named after its dotted path
 (``checkpoint.every`` is ``--checkpoint-every``; the operator's short names such as
@@ -49,13 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv)
         from trainer.train import train, world_size_from_env  # torch: only once the config is good
+        from trainer.testing_hooks import step_hook  # None unless a test's environment asks
 
         cfg.validate_world_size(world_size_from_env())
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     try:
-        return train(cfg)
+        return train(cfg, step_hook=step_hook())
     except ConfigError as e:  # found while starting up (e.g. data.dataset is not a token directory)
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -71,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         if not peer_lost(e):
             raise
         # A collective timed out or its connection broke: a peer hung or vanished (a node lost, a rank
-        # killed on another node). Nothing of this step was saved; the group resumes from its last checkpoint.
-        print(f"[trainer] lost a peer, exit {WORKER_LOST_EXIT_CODE}: {type(e).__name__}: {str(e).splitlines()[0]}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        # killed on another node). Nothing of this step was saved; the group resumes from its last
+        # checkpoint.
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        print(f"[trainer] lost a peer, exit {WORKER_LOST_EXIT_CODE}: {why}", file=sys.stderr, flush=True)
         return WORKER_LOST_EXIT_CODE
 
 

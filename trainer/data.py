@@ -200,7 +200,8 @@ class TrainBatches:
         return self.tokens[start : start + self.seq_len + 1]
 
     def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One optimizer step's micro-batches for this rank: [(inputs, targets)], each (micro_batch, seq_len) int64."""
+        """One optimizer step's micro-batches for this rank: [(inputs, targets)], each (micro_batch, seq_len)
+        int64."""
         first = self.samples_seen + self.rank * self.per_rank
         rows = np.stack([self._sequence(first + j) for j in range(self.per_rank)]).astype(np.int64)
         self.samples_seen += self.global_batch_size
@@ -215,7 +216,8 @@ class TrainBatches:
 
 
 def eval_batches(directory: str, seq_len: int, batch_size: int, max_batches: int, device: torch.device):
-    """Consecutive non-overlapping sequences of the held-out split: (inputs, targets), each (batch, seq_len)."""
+    """Consecutive non-overlapping sequences of the held-out split: (inputs, targets), each (batch,
+    seq_len)."""
     tokens, _ = open_split(directory, "val")
     n_seq = (len(tokens) - 1) // seq_len
     if n_seq < 1:

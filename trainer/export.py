@@ -1,10 +1,11 @@
 """``python -m trainer.export --checkpoint-uri URI --out DIR [--dtype bfloat16]``
 
 Write a committed checkpoint as a Hugging Face model directory (config.json +
-safetensors + the training data's tokenizer files, when it had a tokenizer) that ``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads. URI is
-a checkpoint root (its latest committed checkpoint) or a step directory, and DIR a
-directory, each local or s3:// (an s3:// export is written to a local temporary
-directory, then uploaded, config.json last: a reader that finds it finds the weights).
+safetensors + the training data's tokenizer files, when it had a tokenizer) that
+``transformers.LlamaForCausalLM.from_pretrained(DIR)`` loads. URI is a checkpoint root (its
+latest committed checkpoint) or a step directory, and DIR a directory, each local or s3:// (an
+s3:// export is written to a local temporary directory, then uploaded, config.json last: a
+reader that finds it finds the weights).
 Our parameter names are HF's without its "model." prefix and rotary embeddings use its
 rotate-half layout (see trainer/model.py), so the weights map one to one.
 
@@ -84,7 +85,8 @@ def hf_config(args: ModelArgs, seq_len: int, dtype: torch.dtype) -> dict:
 
 
 def load_weights(uri: str) -> tuple[dict[str, torch.Tensor], dict, str]:
-    """(full model tensors by our names, manifest, step directory) of a committed checkpoint, any world size."""
+    """(full model tensors by our names, manifest, step directory) of a committed checkpoint, any world
+    size."""
     root, step_dir, manifest = CheckpointDir.resolve(uri)
     metadata = storage_reader(root.storage, step_dir).read_metadata()
     state = {

@@ -95,12 +95,18 @@ def model_args_from_config(config: dict, max_seq_len: int, uri: str = "") -> Mod
             for k in LLAMA3_SCALING_KEYS
         }
     return ModelArgs(
-        dim=dim, n_layers=int(config["num_hidden_layers"]), n_heads=heads,
-        n_kv_heads=int(config.get("num_key_value_heads") or heads), ffn_dim=int(config["intermediate_size"]),
-        vocab_size=int(config["vocab_size"]), norm_eps=float(config.get("rms_norm_eps", 1e-5)), rope_theta=theta,
-        rope_scaling=rope_scaling, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        dim=dim,
+        n_layers=int(config["num_hidden_layers"]),
+        n_heads=heads,
+        n_kv_heads=int(config.get("num_key_value_heads") or heads),
+        ffn_dim=int(config["intermediate_size"]),
+        vocab_size=int(config["vocab_size"]),
+        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        rope_theta=theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_seq_len=max_seq_len,
-    )  # fmt: skip
+    )
 
 
 def local_copy(uri: str, cache_root: str) -> str:
@@ -132,7 +138,8 @@ def local_copy(uri: str, cache_root: str) -> str:
 
 
 def model_args(cfg: TrainConfig, directory: str | None = None) -> ModelArgs:
-    """The model's shape: the init_from model's config.json (read from ``directory``, its local copy), else the flavour."""
+    """The model's shape: the init_from model's config.json (read from ``directory``, its local copy), else
+    the flavour."""
     if cfg.model.init_from:
         return model_args_from_config(
             read_config(directory or cfg.model.init_from), cfg.data.seq_len, cfg.model.init_from

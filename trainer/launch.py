@@ -40,7 +40,8 @@ from trainer.config import (
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
 REQUESTS_FILE_ENV = "DTRAIN_REQUESTS_FILE"
-"""The pod's annotations as the kubelet writes them (a downward-API volume): where "checkpoint now" arrives."""
+"""The pod's annotations as the kubelet writes them (a downward-API volume): where "checkpoint now"
+arrives."""
 CHECKPOINT_NOW_ANNOTATION = "dtrain.io/checkpoint-now"
 
 
@@ -120,14 +121,16 @@ def _exit_codes(ctx: PContext) -> dict[int, int | None]:
 
 
 def watch_the_agents_close() -> bool:
-    """Wrap ``PContext.close``, which the agent calls to stop its workers (SIGTERM, the shutdown timeout, SIGKILL):
+    """Wrap ``PContext.close``, which the agent calls to stop its workers (SIGTERM, the shutdown timeout,
+    SIGKILL):
 
-    * on a torch whose agent has no shutdown timeout, wait ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds before the
-      SIGKILL. torch 2.11's ``LocalElasticAgent`` closes its workers with a fixed 30 s and reads no variable;
-      seen on an H200: a 1B model's preemption save (28 s, after the async save in flight) finished 2 s before
-      that SIGKILL, and a larger model's would be killed mid-save, losing every step since the last checkpoint.
-      Here the default of ``PContext.close`` becomes the variable's value (every call in that torch leaves it to
-      the default); a torch whose agent takes a ``shutdown_timeout`` reads the variable itself;
+    * on a torch whose agent has no shutdown timeout, wait ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds before
+      the SIGKILL. torch 2.11's ``LocalElasticAgent`` closes its workers with a fixed 30 s and reads no
+      variable; seen on an H200: a 1B model's preemption save (28 s, after the async save in flight)
+      finished 2 s before that SIGKILL, and a larger model's would be killed mid-save, losing every step
+      since the last checkpoint. Here the default of ``PContext.close`` becomes the variable's value (every
+      call in that torch leaves it to the default); a torch whose agent takes a ``shutdown_timeout`` reads
+      the variable itself;
     * on every torch, note the workers it had to SIGKILL, so that the node's last line says their save was cut
       short instead of "told to save" alone.
 
@@ -151,59 +154,63 @@ def watch_the_agents_close() -> bool:
     return patch_timeout
 
 
+def _failed_workers(e: ChildFailedError) -> tuple[int, str]:
+    """The node's exit code and its reason when workers failed: the workers' own agreed code where they
+    agree (fenced, storage, preempted, budget), a lost worker (resumable), else 1."""
+    codes = sorted({f.exitcode for f in e.failures.values()})
+    if FENCED_EXIT_CODE in codes:
+        return (
+            FENCED_EXIT_CODE,
+            f"another group took over the checkpoint directory (exit codes {codes})",
+        )
+    elif STORAGE_EXIT_CODE in codes:
+        return (
+            STORAGE_EXIT_CODE,
+            (
+                f"a checkpoint could not be written (full disk or no permission; exit "
+                f"codes {codes}): see the [trainer] line above"
+            ),
+        )
+    elif codes == [PREEMPTED_EXIT_CODE]:
+        return (
+            PREEMPTED_EXIT_CODE,
+            f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)",
+        )
+    elif codes == [BUDGET_EXIT_CODE]:
+        return BUDGET_EXIT_CODE, "every worker stopped at the job's dollar cap (checkpoint saved)"
+    elif (first := e.get_first_failure()[1].exitcode) < 0 or first == _KILLED:
+        # The first worker to go was killed (the OOM killer, kill -9); its peers then failed in a
+        # collective or were stopped. Nothing was saved for this step: the group resumes from its
+        # last committed checkpoint. (A worker that failed by itself exits >= 1 first.)
+        return (
+            WORKER_LOST_EXIT_CODE,
+            f"a worker was killed by a signal (exit code {first}; all: {codes}); resumable",
+        )
+    elif WORKER_LOST_EXIT_CODE in codes:
+        return (
+            WORKER_LOST_EXIT_CODE,
+            f"a worker lost a peer (a collective timed out or broke; all: {codes}); resumable",
+        )
+    else:
+        return 1, f"workers failed with exit codes {codes}"
+
+
 def main(argv: list[str] | None = None) -> int:
     # torchrun SIGKILLs workers this long after forwarding SIGTERM (its default is 30 s):
     # leave them the time a preemption save needs; the platform's own grace period is the real bound.
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, "120")
     watch_the_agents_close()
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if os.environ.get(
-        REQUESTS_FILE_ENV
-    ):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec needed
+    if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec
         watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])
     try:
         run(args)
         code, why = 0, "all workers succeeded"
     except ChildFailedError as e:
-        codes = sorted({f.exitcode for f in e.failures.values()})
-        if FENCED_EXIT_CODE in codes:
-            code, why = (
-                FENCED_EXIT_CODE,
-                f"another group took over the checkpoint directory (exit codes {codes})",
-            )
-        elif STORAGE_EXIT_CODE in codes:
-            code, why = (
-                STORAGE_EXIT_CODE,
-                (
-                    f"a checkpoint could not be written (full disk or no permission; exit "
-                    f"codes {codes}): see the [trainer] line above"
-                ),
-            )
-        elif codes == [PREEMPTED_EXIT_CODE]:
-            code, why = (
-                PREEMPTED_EXIT_CODE,
-                f"every failed worker exited {PREEMPTED_EXIT_CODE} (preempted, checkpoint saved)",
-            )
-        elif codes == [BUDGET_EXIT_CODE]:
-            code, why = BUDGET_EXIT_CODE, "every worker stopped at the job's dollar cap (checkpoint saved)"
-        elif (first := e.get_first_failure()[1].exitcode) < 0 or first == _KILLED:
-            # The first worker to go was killed (the OOM killer, kill -9); its peers then failed in a
-            # collective or were stopped. Nothing was saved for this step: the group resumes from its
-            # last committed checkpoint. (A worker that failed by itself exits >= 1 first.)
-            code, why = (
-                WORKER_LOST_EXIT_CODE,
-                f"a worker was killed by a signal (exit code {first}; all: {codes}); resumable",
-            )
-        elif WORKER_LOST_EXIT_CODE in codes:
-            code, why = (
-                WORKER_LOST_EXIT_CODE,
-                f"a worker lost a peer (a collective timed out or broke; all: {codes}); resumable",
-            )
-        else:
-            code, why = 1, f"workers failed with exit codes {codes}"
+        code, why = _failed_workers(e)
     except SignalException as e:
-        # Still a preemption (75, relaunched, not a failure), whatever the save became: the relaunch resumes from the
-        # last committed checkpoint, and a save cut short was never committed.
+        # Still a preemption (75, relaunched, not a failure), whatever the save became: the relaunch resumes
+        # from the last committed checkpoint, and a save cut short was never committed.
         code, why = PREEMPTED_EXIT_CODE, f"agent received {e.sigval.name}; workers were told to save and stop"
         if _forced:
             why += (

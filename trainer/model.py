@@ -44,7 +44,8 @@ class ModelArgs:
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "ModelArgs":
-        """The shape a checkpoint was trained with: its recorded ``model_args``, or (older manifests) its flavour."""
+        """The shape a checkpoint was trained with: its recorded ``model_args``, or (older manifests) its
+        flavour."""
         if manifest.get("model_args"):
             return cls(**manifest["model_args"])
         return cls.from_flavor(manifest["flavor"], manifest["config"]["data"]["seq_len"])

@@ -129,28 +129,43 @@ def safetensors_dtypes(directory: Path) -> set[str]:
         return {f.get_slice(name).get_dtype() for name in f.keys()}
 
 
+def _check_a_float32_export(ckpt, out, tmp_path, source_config: dict, dtype_key: str) -> None:
+    """Asked for float32: the dtype is the only field that differs, and the weights take twice the room."""
+    fp32 = export(str(ckpt), str(tmp_path / "export-fp32"), torch.float32)
+    fp32_config = read(tmp_path / "export-fp32" / "config.json")
+    assert differing(fp32_config, source_config) == {*CHANGED_BY_TRAINING, dtype_key}
+    assert fp32_config[dtype_key] == "float32"
+    assert safetensors_dtypes(tmp_path / "export-fp32") == {"F32"} and "not_kept" not in fp32
+    bf16_bytes, fp32_bytes = (
+        os.path.getsize(d / "model.safetensors") for d in (out, tmp_path / "export-fp32")
+    )
+    assert bf16_bytes < 0.55 * fp32_bytes, (bf16_bytes, fp32_bytes)
+
+
+def _check_generation_stops_at_eos(out) -> None:
+    """generate stops at EOS because the exported generation config says which id that is: the same greedy
+    decoding told another id runs to max_new_tokens, producing EOS every time."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+    assert model.generation_config.eos_token_id == EOS_ID
+    prompt = tokenizer("the small cat", return_tensors="pt")
+    stopped = model.generate(**prompt, max_new_tokens=20, do_sample=False)
+    assert stopped.shape[1] == prompt["input_ids"].shape[1] + 1 and stopped[0, -1] == EOS_ID, stopped
+    unstopped = model.generate(**prompt, max_new_tokens=20, do_sample=False, eos_token_id=PAD_ID)
+    assert unstopped.shape[1] == prompt["input_ids"].shape[1] + 20 and set(unstopped[0, -20:].tolist()) == {
+        EOS_ID
+    }
+
+
 def test_the_export_gives_the_source_back_with_only_its_weights_trained(source, corpus, data_dir, tmp_path):
     src = tmp_path / "my-llama"  # a copy: deleted below, as a user's source may be after training
     shutil.copytree(source, src)
     store = tmp_path / "store"
     prepare([corpus], str(store), tokenizer=str(src), log=lambda m: None)
     ckpt = tmp_path / "ckpt"
-    run = run_trainer(
-        [
-            *FAST,
-            "--steps",
-            "2",
-            "--checkpoint-uri",
-            str(ckpt),
-            "--set",
-            f"data.seq_len={SEQ}",
-            "--set",
-            f"model.init_from={src}",
-            "--set",
-            f"data.dataset={store}",
-        ],
-        data_dir,
-    )
+    sets = [f"data.seq_len={SEQ}", f"model.init_from={src}", f"data.dataset={store}"]
+    args = [*FAST, "--steps", "2", "--checkpoint-uri", str(ckpt), *(a for v in sets for a in ("--set", v))]
+    run = run_trainer(args, data_dir)
     assert run.returncode == 0, run  # the model's own tokenizer's data is accepted
     source_config, source_generation = read(src / "config.json"), read(src / "generation_config.json")
     dtype_key = "dtype" if "dtype" in source_config else "torch_dtype"
@@ -178,29 +193,8 @@ def test_the_export_gives_the_source_back_with_only_its_weights_trained(source, 
     assert read(out / "generation_config.json") == source_generation
     assert safetensors_dtypes(out) == {"BF16"}  # as the source, not float32 as trained
 
-    # Asked for float32: the dtype is the only field that differs, and the weights take twice the room.
-    fp32 = export(str(ckpt), str(tmp_path / "export-fp32"), torch.float32)
-    fp32_config = read(tmp_path / "export-fp32" / "config.json")
-    assert differing(fp32_config, source_config) == {*CHANGED_BY_TRAINING, dtype_key}
-    assert fp32_config[dtype_key] == "float32"
-    assert safetensors_dtypes(tmp_path / "export-fp32") == {"F32"} and "not_kept" not in fp32
-    bf16_bytes, fp32_bytes = (
-        os.path.getsize(d / "model.safetensors") for d in (out, tmp_path / "export-fp32")
-    )
-    assert bf16_bytes < 0.55 * fp32_bytes, (bf16_bytes, fp32_bytes)
-
-    # generate stops at EOS because the exported generation config says which id that is: the same greedy
-    # decoding told another id runs to max_new_tokens, producing EOS every time.
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
-    assert model.generation_config.eos_token_id == EOS_ID
-    prompt = tokenizer("the small cat", return_tensors="pt")
-    stopped = model.generate(**prompt, max_new_tokens=20, do_sample=False)
-    assert stopped.shape[1] == prompt["input_ids"].shape[1] + 1 and stopped[0, -1] == EOS_ID, stopped
-    unstopped = model.generate(**prompt, max_new_tokens=20, do_sample=False, eos_token_id=PAD_ID)
-    assert unstopped.shape[1] == prompt["input_ids"].shape[1] + 20 and set(unstopped[0, -20:].tolist()) == {
-        EOS_ID
-    }
+    _check_a_float32_export(ckpt, out, tmp_path, source_config, dtype_key)
+    _check_generation_stops_at_eos(out)
 
     # The source directory is gone: the manifest's record of it keeps the export whole.
     shutil.rmtree(src)
@@ -316,7 +310,8 @@ def test_a_store_of_another_tokenizer_is_refused_naming_both(source, corpus, dat
     assert run.returncode == 2, run
     assert not run.of("train"), run
     assert (
-        f"data.dataset: {str(store)!r} was prepared with tokenizer other-tok (sha256 {theirs['sha256'][:12]}, "
-        f"vocab {theirs['vocab_size']}), but model.init_from {str(source)!r} has tokenizer my-llama (sha256 "
+        f"data.dataset: {str(store)!r} was prepared with tokenizer other-tok "
+        f"(sha256 {theirs['sha256'][:12]}, vocab {theirs['vocab_size']}), "
+        f"but model.init_from {str(source)!r} has tokenizer my-llama (sha256 "
         f"{ours['sha256'][:12]}, vocab {ours['vocab_size']})"
     ) in run.stderr, run

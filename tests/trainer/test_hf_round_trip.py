@@ -62,7 +62,8 @@ def test_a_model_continued_on_its_tokenizers_data_exports_with_the_tokenizer_and
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
     prompt = tokenizer("the small cat", return_tensors="pt")
-    # min_new_tokens: the export keeps the source's eos_token_id (2, transformers' default), an ordinary token here
+    # min_new_tokens: the export keeps the source's eos_token_id (2, transformers' default), an ordinary
+    # token here
     generated = model.generate(
         **prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=tokenizer.eos_token_id
     )

@@ -120,7 +120,8 @@ def test_two_ranks_start_from_a_sharded_hf_model_with_its_loss_and_export_its_sh
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
     assert model.config.num_key_value_heads == 2
 
-    # The job resumes its own checkpoint; a different model for the same checkpoint is refused, naming both shapes.
+    # The job resumes its own checkpoint; a different model for the same checkpoint is refused, naming both
+    # shapes.
     other = tiny_llama(tmp_path / "other", n_kv_heads=4)
     refused = run_trainer(
         [*FAST, "--steps", "4", "--checkpoint-uri", str(ckpt), "--set", f"model.init_from={other}"], data_dir

@@ -1,6 +1,7 @@
 """A preemption save longer than torchrun's default 30 s is not cut short: the node's agent (python -m
-trainer.launch, real torchrun) waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT between forwarding SIGTERM and its SIGKILL,
-on every supported torch (torch 2.11's agent has no such setting and killed at 30 s: `make test-torch-min`)."""
+trainer.launch, real torchrun) waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT between forwarding SIGTERM and its
+SIGKILL, on every supported torch (torch 2.11's agent has no such setting and killed at 30 s:
+`make test-torch-min`)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ def _preempt(tmp_path: Path, save_s: float, shutdown_timeout_s: int) -> tuple[su
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(save_s=save_s))
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(shutdown_timeout_s)}
+    command = ["-m", "trainer.launch", "--standalone", "--nproc-per-node", "1", str(script), str(tmp_path)]
     agent = subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "1", str(script), str(tmp_path)],
+        [sys.executable, *command],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:

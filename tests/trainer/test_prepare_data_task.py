@@ -86,8 +86,8 @@ def test_a_jsonl_file_with_a_named_field_and_a_wide_vocabulary(tmp_path):
 
 
 def test_bad_inputs_are_refused_naming_the_argument_and_the_value(tmp_path, model_dir, monkeypatch):
-    # a platform whose storage roots allow the whole machine: the preparation step's own refusals (the roots' own
-    # are tests/unit/test_storage_roots.py's)
+    # a platform whose storage roots allow the whole machine: the preparation step's own refusals (the
+    # roots' own are tests/unit/test_storage_roots.py's)
     monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", "/")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"text": "a document."}) + "\n")

@@ -44,7 +44,8 @@ def test_a_resume_keeps_the_history_up_to_its_checkpoint_and_counts_the_lost_ste
     on_disk = read(tmp_path)
     assert [p[0] for p in on_disk["history"]] == list(range(1, 22))  # 21..30 of the lost attempt are gone
     assert on_disk["history"][-1][:3] == [21, -1.0, 3e-4] and on_disk["history"][-1][3] > 1.7e9  # + unix time
-    # the report's markers: where the first attempt ended (it never said completed) and where the second resumed
+    # the report's markers: where the first attempt ended (it never said completed) and where the second
+    # resumed
     assert [(e["kind"], e["step"]) for e in on_disk["events"]] == [("preempted", 30), ("relaunch", 20)]
     second.update(latest_checkpoint="/ckpt/step-00000021", checkpoint_step=21)
     assert read(tmp_path)["events"][-1]["kind"] == "checkpoint" and read(tmp_path)["events"][-1]["step"] == 21

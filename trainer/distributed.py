@@ -1,0 +1,89 @@
+"""The process group a training attempt runs in: joining it (torchrun or one plain process), and the stop
+requests its ranks act on together, at a step boundary."""
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from trainer.config import ParallelConfig
+from trainer.contract import Signals
+from trainer.parallelize import build_mesh
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    mesh: DeviceMesh
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
+    if "RANK" not in os.environ:  # a plain process: become rank 0 of 1
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"  # nccl for the model, gloo for the odd CPU object exchange
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    timeout = timedelta(seconds=(parallel or ParallelConfig()).collective_timeout_s)
+    dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    # One line from every rank, so a group's log shows who joined where.
+    print(
+        f"[trainer] rank {rank}/{world_size} (local rank {local_rank}) on {socket.gethostname()}, "
+        f"device {device}, backend {backend}",
+        file=sys.stderr,
+        flush=True,
+    )
+    mesh = build_mesh(device.type, world_size, parallel or ParallelConfig())
+    if rank == 0 and mesh.ndim > 1:
+        print(
+            f"[trainer] HSDP mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}", file=sys.stderr, flush=True
+        )
+    return Dist(rank, local_rank, world_size, device, mesh)
+
+
+class StopRequests(Signals):
+    """The contract's Signals (trainer/contract.py: SIGTERM/SIGINT: save and exit 75; SIGUSR1: save now,
+    carry on), with the trainer's own reason to stop, the dollar cap (``budget``, set by rank 0), and the
+    agreement every rank acts on: a signal that reached only some ranks (one node's) still stops all.
+
+    Not orphan-aware itself: ``python -m trainer`` calls die_with_agent() first thing.
+    """
+
+    def __init__(self):
+        super().__init__(stop_when_orphaned=False)
+        self.budget = False
+
+    def agree(self) -> tuple[bool, bool, bool]:
+        """(stop, checkpoint now, stop at the budget) as any rank asked; every rank gets the same answer."""
+        # Taken before the collective: a SIGUSR1 that lands while it waits for the other ranks is kept for
+        # the next boundary (clearing the flag after it dropped such a request without a trace).
+        checkpoint_now = self.take_checkpoint_now()
+        # A CPU tensor: gloo carries it even beside NCCL, so this never waits for the GPU.
+        flags = torch.tensor([self.stop, checkpoint_now, self.budget], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), bool(flags[1]), bool(flags[2])
+
+
+def log(d: Dist, message: str) -> None:
+    if d.rank == 0:
+        print(f"[trainer] {message}", file=sys.stderr, flush=True)
