@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from trainer.checkpoint import storage_reader
 from trainer.checkpoint_dir import CheckpointDir, step_dir_name
 from trainer.config import TrainConfig
+from trainer.events import emit
 from trainer.data import default_data_dir, ensure_builtin, eval_batches
 from trainer.eval_report import RunRecord, html_report, plot, put
 from trainer.export import export_weights
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         exported = export_weights(
             weights, manifest, found[step], Storage(args.export_to).path(step_dir_name(step))
         )
-        print(json.dumps({"event": "export", **exported}), flush=True)
+        emit("export", **exported)
     _write_results(args, root, cfg, results, latest, exported)
     return 0
 

@@ -121,7 +121,7 @@ def test_a_text_file_is_a_document_with_its_tail_held_out(tmp_path, small_tok):
 def test_a_text_file_without_newlines_is_read_in_bounded_blocks_cut_between_words(
     tmp_path, small_tok, monkeypatch
 ):
-    import trainer.prepare_data as prep
+    import trainer.prepare_data.readers as prep
 
     monkeypatch.setattr(prep, "BLOCK_BYTES", 64)
     monkeypatch.setattr(prep, "LONG_LINE_BYTES", 256)

@@ -41,10 +41,6 @@ A document's first block is encoded with the tokenizer's special tokens (a BOS i
 post-processor adds, say); the continuation blocks of a long .txt are not.
 """
 
-import sys
-import types
-
-from trainer.prepare_data import readers
 from trainer.prepare_data.cli import main
 from trainer.prepare_data.errors import PrepareError
 from trainer.prepare_data.held_out import HeldBack
@@ -98,17 +94,3 @@ __all__ = [
     "prepare",
     "read_inputs",
 ]
-
-
-class _Package(types.ModuleType):
-    """Setting a reader's knob here (BLOCK_BYTES, LONG_LINE_BYTES, _txt) sets it in
-    trainer.prepare_data.readers, where it is read: tests/trainer/test_token_store.py patches them on this
-    package, as it did when the package was one module. Patching the readers module needs none of this."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in ("BLOCK_BYTES", "LONG_LINE_BYTES", "_txt"):
-            setattr(readers, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
