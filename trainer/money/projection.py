@@ -46,6 +46,9 @@ class RelaunchNeed:
     usd_per_s: float
     steps_left: int
     interval: int
+    step_s: float
+    startup_s: float
+    save_s: float
 
 
 def relaunch_need(
@@ -55,6 +58,7 @@ def relaunch_need(
     every: int,
     step_s: float,
     startup_s: float,
+    save_s: float,
     reserve_s: float,
 ) -> RelaunchNeed:
     """Dollars a relaunch needs: its start-up, one checkpoint interval (``every`` steps, at most what is left;
@@ -62,4 +66,4 @@ def relaunch_need(
     interval = min(every or steps_left, steps_left)
     needed = usd_per_s * (startup_s + interval * step_s + reserve_s)
     to_finish = usd_per_s * (startup_s + steps_left * step_s + reserve_s)
-    return RelaunchNeed(needed, to_finish, usd_per_s, steps_left, interval)
+    return RelaunchNeed(needed, to_finish, usd_per_s, steps_left, interval, step_s, startup_s, save_s)
