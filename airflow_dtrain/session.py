@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
-from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, reprice_deadline
+from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchPrices
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, log_lines
 from trainer.checkpoint_dir import CheckpointDir
@@ -76,7 +76,7 @@ def group_event(status: GroupStatus, tail: list[str], cursor: Any) -> dict[str, 
 
 
 @dataclass
-class GroupWatch:
+class GroupWatch(WatchPrices):
     """Looks at one group, one poll at a time: its state, its new log lines, and when a
     relaunched group trains again (``group.recovery_seconds``). Plain values, so the trigger
     can carry where it left off."""
@@ -106,48 +106,6 @@ class GroupWatch:
             metrics.timing("group.recovery_seconds", time.time() - self.recovering_since, tags=self.tags)
             self.recovering_since = None
         return status, chunk.lines
-
-    def feed_prices(self, *, wait: bool = False) -> None:
-        """Every ``feed.every_s`` while the group runs: the spot prices in effect since its launch, written
-        where its trainer's cap reads them (``CheckpointDir.record_prices``), from a thread of its own so that
-        a slow price API never holds up the watch (``wait``: until it is written). A failed read is logged;
-        the trainer goes on with the prices written last (at first: its launch price), and the group is billed
-        again when it ends."""
-        busy = self._feeding is not None and self._feeding.is_alive()
-        if (
-            self.prices
-            and not busy
-            and time.monotonic() - self._prices_at >= float(self.prices["feed"]["every_s"])
-        ):
-            self._prices_at = time.monotonic()
-            self._feeding = threading.Thread(
-                target=self._feed_once, name=f"spot-prices-{self.name}", daemon=True
-            )
-            self._feeding.start()
-        if wait and self._feeding is not None:
-            self._feeding.join()
-
-    def _feed_once(self) -> None:
-        from airflow_dtrain.aws.prices import SpotPriceFeed
-
-        feed, ledger = SpotPriceFeed(**self.prices["feed"]), CheckpointDir(self.prices["ledger_uri"])
-        try:
-            entry = ledger.spend_entry(self.name)
-            if not entry:
-                return
-            now = time.time()
-            history = feed.history(float(entry["launched_at"]), now)
-            if history:
-                ledger.record_prices(self.name, {"prices_in_effect": [[round(t, 3), p] for t, p in history],
-                                                 "zone": feed.zone, "instance_type": feed.instance_type,
-                                                 "updated_at": time.time()})  # fmt: skip
-                if self.prices.get("deadline"):
-                    reprice_deadline(
-                        self.launcher, self.name, self.prices["deadline"], ledger, entry, history, now
-                    )
-        except Exception as err:  # the group goes on; the trainer's cap keeps the prices it has
-            log.warning("Group %s: could not read the spot prices in effect in %s, or act on them (%s); its cap "
-                        "counts the prices read last (at first: its launch price)", self.name, feed.zone, err)  # fmt: skip
 
     @staticmethod
     def ended(status: GroupStatus) -> bool:
@@ -214,7 +172,8 @@ class GroupSession(SessionMoney):
             "Launching %s group %s: %d node(s) x %d process(es) on %s (%s capacity), %s",
             self.purpose, name, spec.num_nodes, spec.procs_per_node, spec.backend, spec.capacity.value,
             " ".join(spec.entrypoint) or (
-                f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, checkpoints in {spec.train.checkpoint.uri}"
+                f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, "
+                f"checkpoints in {spec.train.checkpoint.uri}"
             ),
         )  # fmt: skip
         spent = self._spent()  # before this group's own spend file: what the job spent until now
@@ -286,7 +245,8 @@ class GroupSession(SessionMoney):
             return self._after_lost_worker(name, event)
         tail = "\n".join(event.get("log_tail") or [])
         raise self.error(
-            f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\nLast lines of its log:\n{tail}"
+            f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\n"
+            f"Last lines of its log:\n{tail}"
         )
 
     def _after_preemption(self, name: str, event: dict[str, Any]) -> str | None:
@@ -308,11 +268,13 @@ class GroupSession(SessionMoney):
         return self.launch(relaunch_index(self.base, name) + 1)
 
     def _refuse_relaunch(self, name: str, event: dict[str, Any]) -> None:
-        """Raise for the ends a relaunch cannot fix: the directory fenced by a newer writer, a refused write."""
+        """Raise for the ends a relaunch cannot fix: the directory fenced by a newer writer, a refused
+        write."""
         if FENCED_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             raise self.error(
                 f"{self.purpose} group {name} stopped (exit {FENCED_EXIT_CODE}): another group took over the "
-                f"checkpoint directory {self.spec.train.checkpoint.uri} (its writer lease is newer); not relaunching: "
+                f"checkpoint directory {self.spec.train.checkpoint.uri} (its writer lease is newer); "
+                "not relaunching: "
                 f"{event.get('message')}\nLast lines of its log:\n" + "\n".join(event.get("log_tail") or [])
             )
         if STORAGE_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
@@ -327,9 +289,11 @@ class GroupSession(SessionMoney):
                 event.get("message"),
             )
             raise self.error(
-                f"{self.purpose} group {name} could not write a checkpoint (exit {STORAGE_EXIT_CODE}): {said}; not "
+                f"{self.purpose} group {name} could not write a checkpoint (exit {STORAGE_EXIT_CODE}): "
+                f"{said}; not "
                 f"relaunching: a full disk or a refused write does not fix itself (free space in, or fix the "
-                f"permissions of, {self.spec.train.checkpoint.uri}, then clear the task: it resumes from the last "
+                f"permissions of, {self.spec.train.checkpoint.uri}, then clear the task: it resumes from the "
+                "last "
                 f"committed checkpoint)\nLast lines of its log:\n" + "\n".join(tail)
             )
 
@@ -362,7 +326,8 @@ class GroupSession(SessionMoney):
             train, ledger = self.spec.train, self._ledger_dir()
             self._status = StatusLine(
                 steps=train.steps, tokens_per_step=train.global_batch_size * train.data.seq_len,
-                budget_usd=budget_or_none(train.cost.budget_usd), ledger_uri=ledger.storage.uri if ledger is not None else None,
+                budget_usd=budget_or_none(train.cost.budget_usd),
+                ledger_uri=ledger.storage.uri if ledger is not None else None,
             )  # fmt: skip
             try:
                 progress = CheckpointDir(train.checkpoint.uri).progress() if train.checkpoint.uri else {}
@@ -374,7 +339,8 @@ class GroupSession(SessionMoney):
         return self._status
 
     def placement(self, names: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """Where each of ``names`` ran, as its launcher recorded it (groups it knows nothing of are left out)."""
+        """Where each of ``names`` ran, as its launcher recorded it (groups it knows nothing of are left
+        out)."""
         found = {name: self.launcher.placement(name) for name in names}
         return {name: where for name, where in found.items() if where}
 

@@ -3,14 +3,16 @@
 ``GroupSession`` (``airflow_dtrain.session``) owns a group's life; what that life costs is here, as a mixin
 it inherits (``SessionMoney``): a group's spend file is opened at its launch and billed when its end is seen
 (again at the spot prices in effect while it ran, for a priced spot group), the job's spend so far is read
-for the next launch's deadline, and before a relaunch the go-on decision is taken again. ``reprice_deadline``
-brings a running group's budget deadline forward when the spot price rises (``GroupWatch``). The arithmetic
-is ``trainer.money``'s; the spend files are ``trainer.checkpoint_dir``'s.
+for the next launch's deadline, and before a relaunch the go-on decision is taken again. While a spot group
+runs, ``WatchPrices`` (mixed into ``GroupWatch``) feeds the prices in effect to its trainer's cap and
+``reprice_deadline`` brings its budget deadline forward when the price rises. The arithmetic is
+``trainer.money``'s; the spend files are ``trainer.checkpoint_dir``'s.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -62,7 +64,62 @@ def reprice_deadline(
     before = launcher.shorten_deadline(name, deadline)
     if before is not None:
         log.warning("Group %s: the spot price is $%.4f/node-h, launched at $%.4f: its budget deadline moves "
-                    "from %ds to %s", name, price, launched, before, deadline_words(deadline, "deadline"))  # fmt: skip
+                    "from %ds to %s", name, price, launched, before,
+                    deadline_words(deadline, "deadline"))  # fmt: skip
+
+
+def spot_price_feed(terms: dict[str, Any]) -> Any:
+    """The ``SpotPriceFeed`` a watch carries as plain values (``airflow_dtrain.aws.prices`` is imported only
+    when a spot group's prices are read)."""
+    from airflow_dtrain.aws.prices import SpotPriceFeed
+
+    return SpotPriceFeed(**terms)
+
+
+class WatchPrices:
+    """``GroupWatch``'s price feed: it needs ``launcher``, ``name``, ``prices``, ``_prices_at`` and
+    ``_feeding`` of the watch it is mixed into."""
+
+    def feed_prices(self, *, wait: bool = False) -> None:
+        """Every ``feed.every_s`` while the group runs: the spot prices in effect since its launch, written
+        where its trainer's cap reads them (``CheckpointDir.record_prices``), from a thread of its own so that
+        a slow price API never holds up the watch (``wait``: until it is written). A failed read is logged;
+        the trainer goes on with the prices written last (at first: its launch price), and the group is billed
+        again when it ends."""
+        busy = self._feeding is not None and self._feeding.is_alive()
+        if (
+            self.prices
+            and not busy
+            and time.monotonic() - self._prices_at >= float(self.prices["feed"]["every_s"])
+        ):
+            self._prices_at = time.monotonic()
+            self._feeding = threading.Thread(
+                target=self._feed_once, name=f"spot-prices-{self.name}", daemon=True
+            )
+            self._feeding.start()
+        if wait and self._feeding is not None:
+            self._feeding.join()
+
+    def _feed_once(self) -> None:
+        feed, ledger = spot_price_feed(self.prices["feed"]), CheckpointDir(self.prices["ledger_uri"])
+        try:
+            entry = ledger.spend_entry(self.name)
+            if not entry:
+                return
+            now = time.time()
+            history = feed.history(float(entry["launched_at"]), now)
+            if history:
+                ledger.record_prices(self.name, {"prices_in_effect": [[round(t, 3), p] for t, p in history],
+                                                 "zone": feed.zone, "instance_type": feed.instance_type,
+                                                 "updated_at": time.time()})  # fmt: skip
+                if self.prices.get("deadline"):
+                    reprice_deadline(
+                        self.launcher, self.name, self.prices["deadline"], ledger, entry, history, now
+                    )
+        except Exception as err:  # the group goes on; the trainer's cap keeps the prices it has
+            log.warning("Group %s: could not read the spot prices in effect in %s, or act on them (%s); its "
+                        "cap counts the prices read last (at first: its launch price)", self.name, feed.zone,
+                        err)  # fmt: skip
 
 
 class SessionMoney:
@@ -83,14 +140,16 @@ class SessionMoney:
         return ledger.spend().total_dollars
 
     def _open_spend(self, name: str) -> None:
-        """Open ``name``'s spend file at its launch; its trainer keeps it current, ``_close_spend`` ends it."""
+        """Open ``name``'s spend file at its launch; its trainer keeps it current, ``_close_spend`` ends
+        it."""
         ledger = self._ledger_dir()
         if ledger is None:
             return
         ledger.record_spend(name, opening_entry(self.spec.train.cost, self.spec.num_nodes, time.time()))
 
     def _close_spend(self, name: str) -> None:
-        """Bill ``name`` up to now, when its end was seen: the seconds after its trainer last wrote count too."""
+        """Bill ``name`` up to now, when its end was seen: the seconds after its trainer last wrote count
+        too."""
         ledger = self._ledger_dir()
         entry = ledger.spend_entry(name) if ledger is not None else None
         if not entry or entry.get("ended"):
@@ -102,11 +161,12 @@ class SessionMoney:
         ledger.record_spend(name, {**entry, "ended": True})
 
     def price_watch(self) -> dict[str, Any] | None:
-        """What ``GroupWatch`` needs to feed a spot group's prices to its cap (None: not a priced spot group)."""
+        """What ``GroupWatch`` needs to feed a spot group's prices to its cap (None: not a priced spot
+        group)."""
         ledger = self._ledger_dir()
         if self.spot_prices is None or self.spec.capacity != Capacity.SPOT or ledger is None:
             return None
-        # the deadline's terms (its spend is the ledger's when the price moves): GroupWatch._reprice_deadline
+        # the deadline's terms (its spend is the ledger's when the price moves): reprice_deadline
         return {
             "feed": self.spot_prices.to_dict(),
             "ledger_uri": ledger.storage.uri,
@@ -120,9 +180,10 @@ class SessionMoney:
         try:
             history = self.spot_prices.history(float(entry["launched_at"]), until)
             repriced = at_prices_in_effect(entry, history, until=until)
-        except Exception as err:  # the group has ended: its spend is recorded whatever the price API says
-            self.log.warning("Group %s: the spot price history could not be read (%s): its $%.4f stays counted at "
-                             "its launch price, $%.4f/node-h", name, err, entry["dollars"], launch_price)  # fmt: skip
+        except Exception as err:  # ended: its spend is recorded whatever the price API says
+            self.log.warning("Group %s: the spot price history could not be read (%s): its $%.4f stays "
+                             "counted at its launch price, $%.4f/node-h", name, err, entry["dollars"],
+                             launch_price)  # fmt: skip
             return {
                 **entry,
                 "priced_at": f"launch price (the price history could not be read: {type(err).__name__})",
@@ -134,7 +195,8 @@ class SessionMoney:
             return repriced
         prices = sorted({p for _, p in repriced["prices_in_effect"]})
         self.log.info(
-            "Group %s billed at the spot prices in effect while it ran ($%s/node-h): $%.4f; at its launch price "
+            "Group %s billed at the spot prices in effect while it ran ($%s/node-h): $%.4f; at its launch "
+            "price "
             "($%.4f/node-h) $%.4f; the ledger counts $%.4f", name, ", ".join(f"{p:.4f}" for p in prices),
             repriced["dollars_at_prices_in_effect"], launch_price, repriced["dollars_at_launch_price"],
             repriced["dollars"],
@@ -154,18 +216,19 @@ class SessionMoney:
         need = self._relaunch_need(ledger, spend)
         left = budget - spend.total_dollars
         self.log.info(
-            "Budget before relaunching: $%.4f of $%.2f spent, $%.4f left; from step %d, %d steps to go at %.3f "
-            "s/step, start-up %.0f s, save %.1f s, $%.4f/h: the next checkpoint needs $%.4f, the rest of the job "
-            "$%.4f", spend.total_dollars, budget, left, step, need.steps_left, need.step_s, need.startup_s,
-            need.save_s, need.usd_per_s * 3600, need.needed, need.to_finish,
+            "Budget before relaunching: $%.4f of $%.2f spent, $%.4f left; from step %d, %d steps to go at "
+            "%.3f s/step, start-up %.0f s, save %.1f s, $%.4f/h: the next checkpoint needs $%.4f, the rest "
+            "of the job $%.4f", spend.total_dollars, budget, left, step, need.steps_left, need.step_s,
+            need.startup_s, need.save_s, need.usd_per_s * 3600, need.needed, need.to_finish,
         )  # fmt: skip
         if need.needed <= left:
             return False
         self.stopped_at_budget = {"group": name, "spent_usd": spend.total_dollars, "budget_usd": budget,
-                                  "needed_usd": round(need.needed, 6), "reason": "a relaunch cannot reach its "
-                                  "next checkpoint within the budget"}  # fmt: skip
-        self.log.warning("Not relaunching after %s: $%.4f left cannot pay for a start-up and the next checkpoint "
-                         "($%.4f); the job stops at step %d within its $%.2f budget",
+                                  "needed_usd": round(need.needed, 6),
+                                  "reason": "a relaunch cannot reach its next checkpoint within the "
+                                  "budget"}  # fmt: skip
+        self.log.warning("Not relaunching after %s: $%.4f left cannot pay for a start-up and the next "
+                         "checkpoint ($%.4f); the job stops at step %d within its $%.2f budget",
                          name, left, need.needed, step, budget)  # fmt: skip
         return True
 
@@ -181,10 +244,13 @@ class SessionMoney:
         step_s = ledger.step_time_s or most("step_time_s", 0.0)
         save_s = most("save_s", FIRST_SAVE_GUESS_S)
         return relaunch_need(
-            usd_per_s=usd_per_second(self.spec.num_nodes, cost.price_ceiling_per_node_hour, cost.price_per_node_hour),
+            usd_per_s=usd_per_second(
+                self.spec.num_nodes, cost.price_ceiling_per_node_hour, cost.price_per_node_hour
+            ),
             steps_left=max(0, train.steps - ledger.step), every=train.checkpoint.every, step_s=step_s,
             startup_s=most("startup_s", STARTUP_GUESS_S), save_s=save_s,
-            reserve_s=stop_reserve_s(save_s, train.checkpoint.grace_period_s, cost.stop_margin_s),  # as the trainer's
+            # as the trainer's
+            reserve_s=stop_reserve_s(save_s, train.checkpoint.grace_period_s, cost.stop_margin_s),
         )  # fmt: skip
 
     def _ended_at_cap(self, name: str, event: dict[str, Any]) -> bool:
