@@ -119,8 +119,8 @@ def _send(kind: str, name: str, value: Any, tags: Mapping[str, str] | None) -> N
             return
         sender, prefix = client
         # the same keys on every line: one label set per metric
-        sender.send(f"{prefix}.{name}" if prefix else name, value, kind,
-                    {**dict.fromkeys(RUN_TAGS, UNKNOWN), **(task_tags() if tags is None else tags)})  # fmt: skip
+        labels = {**dict.fromkeys(RUN_TAGS, UNKNOWN), **(task_tags() if tags is None else tags)}
+        sender.send(f"{prefix}.{name}" if prefix else name, value, kind, labels)
     except Exception:  # metrics must never fail a task
         log.warning("could not send metric %s", name, exc_info=True)
 

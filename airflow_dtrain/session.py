@@ -23,32 +23,26 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import (
-    GroupState,
-    GroupStatus,
-    PodGroupLauncher,
-    budget_deadline,
-    deadline_words,
-    poll_group,
-    repriced_deadline,
-)
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
+from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchPrices
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, log_lines
-from trainer.budget import FIRST_SAVE_GUESS_S
-from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
+from trainer.money.cap import budget_or_none
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
-from trainer.cost import billed, stop_reserve_s
 
 if TYPE_CHECKING:
     from airflow_dtrain.aws.prices import SpotPriceFeed
     from airflow_dtrain.spec import JobSpec
 
+__all__ = [
+    "EVENT_STATUS", "LOG_TAIL_LINES", "STARTUP_GUESS_S", "GroupFailed", "GroupSession", "GroupWatch",
+    "group_event", "report",
+]  # fmt: skip
+
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
-STARTUP_GUESS_S = 120.0
-"""Seconds from a launch to the first step, before any attempt of the job has measured it."""
 
 EVENT_STATUS = {GroupState.SUCCEEDED: "success", GroupState.PREEMPTED: "preempted"}
 """How a group's end state reads in a trigger event (anything else is "error")."""
@@ -82,7 +76,7 @@ def group_event(status: GroupStatus, tail: list[str], cursor: Any) -> dict[str, 
 
 
 @dataclass
-class GroupWatch:
+class GroupWatch(WatchPrices):
     """Looks at one group, one poll at a time: its state, its new log lines, and when a
     relaunched group trains again (``group.recovery_seconds``). Plain values, so the trigger
     can carry where it left off."""
@@ -94,7 +88,8 @@ class GroupWatch:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
     tags: dict[str, str] | None = None  # the job's statsd tags (metrics.job_tags)
     prices: dict[str, Any] | None = None
-    """A spot group's price feed (``GroupSession.price_watch``): ``{"feed": SpotPriceFeed.to_dict(), "ledger_uri"}``."""
+    """A spot group's price feed (``GroupSession.price_watch``): ``{"feed": SpotPriceFeed.to_dict(),
+    "ledger_uri"}``."""
     _prices_at: float = field(default=float("-inf"), repr=False)
     _feeding: threading.Thread | None = field(default=None, repr=False)
 
@@ -112,70 +107,6 @@ class GroupWatch:
             self.recovering_since = None
         return status, chunk.lines
 
-    def feed_prices(self, *, wait: bool = False) -> None:
-        """Every ``feed.every_s`` while the group runs: the spot prices in effect since its launch, written where its
-        trainer's cap reads them (``CheckpointDir.record_prices``), from a thread of its own so that a slow price
-        API never holds up the watch (``wait``: until it is written). A failed read is logged; the trainer goes on
-        with the prices written last (at first: its launch price), and the group is billed again when it ends."""
-        busy = self._feeding is not None and self._feeding.is_alive()
-        if (
-            self.prices
-            and not busy
-            and time.monotonic() - self._prices_at >= float(self.prices["feed"]["every_s"])
-        ):
-            self._prices_at = time.monotonic()
-            self._feeding = threading.Thread(
-                target=self._feed_once, name=f"spot-prices-{self.name}", daemon=True
-            )
-            self._feeding.start()
-        if wait and self._feeding is not None:
-            self._feeding.join()
-
-    def _feed_once(self) -> None:
-        from airflow_dtrain.aws.prices import SpotPriceFeed
-
-        feed, ledger = SpotPriceFeed(**self.prices["feed"]), CheckpointDir(self.prices["ledger_uri"])
-        try:
-            entry = ledger.spend_entry(self.name)
-            if not entry:
-                return
-            now = time.time()
-            history = feed.history(float(entry["launched_at"]), now)
-            if history:
-                ledger.record_prices(self.name, {"prices_in_effect": [[round(t, 3), p] for t, p in history],
-                                                 "zone": feed.zone, "instance_type": feed.instance_type,
-                                                 "updated_at": time.time()})  # fmt: skip
-                if self.prices.get("deadline"):
-                    self._reprice_deadline(ledger, entry, history, now)
-        except Exception as err:  # the group goes on; the trainer's cap keeps the prices it has
-            log.warning("Group %s: could not read the spot prices in effect in %s, or act on them (%s); its cap "
-                        "counts the prices read last (at first: its launch price)", self.name, feed.zone, err)  # fmt: skip
-
-    def _reprice_deadline(
-        self, ledger: CheckpointDir, entry: dict[str, Any], history: list, now: float
-    ) -> None:
-        """Bring the platform's budget deadline forward when the spot price rose: the money left (every other
-        attempt's spend, and this group's so far at the prices in effect) buys fewer seconds at the price now.
-        The trainer's own cap reads the same prices; this is the stop that holds without it (a program of your
-        own, a hung trainer, nobody on the Airflow side watching)."""
-        from airflow_dtrain.spot.ledger import at_prices_in_effect
-
-        history = sorted(history)
-        price = ([p for t, p in history if t <= now] or [history[-1][1]])[-1]
-        launched = float(entry.get("price_per_node_hour") or 0.0)
-        if price <= launched:
-            return  # the deadline set at the launch price holds (and the ledger need not be read)
-        group = at_prices_in_effect(billed(entry, until=now), history, until=now)
-        others = sum(
-            float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != self.name
-        )
-        deadline = repriced_deadline(self.prices["deadline"], spent_usd=others + float(group["dollars"]), price=price,
-                                     elapsed_s=now - float(entry["launched_at"]))  # fmt: skip
-        before = self.launcher.shorten_deadline(self.name, deadline)
-        if before is not None:
-            log.warning("Group %s: the spot price is $%.4f/node-h, launched at $%.4f: its budget deadline moves from "
-                        "%ds to %s", self.name, price, launched, before, deadline_words(deadline, "deadline"))  # fmt: skip
-
     @staticmethod
     def ended(status: GroupStatus) -> bool:
         return status.state.terminal or status.state == GroupState.NOT_FOUND
@@ -184,7 +115,7 @@ class GroupWatch:
         return group_event(status, list(self.tail), self.cursor)
 
 
-class GroupSession:
+class GroupSession(SessionMoney):
     """The pod groups of one task instance: attach or launch, watch, relaunch, stop.
 
     :param launcher: the backend's launcher.
@@ -219,7 +150,8 @@ class GroupSession:
         self.recovering_since: float | None = None
         self.current: str | None = None
         self.stopped_at_budget: dict[str, Any] | None = None
-        """Set when the job ended at its dollar cap (the group stopped itself, or a relaunch was not affordable)."""
+        """Set when the job ended at its dollar cap (the group stopped itself, or a relaunch was not
+        affordable)."""
         self._status: StatusLine | None = None
         self.tags = metrics.job_tags(spec)
         """The statsd tags of the job's metrics, as its trainer sends them (None: the task's context's)."""
@@ -240,7 +172,8 @@ class GroupSession:
             "Launching %s group %s: %d node(s) x %d process(es) on %s (%s capacity), %s",
             self.purpose, name, spec.num_nodes, spec.procs_per_node, spec.backend, spec.capacity.value,
             " ".join(spec.entrypoint) or (
-                f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, checkpoints in {spec.train.checkpoint.uri}"
+                f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, "
+                f"checkpoints in {spec.train.checkpoint.uri}"
             ),
         )  # fmt: skip
         spent = self._spent()  # before this group's own spend file: what the job spent until now
@@ -302,37 +235,46 @@ class GroupSession:
         if event["status"] == "success":
             self.current = name
             return None
-        # At the job's dollar cap: the trainer stopped itself (exit 77), or the platform stopped it there
-        # (Kubernetes: the Job's activeDeadlineSeconds, derived from the budget). Either way, not relaunched.
-        by_itself = BUDGET_EXIT_CODE in (event.get("node_exit_codes") or {}).values()
-        if by_itself or event.get("state") == GroupState.AT_BUDGET.value:
-            self.current = name
-            self.stopped_at_budget = {"group": name, "reason": event.get("message")}
-            self.log.warning("Group %s %s at the job's dollar cap (%s): not relaunched", name,
-                             "stopped itself" if by_itself else "was stopped by the platform",
-                             event.get("message"))  # fmt: skip
+        if self._ended_at_cap(name, event):
             return None
         if event["status"] == "preempted":
-            metrics.incr("group.preemptions", tags=self.tags)
-            self.recovering_since = time.time()
-            preemptions = self.preemptions()
-            if preemptions > self.spec.max_preemptions:
-                raise self.error(
-                    f"group {name} was preempted {preemptions} times, more than max_preemptions="
-                    f"{self.spec.max_preemptions}: {event['message']}"
-                )
-            if self._unaffordable(name):
-                return None
-            self.log.warning(
-                "Group %s preempted (%s): relaunching from the latest checkpoint (preemption %d of at most %d)",
-                name, event["message"], preemptions, self.spec.max_preemptions,
-            )  # fmt: skip
-            return self.launch(relaunch_index(self.base, name) + 1)
+            return self._after_preemption(name, event)
         metrics.incr("group.failures", tags=self.tags)
+        self._refuse_relaunch(name, event)
+        if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
+            return self._after_lost_worker(name, event)
+        tail = "\n".join(event.get("log_tail") or [])
+        raise self.error(
+            f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\n"
+            f"Last lines of its log:\n{tail}"
+        )
+
+    def _after_preemption(self, name: str, event: dict[str, Any]) -> str | None:
+        """A preempted group's relaunch (None: not affordable); raises past ``max_preemptions``."""
+        metrics.incr("group.preemptions", tags=self.tags)
+        self.recovering_since = time.time()
+        preemptions = self.preemptions()
+        if preemptions > self.spec.max_preemptions:
+            raise self.error(
+                f"group {name} was preempted {preemptions} times, more than max_preemptions="
+                f"{self.spec.max_preemptions}: {event['message']}"
+            )
+        if self._unaffordable(name):
+            return None
+        self.log.warning(
+            "Group %s preempted (%s): relaunching from the latest checkpoint (preemption %d of at most %d)",
+            name, event["message"], preemptions, self.spec.max_preemptions,
+        )  # fmt: skip
+        return self.launch(relaunch_index(self.base, name) + 1)
+
+    def _refuse_relaunch(self, name: str, event: dict[str, Any]) -> None:
+        """Raise for the ends a relaunch cannot fix: the directory fenced by a newer writer, a refused
+        write."""
         if FENCED_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             raise self.error(
                 f"{self.purpose} group {name} stopped (exit {FENCED_EXIT_CODE}): another group took over the "
-                f"checkpoint directory {self.spec.train.checkpoint.uri} (its writer lease is newer); not relaunching: "
+                f"checkpoint directory {self.spec.train.checkpoint.uri} (its writer lease is newer); "
+                "not relaunching: "
                 f"{event.get('message')}\nLast lines of its log:\n" + "\n".join(event.get("log_tail") or [])
             )
         if STORAGE_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
@@ -347,31 +289,31 @@ class GroupSession:
                 event.get("message"),
             )
             raise self.error(
-                f"{self.purpose} group {name} could not write a checkpoint (exit {STORAGE_EXIT_CODE}): {said}; not "
+                f"{self.purpose} group {name} could not write a checkpoint (exit {STORAGE_EXIT_CODE}): "
+                f"{said}; not "
                 f"relaunching: a full disk or a refused write does not fix itself (free space in, or fix the "
-                f"permissions of, {self.spec.train.checkpoint.uri}, then clear the task: it resumes from the last "
+                f"permissions of, {self.spec.train.checkpoint.uri}, then clear the task: it resumes from the "
+                "last "
                 f"committed checkpoint)\nLast lines of its log:\n" + "\n".join(tail)
             )
-        if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
-            lost = sum(
-                WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values()
-                for n in self.groups()
-            )
-            if lost <= self.spec.max_failures:
-                if self._unaffordable(name):
-                    return None
-                self.log.warning(
-                    "Group %s lost a training process (%s): relaunching from the last committed checkpoint "
-                    "(failure %d of at most %d)", name, event["message"], lost, self.spec.max_failures,
-                )  # fmt: skip
-                return self.launch(relaunch_index(self.base, name) + 1)
-            raise self.error(
-                f"group {name} lost a training process {lost} times, more than max_failures="
-                f"{self.spec.max_failures}: {event['message']}"
-            )
-        tail = "\n".join(event.get("log_tail") or [])
+
+    def _after_lost_worker(self, name: str, event: dict[str, Any]) -> str | None:
+        """A group that lost a training process: its relaunch (None: not affordable); raises past
+        ``max_failures``."""
+        lost = sum(
+            WORKER_LOST_EXIT_CODE in self.launcher.status(n).node_exit_codes.values() for n in self.groups()
+        )
+        if lost <= self.spec.max_failures:
+            if self._unaffordable(name):
+                return None
+            self.log.warning(
+                "Group %s lost a training process (%s): relaunching from the last committed checkpoint "
+                "(failure %d of at most %d)", name, event["message"], lost, self.spec.max_failures,
+            )  # fmt: skip
+            return self.launch(relaunch_index(self.base, name) + 1)
         raise self.error(
-            f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\nLast lines of its log:\n{tail}"
+            f"group {name} lost a training process {lost} times, more than max_failures="
+            f"{self.spec.max_failures}: {event['message']}"
         )
 
     def status_line(self) -> StatusLine | None:
@@ -384,7 +326,8 @@ class GroupSession:
             train, ledger = self.spec.train, self._ledger_dir()
             self._status = StatusLine(
                 steps=train.steps, tokens_per_step=train.global_batch_size * train.data.seq_len,
-                budget_usd=train.cost.budget_usd or None, ledger_uri=ledger.storage.uri if ledger is not None else None,
+                budget_usd=budget_or_none(train.cost.budget_usd),
+                ledger_uri=ledger.storage.uri if ledger is not None else None,
             )  # fmt: skip
             try:
                 progress = CheckpointDir(train.checkpoint.uri).progress() if train.checkpoint.uri else {}
@@ -395,135 +338,11 @@ class GroupSession:
                 self._status.checkpoint_step = int(progress["checkpoint_step"])
         return self._status
 
-    # -- the spend ledger and the cap ------------------------------------------------------------
-    def _ledger_dir(self) -> CheckpointDir | None:
-        """Where this job's spend files go (training groups only: an evaluation is not the job's spend)."""
-        train = self.spec.train
-        uri = train.cost.ledger_uri or train.checkpoint.uri
-        return CheckpointDir(uri) if self.purpose == "training" and uri else None
-
-    def _spent(self) -> float:
-        """Dollars the job has spent so far (every attempt's spend file; 0 without a ledger or a budget)."""
-        ledger = self._ledger_dir()
-        if ledger is None or not self.spec.budget_usd:
-            return 0.0
-        return ledger.spend().total_dollars
-
     def placement(self, names: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """Where each of ``names`` ran, as its launcher recorded it (groups it knows nothing of are left out)."""
+        """Where each of ``names`` ran, as its launcher recorded it (groups it knows nothing of are left
+        out)."""
         found = {name: self.launcher.placement(name) for name in names}
         return {name: where for name, where in found.items() if where}
-
-    def _open_spend(self, name: str) -> None:
-        """Open ``name``'s spend file at its launch; its trainer keeps it current, ``_close_spend`` ends it."""
-        ledger = self._ledger_dir()
-        if ledger is None:
-            return
-        cost = self.spec.train.cost
-        ledger.record_spend(name, {
-            "capacity": cost.capacity_type.value, "nodes": self.spec.num_nodes,
-            "price_per_node_hour": cost.price_per_node_hour, "gpus_per_node": cost.gpus_per_node,
-            "launched_at": time.time(), "billed_s": 0.0, "node_hours": 0.0, "gpu_hours": 0.0, "dollars": 0.0,
-            "budget_usd": cost.budget_usd,
-        })  # fmt: skip
-
-    def _close_spend(self, name: str) -> None:
-        """Bill ``name`` up to now, when its end was seen: the seconds after its trainer last wrote count too."""
-        ledger = self._ledger_dir()
-        entry = ledger.spend_entry(name) if ledger is not None else None
-        if not entry or entry.get("ended"):
-            return
-        until = time.time()
-        entry = billed(entry, until=until)
-        if self.price_watch() is not None:
-            entry = self._at_prices_in_effect(name, entry, until)
-        ledger.record_spend(name, {**entry, "ended": True})
-
-    def price_watch(self) -> dict[str, Any] | None:
-        """What ``GroupWatch`` needs to feed a spot group's prices to its cap (None: not a priced spot group)."""
-        ledger = self._ledger_dir()
-        if self.spot_prices is None or self.spec.capacity != Capacity.SPOT or ledger is None:
-            return None
-        # the deadline's terms (its spend is the ledger's when the price moves): GroupWatch._reprice_deadline
-        return {
-            "feed": self.spot_prices.to_dict(),
-            "ledger_uri": ledger.storage.uri,
-            "deadline": budget_deadline(self.spec),
-        }
-
-    def _at_prices_in_effect(self, name: str, entry: dict[str, Any], until: float) -> dict[str, Any]:
-        """A spot group's spend at the prices in effect while it ran (the larger figure is kept); at its
-        launch price, saying so, when the price history cannot be read."""
-        from airflow_dtrain.spot.ledger import at_prices_in_effect
-
-        launch_price = float(entry.get("price_per_node_hour", 0.0))
-        try:
-            history = self.spot_prices.history(float(entry["launched_at"]), until)
-            repriced = at_prices_in_effect(entry, history, until=until)
-        except Exception as err:  # the group has ended: its spend is recorded whatever the price API says
-            self.log.warning("Group %s: the spot price history could not be read (%s): its $%.4f stays counted at "
-                             "its launch price, $%.4f/node-h", name, err, entry["dollars"], launch_price)  # fmt: skip
-            return {
-                **entry,
-                "priced_at": f"launch price (the price history could not be read: {type(err).__name__})",
-            }
-        if repriced.get("dollars_at_prices_in_effect") is None:
-            self.log.warning("Group %s: the spot price history does not reach back to its launch: its $%.4f "
-                             "stays counted at its launch price, $%.4f/node-h", name, entry["dollars"],
-                             launch_price)  # fmt: skip
-            return repriced
-        prices = sorted({p for _, p in repriced["prices_in_effect"]})
-        self.log.info(
-            "Group %s billed at the spot prices in effect while it ran ($%s/node-h): $%.4f; at its launch price "
-            "($%.4f/node-h) $%.4f; the ledger counts $%.4f", name, ", ".join(f"{p:.4f}" for p in prices),
-            repriced["dollars_at_prices_in_effect"], launch_price, repriced["dollars_at_launch_price"],
-            repriced["dollars"],
-        )  # fmt: skip
-        return repriced
-
-    def _unaffordable(self, name: str) -> bool:
-        """Take the go-on decision again before a relaunch, with the measured start-up, step and save
-        times and the spend so far: relaunch only if the money left pays for the start-up and one
-        checkpoint interval (or the rest of the job); else end here, as at the cap. True: not relaunched."""
-        cost, train = self.spec.train.cost, self.spec.train
-        ledger_dir = self._ledger_dir()
-        if cost.budget_usd <= 0 or ledger_dir is None:
-            return False
-        spend = ledger_dir.spend()
-        ledger = CheckpointDir(train.checkpoint.uri).ledger(ledger_dir)
-        measured = list(spend.attempts.values())
-
-        def most(key: str, default: float) -> float:
-            return max((float(e[key]) for e in measured if e.get(key)), default=default)
-
-        step_s = ledger.step_time_s or most("step_time_s", 0.0)
-        startup_s, save_s = most("startup_s", STARTUP_GUESS_S), most("save_s", FIRST_SAVE_GUESS_S)
-        steps_left = max(0, train.steps - ledger.step)
-        interval = min(train.checkpoint.every or steps_left, steps_left)
-        usd_per_s = (
-            self.spec.num_nodes * max(cost.price_ceiling_per_node_hour, cost.price_per_node_hour) / 3600
-        )
-        left = cost.budget_usd - spend.total_dollars
-        reserve_s = stop_reserve_s(
-            save_s, train.checkpoint.grace_period_s, cost.stop_margin_s
-        )  # as the trainer's
-        needed = usd_per_s * (startup_s + interval * step_s + reserve_s)
-        to_finish = usd_per_s * (startup_s + steps_left * step_s + reserve_s)
-        self.log.info(
-            "Budget before relaunching: $%.4f of $%.2f spent, $%.4f left; from step %d, %d steps to go at %.3f s/step, "
-            "start-up %.0f s, save %.1f s, $%.4f/h: the next checkpoint needs $%.4f, the rest of the job $%.4f",
-            spend.total_dollars, cost.budget_usd, left, ledger.step, steps_left, step_s, startup_s, save_s,
-            usd_per_s * 3600, needed, to_finish,
-        )  # fmt: skip
-        if needed <= left:
-            return False
-        self.stopped_at_budget = {"group": name, "spent_usd": spend.total_dollars, "budget_usd": cost.budget_usd,
-                                  "needed_usd": round(needed, 6), "reason": "a relaunch cannot reach its next "
-                                  "checkpoint within the budget"}  # fmt: skip
-        self.log.warning("Not relaunching after %s: $%.4f left cannot pay for a start-up and the next checkpoint "
-                         "($%.4f); the job stops at step %d within its $%.2f budget",
-                         name, left, needed, ledger.step, cost.budget_usd)  # fmt: skip
-        return True
 
     def run(
         self, *, poll_interval: float, reuse_succeeded: bool = True, timeout_s: float | None = None

@@ -10,7 +10,10 @@ On-demand prices are looked up in this order:
 
 1. ``overrides`` you pass (``{"p3.2xlarge": 3.06}`` or ``{"us-west-2/p3.2xlarge": 3.06}``);
 2. the AWS Price List API (``pricing:GetProducts``), when reachable;
-3. ``airflow_dtrain.spot.offers.ON_DEMAND_USD_PER_HOUR``, the built-in table.
+3. ``trainer.money.prices.ON_DEMAND_USD_PER_HOUR``, the built-in table.
+
+``AwsPrices`` is these reads behind ``trainer.money.prices.PriceSource``, the interface the money reads
+prices through.
 """
 
 from __future__ import annotations
@@ -21,14 +24,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_dtrain.spot.offers import (
-    ON_DEMAND_USD_PER_HOUR,
-    PriceChoice,
-    SpotPrice,
-    choose_offer,
-    parse_price_list_product,
-    region_of_zone,
-)
+from airflow_dtrain.spot.offers import PriceChoice, choose_offer
+from trainer.money.prices import ON_DEMAND_USD_PER_HOUR, SpotPrice, parse_price_list_product, region_of_zone
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +81,39 @@ def current_spot_prices(
 
 
 @dataclass(frozen=True)
+class AwsPrices:
+    """``trainer.money.prices.PriceSource`` read from AWS: ``on_demand_price`` and ``spot_price_history``
+    below, through the Airflow connection ``aws_conn_id``. Plain values, so a trigger can carry it."""
+
+    aws_conn_id: str | None = "aws_default"
+    overrides: Mapping[str, float] | None = None
+    use_price_list_api: bool = True
+
+    def on_demand_price(self, instance_type: str, region: str) -> tuple[float | None, str]:
+        return on_demand_price(
+            instance_type,
+            region,
+            overrides=self.overrides,
+            use_price_list_api=self.use_price_list_api,
+            aws_conn_id=self.aws_conn_id,
+        )
+
+    def spot_price_history(
+        self, instance_type: str, availability_zone: str, start: float, end: float
+    ) -> list[tuple[float, float]]:
+        return spot_price_history(
+            instance_type=instance_type,
+            availability_zone=availability_zone,
+            start=start,
+            end=end,
+            aws_conn_id=self.aws_conn_id,
+        )
+
+
+@dataclass(frozen=True)
 class SpotPriceFeed:
-    """Where a spot group's prices are read: while it runs (every ``every_s``, for its trainer's cap) and when it
-    ends (to bill it again). Plain values, so a trigger can carry it.
+    """Where a spot group's prices are read: while it runs (every ``every_s``, for its trainer's cap) and when
+    it ends (to bill it again). Plain values, so a trigger can carry it.
 
     :param zone: the availability zone the group runs in.
     :param instance_type: its nodes' instance type.
@@ -100,8 +127,8 @@ class SpotPriceFeed:
     every_s: float = 300.0
 
     def history(self, start: float, end: float) -> list[tuple[float, float]]:
-        return spot_price_history(instance_type=self.instance_type, availability_zone=self.zone, start=start,
-                                  end=end, aws_conn_id=self.aws_conn_id)  # fmt: skip
+        source = AwsPrices(aws_conn_id=self.aws_conn_id)
+        return source.spot_price_history(self.instance_type, self.zone, start, end)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,7 +144,8 @@ def spot_price_history(
     aws_conn_id: str | None = "aws_default",
 ) -> list[tuple[float, float]]:
     """Every spot price of ``instance_type`` in ``availability_zone`` in effect between ``start`` and ``end``
-    (unix seconds), including the one in effect at ``start``: ``[(since, usd_per_node_hour), ...]``, oldest first.
+    (unix seconds), including the one in effect at ``start``: ``[(since, usd_per_node_hour), ...]``, oldest
+    first.
 
     :param instance_type: e.g. ``p3.2xlarge``.
     :param availability_zone: e.g. ``us-east-1a`` (its region is the one asked).

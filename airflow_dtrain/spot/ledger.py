@@ -29,11 +29,8 @@ provider writes the prices it reads for the trainer's cap (``trainer.checkpoint_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from trainer.checkpoint_dir import CheckpointDir, Ledger
-from trainer.cost import dollars_at_prices
+from trainer.money.bill import at_prices_in_effect, dollars_at_prices
 
 __all__ = ["Ledger", "at_prices_in_effect", "dollars_at_prices", "read_ledger"]
 
@@ -45,31 +42,3 @@ def read_ledger(checkpoint_uri: str, ledger_uri: str | None = None) -> Ledger:
     Raises ``ValueError`` naming the manifest or spend file and the field when one is malformed.
     """
     return CheckpointDir(checkpoint_uri).ledger(CheckpointDir(ledger_uri) if ledger_uri else None)
-
-
-def at_prices_in_effect(
-    entry: dict[str, Any], prices: Sequence[tuple[float, float]], *, until: float
-) -> dict[str, Any]:
-    """``entry`` (an attempt's spend file, billed up to ``until`` at its launch price) billed again at the spot
-    prices in effect over its seconds: ``dollars`` becomes the larger of the two figures, and the entry keeps
-    both (``dollars_at_launch_price``, ``dollars_at_prices_in_effect``) and the prices it used. Unchanged but
-    for ``priced_at`` when ``prices`` do not cover the launch."""
-    at_prices = dollars_at_prices(float(entry["launched_at"]), until, int(entry["nodes"]), prices)
-    if at_prices is None:
-        return {**entry, "priced_at": "launch price (the price history does not reach back to the launch)"}
-    in_window = sorted((t, p) for t, p in prices if t < until)
-    first = max(i for i, (t, _) in enumerate(in_window) if t <= float(entry["launched_at"]))
-    at_launch = (
-        int(entry["nodes"])
-        * max(0.0, until - float(entry["launched_at"]))
-        / 3600
-        * float(entry.get("price_per_node_hour", 0.0))
-    )
-    return {
-        **entry,
-        "dollars": max(float(entry["dollars"]), round(at_prices, 9)),
-        "dollars_at_launch_price": round(at_launch, 9),
-        "dollars_at_prices_in_effect": round(at_prices, 9),
-        "prices_in_effect": [[round(t, 3), p] for t, p in in_window[first:]],
-        "priced_at": "prices in effect",
-    }

@@ -26,7 +26,9 @@ from typing import Any
 from airflow_dtrain.spot.events import InterruptionNotice
 
 _MOVED_SOURCES = {
-    "airflow_dtrain.spot.members.KubernetesGroupNodes": "airflow_dtrain.kubernetes.nodes.KubernetesGroupNodes",
+    "airflow_dtrain.spot.members.KubernetesGroupNodes": (
+        "airflow_dtrain.kubernetes.nodes.KubernetesGroupNodes"
+    ),
 }
 """Old class path -> new, for built-in sources that moved: triggers deferred before the move
 carry the old one."""

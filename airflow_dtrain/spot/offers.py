@@ -3,10 +3,8 @@
 No I/O here: ``airflow_dtrain.aws.prices`` reads the spot price history and the on-demand
 prices from AWS and hands them to ``choose_offer``. What is left is plain data and arithmetic:
 
-- ``ON_DEMAND_USD_PER_HOUR``: the built-in on-demand table (the last resort of
-  ``aws.prices.on_demand_price``, and the benchmark's);
-- ``SpotPrice`` (one offer), ``region_of_zone``;
-- ``parse_price_list_product``: the hourly price in one Price List API product document;
+- re-exported from ``trainer.money.prices``, their home: ``ON_DEMAND_USD_PER_HOUR`` (the built-in
+  on-demand table), ``SpotPrice`` (one offer), ``region_of_zone``, ``parse_price_list_product``;
 - ``price_limit`` and ``choose_offer``: the cheapest offer at or below its limit, with the
   reasons; ``PriceChoice``, what ``SpotPriceSensor`` pushes to XCom, and
   ``fixed_price_choice`` for a backend with a fixed price (the local backend).
@@ -14,72 +12,17 @@ prices from AWS and hands them to ``choose_offer``. What is left is plain data a
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-ON_DEMAND_USD_PER_HOUR: dict[str, float] = {
-    # p3: 1/4/8 V100 (p3dn: 8 V100 32 GB + 100 Gb/s EFA)
-    "p3.2xlarge": 3.06,
-    "p3.8xlarge": 12.24,
-    "p3.16xlarge": 24.48,
-    "p3dn.24xlarge": 31.212,
-    # p4d: 8 A100 40 GB; p5: 8 H100 (before the June 2025 P4/P5 on-demand price cut)
-    "p4d.24xlarge": 32.7726,
-    "p5.48xlarge": 98.32,
-    # g4dn: T4; g5: A10G
-    "g4dn.xlarge": 0.526,
-    "g4dn.2xlarge": 0.752,
-    "g4dn.12xlarge": 3.912,
-    "g5.xlarge": 1.006,
-    "g5.2xlarge": 1.212,
-    "g5.12xlarge": 5.672,
-    "g5.48xlarge": 16.288,
-    "trn1.32xlarge": 21.50,
-}
-"""Built-in on-demand list prices, US$ per instance-hour, Linux, shared tenancy, us-east-1
-(AWS Price List, 2024). Other regions are often dearer and prices change: where the Price
-List API is unreachable, pass your own prices (``on_demand_prices=``)."""
+from trainer.money.prices import ON_DEMAND_USD_PER_HOUR, SpotPrice, parse_price_list_product, region_of_zone
 
-_REGION_OF_ZONE = re.compile(r"^([a-z]{2}(?:-gov)?-[a-z]+-\d+)")
-
-
-def region_of_zone(zone: str) -> str:
-    """``us-east-1a`` -> ``us-east-1`` (also local zones: ``us-west-2-lax-1a`` -> ``us-west-2``)."""
-    match = _REGION_OF_ZONE.match(zone)
-    if not match:
-        raise ValueError(f"availability_zones: not an availability zone: {zone!r}")
-    return match.group(1)
-
-
-@dataclass(frozen=True)
-class SpotPrice:
-    """The spot price in effect for one instance type in one availability zone."""
-
-    instance_type: str
-    availability_zone: str
-    price: float
-    """US$ per instance-hour."""
-    timestamp: str
-    """When this price took effect (ISO 8601)."""
-
-    @property
-    def region(self) -> str:
-        return region_of_zone(self.availability_zone)
-
-
-def parse_price_list_product(product: str | dict[str, Any]) -> float | None:
-    """The hourly on-demand USD price in one Price List API product document (None if it has none)."""
-    doc = json.loads(product) if isinstance(product, str) else product
-    for term in doc.get("terms", {}).get("OnDemand", {}).values():
-        for dimension in term.get("priceDimensions", {}).values():
-            usd = dimension.get("pricePerUnit", {}).get("USD")
-            if usd is not None and dimension.get("unit", "Hrs").lower().startswith("hr") and float(usd) > 0:
-                return float(usd)
-    return None
+__all__ = [
+    "ON_DEMAND_USD_PER_HOUR", "PriceChoice", "SpotPrice", "choose_offer", "fixed_price_choice",
+    "parse_price_list_product", "price_limit", "region_of_zone",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,252 @@
+"""The facts the budget rules look at (``airflow_dtrain.spot.budget``): the inputs and the estimates derived
+from them, each computed when a rule first asks, and the reasons given for spot, on-demand and waiting.
+
+The arithmetic itself is ``airflow_dtrain.spot.estimates``'s; this module names its results so that each rule
+of the table is one short predicate. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+from airflow_dtrain.spot.estimates import (
+    BudgetInputs,
+    Choice,
+    Decision,
+    chance_ok,
+    fits,
+    in_time,
+    spot_fits,
+    spot_hours,
+)
+
+
+class Facts:
+    """What the rules look at: the inputs and the estimates derived from them, each computed when a rule first
+    asks (so the rules before the estimates -- no steps, no step time, no price -- never compute them)."""
+
+    def __init__(self, inputs: BudgetInputs):
+        self.i = inputs
+
+    @cached_property
+    def money(self) -> str:
+        i = self.i
+        return f"${i.remaining_budget:.2f}" if i.remaining_budget is not None else "no budget"
+
+    @cached_property
+    def hours(self) -> float | None:
+        i = self.i
+        return i.steps_remaining * i.step_time_s / 3600.0 if i.step_time_s is not None else None
+
+    @cached_property
+    def est(self) -> str:
+        return f"{self.hours:.2f} h" if self.hours is not None else "unknown hours"
+
+    @property
+    def start_h(self) -> float:
+        return self.i.restart_overhead_s / 3600.0
+
+    @property
+    def tracked(self) -> bool:
+        """Start-ups are charged only when what runs now is known."""
+        return self.i.current is not None
+
+    @property
+    def spot_start(self) -> float:
+        return self.start_h if self.tracked and self.i.current != Choice.SPOT else 0.0
+
+    @property
+    def od_start(self) -> float:
+        return self.start_h if self.tracked and self.i.current != Choice.ON_DEMAND else 0.0
+
+    @cached_property
+    def spot_h(self) -> float | None:
+        return spot_hours(self.i, self.hours, self.spot_start) if self.hours is not None else None
+
+    @cached_property
+    def unpreempted_h(self) -> float | None:
+        """Spot's hours if it is never preempted."""
+        return self.spot_start + self.hours if self.hours is not None else None
+
+    @cached_property
+    def od_hours(self) -> float | None:
+        return self.hours + self.od_start if self.hours is not None else None
+
+    @cached_property
+    def spot_cost(self) -> float | None:
+        i, spot_h = self.i, self.spot_h
+        return (
+            spot_h * i.num_nodes * i.spot_price if spot_h is not None and i.spot_price is not None else None
+        )
+
+    @cached_property
+    def od_cost(self) -> float | None:
+        i, od_h = self.i, self.od_hours
+        return (
+            od_h * i.num_nodes * i.on_demand_price
+            if od_h is not None and i.on_demand_price is not None
+            else None
+        )
+
+    @cached_property
+    def fit(self) -> tuple[bool, bool, bool, float | None, float | None, float]:
+        """(spot within budget, spot in time, on-demand within budget, chance within budget, chance in time,
+        chance of a first preemption before spot is done)."""
+        i, hours = self.i, self.hours
+        if hours is None:  # no budget, no step time: decide on price and risk alone
+            return True, i.deadline_s is None, True, None, None, 0.0
+        od_cost_ok = fits(self.od_cost, i.remaining_budget)
+        spot_cost_ok, spot_time_ok, chance, time_chance = spot_fits(i, hours, i.spot_price, self.spot_start)
+        # the chance of a first preemption before spot is done: over its start-up and its work (the expected
+        # spot hours already hold the later preemptions' time: over them the risk would be counted twice)
+        preempt_risk = 1.0 - math.exp(-i.interruption_rate_per_hour * self.unpreempted_h)
+        if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
+            # a preemption right after the start-up must still leave time to finish on on-demand (when the
+            # budget pays for on-demand at all, and a preemption is likelier than the lateness risk accepted)
+            fallback = self.unpreempted_h + (i.lost_work_s + i.restart_overhead_s) / 3600.0
+            spot_time_ok = in_time(fallback, i.deadline_s)
+        return spot_cost_ok, spot_time_ok, od_cost_ok, chance, time_chance, preempt_risk
+
+    spot_cost_ok = property(lambda self: self.fit[0])
+    spot_time_ok = property(lambda self: self.fit[1])
+    od_cost_ok = property(lambda self: self.fit[2])
+    chance = property(lambda self: self.fit[3])
+    time_chance = property(lambda self: self.fit[4])
+    preempt_risk = property(lambda self: self.fit[5])
+
+    @property
+    def risky(self) -> bool:
+        return self.i.interruption_rate_per_hour > self.i.max_interruption_rate_per_hour
+
+    @property
+    def spot_offered(self) -> bool:
+        """An offer for all of the group's nodes at once."""
+        i = self.i
+        return i.spot_price is not None and not (
+            i.spot_nodes_available is not None and i.spot_nodes_available < i.num_nodes
+        )
+
+    @cached_property
+    def spot_why(self) -> list[str]:
+        """Why not spot (empty: spot fits)."""
+        i = self.i
+        if i.spot_price is None:
+            return ["no acceptable spot offer"]
+        if not self.spot_offered:
+            return [f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once"]
+        why = []
+        if self.risky:
+            why.append(
+                f"interruption risk {i.interruption_rate_per_hour:.3f}/h "
+                f"above {i.max_interruption_rate_per_hour:.3f}/h"
+            )
+        why += self._spot_money_why() + self._spot_time_why()
+        return why
+
+    def _spot_money_why(self) -> list[str]:
+        i = self.i
+        if not self.spot_cost_ok and self.chance is not None:
+            return [f"spot finishes within the remaining budget {self.money} with a chance of "
+                    f"{self.chance:.0%}, below min_finish_chance {i.min_finish_chance:.0%}"]  # fmt: skip
+        if not self.spot_cost_ok:
+            return [f"spot estimate ${self.spot_cost:.2f} exceeds the remaining budget {self.money}"]
+        return []
+
+    def _spot_time_why(self) -> list[str]:
+        i = self.i
+        if not self.spot_cost_ok or self.spot_time_ok:
+            return []
+        if self.time_chance is not None and not chance_ok(self.time_chance, i.min_finish_chance):
+            return [f"spot finishes by the deadline with a chance of {self.time_chance:.0%}, below "
+                    f"min_finish_chance {i.min_finish_chance:.0%}"]  # fmt: skip
+        if self.spot_h is None:
+            return ["no step time to show that spot finishes by the deadline"]
+        return [f"spot would take {self.spot_h:.2f} h, or leave no time to finish on on-demand after a "
+                "preemption, past the deadline"]  # fmt: skip
+
+    @property
+    def spot_reason(self) -> str:
+        return "; ".join(self.spot_why)
+
+    @property
+    def od_in_time(self) -> bool:
+        return self.od_hours is not None and in_time(self.od_hours, self.i.deadline_s)
+
+    @property
+    def od_why(self) -> str:
+        if self.i.on_demand_price is None:
+            return "no on-demand price"
+        if not self.od_cost_ok:
+            return f"on-demand estimate ${self.od_cost:.2f} exceeds the remaining budget {self.money}"
+        if self.od_hours is None:
+            return "no step time to show that on-demand finishes by the deadline"
+        return f"on-demand would take {self.od_hours:.2f} h, past the deadline"
+
+    @property
+    def guard_h(self) -> float:
+        """A (re)launch's start-up, one preemption's restart and loss."""
+        return 2 * self.start_h + self.i.lost_work_s / 3600.0
+
+    # -- waiting: after one wait, spot at the hoped-for price, or on-demand ----------------------------------
+    @property
+    def target(self) -> float | None:
+        i = self.i
+        return i.wait_target_price if i.wait_target_price is not None else (i.spot_price or i.on_demand_price)
+
+    @property
+    def later_start(self) -> float:
+        return self.start_h if self.tracked else 0.0
+
+    @cached_property
+    def target_fit(self) -> tuple[bool, bool, float | None]:
+        """(spot at the hoped-for price within budget, in time, its chance within budget) after one wait."""
+        if self.hours is None or self.target is None:
+            return False, False, None
+        ok, on_time, chance, _ = spot_fits(
+            self.i, self.hours, self.target, self.later_start, self.i.wait_interval_s
+        )
+        return ok, on_time, chance
+
+    @property
+    def target_cost(self) -> float | None:
+        later_spot_h = spot_hours(self.i, self.hours, self.later_start) if self.hours is not None else None
+        return (
+            later_spot_h * self.i.num_nodes * self.target
+            if later_spot_h is not None and self.target is not None
+            else None
+        )
+
+    @property
+    def may_wait(self) -> bool:
+        i = self.i
+        return i.max_wait_s > 0 and i.waited_s + i.wait_interval_s <= i.max_wait_s and not self.risky
+
+    @property
+    def wait_pays(self) -> bool:
+        """After the wait, spot at the hoped-for price or on-demand could still finish in time within
+        budget."""
+        i = self.i
+        if self.hours is None:
+            return True
+        later_od_h = self.hours + self.later_start
+        later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if i.on_demand_price else None
+        target_ok, target_in_time, _ = self.target_fit
+        od_ok = fits(later_od_cost, i.remaining_budget) and in_time(
+            later_od_h, i.deadline_s, after_s=i.wait_interval_s
+        )
+        return (target_ok and target_in_time) or od_ok
+
+    @property
+    def spot_late(self) -> bool:
+        return self.spot_offered and not self.risky and self.spot_cost_ok and self.hours is not None
+
+    @property
+    def od_late(self) -> bool:
+        return self.i.on_demand_price is not None and self.od_cost_ok and self.hours is not None
+
+    def made(self, choice: Choice, reason: str) -> Decision:
+        """A decision carrying the estimates."""
+        return Decision(
+            choice, reason, self.hours, self.spot_cost, self.od_cost, self.spot_h, self.i.remaining_budget
+        )

@@ -1,0 +1,215 @@
+"""The budget policy's vocabulary and arithmetic: its inputs, its decision, and the estimates it decides on.
+
+``airflow_dtrain.spot.budget`` holds the decision itself (a table of rules over these estimates); this module
+holds what the rules look at: ``BudgetInputs``, ``Choice``, ``Decision``, and the pure functions that say
+whether spot or on-demand fits the budget and the deadline (by the expected hours, or with
+``min_finish_chance`` by the chance of it). Standard library only.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainer.capacity import Capacity
+
+
+GUARD_RISK = 0.5
+"""The deadline guard takes on-demand when a first preemption before spot is done is likelier than this."""
+
+
+class Choice(str, enum.Enum):
+    """The decision: train on a capacity (spelled as ``Capacity``), wait, or stop."""
+
+    SPOT = Capacity.SPOT.value
+    ON_DEMAND = Capacity.ON_DEMAND.value
+    WAIT = "wait"
+    STOP = "stop"
+
+    @property
+    def capacity(self) -> Capacity | None:
+        """The capacity to train on, or None for wait / stop."""
+        return Capacity(self.value) if self in (Choice.SPOT, Choice.ON_DEMAND) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetInputs:
+    """What the policy decides on. Prices are US$ per node-hour; None means unknown."""
+
+    steps_remaining: int
+    """Optimizer steps left to train."""
+    step_time_s: float | None
+    """Seconds per optimizer step (measured, from the latest checkpoint manifest, or estimated)."""
+    num_nodes: int = 1
+    spot_price: float | None = None
+    """The chosen spot offer's price; None when there is no acceptable offer now."""
+    on_demand_price: float | None = None
+    remaining_budget: float | None = None
+    """US$ left to spend; None means no budget."""
+    interruption_rate_per_hour: float = 0.05
+    """Expected interruptions of the group per hour on spot (any node)."""
+    max_interruption_rate_per_hour: float = math.inf
+    """Above this risk, spot is not used."""
+    restart_overhead_s: float = 600.0
+    """Time an interruption costs besides lost work: new capacity, start-up, checkpoint load."""
+    lost_work_s: float = 0.0
+    """Work lost per interruption; about one step when the warning triggers a checkpoint, half
+    the checkpoint interval when it does not."""
+    deadline_s: float | None = None
+    """Seconds left until the job must be finished; None means no deadline."""
+    waited_s: float = 0.0
+    """How long this job has already waited for spot."""
+    max_wait_s: float = 0.0
+    """How long the job may wait for a spot offer in all (0: never wait)."""
+    wait_interval_s: float = 900.0
+    """How long one wait lasts before the next decision."""
+    wait_target_price: float | None = None
+    """The spot price hoped for when waiting (default: the spot limit, else on-demand)."""
+    spot_nodes_available: int | None = None
+    """Spot nodes of the offer that can be had at once (a capacity count); None: as many as the job needs.
+    A group needs all of its nodes at once: fewer is no spot at all."""
+    current: Choice | None = None
+    """What the job runs on now (a decision taken again while it trains): a switch from on-demand to spot
+    must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving.
+    When given, every capacity the job does not run on now is charged its start-up (time and money):
+    ``Choice.WAIT`` means nothing runs, so both pay it. None: start-ups are not estimated."""
+    max_late_risk: float = 0.0
+    """The chance of a first preemption before the spot run is done (over its start-up and its work) up to
+    which spot is used without keeping time to finish on on-demand after one (0: time for the fallback is
+    always kept)."""
+    min_finish_chance: float | None = None
+    """Spot fits the budget, and the deadline, when the chance that it finishes within it, and by it, is at
+    least this (preemptions Poisson at ``interruption_rate_per_hour``, each costing ``restart_overhead_s`` +
+    ``lost_work_s``; 0: any chance at all); the trainer's hard cap stops a run that is out of luck.
+    None: the expected spot cost and hours must fit."""
+    deadline_guard: bool = True
+    """Can't Be Late's safety net (Wu et al., NSDI'24), where a preemption is likelier than not: when
+    ``current`` is given and is not spot, the time to spare before the deadline after the remaining hours is
+    less than a spot (re)launch and one preemption (2 × ``restart_overhead_s`` + ``lost_work_s``), and a first
+    preemption before spot would be done is likelier than ``GUARD_RISK``: on-demand, when it finishes in time
+    within the budget, whatever ``max_late_risk`` and ``min_finish_chance`` accept. Off: only they keep time
+    for the fallback."""
+    allow_late: bool = True
+    """Whether finishing past the deadline within the budget (spot, or a wait for spot) beats stopping.
+    Off: once neither capacity can finish in time within the budget, the job stops."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "steps_remaining": self.steps_remaining is not None and self.steps_remaining >= 0,
+            "step_time_s": self.step_time_s is None or self.step_time_s > 0,
+            "num_nodes": self.num_nodes >= 1,
+            "spot_price": self.spot_price is None or self.spot_price >= 0,
+            "on_demand_price": self.on_demand_price is None or self.on_demand_price >= 0,
+            "interruption_rate_per_hour": self.interruption_rate_per_hour >= 0,
+            "restart_overhead_s": self.restart_overhead_s >= 0,
+            "lost_work_s": self.lost_work_s >= 0,
+            "wait_interval_s": self.wait_interval_s > 0,
+            "max_wait_s": self.max_wait_s >= 0,
+            "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
+            "max_late_risk": 0 <= self.max_late_risk <= 1,
+            "min_finish_chance": self.min_finish_chance is None or 0 <= self.min_finish_chance <= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    choice: Choice
+    reason: str
+    hours: float | None = None
+    """Estimated node-independent training hours left (without interruptions)."""
+    spot_cost: float | None = None
+    on_demand_cost: float | None = None
+    spot_hours: float | None = None
+    remaining_budget: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "choice": self.choice.value}
+
+
+def fits(cost: float | None, budget: float | None) -> bool:
+    """``cost`` is known and within ``budget`` (None: no budget), compared in whole micro-dollars."""
+    if cost is None:
+        return False
+    return budget is None or round(cost * 1e6) <= round(budget * 1e6)
+
+
+def in_time(hours: float | None, deadline_s: float | None, after_s: float = 0.0) -> bool:
+    """``hours`` are known and, begun ``after_s`` from now, end by the deadline (None: no deadline)."""
+    if hours is None:
+        return False
+    return deadline_s is None or after_s + hours * 3600.0 <= deadline_s + 1e-6
+
+
+def losses_fit(inputs: BudgetInputs, hours: float, start_h: float, room_h: float) -> float:
+    """The chance that the preemptions of ``hours`` on spot (Poisson at the interruption rate over the
+    expected spot hours, each costing ``restart_overhead_s`` + ``lost_work_s``) fit in ``room_h`` hours of
+    slack."""
+    if room_h < -1e-9:
+        return 0.0
+    per_loss_h = (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
+    lam = inputs.interruption_rate_per_hour * (hours * (1 + spot_overhead(inputs)) + start_h)
+    if per_loss_h <= 0 or lam <= 0:
+        return 1.0
+    k_max = math.floor(max(0.0, room_h) / per_loss_h + 1e-9)
+    term = total = math.exp(-lam)
+    for k in range(1, k_max + 1):
+        term *= lam / k
+        total += term
+        if term < 1e-12 and k > lam:
+            break
+    return min(1.0, total)
+
+
+def chance_ok(chance: float, least: float) -> bool:
+    """At least ``least``, and some chance at all (``least`` 0: any chance, never none)."""
+    return chance > 0 and chance >= least
+
+
+def budget_chance(inputs: BudgetInputs, hours: float, price: float, start_h: float) -> float:
+    """The chance that ``hours`` of training on spot at ``price`` (plus ``start_h`` of start-up) costs no more
+    than the remaining budget."""
+    i = inputs
+    if i.remaining_budget is None or price <= 0:
+        return 1.0
+    return losses_fit(i, hours, start_h, i.remaining_budget / (i.num_nodes * price) - hours - start_h)
+
+
+def deadline_chance(inputs: BudgetInputs, hours: float, start_h: float, after_s: float = 0.0) -> float:
+    """The chance that ``hours`` of training on spot (plus ``start_h`` of start-up), begun ``after_s`` from
+    now, finishes by the deadline."""
+    if inputs.deadline_s is None:
+        return 1.0
+    return losses_fit(inputs, hours, start_h, (inputs.deadline_s - after_s) / 3600.0 - hours - start_h)
+
+
+def spot_fits(
+    inputs: BudgetInputs, hours: float, price: float | None, start_h: float, after_s: float = 0.0
+) -> tuple[bool, bool, float | None, float | None]:
+    """(within budget, in time, chance within budget, chance in time) of ``hours`` on spot at ``price`` (None:
+    no offer) plus ``start_h`` of start-up, begun ``after_s`` from now: by the expected cost and hours, or
+    with ``min_finish_chance`` by the chance of each (the chances are None when not asked for)."""
+    i = inputs
+    if i.min_finish_chance is None:
+        spot_h = spot_hours(i, hours, start_h)
+        cost = spot_h * i.num_nodes * price if price is not None else None
+        return fits(cost, i.remaining_budget), in_time(spot_h, i.deadline_s, after_s), None, None
+    chance = budget_chance(i, hours, price, start_h) if price is not None else None
+    time_chance = deadline_chance(i, hours, start_h, after_s)
+    within = chance is not None and chance_ok(chance, i.min_finish_chance)
+    return within, chance_ok(time_chance, i.min_finish_chance), chance, time_chance
+
+
+def spot_overhead(inputs: BudgetInputs) -> float:
+    """Fraction of extra time spot costs through interruptions."""
+    return inputs.interruption_rate_per_hour * (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
+
+
+def spot_hours(inputs: BudgetInputs, hours: float, start_h: float) -> float:
+    """Expected hours on spot: ``hours`` of work with the interruption overhead, plus ``start_h`` of
+    start-up."""
+    return hours * (1 + spot_overhead(inputs)) + start_h
