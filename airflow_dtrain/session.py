@@ -26,7 +26,7 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchPrices
 from airflow_dtrain.spec import group_name, relaunch_index
-from airflow_dtrain.status_line import StatusLine, log_lines
+from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.money.cap import budget_or_none
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
@@ -48,11 +48,14 @@ EVENT_STATUS = {GroupState.SUCCEEDED: "success", GroupState.PREEMPTED: "preempte
 """How a group's end state reads in a trigger event (anything else is "error")."""
 
 
-def report(log: Any, lines: list[str], status_line: StatusLine | None) -> None:
-    """One poll's output of a group into the task log, batched, then the status line when it is due."""
+def report(
+    log: Any, lines: list[str], status_line: StatusLine | None, events: list[dict] | None = None
+) -> None:
+    """One poll's output of a group into the task log, batched, then the status line when it is due: fed
+    ``events`` (the poll's events, ``GroupWatch.events``) where the backend keeps them as data."""
     log_lines(log, lines)
     if status_line is not None:
-        status_line.feed(lines)
+        status_line.feed(lines, events=events)
         due = status_line.due()
         if due:
             log.info("status: %s", due)
@@ -92,6 +95,10 @@ class GroupWatch(WatchPrices):
     "ledger_uri"}``."""
     _prices_at: float = field(default=float("-inf"), repr=False)
     _feeding: threading.Thread | None = field(default=None, repr=False)
+    events_cursor: Any = None
+    """Where the last poll's events ended (``status_line.group_events``)."""
+    events: list[dict] = field(default_factory=list, repr=False)
+    """The last poll's events."""
 
     def poll(self) -> tuple[GroupStatus, list[str]]:
         """One look: the state, then the lines since the last look (complete once the state is terminal)."""
@@ -100,9 +107,10 @@ class GroupWatch(WatchPrices):
             self.feed_prices()
         self.cursor = chunk.cursor
         self.tail.extend(chunk.lines)
-        if self.recovering_since is not None and any(
-            '"event": "resume"' in line or '"event": "train"' in line for line in chunk.lines
-        ):
+        self.events, self.events_cursor = group_events(
+            self.launcher, self.name, chunk.lines, self.events_cursor
+        )
+        if self.recovering_since is not None and has_trained(self.events):
             metrics.timing("group.recovery_seconds", time.time() - self.recovering_since, tags=self.tags)
             self.recovering_since = None
         return status, chunk.lines
@@ -218,7 +226,7 @@ class GroupSession(SessionMoney):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             status, lines = watch.poll()
-            report(self.log, lines, status_line)
+            report(self.log, lines, status_line, watch.events)
             if watch.ended(status):
                 self.recovering_since = watch.recovering_since
                 return watch.event(status)
