@@ -14,9 +14,7 @@ The group's capacity, price and GPUs are what the trainer's cost ledger records.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,13 +23,16 @@ from trainer.capacity import Capacity
 from trainer.config import ConfigError, TrainConfig
 from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
-from airflow_dtrain.errors import SpecError
+from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
+from airflow_dtrain.errors import SpecError, checked
 from airflow_dtrain.kubernetes.spec import KubernetesSpec
+from airflow_dtrain.naming import group_base_name, group_name, relaunch_index
+from airflow_dtrain.resources import Resources
 from airflow_dtrain.trust import BACKENDS, Limits, within_roots
 
 __all__ = [
     "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Limits", "Resources", "SpecError", "TRAIN_ARGUMENTS",
-    "parse_entrypoint", "within_roots",
+    "group_base_name", "group_name", "kubernetes_for_run", "parse_entrypoint", "relaunch_index", "within_roots",
 ]  # fmt: skip
 
 GROUP = "Group"
@@ -45,125 +46,11 @@ TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(
 """Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor", ...}``."""
 _ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
-_MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
-_QUANTITY = r"[0-9]+(\.[0-9]+)?([mkMGTPE]i?)?"
 _LABEL_VALUE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 """The well-known node label of a node's availability zone (``JobSpec.zone``)."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The well-known node label of a node's instance type (``JobSpec.instance_type``)."""
-
-
-_TRAINER_MODULE = re.compile(r"trainer(\.[a-z_][a-z0-9_]*)*")
-"""The bundled trainer package and its modules (``trainer``, ``trainer.evaluate``)."""
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_ENTRYPOINT_FORMS = (
-    "a Python script (['train.py', ...]), '-m' and a module (['-m', 'my_pkg.train', ...]) or a "
-    "module of the bundled trainer"
-)
-
-
-def parse_entrypoint(value: Any) -> tuple[str, ...]:
-    """An ``entrypoint`` as the spec keeps it; ``SpecError`` naming the field and the value for anything else.
-
-    * ``()`` (or ``None``, ``["trainer"]``): the bundled trainer with the job's config;
-    * ``("trainer.evaluate", arg, ...)``: another module of the bundled trainer (also spelled ``-m trainer.x``);
-    * ``("-m", "my_pkg.train", arg, ...)`` or ``("path/to/train.py", arg, ...)``: your own program.
-
-    A single string is a program without arguments (``"train.py"``); arguments are separate strings.
-    """
-    if value is None or (isinstance(value, (list, tuple)) and not value):
-        return ()
-    if isinstance(value, str):
-        if value != value.strip() or len(value.split()) > 1:
-            raise SpecError(
-                f"entrypoint: {value!r} holds spaces: give the program and its arguments as a list, "
-                "e.g. ['train.py', '--lr', '3e-4'] (no shell ever sees it)"
-            )
-        value = (value,)
-    if not isinstance(value, (list, tuple)):
-        raise SpecError(
-            f"entrypoint: expected a list of strings such as ['train.py', '--lr', '3e-4'], got {value!r}"
-        )
-    for i, arg in enumerate(value):
-        if not isinstance(arg, str):
-            raise SpecError(f"entrypoint[{i}]: expected a string, got {arg!r} (entrypoint {list(value)!r})")
-        if "{{" in arg or "{%" in arg:
-            raise SpecError(f"entrypoint[{i}]: {arg!r} is a template: the program is set in the DAG file (an "
-                            "operator argument, never rendered from a run's params or conf)")  # fmt: skip
-        if "\0" in arg:
-            raise SpecError(f"entrypoint[{i}]: holds a NUL character, got {arg!r}")
-    head, args = value[0], tuple(value[1:])
-    if head == "-m":
-        if not args or not _MODULE.fullmatch(args[0]):
-            raise SpecError(
-                f"entrypoint: '-m' must be followed by a module name such as 'my_pkg.train', "
-                f"got {list(value)!r}"
-            )
-        if not _TRAINER_MODULE.fullmatch(args[0]):
-            return ("-m", *args)
-        head, args = args[0], args[1:]  # the bundled trainer, spelled with -m
-    if _TRAINER_MODULE.fullmatch(head):
-        return () if head == "trainer" and not args else (head, *args)
-    if head.endswith(".py") and head.strip() == head and len(head) > len(".py") and not head.startswith("-"):
-        return (head, *args)
-    raise SpecError(f"entrypoint: {head!r} is not {_ENTRYPOINT_FORMS} (entrypoint {list(value)!r})")
-
-
-def _checked(build, *args: Any, **kwargs: Any) -> Any:
-    """Call ``build``, turning the trainer's ConfigError into a SpecError (same message)."""
-    try:
-        return build(*args, **kwargs)
-    except SpecError:
-        raise
-    except ConfigError as err:
-        raise SpecError(str(err)) from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Resources:
-    """What each node of the group asks for."""
-
-    cpu: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='CPU per node, a Kubernetes quantity ("8", "7500m"): on Kubernetes the trainer container\'s request and '
-        "limit. Empty: 4 per GPU, else 1 per process.",
-    )  # fmt: skip
-    memory: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='Memory per node, a Kubernetes quantity ("64Gi"): on Kubernetes the request and limit (the '
-        "memory-backed /dev/shm counts against it). Empty: 32Gi per GPU, else 4Gi per process.",
-    )  # fmt: skip
-    ephemeral_storage: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='Node-local disk per node, a Kubernetes quantity ("200Gi"): on Kubernetes the request and limit of '
-        "ephemeral-storage, which the writable /tmp holds (caches, the token-store cache, the staging of s3:// "
-        "checkpoints). A pod over it is evicted. Empty: 100Gi with GPUs, else 20Gi.",
-    )  # fmt: skip
-    gpus_per_node: int = setting(0, ge=0, help="GPUs per node; 0 trains on CPU with gloo.")
-
-    def __post_init__(self) -> None:
-        for name in ("cpu", "memory", "ephemeral_storage"):
-            if isinstance(getattr(self, name), (int, float)) and not isinstance(getattr(self, name), bool):
-                object.__setattr__(self, name, str(getattr(self, name)))
-        _checked(check, self, "resources")
-
-    @classmethod
-    def from_value(cls, value: Any) -> Resources:
-        if value is None:
-            return cls()
-        if isinstance(value, Resources):
-            return value
-        if not isinstance(value, dict):
-            raise SpecError(f"resources: expected a mapping, got {value!r}")
-        unknown = sorted(set(value) - set(field_types(cls)))
-        if unknown:
-            raise SpecError(f"resources: unknown key {unknown[0]!r} (allowed: {', '.join(field_types(cls))})")
-        types = field_types(cls)
-        return cls(**{k: _checked(coerce, f"resources.{k}", types[k], v) for k, v in value.items()})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,7 +152,7 @@ class JobSpec:
         for name in ("zone", "instance_type"):  # a template that rendered nothing: no placement
             if getattr(self, name) in ("", "None"):
                 object.__setattr__(self, name, None)
-        _checked(check, self, "")
+        checked(check, self, "")
         if self.backend == "local" and self.own_program and self.entrypoint[0] != "-m":
             # what the local backend runs is on this machine: one spelling, absolute
             object.__setattr__(
@@ -330,7 +217,7 @@ class JobSpec:
         ``trainer``): the trainer's config is then only where the job's settings come from (the DTRAIN_*
         environment, see trainer/contract.py), and the trainer's own checks of it are skipped."""
         head = self.entrypoint[0] if self.entrypoint else "trainer"
-        return head == "-m" or not _TRAINER_MODULE.fullmatch(head)
+        return head == "-m" or not TRAINER_MODULE.fullmatch(head)
 
     def entrypoint_argv(self, config_path: str, trainer_args: Sequence[str] = ()) -> list[str]:
         """What torchrun runs after its own flags, on every process.
@@ -368,7 +255,7 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         data = dict(data)
-        train = _checked(TrainConfig.from_dict, data.pop("train", {}))
+        train = checked(TrainConfig.from_dict, data.pop("train", {}))
         resources = Resources.from_value(data.pop("resources", None))
         kubernetes, capacity = _kubernetes_and_capacity(
             data.pop("kubernetes", None), data.pop("capacity", None)
@@ -419,7 +306,7 @@ class JobSpec:
             if value is None:
                 continue
             if name in group_types:
-                group[name] = _checked(coerce, name, group_types[name], value)
+                group[name] = checked(coerce, name, group_types[name], value)
             else:
                 overrides[TRAIN_ARGUMENTS[name]] = value
         # The cost section belongs to the group: a config that sets it (older DAGs) gives its defaults.
@@ -429,7 +316,7 @@ class JobSpec:
         for name in ("budget_usd", "price_ceiling_per_node_hour"):  # a config's cost section may give them
             legacy = overrides.pop(f"cost.{name}", None)
             if name not in group and legacy not in (None, ""):
-                group[name] = _checked(coerce, name, float, legacy)
+                group[name] = checked(coerce, name, float, legacy)
         try:
             train = TrainConfig().with_overrides(overrides)
         except ConfigError as err:
@@ -439,7 +326,7 @@ class JobSpec:
         if capacity is not None:
             group["capacity"] = capacity
         if "price_per_node_hour" not in group and legacy_price not in (None, ""):
-            group["price_per_node_hour"] = _checked(coerce, "price_per_node_hour", float, legacy_price)
+            group["price_per_node_hour"] = checked(coerce, "price_per_node_hour", float, legacy_price)
         return cls(train=train, resources=Resources.from_value(resources), kubernetes=kubernetes,
                    entrypoint=entrypoint, **group)  # fmt: skip
 
@@ -483,31 +370,3 @@ def _name_argument(message: str) -> str:
     if sep and argument and argument != dotted.strip():
         return f"{dotted} (argument {argument}):{rest}"
     return message
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def group_base_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
-    """A deterministic, DNS-1035-safe name for the groups of one task instance.
-
-    The same dag_id/run_id/task_id/map_index always gives the same name, which is
-    what lets a restarted task find its group again instead of launching another.
-    """
-    digest = hashlib.sha256(f"{dag_id}\0{run_id}\0{task_id}\0{map_index}".encode()).hexdigest()[:10]
-    stem = _slug(f"{dag_id}-{task_id}")[: _MAX_NAME - len(digest) - 6].strip("-")
-    if not stem or not stem[0].isalpha():
-        stem = f"g{stem}"[: _MAX_NAME - len(digest) - 6].strip("-")
-    return f"{stem}-{digest}"
-
-
-def group_name(base: str, relaunch: int) -> str:
-    """The name of relaunch number ``relaunch`` (0 for the first launch)."""
-    return f"{base}-r{relaunch}"
-
-
-def relaunch_index(base: str, name: str) -> int | None:
-    """The relaunch number of ``name`` if it belongs to ``base``, else None."""
-    match = re.fullmatch(re.escape(base) + r"-r([0-9]+)", name)
-    return int(match.group(1)) if match else None
