@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.capacity import Capacity
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import BUDGET_AND_SPOT, ConfigError, TrainConfig
 from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
 from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
@@ -39,8 +39,6 @@ GROUP = "Group"
 """Trigger-form section of the group's shape."""
 KUBERNETES = "Kubernetes"
 """Trigger-form section of what only the kubernetes backend uses."""
-BUDGET_AND_SPOT = "Budget & spot"
-"""Trigger-form section of the money: the budget, the spot market."""
 
 TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(TrainConfig) if meta(f).arg}
 """Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor", ...}``."""
@@ -97,11 +95,6 @@ class JobSpec:
         0.0, ge=0, arg="price_ceiling_per_node_hour",
         help="The most a node-hour can cost while the group runs (spot: your max price, else on-demand); the "
         "cap's projection uses it. 0: price_per_node_hour.",
-    )  # fmt: skip
-    budget_usd: float | None = setting(
-        None, gt=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
-        help="Dollar cap of the whole job, over every relaunch, retry and run of it (empty: none). The group "
-        "saves and stops before its projected spend passes it.",
     )  # fmt: skip
     zone: str | None = setting(
         None, arg="zone", pattern=_LABEL_VALUE, rule="not an availability zone (a Kubernetes label value)",
@@ -201,11 +194,15 @@ class JobSpec:
             capacity_type=self.capacity,
             price_per_node_hour=self.price_per_node_hour,
             price_ceiling_per_node_hour=self.price_ceiling_per_node_hour,
-            budget_usd=self.budget_usd or 0.0,
             gpus_per_node=self.resources.gpus_per_node,
         )
         if self.train.cost != cost:
             object.__setattr__(self, "train", dataclasses.replace(self.train, cost=cost))
+
+    @property
+    def budget_usd(self) -> float | None:
+        """The job's dollar cap (``train.cost.budget_usd``, declared there once); None: no budget."""
+        return self.train.cost.budget_usd
 
     @property
     def world_size(self) -> int:
@@ -270,7 +267,10 @@ class JobSpec:
             capacity = train.cost.capacity_type
         data.setdefault("price_per_node_hour", train.cost.price_per_node_hour)
         data.setdefault("price_ceiling_per_node_hour", train.cost.price_ceiling_per_node_hour)
-        data.setdefault("budget_usd", train.cost.budget_usd or None)
+        if data.get("budget_usd") is not None:  # to_dict() shows the cap beside the group: it is the train's
+            cost = checked(dataclasses.replace, train.cost, budget_usd=data["budget_usd"])
+            train = dataclasses.replace(train, cost=cost)
+        data.pop("budget_usd", None)
         return cls(train=train, resources=resources, kubernetes=kubernetes, entrypoint=entrypoint,
                    capacity=capacity, **data)  # fmt: skip
 
@@ -313,10 +313,9 @@ class JobSpec:
         legacy_capacity = overrides.pop("cost.capacity_type", None)
         legacy_price = overrides.pop("cost.price_per_node_hour", None)
         overrides.pop("cost.gpus_per_node", None)
-        for name in ("budget_usd", "price_ceiling_per_node_hour"):  # a config's cost section may give them
-            legacy = overrides.pop(f"cost.{name}", None)
-            if name not in group and legacy not in (None, ""):
-                group[name] = checked(coerce, name, float, legacy)
+        legacy = overrides.pop("cost.price_ceiling_per_node_hour", None)  # a config's cost section may give it
+        if "price_ceiling_per_node_hour" not in group and legacy not in (None, ""):
+            group["price_ceiling_per_node_hour"] = checked(coerce, "price_ceiling_per_node_hour", float, legacy)
         try:
             train = TrainConfig().with_overrides(overrides)
         except ConfigError as err:
