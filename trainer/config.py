@@ -251,7 +251,7 @@ class CostConfig:
         None, gt=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
         help="The job's dollar cap over every relaunch, retry, run and sweep member that shares its spend "
         "ledger (empty: none). The trainer saves and stops (exit 77) before its projected spend to the next "
-        "check passes it; the platform also bounds each group's run time by what the money left buys.",
+        "check passes it.",
     )  # fmt: skip
     price_ceiling_per_node_hour: float = setting(
         0.0, ge=0,
