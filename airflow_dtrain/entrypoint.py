@@ -1,4 +1,5 @@
-"""What each process of a group runs: the bundled trainer, another of its modules, or a program of your own."""
+"""What each process of a group runs: the bundled trainer, another of its modules, or a program of your
+own."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def parse_entrypoint(value: Any) -> tuple[str, ...]:
     """An ``entrypoint`` as the spec keeps it; ``SpecError`` naming the field and the value for anything else.
 
     * ``()`` (or ``None``, ``["trainer"]``): the bundled trainer with the job's config;
-    * ``("trainer.evaluate", arg, ...)``: another module of the bundled trainer (also spelled ``-m trainer.x``);
+    * ``("trainer.evaluate", arg, ...)``: another module of the bundled trainer (also spelled ``-m
+    trainer.x``);
     * ``("-m", "my_pkg.train", arg, ...)`` or ``("path/to/train.py", arg, ...)``: your own program.
 
     A single string is a program without arguments (``"train.py"``); arguments are separate strings.

@@ -1,5 +1,7 @@
-"""What belongs to a job -- its checkpoint directory, spend ledger, leases and registry entries -- belongs to its
-owner: ``owner_of`` says who a run acts for, ``check_job_dir`` refuses another owner's or another job's directory
+"""What belongs to a job -- its checkpoint directory, spend ledger, leases and registry entries -- belongs to
+its
+owner: ``owner_of`` says who a run acts for, ``check_job_dir`` refuses another owner's or another job's
+directory
 before anything is written there (and claims a new one in its ``owner.json``).
 
 Cheap at parse time: the stdlib; Airflow's ``conf`` and the trainer's storage are imported where used.
@@ -31,7 +33,8 @@ class OwnershipError(SpecError):
 
 def owner_of(context: Any) -> str:
     """Who a run acts for: ``[dtrain] owners`` (JSON ``{"users": {user: team}, "dags": {dag_id: team}}``) maps
-    the user who triggered it, else its DAG, to a team; unmapped, the owner is the DAG itself. A scheduled run has
+    the user who triggered it, else its DAG, to a team; unmapped, the owner is the DAG itself. A scheduled
+    run has
     no triggering user: it acts for the DAG's team."""
     from airflow.sdk import conf
 
@@ -40,7 +43,8 @@ def owner_of(context: Any) -> str:
         owners = json.loads(raw) if raw else {}
     except ValueError as err:
         raise SpecError(f"[dtrain] owners: not JSON ({err}), got {raw!r}") from None
-    # a real context always has both; a bare one (an operator called outside Airflow) acts for nobody in particular
+    # a real context always has both; a bare one (an operator called outside Airflow) acts for nobody in
+    # particular
     dag_id = (
         getattr(context.get("ti"), "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "unowned"
     )
@@ -76,23 +80,31 @@ def _claims_above(storage: Any) -> list[tuple[str, dict[str, Any]]]:
 def check_job_dir(
     uri: str, *, owner: str, job: str | None, what: str = "checkpoint_uri", claim: bool = True
 ) -> None:
-    """Refuse ``uri`` unless it is ``owner``'s directory of ``job`` (``job`` None: any job of ``owner``, e.g. a
-    sweep's shared ledger), or a new one; with ``claim``, a new one is claimed (``owner.json``) before anything
-    else is written there. A directory holding data of no recorded owner is taken only if every checkpoint in it
-    names ``job`` (a job's directory from before owners were recorded); without ``claim`` (a read) it is refused only
-    when a checkpoint there names another job. A new directory inside a claimed one must be the same owner's, and
+    """Refuse ``uri`` unless it is ``owner``'s directory of ``job`` (``job`` None: any job of ``owner``, e.g.
+    a
+    sweep's shared ledger), or a new one; with ``claim``, a new one is claimed (``owner.json``) before
+    anything
+    else is written there. A directory holding data of no recorded owner is taken only if every checkpoint in
+    it
+    names ``job`` (a job's directory from before owners were recorded); without ``claim`` (a read) it is
+    refused only
+    when a checkpoint there names another job. A new directory inside a claimed one must be the same owner's,
+    and
     of the same job unless the one above is a shared ledger (a sweep's). Nothing is written when refused."""
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.storage import Storage
 
     if job is not None and not JOB_NAME.fullmatch(job):
-        raise OwnershipError(f"job: {job!r} is not a job name (lowercase letters, digits, . _ -; not empty): a "
-                             f"job's checkpoints, ledger and models are found by it")  # fmt: skip
+        raise OwnershipError(
+            f"job: {job!r} is not a job name (lowercase letters, digits, . _ -; not empty): a "
+            f"job's checkpoints, ledger and models are found by it"
+        )
     recorded = _claimed(uri)
     if recorded is not None:
         if recorded.get("owner") != owner or (job is not None and recorded.get("job") not in (job, None)):
             raise OwnershipError(
-                f"{what}: {uri!r} belongs to job {recorded.get('job')!r} of {recorded.get('owner')!r}, not to job "
+                f"{what}: {uri!r} belongs to job {recorded.get('job')!r} of {recorded.get('owner')!r}, not "
+                "to job "
                 f"{job!r} of {owner!r}: choose another job or directory (nothing was written there)"
             )
         return
@@ -125,6 +137,7 @@ def check_job_dir(
 
 def run_key(run_id: str) -> str:
     """A path segment for a run id, one-to-one: the run id's safe characters and a digest of the whole id, so
-    ``manual__2026-01-01T00:00:00+00:00`` and ``manual__2026-01-01T00-00-00-00-00`` never share a directory."""
+    ``manual__2026-01-01T00:00:00+00:00`` and ``manual__2026-01-01T00-00-00-00-00`` never share a
+    directory."""
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', run_id).strip('-.')[:80]}-{digest}"

@@ -20,21 +20,28 @@ class Resources:
     """What each node of the group asks for."""
 
     cpu: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='CPU per node, a Kubernetes quantity ("8", "7500m"): on Kubernetes the trainer container\'s request and '
+        None,
+        pattern=_QUANTITY,
+        rule="not a Kubernetes quantity",
+        help='CPU per node, a Kubernetes quantity ("8", "7500m"): on Kubernetes the trainer container\'s '
+        "request and "
         "limit. Empty: 4 per GPU, else 1 per process.",
-    )  # fmt: skip
+    )
     memory: str | None = setting(
         None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
         help='Memory per node, a Kubernetes quantity ("64Gi"): on Kubernetes the request and limit (the '
         "memory-backed /dev/shm counts against it). Empty: 32Gi per GPU, else 4Gi per process.",
     )  # fmt: skip
     ephemeral_storage: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='Node-local disk per node, a Kubernetes quantity ("200Gi"): on Kubernetes the request and limit of '
-        "ephemeral-storage, which the writable /tmp holds (caches, the token-store cache, the staging of s3:// "
+        None,
+        pattern=_QUANTITY,
+        rule="not a Kubernetes quantity",
+        help='Node-local disk per node, a Kubernetes quantity ("200Gi"): on Kubernetes the request and limit '
+        "of "
+        "ephemeral-storage, which the writable /tmp holds (caches, the token-store cache, the staging of "
+        "s3:// "
         "checkpoints). A pod over it is evicted. Empty: 100Gi with GPUs, else 20Gi.",
-    )  # fmt: skip
+    )
     gpus_per_node: int = setting(0, ge=0, help="GPUs per node; 0 trains on CPU with gloo.")
 
     def __post_init__(self) -> None:

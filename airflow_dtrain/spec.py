@@ -20,20 +20,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.capacity import Capacity
-from trainer.config import BUDGET_AND_SPOT, ConfigError, TrainConfig
+from trainer.config import BUDGET_AND_SPOT, ConfigError, TrainConfig  # noqa: F401  (re-exported)
 from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
 from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
 from airflow_dtrain.errors import SpecError, checked
-from airflow_dtrain.kubernetes.spec import KubernetesSpec
+from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity, kubernetes_for_run
 from airflow_dtrain.naming import group_base_name, group_name, relaunch_index
 from airflow_dtrain.resources import Resources
 from airflow_dtrain.trust import BACKENDS, Limits, within_roots
 
 __all__ = [
-    "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Limits", "Resources", "SpecError", "TRAIN_ARGUMENTS",
-    "group_base_name", "group_name", "kubernetes_for_run", "parse_entrypoint", "relaunch_index", "within_roots",
-]  # fmt: skip
+    "BACKENDS",
+    "JobLimits",
+    "JobSpec",
+    "KubernetesSpec",
+    "Limits",
+    "Resources",
+    "SpecError",
+    "TRAIN_ARGUMENTS",
+    "group_base_name",
+    "group_name",
+    "kubernetes_for_run",
+    "parse_entrypoint",
+    "relaunch_index",
+    "within_roots",
+]
 
 GROUP = "Group"
 """Trigger-form section of the group's shape."""
@@ -41,7 +53,8 @@ KUBERNETES = "Kubernetes"
 """Trigger-form section of what only the kubernetes backend uses."""
 
 TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(TrainConfig) if meta(f).arg}
-"""Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor", ...}``."""
+"""Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor",
+...}``."""
 _ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
 _LABEL_VALUE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -97,15 +110,23 @@ class JobSpec:
         "cap's projection uses it. 0: price_per_node_hour.",
     )  # fmt: skip
     zone: str | None = setting(
-        None, arg="zone", pattern=_LABEL_VALUE, rule="not an availability zone (a Kubernetes label value)",
-        help="The availability zone the price was chosen for (the budget decision's offer, e.g. us-east-1a): on "
+        None,
+        arg="zone",
+        pattern=_LABEL_VALUE,
+        rule="not an availability zone (a Kubernetes label value)",
+        help="The availability zone the price was chosen for (the budget decision's offer, e.g. us-east-1a): "
+        "on "
         "Kubernetes the pods require nodes labelled topology.kubernetes.io/zone with it. Empty: any zone.",
-    )  # fmt: skip
+    )
     instance_type: str | None = setting(
-        None, arg="instance_type", pattern=_LABEL_VALUE, rule="not an instance type (a Kubernetes label value)",
-        help="The instance type the price was chosen for (e.g. p5.48xlarge): on Kubernetes the pods require nodes "
+        None,
+        arg="instance_type",
+        pattern=_LABEL_VALUE,
+        rule="not an instance type (a Kubernetes label value)",
+        help="The instance type the price was chosen for (e.g. p5.48xlarge): on Kubernetes the pods require "
+        "nodes "
         "labelled node.kubernetes.io/instance-type with it. Empty: any type.",
-    )  # fmt: skip
+    )
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(
         3,
@@ -116,16 +137,24 @@ class JobSpec:
         help="How many times a preempted group is relaunched from its checkpoint.",
     )
     max_failures: int = setting(
-        2, ge=0, arg="max_failures", section=GROUP, title="Max failures",
-        help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from its "
+        2,
+        ge=0,
+        arg="max_failures",
+        section=GROUP,
+        title="Max failures",
+        help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from "
+        "its "
         "last checkpoint; counted apart from max_preemptions.",
-    )  # fmt: skip
+    )
     max_runtime_s: int | None = setting(
-        None, ge=1, arg="max_runtime_s",
-        help="Longest one group may run, with or without a budget (on Kubernetes the Job's activeDeadlineSeconds, "
+        None,
+        ge=1,
+        arg="max_runtime_s",
+        help="Longest one group may run, with or without a budget (on Kubernetes the Job's "
+        "activeDeadlineSeconds, "
         "locally the supervisor's deadline; the earlier of this and the budget's). Empty: the limits' "
         "max_runtime_s (the platform's default: a day).",
-    )  # fmt: skip
+    )
     kubernetes: KubernetesSpec = setting(
         factory=KubernetesSpec, cli=False,
         help="Pods of the kubernetes backend: image, namespace, volumes, secret_env, kueue_queue, ... "
@@ -133,12 +162,15 @@ class JobSpec:
         "chooses within them (airflow_dtrain.params.RunSettings.kubernetes).",
     )  # fmt: skip
     entrypoint: tuple[str, ...] = setting(
-        (), cli=False,
-        help="What each process runs instead of the bundled trainer (-m trainer --config <the train config>): "
-        "your own script and its arguments ('train.py', '--lr', '3e-4'), a module ('-m', 'my_pkg.train', ...), "
+        (),
+        cli=False,
+        help="What each process runs instead of the bundled trainer (-m trainer --config <the train "
+        "config>): "
+        "your own script and its arguments ('train.py', '--lr', '3e-4'), a module ('-m', 'my_pkg.train', "
+        "...), "
         "or another module of the bundled trainer ('trainer.evaluate', '--checkpoint-uri', uri). Set by the "
         "DAG author only (an operator argument, never templated, never a trigger-form param).",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entrypoint", parse_entrypoint(self.entrypoint))
@@ -178,7 +210,8 @@ class JobSpec:
                 chosen, required = getattr(self, name), self.kubernetes.node_selector.get(label)
                 if chosen and required and chosen != required:
                     raise SpecError(
-                        f"{name}: {chosen!r} was chosen, but kubernetes.node_selector requires {label}={required!r}: "
+                        f"{name}: {chosen!r} was chosen, but kubernetes.node_selector requires "
+                        f"{label}={required!r}: "
                         "no node could run the group"
                     )
         # One spelling of a local checkpoint directory for every reader: absolute, no "..".
@@ -254,13 +287,26 @@ class JobSpec:
         data = dict(data)
         train = checked(TrainConfig.from_dict, data.pop("train", {}))
         resources = Resources.from_value(data.pop("resources", None))
-        kubernetes, capacity = _kubernetes_and_capacity(
+        kubernetes, capacity = kubernetes_and_capacity(
             data.pop("kubernetes", None), data.pop("capacity", None)
         )
         entrypoint = data.pop("entrypoint", None)
-        unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
-                                      "max_failures", "max_runtime_s", "price_per_node_hour", "price_ceiling_per_node_hour",
-                                      "budget_usd", "zone", "instance_type"})  # fmt: skip
+        unknown = sorted(
+            set(data)
+            - {
+                "num_nodes",
+                "procs_per_node",
+                "backend",
+                "max_preemptions",
+                "max_failures",
+                "max_runtime_s",
+                "price_per_node_hour",
+                "price_ceiling_per_node_hour",
+                "budget_usd",
+                "zone",
+                "instance_type",
+            }
+        )
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
         if capacity is None:
@@ -313,14 +359,18 @@ class JobSpec:
         legacy_capacity = overrides.pop("cost.capacity_type", None)
         legacy_price = overrides.pop("cost.price_per_node_hour", None)
         overrides.pop("cost.gpus_per_node", None)
-        legacy = overrides.pop("cost.price_ceiling_per_node_hour", None)  # a config's cost section may give it
+        legacy = overrides.pop(
+            "cost.price_ceiling_per_node_hour", None
+        )  # a config's cost section may give it
         if "price_ceiling_per_node_hour" not in group and legacy not in (None, ""):
-            group["price_ceiling_per_node_hour"] = checked(coerce, "price_ceiling_per_node_hour", float, legacy)
+            group["price_ceiling_per_node_hour"] = checked(
+                coerce, "price_ceiling_per_node_hour", float, legacy
+            )
         try:
             train = TrainConfig().with_overrides(overrides)
         except ConfigError as err:
             raise SpecError(_name_argument(str(err))) from None
-        kubernetes, k8s_capacity = _kubernetes_and_capacity(kubernetes, group.pop("capacity", None))
+        kubernetes, k8s_capacity = kubernetes_and_capacity(kubernetes, group.pop("capacity", None))
         capacity = k8s_capacity or legacy_capacity
         if capacity is not None:
             group["capacity"] = capacity
@@ -332,34 +382,6 @@ class JobSpec:
 
 JobLimits = Limits
 """The older name of ``airflow_dtrain.trust.Limits``."""
-
-
-def _kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec, Any]:
-    """The KubernetesSpec, and the capacity: ``capacity`` if given, else the older
-    ``kubernetes={"capacity_type": ...}`` spelling of it."""
-    if isinstance(value, dict) and "capacity_type" in value:
-        value = dict(value)
-        legacy = value.pop("capacity_type")
-        if capacity is None:
-            try:
-                capacity = Capacity.parse(legacy, field="kubernetes.capacity_type")
-            except ValueError as err:
-                raise SpecError(str(err)) from None
-    return KubernetesSpec.from_value(value), capacity
-
-
-def kubernetes_for_run(kubernetes: Any, overrides: Any) -> Any:
-    """The DAG author's pod settings (``kubernetes``) with what a run chose (``overrides``: the trigger
-    form's ``kubernetes``, checked by ``KubernetesSpec.choose``), as ``JobSpec.from_arguments`` takes them."""
-    if kubernetes is None and overrides in (None, {}):
-        return None
-    spec, legacy_capacity = _kubernetes_and_capacity(kubernetes, None)
-    chosen = spec.choose(overrides)
-    if (
-        legacy_capacity is not None
-    ):  # the older kubernetes={"capacity_type": ...}: from_arguments reads it again
-        return {**chosen.to_dict(), "capacity_type": kubernetes["capacity_type"]}
-    return chosen
 
 
 def _name_argument(message: str) -> str:

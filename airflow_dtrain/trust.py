@@ -8,7 +8,8 @@ Three parties, each trusted less than the next:
   ask for (``Limits``), never widened by a run;
 * the **platform admin** sets the ``[dtrain]`` options of the Airflow deployment: the limits every DAG lives
   within (``[dtrain] limits``, ``storage_roots``), who owns which jobs (``[dtrain] owners``), the SQS queues a
-  DAG may read (``[dtrain] interruption_queues``) and the Kubernetes policy (the connection's ``dtrain_policy``).
+  DAG may read (``[dtrain] interruption_queues``) and the Kubernetes policy (the connection's
+  ``dtrain_policy``).
 
 What one job shares with another is the worker, the cluster and the storage roots; what belongs to a job --
 its checkpoint directory, spend ledger, leases and registry entries -- belongs to its **owner** (``owner_of``:
@@ -52,28 +53,34 @@ BACKENDS = ("local", "kubernetes")
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     """What a run may ask for. The admin's (``[dtrain] limits`` and ``storage_roots``) bound every DAG; a DAG
-    author's (``FSDPTrainOperator(limits=...)``) narrow them; a trigger chooses within both (``limits_for``)."""
+    author's (``FSDPTrainOperator(limits=...)``) narrow them; a trigger chooses within both
+    (``limits_for``)."""
 
     max_nodes: int | None = setting(None, ge=1, help="Most nodes a group may have.")
     max_procs_per_node: int | None = setting(None, ge=1, help="Most processes (GPUs) per node.")
     max_steps: int | None = setting(None, ge=1, help="Most optimizer steps a job may train.")
     max_tokens_per_micro_batch: int | None = setting(
-        None, ge=1, help="Most tokens per micro-batch and process (seq_len x micro_batch_size): what bounds a "
+        None,
+        ge=1,
+        help="Most tokens per micro-batch and process (seq_len x micro_batch_size): what bounds a "
         "process's activation memory.",
-    )  # fmt: skip
+    )
     max_sweep_members: int | None = setting(None, ge=1, help="Most trainings one sweep may start.")
     max_price_per_node_hour: float | None = setting(
-        None, gt=0, help="Highest price per node-hour a run may set or accept (local prices, max spot price).",
-    )  # fmt: skip
+        None,
+        gt=0,
+        help="Highest price per node-hour a run may set or accept (local prices, max spot price).",
+    )
     max_runtime_s: int | None = setting(
         None, ge=1, help="Longest a group may run, with or without a budget: the Job's activeDeadlineSeconds "
         "and the local supervisor's deadline (the earlier of this and the budget's).",
     )  # fmt: skip
     backends: tuple[str, ...] | None = setting(None, help="Backends a run may choose (default: any).")
     storage_roots: tuple[str, ...] | None = setting(
-        None, help="Where checkpoint_uri, dataset, init_from, the ledger and the registry may point: directories "
+        None,
+        help="Where checkpoint_uri, dataset, init_from, the ledger and the registry may point: directories "
         "or s3:// prefixes. The admin's default: the local backend's directory ($AIRFLOW_HOME/dtrain).",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -110,7 +117,8 @@ class Limits:
 
     def narrowed(self, author: Limits) -> Limits:
         """These (the admin's) limits narrowed by a DAG author's: the lower maximum of each, the backends both
-        allow, and the author's roots, each of which must lie under one of these (an author cannot widen them)."""
+        allow, and the author's roots, each of which must lie under one of these (an author cannot widen
+        them)."""
         values: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             mine, theirs = getattr(self, f.name), getattr(author, f.name)
@@ -121,8 +129,10 @@ class Limits:
                 if theirs is not None and mine is not None:
                     for root in theirs:
                         if not within_roots(root, mine):
-                            raise SpecError(f"limits.storage_roots: {root!r} is outside the platform's storage roots "
-                                            f"([dtrain] storage_roots: {', '.join(mine)})")  # fmt: skip
+                            raise SpecError(
+                                f"limits.storage_roots: {root!r} is outside the platform's storage roots "
+                                f"([dtrain] storage_roots: {', '.join(mine)})"
+                            )
                 values[f.name] = theirs if theirs is not None else mine
             else:
                 values[f.name] = mine if theirs is None else theirs if mine is None else min(mine, theirs)
@@ -150,8 +160,10 @@ class Limits:
         """``seq_len x micro_batch_size``, what one process's activations grow with, within the limit."""
         tokens, limit = int(seq_len) * int(micro_batch_size), self.max_tokens_per_micro_batch
         if limit is not None and tokens > limit:
-            raise SpecError(f"seq_len x micro_batch_size: {seq_len} x {micro_batch_size} = {tokens} tokens is above "
-                            f"the limit of {limit} (limits.max_tokens_per_micro_batch)")  # fmt: skip
+            raise SpecError(
+                f"seq_len x micro_batch_size: {seq_len} x {micro_batch_size} = {tokens} tokens is above "
+                f"the limit of {limit} (limits.max_tokens_per_micro_batch)"
+            )
 
     def check_uri(self, name: str, uri: str | None) -> None:
         """``uri`` (a path, file:// or s3://) lies under ``storage_roots``."""
@@ -177,8 +189,12 @@ class Limits:
         ):
             self._above(name, value, limit_name)
         self.check_tokens(train.data.seq_len, train.micro_batch_size)
-        for name, uri in (("checkpoint_uri", train.checkpoint.uri), ("dataset", train.data.dataset),
-                          ("init_from", train.model.init_from), ("cost.ledger_uri", train.cost.ledger_uri)):  # fmt: skip
+        for name, uri in (
+            ("checkpoint_uri", train.checkpoint.uri),
+            ("dataset", train.data.dataset),
+            ("init_from", train.model.init_from),
+            ("cost.ledger_uri", train.cost.ledger_uri),
+        ):
             self.check_uri(name, uri)
         if self.backends is not None and spec.backend not in self.backends:
             raise SpecError(
@@ -186,7 +202,8 @@ class Limits:
             )
 
     def form_maxima(self) -> dict[str, dict[str, Any]]:
-        """The trigger form's bounds from these limits (``trigger_params(schemas=...)``): the form shows them."""
+        """The trigger form's bounds from these limits (``trigger_params(schemas=...)``): the form shows
+        them."""
         out: dict[str, dict[str, Any]] = {}
         for arg, name in (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_node"),
                           ("steps", "max_steps"), ("max_price", "max_price_per_node_hour"),
@@ -203,8 +220,10 @@ class Limits:
 ADMIN_DEFAULTS = Limits(
     max_tokens_per_micro_batch=1 << 18, max_price_per_node_hour=500.0, max_runtime_s=86_400
 )
-"""What bounds every DAG when ``[dtrain] limits`` leaves a field out: 262,144 tokens per micro-batch (32 x 8,192),
-$500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain] limits`` removes one."""
+"""What bounds every DAG when ``[dtrain] limits`` leaves a field out: 262,144 tokens per micro-batch (32 x
+8,192),
+$500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain] limits``
+removes one."""
 
 WHO_SETS_WHAT: dict[str, str] = {
     "max_nodes": "admin, narrowed by the author",
@@ -258,7 +277,8 @@ def limits_for(author: Any = None) -> Limits:
 
 
 def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
-    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first (``..``,
+    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first
+    (``..``,
     symbolic links), so it cannot climb out. The root ``s3://`` alone allows every bucket."""
 
     def local(u: str) -> str | None:
@@ -295,12 +315,15 @@ _RUN_MAXIMA = (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_nod
 
 def check_run(params: Any, author: Any = None) -> None:
     """A run's trigger form against the limits its DAG lives within, before any task reads or writes anything:
-    a DAG's first task calls it (the tasks check again what reaches them). Raises ``SpecError`` naming the field
+    a DAG's first task calls it (the tasks check again what reaches them). Raises ``SpecError`` naming the
+    field
     and the value."""
     limits = limits_for(author)
     if "job" in params and not JOB_NAME.fullmatch(str(params["job"] or "")):
-        raise OwnershipError(f"job: {params['job']!r} is not a job name (lowercase letters, digits, . _ -; not "
-                             f"empty): a job's checkpoints, ledger and models are found, and owned, by it")  # fmt: skip
+        raise OwnershipError(
+            f"job: {params['job']!r} is not a job name (lowercase letters, digits, . _ -; not "
+            f"empty): a job's checkpoints, ledger and models are found, and owned, by it"
+        )
     for name in _RUN_URIS:
         if params.get(name):
             limits.check_uri(name, str(params[name]))

@@ -119,7 +119,8 @@ class FSDPTrainOperator(BaseOperator):
     def _default_checkpoint_uri(self, backend: str | None) -> str:
         if backend != "local":
             raise SpecError(f"checkpoint_uri: required for backend {backend!r}")
-        # A job's checkpoints are found again by every run of it; without a job, each task instance has its own.
+        # A job's checkpoints are found again by every run of it; without a job, each task instance has its
+        # own.
         return str(local_state_dir(self.local_state_dir).parent / "checkpoints" / (self.job or self._base))
 
     # -- the session ---------------------------------------------------------------------------
@@ -254,11 +255,17 @@ class FSDPTrainOperator(BaseOperator):
         summary_path = write_summary(spec.train.checkpoint.uri, summary)
         if at_cap is not None:
             self.log.warning(
-                "Training stopped at step %s of %d to stay within its $%.2f budget: $%.4f spent; checkpoint %s. "
+                "Training stopped at step %s of %d to stay within its $%.2f budget: $%.4f spent; checkpoint "
+                "%s. "
                 "Raise budget_usd and run the job again to go on from there. Summary: %s (in %s)",
-                progress.get("step"), spec.train.steps, spec.train.cost.budget_usd, summary.get("dollars", 0.0),
-                progress.get("latest_checkpoint"), json.dumps(summary), summary_path,
-            )  # fmt: skip
+                progress.get("step"),
+                spec.train.steps,
+                spec.train.cost.budget_usd,
+                summary.get("dollars", 0.0),
+                progress.get("latest_checkpoint"),
+                json.dumps(summary),
+                summary_path,
+            )
             return summary
         self.log.info("Training finished: %s (summary in %s)", json.dumps(summary), summary_path)
         return summary
@@ -297,7 +304,8 @@ class FSDPTrainOperator(BaseOperator):
 
 
 def _check_local_program(entrypoint: tuple[str, ...]) -> None:
-    """The local backend runs a script from this machine: it must be there (a module is the interpreter's to find)."""
+    """The local backend runs a script from this machine: it must be there (a module is the interpreter's to
+    find)."""
     if entrypoint[0] != "-m" and not os.path.isfile(entrypoint[0]):
         raise SpecError(
             f"entrypoint: {entrypoint[0]!r} is not a file on this machine (the local backend runs it here)"
