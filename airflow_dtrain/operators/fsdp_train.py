@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
     from airflow_dtrain.aws.prices import SpotPriceFeed
 
-_DEFERRABLE = conf.getboolean("operators", "default_deferrable", fallback=False)
+_SIGNATURE = signature(deferrable=conf.getboolean("operators", "default_deferrable", fallback=False))
+"""``FSDPTrainOperator.__init__``'s: every argument's default, as Airflow and ``inspect`` see it."""
 
 
 class TrainingFailed(GroupFailed):
@@ -60,8 +61,7 @@ class FSDPTrainOperator(BaseOperator):
 
     def __init__(self, **kwargs: Any) -> None:
         """The arguments are the class docstring's (``train_arguments.ARGUMENTS``); the rest are Airflow's."""
-        values = {a.name: kwargs.pop(a.name, a.default) for a in ARGUMENTS}
-        values["deferrable"] = kwargs.pop("deferrable", _DEFERRABLE)
+        values = {a.name: kwargs.pop(a.name, _SIGNATURE.parameters[a.name].default) for a in ARGUMENTS}
         super().__init__(**kwargs)
         where = f"{type(self).__name__}(task_id={self.task_id!r})"
         check_author_template(f"{where}: kubernetes", values["kubernetes"])
@@ -72,7 +72,7 @@ class FSDPTrainOperator(BaseOperator):
         # Fail in the DAG file, not at run time, for everything that is not templated.
         self.job_spec(skip_templates=True)
 
-    __init__.__signature__ = signature(_DEFERRABLE)  # type: ignore[attr-defined]
+    __init__.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
 
     # -- spec -------------------------------------------------------------------------------
     def job_spec(self, *, skip_templates: bool = False) -> JobSpec:
