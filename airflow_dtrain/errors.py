@@ -21,3 +21,13 @@ def positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SpecError(f"{name}: must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def checked(build, *args: Any, **kwargs: Any) -> Any:
+    """Call ``build``, turning the trainer's ConfigError into a SpecError (same message)."""
+    try:
+        return build(*args, **kwargs)
+    except SpecError:
+        raise
+    except ConfigError as err:
+        raise SpecError(str(err)) from None

@@ -119,7 +119,8 @@ def get_provider_info() -> dict:
                     "storage_roots": {
                         "description": (
                             "Comma-separated directories or s3:// prefixes where every DAG's checkpoint_uri, "
-                            "registry_uri, dataset, init_from and ledger must lie, besides the local backend's own "
+                            "registry_uri, dataset, init_from and ledger must lie, besides the local "
+                            "backend's own "
                             "$AIRFLOW_HOME/dtrain (always allowed); empty: that directory only."
                         ),
                         "version_added": "0.1.0",
@@ -131,7 +132,8 @@ def get_provider_info() -> dict:
                         "description": (
                             "What any DAG's run may ask for, as JSON of airflow_dtrain.trust.Limits fields "
                             "(max_nodes, max_procs_per_node, max_steps, max_tokens_per_micro_batch, "
-                            "max_sweep_members, max_price_per_node_hour, max_runtime_s, backends); a DAG author's "
+                            "max_sweep_members, max_price_per_node_hour, max_runtime_s, backends); a DAG "
+                            "author's "
                             "limits only narrow them. A field left out takes its default (262144 tokens per "
                             "micro-batch, $500 per node-hour, 86400 s per group); null removes it."
                         ),
@@ -142,8 +144,10 @@ def get_provider_info() -> dict:
                     },
                     "owners": {
                         "description": (
-                            'Who owns a run\'s jobs, as JSON: {"users": {user: team}, "dags": {dag_id: team}}; '
-                            "the triggering user's team, else the DAG's, else the DAG id. A job's directory, ledger "
+                            "Who owns a run's jobs, as JSON: "
+                            '{"users": {user: team}, "dags": {dag_id: team}}; '
+                            "the triggering user's team, else the DAG's, else the DAG id. A job's directory, "
+                            "ledger "
                             "and registry entry belong to the owner that first wrote them."
                         ),
                         "version_added": "0.2.0",
@@ -153,7 +157,8 @@ def get_provider_info() -> dict:
                     },
                     "interruption_queues": {
                         "description": (
-                            "SQS queues SpotInterruptionSensor may read: comma-separated queue URLs, or account "
+                            "SQS queues SpotInterruptionSensor may read: comma-separated queue URLs, or "
+                            "account "
                             "prefixes ending in / (any queue of that account and region); empty: none."
                         ),
                         "version_added": "0.2.0",
@@ -163,8 +168,10 @@ def get_provider_info() -> dict:
                     },
                     "local_memory_per_node": {
                         "description": (
-                            "Memory limit of each node of a local group without resources.memory, a Kubernetes "
-                            "quantity such as 16Gi (cgroup v2 where delegated, else RLIMIT_DATA per process). "
+                            "Memory limit of each node of a local group without resources.memory, a "
+                            "Kubernetes "
+                            "quantity such as 16Gi (cgroup v2 where delegated, else RLIMIT_DATA per "
+                            "process). "
                             "Empty: 32Gi per GPU, else 4Gi per process, as on Kubernetes."
                         ),
                         "version_added": "0.2.0",
@@ -174,8 +181,10 @@ def get_provider_info() -> dict:
                     },
                     "interruption_rate_per_hour": {
                         "description": (
-                            "How often a spot group is interrupted, per hour, on the market the bundled train_llama "
-                            "runs on (its budget task's interruption_rate_per_hour, used in the spot estimates); "
+                            "How often a spot group is interrupted, per hour, on the market the bundled "
+                            "train_llama "
+                            "runs on (its budget task's interruption_rate_per_hour, used in the spot "
+                            "estimates); "
                             "set it from your own history. Empty: the operator's default (0.05)."
                         ),
                         "version_added": "0.1.0",
@@ -186,14 +195,16 @@ def get_provider_info() -> dict:
                     "kubernetes": {
                         "description": (
                             "Pod settings of the bundled DAGs (train_llama, sweep_llama) on the kubernetes "
-                            "backend, as JSON (airflow_dtrain.kubernetes.spec.KubernetesSpec): image, namespace, "
+                            "backend, as JSON (airflow_dtrain.kubernetes.spec.KubernetesSpec): image, "
+                            "namespace, "
                             "service_account, volumes, secret_env, pod_template, allowed_images, "
                             "allowed_namespaces... Set by whoever deploys those DAGs; a trigger form only "
                             "chooses an image and a namespace within it."
                         ),
                         "version_added": "0.1.0",
                         "type": "string",
-                        "example": '{"image": "ghcr.io/acme/dtrain:1.0", "allowed_images": ["ghcr.io/acme/dtrain:"], '
+                        "example": '{"image": "ghcr.io/acme/dtrain:1.0", '
+                        '"allowed_images": ["ghcr.io/acme/dtrain:"], '
                         '"volumes": [{"claim": "ckpt", "mount_path": "/mnt/ckpt"}]}',
                         "default": "",
                     },

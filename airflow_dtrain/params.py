@@ -19,16 +19,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import CHECKPOINTS, MODEL_AND_DATA, URI_PATTERN, TrainConfig
+from trainer.config import BUDGET_AND_SPOT, CHECKPOINTS, MODEL_AND_DATA, URI_PATTERN, TrainConfig
 from trainer.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
 
+from airflow_dtrain.deployed import (  # noqa: F401  (re-exported: the DAGs import them from here)
+    BUNDLED_LIMITS,
+    deployed_interruption_rate,
+    deployed_kubernetes,
+    deployed_storage_roots,
+    form_limits,
+)
 from airflow_dtrain.kubernetes.spec import TRIGGER_KEYS
-from airflow_dtrain.spec import BUDGET_AND_SPOT, GROUP, KUBERNETES, JobSpec
+from airflow_dtrain.spec import GROUP, KUBERNETES, JobSpec
 
 SECTIONS = (MODEL_AND_DATA, GROUP, CHECKPOINTS, BUDGET_AND_SPOT, KUBERNETES)
 """The trigger form's sections, in the order they are shown."""
@@ -78,19 +84,32 @@ class RunSettings:
         help="On the local backend: the price charged as on-demand.",
     )
     text_field: str = setting(
-        "text", arg="text_field", section=MODEL_AND_DATA, title="Text field", pattern=r"[A-Za-z0-9_.\-]+",
+        "text",
+        arg="text_field",
+        section=MODEL_AND_DATA,
+        title="Text field",
+        pattern=r"[A-Za-z0-9_.\-]+",
         rule="must be a field or column name (letters, digits, _ . -)",
-        help="When the dataset is text to prepare: the JSON field (.jsonl) or column (.parquet, datasets) with the text.",
-    )  # fmt: skip
+        help="When the dataset is text to prepare: the JSON field (.jsonl) or column (.parquet, datasets) "
+        "with the text.",
+    )
     on_bad_row: str = setting(
-        "error", choices=("error", "skip"), arg="on_bad_row", section=MODEL_AND_DATA, title="Bad rows",
-        help="When the dataset is text to prepare: a row without text (null, not a string, not UTF-8, not JSON) is "
+        "error",
+        choices=("error", "skip"),
+        arg="on_bad_row",
+        section=MODEL_AND_DATA,
+        title="Bad rows",
+        help="When the dataset is text to prepare: a row without text (null, not a string, not UTF-8, not "
+        "JSON) is "
         "refused naming its file and line (error) or counted and skipped (skip).",
-    )  # fmt: skip
+    )
     instance_types: list[str] = setting(
-        factory=lambda: ["p4d.24xlarge", "p5.48xlarge"], arg="instance_types", section=BUDGET_AND_SPOT,
-        title="EC2 instance types", help="EC2 instance types whose spot prices are considered (kubernetes backend).",
-    )  # fmt: skip
+        factory=lambda: ["p4d.24xlarge", "p5.48xlarge"],
+        arg="instance_types",
+        section=BUDGET_AND_SPOT,
+        title="EC2 instance types",
+        help="EC2 instance types whose spot prices are considered (kubernetes backend).",
+    )
     availability_zones: list[str] = setting(
         factory=list,
         arg="availability_zones",
@@ -103,11 +122,15 @@ class RunSettings:
         help="Where the best model is recorded and exported (a path or s3://); empty: the DAG's default.",
     )  # fmt: skip
     kubernetes: dict[str, str] = setting(
-        factory=dict, arg="kubernetes", section=KUBERNETES, title="Kubernetes: image and namespace",
-        help="What a run may choose of the kubernetes backend's pods: image (one this DAG allows) and namespace "
+        factory=dict,
+        arg="kubernetes",
+        section=KUBERNETES,
+        title="Kubernetes: image and namespace",
+        help="What a run may choose of the kubernetes backend's pods: image (one this DAG allows) and "
+        "namespace "
         "(one this DAG allows). Everything else about the pods (volumes, secrets, service account, pod "
         "template) is the DAG author's and the platform admin's.",
-    )  # fmt: skip
+    )
     interruption_queue_url: str | None = setting(
         None, arg="interruption_queue_url", section=KUBERNETES, title="Interruption queue (SQS URL)",
         pattern=r"^https://sqs\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[0-9]{12}/[A-Za-z0-9_-]+(\.fifo)?$",
@@ -120,9 +143,13 @@ class SweepSettings:
     """What a sweep DAG varies and where its members' checkpoints go (``dags/sweep_llama.py``)."""
 
     learning_rates: list[float] = setting(
-        factory=lambda: [1e-3, 3e-3], gt=0, arg="learning_rates", section=MODEL_AND_DATA, title="Learning rates",
+        factory=lambda: [1e-3, 3e-3],
+        gt=0,
+        arg="learning_rates",
+        section=MODEL_AND_DATA,
+        title="Learning rates",
         help="One training per learning rate, all behind one budget check.",
-    )  # fmt: skip
+    )
     price_per_hour: float = setting(
         0.5,
         ge=0,
@@ -138,7 +165,8 @@ class SweepSettings:
 
 
 _SCHEMAS: dict[str, dict[str, Any]] = {
-    # A run chooses only these of the pods (KubernetesSpec.choose checks them again, against the DAG's allowlists).
+    # A run chooses only these of the pods (KubernetesSpec.choose checks them again, against the DAG's
+    # allowlists).
     "kubernetes": {
         "additionalProperties": False,
         "properties": {
@@ -288,7 +316,8 @@ AUTHOR_ONLY = {
     "entrypoint": "the program every process runs",
     "limits": "what a run may ask for",
 }
-"""Operator arguments only the DAG author sets (in the DAG file, never templated): a run can never choose them."""
+"""Operator arguments only the DAG author sets (in the DAG file, never templated): a run can never choose
+them."""
 
 
 class UnknownConfKeys(ValueError):
@@ -313,75 +342,6 @@ def reject_unknown_conf(conf: Mapping[str, Any] | None, params: Iterable[str]) -
     unknown = sorted(set(conf or {}) - known)
     if unknown:
         raise UnknownConfKeys(
-            f"dag_run.conf: unknown key(s) {', '.join(map(repr, unknown))}; this DAG takes: {', '.join(sorted(known))}"
+            f"dag_run.conf: unknown key(s) {', '.join(map(repr, unknown))}; this DAG takes: "
+            f"{', '.join(sorted(known))}"
         )
-
-
-def deployed_kubernetes() -> dict[str, Any]:
-    """The bundled DAGs' pod settings: ``[dtrain] kubernetes`` (``AIRFLOW__DTRAIN__KUBERNETES``), a JSON
-    ``KubernetesSpec`` set by whoever deploys the DAGs; ``{}`` when unset. A bad value fails the DAG's
-    parse, naming the option."""
-    import json
-
-    from airflow.sdk import conf
-
-    raw = conf.get("dtrain", "kubernetes", fallback="") or ""
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as err:
-        raise ValueError(f"[dtrain] kubernetes: not JSON ({err}), got {raw!r}") from None
-    from airflow_dtrain.kubernetes.spec import KubernetesSpec
-
-    KubernetesSpec.from_value(value)  # a bad setting fails here, naming the field
-    return value
-
-
-BUNDLED_LIMITS: dict[str, Any] = {
-    "max_nodes": 8,
-    "max_procs_per_node": 8,
-    "max_steps": 1_000_000,
-    "max_sweep_members": 16,
-}
-"""What the bundled DAGs' author allows a run (train_llama and sweep_llama alike), within the platform admin's
-``[dtrain] limits`` (``airflow_dtrain.trust.limits_for``)."""
-
-
-def form_limits(author: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """The trigger form's maxima from the limits a DAG's runs live within (the admin's narrowed by ``author``), so
-    the form shows and refuses what the tasks would refuse again."""
-    from airflow_dtrain.trust import limits_for
-
-    return limits_for(author).form_maxima()
-
-
-def deployed_storage_roots() -> tuple[str, ...] | None:
-    """``[dtrain] storage_roots`` (``AIRFLOW__DTRAIN__STORAGE_ROOTS``): comma-separated directories or s3://
-    prefixes the bundled DAGs' checkpoint_uri, dataset and init_from must lie under; unset: anywhere."""
-    from airflow.sdk import conf
-
-    raw = conf.get("dtrain", "storage_roots", fallback="") or ""
-    roots = tuple(r.strip() for r in raw.split(",") if r.strip())
-    return roots or None
-
-
-def deployed_interruption_rate() -> float | None:
-    """``[dtrain] interruption_rate_per_hour`` (``AIRFLOW__DTRAIN__INTERRUPTION_RATE_PER_HOUR``): how often a spot
-    group is interrupted, per hour, on the market the bundled train_llama runs on, for its budget task
-    (``BudgetBranchOperator(interruption_rate_per_hour=...)``); None when unset (the operator's default). Set
-    by whoever deploys the DAG, from their own history; a bad value fails the DAG's parse, naming the option."""
-    from airflow.sdk import conf
-
-    raw = (conf.get("dtrain", "interruption_rate_per_hour", fallback="") or "").strip()
-    if not raw:
-        return None
-    try:
-        rate = float(raw)
-    except ValueError:
-        rate = math.nan
-    if not (math.isfinite(rate) and rate >= 0):
-        raise ValueError(
-            f"[dtrain] interruption_rate_per_hour: expected interruptions per hour, a number >= 0, got {raw!r}"
-        )
-    return rate

@@ -14,156 +14,54 @@ The group's capacity, price and GPUs are what the trainer's cost ledger records.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.capacity import Capacity
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import BUDGET_AND_SPOT, ConfigError, TrainConfig  # noqa: F401  (re-exported)
 from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
-from airflow_dtrain.errors import SpecError
-from airflow_dtrain.kubernetes.spec import KubernetesSpec
+from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
+from airflow_dtrain.errors import SpecError, checked
+from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity, kubernetes_for_run
+from airflow_dtrain.naming import group_base_name, group_name, relaunch_index
+from airflow_dtrain.resources import Resources
 from airflow_dtrain.trust import BACKENDS, Limits, within_roots
 
 __all__ = [
-    "BACKENDS", "JobLimits", "JobSpec", "KubernetesSpec", "Limits", "Resources", "SpecError", "TRAIN_ARGUMENTS",
-    "parse_entrypoint", "within_roots",
-]  # fmt: skip
+    "BACKENDS",
+    "JobLimits",
+    "JobSpec",
+    "KubernetesSpec",
+    "Limits",
+    "Resources",
+    "SpecError",
+    "TRAIN_ARGUMENTS",
+    "group_base_name",
+    "group_name",
+    "kubernetes_for_run",
+    "parse_entrypoint",
+    "relaunch_index",
+    "within_roots",
+]
 
 GROUP = "Group"
 """Trigger-form section of the group's shape."""
 KUBERNETES = "Kubernetes"
 """Trigger-form section of what only the kubernetes backend uses."""
-BUDGET_AND_SPOT = "Budget & spot"
-"""Trigger-form section of the money: the budget, the spot market."""
 
 TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(TrainConfig) if meta(f).arg}
-"""Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor", ...}``."""
+"""Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor",
+...}``."""
 _ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
-_MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
-_QUANTITY = r"[0-9]+(\.[0-9]+)?([mkMGTPE]i?)?"
 _LABEL_VALUE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 """The well-known node label of a node's availability zone (``JobSpec.zone``)."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The well-known node label of a node's instance type (``JobSpec.instance_type``)."""
-
-
-_TRAINER_MODULE = re.compile(r"trainer(\.[a-z_][a-z0-9_]*)*")
-"""The bundled trainer package and its modules (``trainer``, ``trainer.evaluate``)."""
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_ENTRYPOINT_FORMS = (
-    "a Python script (['train.py', ...]), '-m' and a module (['-m', 'my_pkg.train', ...]) or a "
-    "module of the bundled trainer"
-)
-
-
-def parse_entrypoint(value: Any) -> tuple[str, ...]:
-    """An ``entrypoint`` as the spec keeps it; ``SpecError`` naming the field and the value for anything else.
-
-    * ``()`` (or ``None``, ``["trainer"]``): the bundled trainer with the job's config;
-    * ``("trainer.evaluate", arg, ...)``: another module of the bundled trainer (also spelled ``-m trainer.x``);
-    * ``("-m", "my_pkg.train", arg, ...)`` or ``("path/to/train.py", arg, ...)``: your own program.
-
-    A single string is a program without arguments (``"train.py"``); arguments are separate strings.
-    """
-    if value is None or (isinstance(value, (list, tuple)) and not value):
-        return ()
-    if isinstance(value, str):
-        if value != value.strip() or len(value.split()) > 1:
-            raise SpecError(
-                f"entrypoint: {value!r} holds spaces: give the program and its arguments as a list, "
-                "e.g. ['train.py', '--lr', '3e-4'] (no shell ever sees it)"
-            )
-        value = (value,)
-    if not isinstance(value, (list, tuple)):
-        raise SpecError(
-            f"entrypoint: expected a list of strings such as ['train.py', '--lr', '3e-4'], got {value!r}"
-        )
-    for i, arg in enumerate(value):
-        if not isinstance(arg, str):
-            raise SpecError(f"entrypoint[{i}]: expected a string, got {arg!r} (entrypoint {list(value)!r})")
-        if "{{" in arg or "{%" in arg:
-            raise SpecError(f"entrypoint[{i}]: {arg!r} is a template: the program is set in the DAG file (an "
-                            "operator argument, never rendered from a run's params or conf)")  # fmt: skip
-        if "\0" in arg:
-            raise SpecError(f"entrypoint[{i}]: holds a NUL character, got {arg!r}")
-    head, args = value[0], tuple(value[1:])
-    if head == "-m":
-        if not args or not _MODULE.fullmatch(args[0]):
-            raise SpecError(
-                f"entrypoint: '-m' must be followed by a module name such as 'my_pkg.train', "
-                f"got {list(value)!r}"
-            )
-        if not _TRAINER_MODULE.fullmatch(args[0]):
-            return ("-m", *args)
-        head, args = args[0], args[1:]  # the bundled trainer, spelled with -m
-    if _TRAINER_MODULE.fullmatch(head):
-        return () if head == "trainer" and not args else (head, *args)
-    if head.endswith(".py") and head.strip() == head and len(head) > len(".py") and not head.startswith("-"):
-        return (head, *args)
-    raise SpecError(f"entrypoint: {head!r} is not {_ENTRYPOINT_FORMS} (entrypoint {list(value)!r})")
-
-
-def _checked(build, *args: Any, **kwargs: Any) -> Any:
-    """Call ``build``, turning the trainer's ConfigError into a SpecError (same message)."""
-    try:
-        return build(*args, **kwargs)
-    except SpecError:
-        raise
-    except ConfigError as err:
-        raise SpecError(str(err)) from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Resources:
-    """What each node of the group asks for."""
-
-    cpu: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='CPU per node, a Kubernetes quantity ("8", "7500m"): on Kubernetes the trainer container\'s request and '
-        "limit. Empty: 4 per GPU, else 1 per process.",
-    )  # fmt: skip
-    memory: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='Memory per node, a Kubernetes quantity ("64Gi"): on Kubernetes the request and limit (the '
-        "memory-backed /dev/shm counts against it). Empty: 32Gi per GPU, else 4Gi per process.",
-    )  # fmt: skip
-    ephemeral_storage: str | None = setting(
-        None, pattern=_QUANTITY, rule="not a Kubernetes quantity",
-        help='Node-local disk per node, a Kubernetes quantity ("200Gi"): on Kubernetes the request and limit of '
-        "ephemeral-storage, which the writable /tmp holds (caches, the token-store cache, the staging of s3:// "
-        "checkpoints). A pod over it is evicted. Empty: 100Gi with GPUs, else 20Gi.",
-    )  # fmt: skip
-    gpus_per_node: int = setting(0, ge=0, help="GPUs per node; 0 trains on CPU with gloo.")
-
-    def __post_init__(self) -> None:
-        for name in ("cpu", "memory", "ephemeral_storage"):
-            if isinstance(getattr(self, name), (int, float)) and not isinstance(getattr(self, name), bool):
-                object.__setattr__(self, name, str(getattr(self, name)))
-        _checked(check, self, "resources")
-
-    @classmethod
-    def from_value(cls, value: Any) -> Resources:
-        if value is None:
-            return cls()
-        if isinstance(value, Resources):
-            return value
-        if not isinstance(value, dict):
-            raise SpecError(f"resources: expected a mapping, got {value!r}")
-        unknown = sorted(set(value) - set(field_types(cls)))
-        if unknown:
-            raise SpecError(f"resources: unknown key {unknown[0]!r} (allowed: {', '.join(field_types(cls))})")
-        types = field_types(cls)
-        return cls(**{k: _checked(coerce, f"resources.{k}", types[k], v) for k, v in value.items()})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,21 +109,24 @@ class JobSpec:
         help="The most a node-hour can cost while the group runs (spot: your max price, else on-demand); the "
         "cap's projection uses it. 0: price_per_node_hour.",
     )  # fmt: skip
-    budget_usd: float | None = setting(
-        None, gt=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
-        help="Dollar cap of the whole job, over every relaunch, retry and run of it (empty: none). The group "
-        "saves and stops before its projected spend passes it.",
-    )  # fmt: skip
     zone: str | None = setting(
-        None, arg="zone", pattern=_LABEL_VALUE, rule="not an availability zone (a Kubernetes label value)",
-        help="The availability zone the price was chosen for (the budget decision's offer, e.g. us-east-1a): on "
+        None,
+        arg="zone",
+        pattern=_LABEL_VALUE,
+        rule="not an availability zone (a Kubernetes label value)",
+        help="The availability zone the price was chosen for (the budget decision's offer, e.g. us-east-1a): "
+        "on "
         "Kubernetes the pods require nodes labelled topology.kubernetes.io/zone with it. Empty: any zone.",
-    )  # fmt: skip
+    )
     instance_type: str | None = setting(
-        None, arg="instance_type", pattern=_LABEL_VALUE, rule="not an instance type (a Kubernetes label value)",
-        help="The instance type the price was chosen for (e.g. p5.48xlarge): on Kubernetes the pods require nodes "
+        None,
+        arg="instance_type",
+        pattern=_LABEL_VALUE,
+        rule="not an instance type (a Kubernetes label value)",
+        help="The instance type the price was chosen for (e.g. p5.48xlarge): on Kubernetes the pods require "
+        "nodes "
         "labelled node.kubernetes.io/instance-type with it. Empty: any type.",
-    )  # fmt: skip
+    )
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(
         3,
@@ -236,16 +137,24 @@ class JobSpec:
         help="How many times a preempted group is relaunched from its checkpoint.",
     )
     max_failures: int = setting(
-        2, ge=0, arg="max_failures", section=GROUP, title="Max failures",
-        help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from its "
+        2,
+        ge=0,
+        arg="max_failures",
+        section=GROUP,
+        title="Max failures",
+        help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from "
+        "its "
         "last checkpoint; counted apart from max_preemptions.",
-    )  # fmt: skip
+    )
     max_runtime_s: int | None = setting(
-        None, ge=1, arg="max_runtime_s",
-        help="Longest one group may run, with or without a budget (on Kubernetes the Job's activeDeadlineSeconds, "
+        None,
+        ge=1,
+        arg="max_runtime_s",
+        help="Longest one group may run, with or without a budget (on Kubernetes the Job's "
+        "activeDeadlineSeconds, "
         "locally the supervisor's deadline; the earlier of this and the budget's). Empty: the limits' "
         "max_runtime_s (the platform's default: a day).",
-    )  # fmt: skip
+    )
     kubernetes: KubernetesSpec = setting(
         factory=KubernetesSpec, cli=False,
         help="Pods of the kubernetes backend: image, namespace, volumes, secret_env, kueue_queue, ... "
@@ -253,19 +162,22 @@ class JobSpec:
         "chooses within them (airflow_dtrain.params.RunSettings.kubernetes).",
     )  # fmt: skip
     entrypoint: tuple[str, ...] = setting(
-        (), cli=False,
-        help="What each process runs instead of the bundled trainer (-m trainer --config <the train config>): "
-        "your own script and its arguments ('train.py', '--lr', '3e-4'), a module ('-m', 'my_pkg.train', ...), "
+        (),
+        cli=False,
+        help="What each process runs instead of the bundled trainer (-m trainer --config <the train "
+        "config>): "
+        "your own script and its arguments ('train.py', '--lr', '3e-4'), a module ('-m', 'my_pkg.train', "
+        "...), "
         "or another module of the bundled trainer ('trainer.evaluate', '--checkpoint-uri', uri). Set by the "
         "DAG author only (an operator argument, never templated, never a trigger-form param).",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entrypoint", parse_entrypoint(self.entrypoint))
         for name in ("zone", "instance_type"):  # a template that rendered nothing: no placement
             if getattr(self, name) in ("", "None"):
                 object.__setattr__(self, name, None)
-        _checked(check, self, "")
+        checked(check, self, "")
         if self.backend == "local" and self.own_program and self.entrypoint[0] != "-m":
             # what the local backend runs is on this machine: one spelling, absolute
             object.__setattr__(
@@ -298,7 +210,8 @@ class JobSpec:
                 chosen, required = getattr(self, name), self.kubernetes.node_selector.get(label)
                 if chosen and required and chosen != required:
                     raise SpecError(
-                        f"{name}: {chosen!r} was chosen, but kubernetes.node_selector requires {label}={required!r}: "
+                        f"{name}: {chosen!r} was chosen, but kubernetes.node_selector requires "
+                        f"{label}={required!r}: "
                         "no node could run the group"
                     )
         # One spelling of a local checkpoint directory for every reader: absolute, no "..".
@@ -314,11 +227,15 @@ class JobSpec:
             capacity_type=self.capacity,
             price_per_node_hour=self.price_per_node_hour,
             price_ceiling_per_node_hour=self.price_ceiling_per_node_hour,
-            budget_usd=self.budget_usd or 0.0,
             gpus_per_node=self.resources.gpus_per_node,
         )
         if self.train.cost != cost:
             object.__setattr__(self, "train", dataclasses.replace(self.train, cost=cost))
+
+    @property
+    def budget_usd(self) -> float | None:
+        """The job's dollar cap (``train.cost.budget_usd``, declared there once); None: no budget."""
+        return self.train.cost.budget_usd
 
     @property
     def world_size(self) -> int:
@@ -330,7 +247,7 @@ class JobSpec:
         ``trainer``): the trainer's config is then only where the job's settings come from (the DTRAIN_*
         environment, see trainer/contract.py), and the trainer's own checks of it are skipped."""
         head = self.entrypoint[0] if self.entrypoint else "trainer"
-        return head == "-m" or not _TRAINER_MODULE.fullmatch(head)
+        return head == "-m" or not TRAINER_MODULE.fullmatch(head)
 
     def entrypoint_argv(self, config_path: str, trainer_args: Sequence[str] = ()) -> list[str]:
         """What torchrun runs after its own flags, on every process.
@@ -368,22 +285,38 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         data = dict(data)
-        train = _checked(TrainConfig.from_dict, data.pop("train", {}))
+        train = checked(TrainConfig.from_dict, data.pop("train", {}))
         resources = Resources.from_value(data.pop("resources", None))
-        kubernetes, capacity = _kubernetes_and_capacity(
+        kubernetes, capacity = kubernetes_and_capacity(
             data.pop("kubernetes", None), data.pop("capacity", None)
         )
         entrypoint = data.pop("entrypoint", None)
-        unknown = sorted(set(data) - {"num_nodes", "procs_per_node", "backend", "max_preemptions",
-                                      "max_failures", "max_runtime_s", "price_per_node_hour", "price_ceiling_per_node_hour",
-                                      "budget_usd", "zone", "instance_type"})  # fmt: skip
+        unknown = sorted(
+            set(data)
+            - {
+                "num_nodes",
+                "procs_per_node",
+                "backend",
+                "max_preemptions",
+                "max_failures",
+                "max_runtime_s",
+                "price_per_node_hour",
+                "price_ceiling_per_node_hour",
+                "budget_usd",
+                "zone",
+                "instance_type",
+            }
+        )
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
         if capacity is None:
             capacity = train.cost.capacity_type
         data.setdefault("price_per_node_hour", train.cost.price_per_node_hour)
         data.setdefault("price_ceiling_per_node_hour", train.cost.price_ceiling_per_node_hour)
-        data.setdefault("budget_usd", train.cost.budget_usd or None)
+        if data.get("budget_usd") is not None:  # to_dict() shows the cap beside the group: it is the train's
+            cost = checked(dataclasses.replace, train.cost, budget_usd=data["budget_usd"])
+            train = dataclasses.replace(train, cost=cost)
+        data.pop("budget_usd", None)
         return cls(train=train, resources=resources, kubernetes=kubernetes, entrypoint=entrypoint,
                    capacity=capacity, **data)  # fmt: skip
 
@@ -419,61 +352,36 @@ class JobSpec:
             if value is None:
                 continue
             if name in group_types:
-                group[name] = _checked(coerce, name, group_types[name], value)
+                group[name] = checked(coerce, name, group_types[name], value)
             else:
                 overrides[TRAIN_ARGUMENTS[name]] = value
         # The cost section belongs to the group: a config that sets it (older DAGs) gives its defaults.
         legacy_capacity = overrides.pop("cost.capacity_type", None)
         legacy_price = overrides.pop("cost.price_per_node_hour", None)
         overrides.pop("cost.gpus_per_node", None)
-        for name in ("budget_usd", "price_ceiling_per_node_hour"):  # a config's cost section may give them
-            legacy = overrides.pop(f"cost.{name}", None)
-            if name not in group and legacy not in (None, ""):
-                group[name] = _checked(coerce, name, float, legacy)
+        legacy = overrides.pop(
+            "cost.price_ceiling_per_node_hour", None
+        )  # a config's cost section may give it
+        if "price_ceiling_per_node_hour" not in group and legacy not in (None, ""):
+            group["price_ceiling_per_node_hour"] = checked(
+                coerce, "price_ceiling_per_node_hour", float, legacy
+            )
         try:
             train = TrainConfig().with_overrides(overrides)
         except ConfigError as err:
             raise SpecError(_name_argument(str(err))) from None
-        kubernetes, k8s_capacity = _kubernetes_and_capacity(kubernetes, group.pop("capacity", None))
+        kubernetes, k8s_capacity = kubernetes_and_capacity(kubernetes, group.pop("capacity", None))
         capacity = k8s_capacity or legacy_capacity
         if capacity is not None:
             group["capacity"] = capacity
         if "price_per_node_hour" not in group and legacy_price not in (None, ""):
-            group["price_per_node_hour"] = _checked(coerce, "price_per_node_hour", float, legacy_price)
+            group["price_per_node_hour"] = checked(coerce, "price_per_node_hour", float, legacy_price)
         return cls(train=train, resources=Resources.from_value(resources), kubernetes=kubernetes,
                    entrypoint=entrypoint, **group)  # fmt: skip
 
 
 JobLimits = Limits
 """The older name of ``airflow_dtrain.trust.Limits``."""
-
-
-def _kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec, Any]:
-    """The KubernetesSpec, and the capacity: ``capacity`` if given, else the older
-    ``kubernetes={"capacity_type": ...}`` spelling of it."""
-    if isinstance(value, dict) and "capacity_type" in value:
-        value = dict(value)
-        legacy = value.pop("capacity_type")
-        if capacity is None:
-            try:
-                capacity = Capacity.parse(legacy, field="kubernetes.capacity_type")
-            except ValueError as err:
-                raise SpecError(str(err)) from None
-    return KubernetesSpec.from_value(value), capacity
-
-
-def kubernetes_for_run(kubernetes: Any, overrides: Any) -> Any:
-    """The DAG author's pod settings (``kubernetes``) with what a run chose (``overrides``: the trigger
-    form's ``kubernetes``, checked by ``KubernetesSpec.choose``), as ``JobSpec.from_arguments`` takes them."""
-    if kubernetes is None and overrides in (None, {}):
-        return None
-    spec, legacy_capacity = _kubernetes_and_capacity(kubernetes, None)
-    chosen = spec.choose(overrides)
-    if (
-        legacy_capacity is not None
-    ):  # the older kubernetes={"capacity_type": ...}: from_arguments reads it again
-        return {**chosen.to_dict(), "capacity_type": kubernetes["capacity_type"]}
-    return chosen
 
 
 def _name_argument(message: str) -> str:
@@ -483,31 +391,3 @@ def _name_argument(message: str) -> str:
     if sep and argument and argument != dotted.strip():
         return f"{dotted} (argument {argument}):{rest}"
     return message
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def group_base_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
-    """A deterministic, DNS-1035-safe name for the groups of one task instance.
-
-    The same dag_id/run_id/task_id/map_index always gives the same name, which is
-    what lets a restarted task find its group again instead of launching another.
-    """
-    digest = hashlib.sha256(f"{dag_id}\0{run_id}\0{task_id}\0{map_index}".encode()).hexdigest()[:10]
-    stem = _slug(f"{dag_id}-{task_id}")[: _MAX_NAME - len(digest) - 6].strip("-")
-    if not stem or not stem[0].isalpha():
-        stem = f"g{stem}"[: _MAX_NAME - len(digest) - 6].strip("-")
-    return f"{stem}-{digest}"
-
-
-def group_name(base: str, relaunch: int) -> str:
-    """The name of relaunch number ``relaunch`` (0 for the first launch)."""
-    return f"{base}-r{relaunch}"
-
-
-def relaunch_index(base: str, name: str) -> int | None:
-    """The relaunch number of ``name`` if it belongs to ``base``, else None."""
-    match = re.fullmatch(re.escape(base) + r"-r([0-9]+)", name)
-    return int(match.group(1)) if match else None

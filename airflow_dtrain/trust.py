@@ -8,7 +8,8 @@ Three parties, each trusted less than the next:
   ask for (``Limits``), never widened by a run;
 * the **platform admin** sets the ``[dtrain]`` options of the Airflow deployment: the limits every DAG lives
   within (``[dtrain] limits``, ``storage_roots``), who owns which jobs (``[dtrain] owners``), the SQS queues a
-  DAG may read (``[dtrain] interruption_queues``) and the Kubernetes policy (the connection's ``dtrain_policy``).
+  DAG may read (``[dtrain] interruption_queues``) and the Kubernetes policy (the connection's
+  ``dtrain_policy``).
 
 What one job shares with another is the worker, the cluster and the storage roots; what belongs to a job --
 its checkpoint directory, spend ledger, leases and registry entries -- belongs to its **owner** (``owner_of``:
@@ -23,18 +24,22 @@ Cheap at parse time: dataclasses and the stdlib; Airflow's ``conf`` and fsspec a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint_dir import OWNER
 from trainer.fields import check, field_types, setting
 
 from airflow_dtrain.errors import SpecError
+from airflow_dtrain.ownership import (
+    JOB_NAME,
+    OWNER_FILE,
+    OwnershipError,
+    check_job_dir,
+    owner_of,
+    run_key,
+)
 
 __all__ = [
     "ADMIN_DEFAULTS", "Limits", "OWNER_FILE", "OwnershipError", "admin_limits", "check_job_dir", "check_run",
@@ -43,36 +48,39 @@ __all__ = [
 
 BACKENDS = ("local", "kubernetes")
 """Backends this version can launch."""
-OWNER_FILE = OWNER
-"""At the root of a job's directory: ``{"owner", "job"}`` (``trainer.checkpoint_dir.OWNER``)."""
-_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     """What a run may ask for. The admin's (``[dtrain] limits`` and ``storage_roots``) bound every DAG; a DAG
-    author's (``FSDPTrainOperator(limits=...)``) narrow them; a trigger chooses within both (``limits_for``)."""
+    author's (``FSDPTrainOperator(limits=...)``) narrow them; a trigger chooses within both
+    (``limits_for``)."""
 
     max_nodes: int | None = setting(None, ge=1, help="Most nodes a group may have.")
     max_procs_per_node: int | None = setting(None, ge=1, help="Most processes (GPUs) per node.")
     max_steps: int | None = setting(None, ge=1, help="Most optimizer steps a job may train.")
     max_tokens_per_micro_batch: int | None = setting(
-        None, ge=1, help="Most tokens per micro-batch and process (seq_len x micro_batch_size): what bounds a "
+        None,
+        ge=1,
+        help="Most tokens per micro-batch and process (seq_len x micro_batch_size): what bounds a "
         "process's activation memory.",
-    )  # fmt: skip
+    )
     max_sweep_members: int | None = setting(None, ge=1, help="Most trainings one sweep may start.")
     max_price_per_node_hour: float | None = setting(
-        None, gt=0, help="Highest price per node-hour a run may set or accept (local prices, max spot price).",
-    )  # fmt: skip
+        None,
+        gt=0,
+        help="Highest price per node-hour a run may set or accept (local prices, max spot price).",
+    )
     max_runtime_s: int | None = setting(
         None, ge=1, help="Longest a group may run, with or without a budget: the Job's activeDeadlineSeconds "
         "and the local supervisor's deadline (the earlier of this and the budget's).",
     )  # fmt: skip
     backends: tuple[str, ...] | None = setting(None, help="Backends a run may choose (default: any).")
     storage_roots: tuple[str, ...] | None = setting(
-        None, help="Where checkpoint_uri, dataset, init_from, the ledger and the registry may point: directories "
+        None,
+        help="Where checkpoint_uri, dataset, init_from, the ledger and the registry may point: directories "
         "or s3:// prefixes. The admin's default: the local backend's directory ($AIRFLOW_HOME/dtrain).",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -109,7 +117,8 @@ class Limits:
 
     def narrowed(self, author: Limits) -> Limits:
         """These (the admin's) limits narrowed by a DAG author's: the lower maximum of each, the backends both
-        allow, and the author's roots, each of which must lie under one of these (an author cannot widen them)."""
+        allow, and the author's roots, each of which must lie under one of these (an author cannot widen
+        them)."""
         values: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             mine, theirs = getattr(self, f.name), getattr(author, f.name)
@@ -120,8 +129,10 @@ class Limits:
                 if theirs is not None and mine is not None:
                     for root in theirs:
                         if not within_roots(root, mine):
-                            raise SpecError(f"limits.storage_roots: {root!r} is outside the platform's storage roots "
-                                            f"([dtrain] storage_roots: {', '.join(mine)})")  # fmt: skip
+                            raise SpecError(
+                                f"limits.storage_roots: {root!r} is outside the platform's storage roots "
+                                f"([dtrain] storage_roots: {', '.join(mine)})"
+                            )
                 values[f.name] = theirs if theirs is not None else mine
             else:
                 values[f.name] = mine if theirs is None else theirs if mine is None else min(mine, theirs)
@@ -149,8 +160,10 @@ class Limits:
         """``seq_len x micro_batch_size``, what one process's activations grow with, within the limit."""
         tokens, limit = int(seq_len) * int(micro_batch_size), self.max_tokens_per_micro_batch
         if limit is not None and tokens > limit:
-            raise SpecError(f"seq_len x micro_batch_size: {seq_len} x {micro_batch_size} = {tokens} tokens is above "
-                            f"the limit of {limit} (limits.max_tokens_per_micro_batch)")  # fmt: skip
+            raise SpecError(
+                f"seq_len x micro_batch_size: {seq_len} x {micro_batch_size} = {tokens} tokens is above "
+                f"the limit of {limit} (limits.max_tokens_per_micro_batch)"
+            )
 
     def check_uri(self, name: str, uri: str | None) -> None:
         """``uri`` (a path, file:// or s3://) lies under ``storage_roots``."""
@@ -176,8 +189,12 @@ class Limits:
         ):
             self._above(name, value, limit_name)
         self.check_tokens(train.data.seq_len, train.micro_batch_size)
-        for name, uri in (("checkpoint_uri", train.checkpoint.uri), ("dataset", train.data.dataset),
-                          ("init_from", train.model.init_from), ("cost.ledger_uri", train.cost.ledger_uri)):  # fmt: skip
+        for name, uri in (
+            ("checkpoint_uri", train.checkpoint.uri),
+            ("dataset", train.data.dataset),
+            ("init_from", train.model.init_from),
+            ("cost.ledger_uri", train.cost.ledger_uri),
+        ):
             self.check_uri(name, uri)
         if self.backends is not None and spec.backend not in self.backends:
             raise SpecError(
@@ -185,7 +202,8 @@ class Limits:
             )
 
     def form_maxima(self) -> dict[str, dict[str, Any]]:
-        """The trigger form's bounds from these limits (``trigger_params(schemas=...)``): the form shows them."""
+        """The trigger form's bounds from these limits (``trigger_params(schemas=...)``): the form shows
+        them."""
         out: dict[str, dict[str, Any]] = {}
         for arg, name in (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_node"),
                           ("steps", "max_steps"), ("max_price", "max_price_per_node_hour"),
@@ -202,8 +220,10 @@ class Limits:
 ADMIN_DEFAULTS = Limits(
     max_tokens_per_micro_batch=1 << 18, max_price_per_node_hour=500.0, max_runtime_s=86_400
 )
-"""What bounds every DAG when ``[dtrain] limits`` leaves a field out: 262,144 tokens per micro-batch (32 x 8,192),
-$500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain] limits`` removes one."""
+"""What bounds every DAG when ``[dtrain] limits`` leaves a field out: 262,144 tokens per micro-batch (32 x
+8,192),
+$500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain] limits``
+removes one."""
 
 WHO_SETS_WHAT: dict[str, str] = {
     "max_nodes": "admin, narrowed by the author",
@@ -257,7 +277,8 @@ def limits_for(author: Any = None) -> Limits:
 
 
 def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
-    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first (``..``,
+    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first
+    (``..``,
     symbolic links), so it cannot climb out. The root ``s3://`` alone allows every bucket."""
 
     def local(u: str) -> str | None:
@@ -279,112 +300,6 @@ def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
     return False
 
 
-# -- ownership ---------------------------------------------------------------------------------------------
-class OwnershipError(SpecError):
-    """A run named a job, a directory or a registry entry that is not its owner's."""
-
-
-def owner_of(context: Any) -> str:
-    """Who a run acts for: ``[dtrain] owners`` (JSON ``{"users": {user: team}, "dags": {dag_id: team}}``) maps
-    the user who triggered it, else its DAG, to a team; unmapped, the owner is the DAG itself. A scheduled run has
-    no triggering user: it acts for the DAG's team."""
-    from airflow.sdk import conf
-
-    raw = (conf.get("dtrain", "owners", fallback="") or "").strip()
-    try:
-        owners = json.loads(raw) if raw else {}
-    except ValueError as err:
-        raise SpecError(f"[dtrain] owners: not JSON ({err}), got {raw!r}") from None
-    # a real context always has both; a bare one (an operator called outside Airflow) acts for nobody in particular
-    dag_id = (
-        getattr(context.get("ti"), "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "unowned"
-    )
-    dag_run = context.get("dag_run")
-    user = getattr(dag_run, "triggering_user_name", None) if dag_run is not None else None
-    owner = (owners.get("users") or {}).get(user) if user else None
-    owner = owner or (owners.get("dags") or {}).get(dag_id) or dag_id
-    if not isinstance(owner, str) or not owner:
-        raise SpecError(f"[dtrain] owners: the owner of {user or dag_id!r} is {owner!r}, not a name")
-    return owner
-
-
-def _claimed(uri: str) -> dict[str, Any] | None:
-    from trainer.storage import Storage
-
-    storage = Storage(uri)
-    path = storage.path(OWNER_FILE)
-    return storage.read_json(path) if storage.exists(path) else None
-
-
-def _claims_above(storage: Any) -> list[tuple[str, dict[str, Any]]]:
-    """The claimed directories above ``storage``'s root, nearest first: (directory, its owner.json)."""
-    root = storage.root
-    if storage.remote:
-        bucket, _, key = root.removeprefix("s3://").partition("/")
-        parts = [p for p in key.split("/") if p]
-        parents = [f"s3://{bucket}/{'/'.join(parts[:i])}".rstrip("/") for i in range(len(parts) - 1, -1, -1)]
-    else:
-        parents = [str(p) for p in Path(root).parents]
-    return [(parent, found) for parent in parents if (found := _claimed(parent)) is not None]
-
-
-def check_job_dir(
-    uri: str, *, owner: str, job: str | None, what: str = "checkpoint_uri", claim: bool = True
-) -> None:
-    """Refuse ``uri`` unless it is ``owner``'s directory of ``job`` (``job`` None: any job of ``owner``, e.g. a
-    sweep's shared ledger), or a new one; with ``claim``, a new one is claimed (``owner.json``) before anything
-    else is written there. A directory holding data of no recorded owner is taken only if every checkpoint in it
-    names ``job`` (a job's directory from before owners were recorded); without ``claim`` (a read) it is refused only
-    when a checkpoint there names another job. A new directory inside a claimed one must be the same owner's, and
-    of the same job unless the one above is a shared ledger (a sweep's). Nothing is written when refused."""
-    from trainer.checkpoint_dir import CheckpointDir
-    from trainer.storage import Storage
-
-    if job is not None and not _NAME.fullmatch(job):
-        raise OwnershipError(f"job: {job!r} is not a job name (lowercase letters, digits, . _ -; not empty): a "
-                             f"job's checkpoints, ledger and models are found by it")  # fmt: skip
-    recorded = _claimed(uri)
-    if recorded is not None:
-        if recorded.get("owner") != owner or (job is not None and recorded.get("job") not in (job, None)):
-            raise OwnershipError(
-                f"{what}: {uri!r} belongs to job {recorded.get('job')!r} of {recorded.get('owner')!r}, not to job "
-                f"{job!r} of {owner!r}: choose another job or directory (nothing was written there)"
-            )
-        return
-    storage = Storage(uri)
-    for parent, above in _claims_above(storage):  # a new directory inside another job's is that job's
-        if above.get("owner") != owner or above.get("job") not in (None, job):
-            raise OwnershipError(
-                f"{what}: {uri!r} lies inside {parent!r}, the directory of job {above.get('job')!r} of "
-                f"{above.get('owner')!r}: refused for job {job!r} of {owner!r} (nothing was written there)"
-            )
-    present = storage.exists(storage.root) and bool(storage.listdir(storage.root))
-    if present and (claim or job is not None):  # a read of any job's unclaimed directory is not refused
-        jobs = {c.path: CheckpointDir(uri).job_of(c.path) for c in CheckpointDir(uri).committed()}
-        # a shared ledger (job None) holds its members' directories, never a checkpoint of its own
-        foreign = sorted({j or "(none)" for j in jobs.values() if job is None or j != job})
-        if (claim and job is not None and not jobs) or foreign:
-            raise OwnershipError(
-                f"{what}: {uri!r} already holds data of no recorded owner"
-                + (f" (checkpoints of job {', '.join(foreign)})" if foreign else "")
-                + f": refused for job {job!r} of {owner!r} (nothing was written there)"
-            )
-    if claim:
-        storage.makedirs()
-        body = json.dumps({"owner": owner, "job": job}, sort_keys=True)
-        if not storage.create_exclusive(storage.path(OWNER_FILE), body):
-            check_job_dir(
-                uri, owner=owner, job=job, what=what, claim=False
-            )  # another run claimed it just now
-
-
-def run_key(run_id: str) -> str:
-    """A path segment for a run id, one-to-one: the run id's safe characters and a digest of the whole id, so
-    ``manual__2026-01-01T00:00:00+00:00`` and ``manual__2026-01-01T00-00-00-00-00`` never share a directory."""
-    digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
-    return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', run_id).strip('-.')[:80]}-{digest}"
-
-
 def limits_table() -> str:
     """The README's table of the limits: each field of ``Limits``, who sets it, what it bounds."""
     rows = ["| limit | who sets it | what it bounds |", "|---|---|---|"]
@@ -400,12 +315,15 @@ _RUN_MAXIMA = (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_nod
 
 def check_run(params: Any, author: Any = None) -> None:
     """A run's trigger form against the limits its DAG lives within, before any task reads or writes anything:
-    a DAG's first task calls it (the tasks check again what reaches them). Raises ``SpecError`` naming the field
+    a DAG's first task calls it (the tasks check again what reaches them). Raises ``SpecError`` naming the
+    field
     and the value."""
     limits = limits_for(author)
-    if "job" in params and not _NAME.fullmatch(str(params["job"] or "")):
-        raise OwnershipError(f"job: {params['job']!r} is not a job name (lowercase letters, digits, . _ -; not "
-                             f"empty): a job's checkpoints, ledger and models are found, and owned, by it")  # fmt: skip
+    if "job" in params and not JOB_NAME.fullmatch(str(params["job"] or "")):
+        raise OwnershipError(
+            f"job: {params['job']!r} is not a job name (lowercase letters, digits, . _ -; not "
+            f"empty): a job's checkpoints, ledger and models are found, and owned, by it"
+        )
     for name in _RUN_URIS:
         if params.get(name):
             limits.check_uri(name, str(params[name]))

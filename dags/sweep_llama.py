@@ -19,10 +19,12 @@ from airflow_dtrain.trust import limits_for, run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "sweep_llama")
-# This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/). run_key maps run
+# This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/). run_key maps
+# run
 # ids to directory names one-to-one (two run ids never share one).
 SWEEP_DIR = "{{ (params.sweep_root or '" + SWEEP_ROOT + "') ~ '/' ~ run_key(run_id) }}"
-# The train_llama limits (nodes, processes, steps, tokens, prices, roots, runtime), and at most this many members.
+# The train_llama limits (nodes, processes, steps, tokens, prices, roots, runtime), and at most this many
+# members.
 LIMITS = BUNDLED_LIMITS
 
 with DAG(
@@ -61,7 +63,8 @@ with DAG(
 
     @task(task_id="check_conf")
     def check_conf(dag_run=None, dag=None, params=None) -> None:
-        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a run
+        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a
+        run
         that asks for more than the limits or for a place outside the storage roots, before any task runs."""
         from airflow_dtrain.trust import check_run
 
@@ -81,8 +84,14 @@ with DAG(
                 f"learning_rates: each rate once, got {rates!r} (repeated: {', '.join(repeated)})"
             )
         root = templates_dict["root"]
-        return [{"lr": lr, "checkpoint_uri": os.path.join(root, f"lr-{lr:g}"), "config": {"cost": {"ledger_uri": root}}}
-                for lr in rates]  # fmt: skip
+        return [
+            {
+                "lr": lr,
+                "checkpoint_uri": os.path.join(root, f"lr-{lr:g}"),
+                "config": {"cost": {"ledger_uri": root}},
+            }
+            for lr in rates
+        ]
 
     sweep = configs()
     check_conf() >> sweep

@@ -64,9 +64,11 @@ DATA_ROOT = os.environ.get("DTRAIN_PREPARED_DATA_ROOT") or os.path.join(_HOME, "
 # Name only: a URI with a scheme makes Airflow load every provider's URI handlers (boto3 among
 # them) while parsing this file.
 BEST_MODEL = Asset(name="train_llama_best_model")
-# What this DAG's author allows a run to ask for, within the platform admin's [dtrain] limits: the trigger form's
+# What this DAG's author allows a run to ask for, within the platform admin's [dtrain] limits: the trigger
+# form's
 # maxima, enforced again by every task (a trigger can choose within them, never widen them). Where a run's
-# checkpoint_uri, registry_uri, dataset and init_from may point: the admin's [dtrain] storage_roots, which always
+# checkpoint_uri, registry_uri, dataset and init_from may point: the admin's [dtrain] storage_roots, which
+# always
 # hold $AIRFLOW_HOME/dtrain (this DAG's own directories; DTRAIN_PREPARED_DATA_ROOT must lie under them too).
 LIMITS = BUNDLED_LIMITS
 
@@ -76,7 +78,8 @@ LIMITS = BUNDLED_LIMITS
 # connection's dtrain_policy extra) bounds them all.
 KUBERNETES = deployed_kubernetes()
 # How often a spot group is interrupted on this deployment's market ([dtrain] interruption_rate_per_hour), for
-# the budget's spot estimates; unset: BudgetBranchOperator's default. Not on the trigger form: it describes the
+# the budget's spot estimates; unset: BudgetBranchOperator's default. Not on the trigger form: it describes
+# the
 # market, not the run.
 INTERRUPTION_RATE = deployed_interruption_rate()
 KUBERNETES_CHOICE = "{{ params.kubernetes if params.backend == 'kubernetes' else None }}"
@@ -141,8 +144,10 @@ with DAG(
             "simulate_preemption_at_step": 30,
         },
         descriptions={
-            "dataset": '"builtin" (the generated demo corpus), a token store, or text to prepare: a .txt, .jsonl '
-            "or .parquet file, a directory of such files or a glob (e.g. /data/c4/*.parquet), or a Hugging Face "
+            "dataset": '"builtin" (the generated demo corpus), a token store, or text to prepare: '
+            "a .txt, .jsonl "
+            "or .parquet file, a directory of such files or a glob (e.g. /data/c4/*.parquet), or a Hugging "
+            "Face "
             "datasets directory, local or s3://. Text is tokenised by the "
             "prepare_data task with init_from's tokenizer (byte-level without init_from).",
             "checkpoint_uri": "Where checkpoints go: an absolute path, file://... or s3://bucket/prefix. "
@@ -165,7 +170,8 @@ with DAG(
 
     @task(task_id="check_conf")
     def check_conf(dag_run=None, dag=None, params=None) -> None:
-        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a run
+        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a
+        run
         that asks for more than the limits or for a place outside the storage roots, before any task runs."""
         from airflow_dtrain.trust import check_run
 
@@ -178,7 +184,8 @@ with DAG(
         tokenizer="{{ params.init_from or '' }}",  # the model's own tokenizer
         text_field="{{ params.text_field or 'text' }}",
         on_bad_row="{{ params.on_bad_row or 'error' }}",
-        seq_len="{{ params.seq_len }}",  # a held-out split of at least one sequence, or a refusal naming the counts
+        seq_len="{{ params.seq_len "
+        "}}",  # a held-out split of at least one sequence, or a refusal naming the counts
         output_root=DATA_ROOT,
     )
 
@@ -235,16 +242,17 @@ with DAG(
             max_preemptions="{{ params.max_preemptions }}",
             job="{{ params.job }}",
             capacity=capacity.value,
-            price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('"
-            + price
-            + "') or 0.0 }}",
+            price_per_node_hour="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', "
+            "{}).get('" + price + "') or 0.0 }}",
             # the pods land where the price was chosen (spot prices are per zone; on-demand ones are not)
             zone=(
-                "{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('availability_zone') if params.backend == 'kubernetes' else None }}"
+                "{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', "
+                "{}).get('availability_zone') if params.backend == 'kubernetes' else None }}"
                 if capacity == Capacity.SPOT
                 else None
             ),
-            instance_type="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('instance_type') if params.backend == 'kubernetes' else None }}",
+            instance_type="{{ (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', "
+            "{}).get('instance_type') if params.backend == 'kubernetes' else None }}",
             # EC2 never bills spot above on-demand: the cap projects spot time at the on-demand price.
             price_ceiling_per_node_hour=ceiling,
             budget_usd="{{ params.budget_usd }}",
@@ -256,16 +264,19 @@ with DAG(
         )
 
     train_spot = train(
-        Capacity.SPOT, "spot_price",
-        ceiling="{{ None if " + LOCAL + " else (ti.xcom_pull(task_ids='budget', key='decision') or {}).get('offer', {}).get('on_demand_price') }}",
-    )  # fmt: skip
+        Capacity.SPOT,
+        "spot_price",
+        ceiling="{{ None if " + LOCAL + " else (ti.xcom_pull(task_ids='budget', key='decision') or {})"
+        ".get('offer', {}).get('on_demand_price') }}",
+    )
     train_on_demand = train(Capacity.ON_DEMAND, "on_demand_price")
 
     spot_watch = SpotInterruptionSensor(
         task_id="spot_watch",
         train_task_id="train_spot",
         backend="{{ params.backend }}",
-        # the run's namespace, checked like the train task's against the pods' allowed_namespaces and the admin's
+        # the run's namespace, checked like the train task's against the pods' allowed_namespaces and the
+        # admin's
         kubernetes=KUBERNETES or None,
         namespace="{{ params.kubernetes.get('namespace') or '" + (KUBERNETES.get("namespace") or "") + "' }}",
         sqs_queue_url="{{ params.interruption_queue_url or None }}",
@@ -325,15 +336,18 @@ with DAG(
     schedule=[BEST_MODEL],
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    doc_md="Runs when `train_llama` promotes a checkpoint (asset `train_llama_best_model`): copies the export that "
-    "the registry's own record of the job's best model on its evaluation set names to `published/latest` beside "
+    doc_md="Runs when `train_llama` promotes a checkpoint (asset `train_llama_best_model`): copies the "
+    "export that "
+    "the registry's own record of the job's best model on its evaluation set names to `published/latest` "
+    "beside "
     "it, and writes a model card.",
     tags=["llm", "airflow-dtrain"],
 ) as publish_dag:
 
     @task
     def publish(triggering_asset_events=None) -> dict:
-        """Publish what the registry itself holds for the promoted job and evaluation set: its best.json, and the
+        """Publish what the registry itself holds for the promoted job and evaluation set: its best.json, and
+        the
         export it names inside that entry. The event names only the registry's root (under the storage roots),
         the job and the evaluation set; no path is copied from it."""
         import json
@@ -372,7 +386,8 @@ with DAG(
         with fs.open(f"{target_path}/MODEL_CARD.md", "w") as card:
             card.write(
                 f"# train_llama: job {best['job']}\n\nHeld-out loss {best['loss']:.4f} (perplexity "
-                f"{best['perplexity']:.2f}) at step {best['step']}, evaluation set {best['evaluation_set']}.\n\n"
+                f"{best['perplexity']:.2f}) at step {best['step']}, evaluation set "
+                f"{best['evaluation_set']}.\n\n"
                 f"Checkpoint: `{best['checkpoint']}`\n"
             )
         target = f"{entry}/published/latest"

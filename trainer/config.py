@@ -63,6 +63,7 @@ group stopped before committing anything more. A failure, never a relaunch: the 
 # Trigger-form sections (airflow_dtrain.params): where a field is shown.
 MODEL_AND_DATA = "Model & data"
 CHECKPOINTS = "Checkpoints"
+BUDGET_AND_SPOT = "Budget & spot"
 
 # An S3 bucket name: 3-63 lowercase letters, digits, dots and hyphens.
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -246,10 +247,11 @@ class CostConfig:
     )
     capacity_type: Capacity = setting(Capacity.ANY, help="The ledger bucket this attempt's node-hours go to.")
     gpus_per_node: int = setting(0, ge=0, help="GPUs per node, for gpu_hours (0 on CPU).")
-    budget_usd: float = setting(
-        0.0, ge=0,
-        help="The job's dollar cap across every attempt, retry, run and sweep member that shares its spend ledger "
-        "(0: none). The trainer saves and stops (exit 77) before its projected spend to the next check passes it.",
+    budget_usd: float | None = setting(
+        None, gt=0, arg="budget_usd", section=BUDGET_AND_SPOT, title="Budget (US$)",
+        help="The job's dollar cap over every relaunch, retry, run and sweep member that shares its spend "
+        "ledger (empty: none). The trainer saves and stops (exit 77) before its projected spend to the next "
+        "check passes it.",
     )  # fmt: skip
     price_ceiling_per_node_hour: float = setting(
         0.0, ge=0,
@@ -269,6 +271,9 @@ class CostConfig:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.budget_usd == 0 and not isinstance(self.budget_usd, bool):
+            # configs and manifests written before None meant "no budget" spell it 0
+            object.__setattr__(self, "budget_usd", None)
         check(self, self._section)
         _check_uri(self.ledger_uri, "cost.ledger_uri")
 

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.capacity import Capacity
+
 from airflow_dtrain.errors import SpecError, positive_int as _positive_int
 
 DEFAULT_TTL_S = 86_400
@@ -65,7 +67,8 @@ def _image_patterns(name: str, value: Any) -> tuple[str, ...]:
 def image_allowed(image: str, patterns: tuple[str, ...] | list[str]) -> bool:
     """``image`` is one of ``patterns`` or starts with one that ends in ``/``, ``:`` or ``@`` (a registry
     or repository prefix: ``"ghcr.io/acme/"``, ``"ghcr.io/acme/dtrain:"``, ``"ghcr.io/acme/dtrain@"``).
-    A prefix without that separator matches exactly only, so ``ghcr.io/acme`` never admits ``ghcr.io/acme-evil/x``."""
+    A prefix without that separator matches exactly only, so ``ghcr.io/acme`` never admits
+    ``ghcr.io/acme-evil/x``."""
     if not image or any(c.isspace() for c in image) or ".." in image:
         return False
     return any(
@@ -187,7 +190,8 @@ class KubernetesSpec:
                 or "mount_path" not in volume
             ):
                 raise SpecError(
-                    f"kubernetes.volumes[{i}]: expected {{'claim': PVC, 'mount_path': '/abs/path'}}, got {volume!r}"
+                    f"kubernetes.volumes[{i}]: expected {{'claim': PVC, 'mount_path': '/abs/path'}}, got "
+                    f"{volume!r}"
                 )
             _k8s_name(f"kubernetes.volumes[{i}].claim", volume["claim"], optional=False)
             if not str(volume["mount_path"]).startswith("/"):
@@ -197,7 +201,8 @@ class KubernetesSpec:
         pod_template = v.get("pod_template") or {}
         if not isinstance(pod_template, dict) or set(pod_template) - {"metadata", "spec"}:
             raise SpecError(
-                f"kubernetes.pod_template: expected a PodTemplateSpec ({{'metadata', 'spec'}}), got {pod_template!r}"
+                f"kubernetes.pod_template: expected a PodTemplateSpec ({{'metadata', 'spec'}}), got "
+                f"{pod_template!r}"
             )
         shm = str(v.get("shm_size", "8Gi"))
         if not re.fullmatch(r"[0-9]+(\.[0-9]+)?([kMGTPE]i?)?", shm):
@@ -216,7 +221,8 @@ class KubernetesSpec:
         spread = v.get("topology_spread")
         if spread is not None and (not isinstance(spread, str) or not spread):
             raise SpecError(
-                f"kubernetes.topology_spread: expected a topology key such as 'kubernetes.io/hostname', got {spread!r}"
+                "kubernetes.topology_spread: expected a topology key such as 'kubernetes.io/hostname', got "
+                f"{spread!r}"
             )
         statsd_host = v.get("statsd_host", "")
         if not isinstance(statsd_host, str):
@@ -273,7 +279,8 @@ class KubernetesSpec:
         for key in sorted(choice):
             if key not in TRIGGER_KEYS:
                 raise SpecError(
-                    f"kubernetes.{key}: a run may not set this (got {choice[key]!r}); the DAG's author sets it in "
+                    f"kubernetes.{key}: a run may not set this (got {choice[key]!r}); the DAG's author sets "
+                    "it in "
                     f"FSDPTrainOperator(kubernetes=...). A run may choose: {', '.join(TRIGGER_KEYS)}"
                 )
         changes: dict[str, Any] = {}
@@ -291,7 +298,8 @@ class KubernetesSpec:
             if namespace not in self.allowed_namespaces:
                 raise SpecError(
                     f"kubernetes.namespace: {namespace!r} is not allowed by this DAG (allowed: "
-                    f"{', '.join(repr(n) for n in (self.namespace, *self.allowed_namespaces) if n) or 'none'}; "
+                    f"{', '.join(repr(n) for n in (self.namespace, *self.allowed_namespaces) if n) or 'none'}"
+                    "; "
                     "kubernetes.allowed_namespaces)"
                 )
             changes["namespace"] = namespace
@@ -316,5 +324,34 @@ class KubernetesSpec:
                 return None
         return (
             "is a local path that the pods cannot reach: use an s3:// URI or a path under the mount_path "
-            "of a PersistentVolumeClaim declared in kubernetes.volumes (mounted at the same path on the Airflow worker)"
+            "of a PersistentVolumeClaim declared in kubernetes.volumes (mounted at the same path on the "
+            "Airflow worker)"
         )
+
+
+def kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec, Any]:
+    """The KubernetesSpec, and the capacity: ``capacity`` if given, else the older
+    ``kubernetes={"capacity_type": ...}`` spelling of it."""
+    if isinstance(value, dict) and "capacity_type" in value:
+        value = dict(value)
+        legacy = value.pop("capacity_type")
+        if capacity is None:
+            try:
+                capacity = Capacity.parse(legacy, field="kubernetes.capacity_type")
+            except ValueError as err:
+                raise SpecError(str(err)) from None
+    return KubernetesSpec.from_value(value), capacity
+
+
+def kubernetes_for_run(kubernetes: Any, overrides: Any) -> Any:
+    """The DAG author's pod settings (``kubernetes``) with what a run chose (``overrides``: the trigger
+    form's ``kubernetes``, checked by ``KubernetesSpec.choose``), as ``JobSpec.from_arguments`` takes them."""
+    if kubernetes is None and overrides in (None, {}):
+        return None
+    spec, legacy_capacity = kubernetes_and_capacity(kubernetes, None)
+    chosen = spec.choose(overrides)
+    if (
+        legacy_capacity is not None
+    ):  # the older kubernetes={"capacity_type": ...}: from_arguments reads it again
+        return {**chosen.to_dict(), "capacity_type": kubernetes["capacity_type"]}
+    return chosen

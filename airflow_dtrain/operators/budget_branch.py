@@ -47,7 +47,8 @@ class BudgetBranchOperator(BaseBranchOperator):
     :param on_demand_task_id: task to run when training on on-demand.
     :param wait_task_id: task to run when waiting for a better price (None: skip everything).
     :param stop_task_id: task to run when stopping (None: skip everything).
-    :param checkpoint_uri: the job's checkpoint directory (local path or ``s3://``): under the storage roots, and the
+    :param checkpoint_uri: the job's checkpoint directory (local path or ``s3://``): under the storage roots,
+    and the
         run's owner's directory of ``job`` (``airflow_dtrain.trust``); read, never written here. (templated)
     :param job: the job whose ledger this is (None: any job of the run's owner, e.g. a sweep's shared ledger).
         (templated)
@@ -55,7 +56,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         prices a run gives (``spot_price``, ``on_demand_price``, ``max_spot_price``) are at most
         ``max_price_per_node_hour``, the directory lies under ``storage_roots``.
     :param total_steps: optimizer steps of the whole job. (templated)
-    :param budget_usd: the job's budget in US$, across every run, retry and preemption (None: no budget). (templated)
+    :param budget_usd: the job's budget in US$, across every run, retry and preemption (None: no budget).
+    (templated)
     :param step_time_estimate_s: seconds per step before one has been measured. (templated)
     :param num_nodes: nodes of the group. (templated)
     :param price_task_id: a ``SpotPriceSensor`` whose XCom gives ``spot_price`` and ``on_demand_price``.
@@ -70,7 +72,8 @@ class BudgetBranchOperator(BaseBranchOperator):
     :param max_wait_s: how long it may wait for spot in all (0: never). (templated)
     :param wait_interval_s: how long one wait lasts. (templated)
     :param wait_target_price: the spot $/node-hour a wait hopes for (default: ``max_spot_price``,
-        else the offer's ``limit`` from ``price_task_id``, else the current spot or on-demand price). (templated)
+        else the offer's ``limit`` from ``price_task_id``, else the current spot or on-demand price).
+        (templated)
     :param max_spot_price: a spot offer above this $/node-hour is not acceptable: the decision is
         then to wait for a better price (if waiting is allowed), on-demand, or stop. (templated)
     :param spot_nodes_available: spot nodes of the offer that can be had at once (None: as many as the
@@ -195,7 +198,8 @@ class BudgetBranchOperator(BaseBranchOperator):
             return value.strip().lower() == "true"
         if not isinstance(value, bool):
             raise ValueError(
-                f"{type(self).__name__}(task_id={self.task_id!r}): allow_late: expected true or false, got {value!r}"
+                f"{type(self).__name__}(task_id={self.task_id!r}): allow_late: expected true or false, got "
+                f"{value!r}"
             )
         return value
 
@@ -222,7 +226,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         return spot, od, offer
 
     def _check_trust(self, context: Context, numbers: dict[str, Any]) -> None:
-        """Before the ledger is read or a branch taken: the run's prices within the limits, its directory under the
+        """Before the ledger is read or a branch taken: the run's prices within the limits, its directory
+        under the
         storage roots and its owner's (another team's ledger is neither read nor billed)."""
         from airflow_dtrain.errors import SpecError
         from airflow_dtrain.trust import check_job_dir, limits_for, owner_of
@@ -262,18 +267,28 @@ class BudgetBranchOperator(BaseBranchOperator):
         self._check_trust(context, n)
         ledger = read_ledger(self.checkpoint_uri) if self.checkpoint_uri else Ledger()
         for bad in ledger.skipped:  # the trainer's resume skips them too (and verifies the shards as well)
-            self.log.warning("Checkpoint %s skipped: its %s check failed for %s: %s", bad["checkpoint"], bad["check"],
-                             bad["file"], bad["detail"])  # fmt: skip
+            self.log.warning(
+                "Checkpoint %s skipped: its %s check failed for %s: %s",
+                bad["checkpoint"],
+                bad["check"],
+                bad["file"],
+                bad["detail"],
+            )
         spot, od, offer = self._prices(context, n)
         self._check_prices(spot, od)  # a trigger-set local price arrives through the price task's offer
         steps_remaining = max(0, int(n["total_steps"]) - ledger.step)
         step_time = ledger.step_time_s or n["step_time_estimate_s"]
         remaining = None if n["budget_usd"] is None else n["budget_usd"] - ledger.total_dollars
-        # the training task stops with this much of the group's time left (the trainer's save and exit, then the
-        # platform deadline's grace and margin): money the run cannot spend on training, at the price the trainer
-        # counts it at, its price ceiling. A market's spot price can rise to on-demand while the group runs (EC2
-        # never bills spot above it), so both capacities keep their reserve at on-demand; counted at the spot price
-        # a spot run could be admitted only to stop after a few steps. A fixed price (the local backend's offer)
+        # the training task stops with this much of the group's time left (the trainer's save and exit, then
+        # the
+        # platform deadline's grace and margin): money the run cannot spend on training, at the price the
+        # trainer
+        # counts it at, its price ceiling. A market's spot price can rise to on-demand while the group runs
+        # (EC2
+        # never bills spot above it), so both capacities keep their reserve at on-demand; counted at the spot
+        # price
+        # a spot run could be admitted only to stop after a few steps. A fixed price (the local backend's
+        # offer)
         # cannot move: the lowest price known, as before.
         fixed = offer.get("source") == "fixed"
         known = [float(p) for p in (spot, od) if p is not None]
@@ -281,10 +296,16 @@ class BudgetBranchOperator(BaseBranchOperator):
         reserve_usd = (n["stop_reserve_s"] or 0.0) * int(n["num_nodes"]) * price / 3600
         if remaining is not None and reserve_usd:
             self.log.info(
-                "Money left $%.4f, of which $%.4f is kept back for the training task's stop (stop_reserve_s=%.0f "
-                "of %d node(s) at $%.4f/h): $%.4f to train with", remaining, reserve_usd, n["stop_reserve_s"],
-                int(n["num_nodes"]), price, remaining - reserve_usd,
-            )  # fmt: skip
+                "Money left $%.4f, of which $%.4f is kept back for the training task's stop "
+                "(stop_reserve_s=%.0f "
+                "of %d node(s) at $%.4f/h): $%.4f to train with",
+                remaining,
+                reserve_usd,
+                n["stop_reserve_s"],
+                int(n["num_nodes"]),
+                price,
+                remaining - reserve_usd,
+            )
             remaining -= reserve_usd
         self.log.info(
             "Ledger: step %d of %d, $%.2f spent (%s), step time %s s (%s)",

@@ -33,15 +33,19 @@ class EvaluateCheckpointOperator(BaseOperator):
     Kubernetes): ``python -m trainer.evaluate`` over every committed checkpoint of the run
     (the eval curve), writing ``evals/latest.json`` and ``report.png`` (train and held-out loss
     curves) next to the checkpoints. If the latest checkpoint's held-out loss is lower than
-    the best so far *of the same job on the same evaluation set* (``<registry_uri>/<job>/<eval set>/best.json``;
+    the best so far *of the same job on the same evaluation set* (``<registry_uri>/<job>/<eval
+    set>/best.json``;
     the evaluation set is the dataset, tokenizer, sequence length and batches the loss was measured on, so a
     loss on easier data never displaces another model) it is promoted: marked best (retention keeps it),
     recorded in ``best.json``, and an asset event for ``asset`` is emitted. Promoted or not, the evaluated
-    checkpoint is exported as Hugging Face safetensors under ``<registry_uri>/<job>/<eval set>/<run>/`` (by the
-    evaluation job itself: one job, one pod), and the XCom says where (``export``) and whether it became the best
+    checkpoint is exported as Hugging Face safetensors under ``<registry_uri>/<job>/<eval set>/<run>/`` (by
+    the
+    evaluation job itself: one job, one pod), and the XCom says where (``export``) and whether it became the
+    best
     (``promoted``, ``best_loss_before``).
 
-    The checkpoint directory must be the run's owner's directory of ``job`` (``airflow_dtrain.trust``), and the
+    The checkpoint directory must be the run's owner's directory of ``job`` (``airflow_dtrain.trust``), and
+    the
     registry must lie under the storage roots; a job's registry entry is claimed for its owner like its
     checkpoints.
 
@@ -52,7 +56,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         set; under the storage roots (``limits``). (templated)
     :param job: the job the checkpoints belong to (default: the one recorded in the directory's owner.json,
         which the train task wrote). (templated)
-    :param limits: the DAG author's limits (``airflow_dtrain.trust.Limits``; only ``storage_roots`` applies here),
+    :param limits: the DAG author's limits (``airflow_dtrain.trust.Limits``; only ``storage_roots`` applies
+    here),
         within the platform admin's.
     :param asset: the asset a promotion updates (a downstream DAG can be scheduled on it).
     :param batches: held-out batches per checkpoint. (templated)
@@ -76,9 +81,20 @@ class EvaluateCheckpointOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "checkpoint_uri", "step", "registry_uri", "job", "batches", "batch_size", "eval_all", "export", "min_improvement",
-        "backend", "kubernetes", "kubernetes_overrides", "node_resources",
-    )  # fmt: skip
+        "checkpoint_uri",
+        "step",
+        "registry_uri",
+        "job",
+        "batches",
+        "batch_size",
+        "eval_all",
+        "export",
+        "min_improvement",
+        "backend",
+        "kubernetes",
+        "kubernetes_overrides",
+        "node_resources",
+    )
     template_fields_renderers = {"kubernetes": "json", "node_resources": "json"}
     ui_color = "#e4f4ff"
 
@@ -203,12 +219,26 @@ class EvaluateCheckpointOperator(BaseOperator):
         check_job_dir(job_entry, owner=owner, job=job, what="registry_uri")  # claims a new job's entry
         registry = CheckpointDir(f"{job_entry}/{eval_set}")
         out, report = checkpoints.path(EVAL_RESULTS), checkpoints.path(REPORT)
-        entry = ["trainer.evaluate", "--checkpoint-uri", root, "--out", out, "--report", report,
-                 "--batches", int(self.batches), "--batch-size", int(self.batch_size), "--step", step]  # fmt: skip
+        entry = [
+            "trainer.evaluate",
+            "--checkpoint-uri",
+            root,
+            "--out",
+            out,
+            "--report",
+            report,
+            "--batches",
+            int(self.batches),
+            "--batch-size",
+            int(self.batch_size),
+            "--step",
+            step,
+        ]
         if _true(self.eval_all):
             entry.append("--all")
         best = registry.read_json(REGISTRY_BEST)
-        # the loss a promotion must beat. Every run's model is exported, by the eval job itself (no second job),
+        # the loss a promotion must beat. Every run's model is exported, by the eval job itself (no second
+        # job),
         # into the entry's directory of this run: a run that is not the best still leaves its model to load
         threshold = best["loss"] - float(self.min_improvement) if best is not None else None
         if _true(self.export):
@@ -298,7 +328,8 @@ class EvaluateCheckpointOperator(BaseOperator):
 
 
 def evaluation_set(manifest: dict[str, Any], batches: int, batch_size: int) -> str:
-    """What a held-out loss was measured on, as a registry key: the dataset, the tokenizer, the sequence length
+    """What a held-out loss was measured on, as a registry key: the dataset, the tokenizer, the sequence
+    length
     and the batches. Two losses compare only when this is equal."""
     import hashlib
     import json

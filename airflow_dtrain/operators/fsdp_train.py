@@ -14,7 +14,9 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
 from airflow_dtrain.links import TrainingDashboardLink, TrainingReportLink
 from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import TRAIN_ARGUMENTS, JobSpec, SpecError, group_base_name, kubernetes_for_run
+from airflow_dtrain.naming import group_base_name
+from airflow_dtrain.operators.train_arguments import ARGUMENTS, TEMPLATE_FIELDS, operator_doc, signature
+from airflow_dtrain.spec import JobSpec, SpecError, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from airflow_dtrain.trust import Limits, check_job_dir, limits_for, owner_of
@@ -27,225 +29,58 @@ if TYPE_CHECKING:
 
     from airflow_dtrain.aws.prices import SpotPriceFeed
 
-# Operator arguments that go into the trainer's config (declared in trainer/config.py).
-_TRAIN_ARGUMENTS = tuple(TRAIN_ARGUMENTS)
-_GROUP_ARGUMENTS = (
-    "num_nodes", "procs_per_node", "backend", "capacity", "price_per_node_hour", "price_ceiling_per_node_hour",
-    "budget_usd", "zone", "instance_type", "node_resources", "max_preemptions", "max_failures", "max_runtime_s",
-    "config", "kubernetes", "kubernetes_overrides",
-)  # fmt: skip
+_SIGNATURE = signature(deferrable=conf.getboolean("operators", "default_deferrable", fallback=False))
+"""``FSDPTrainOperator.__init__``'s: every argument's default, as Airflow and ``inspect`` see it."""
 
 
 class TrainingFailed(GroupFailed):
     """The pod group failed (not preempted) or ran out of relaunches."""
 
 
+_INTRO = """\
+Train a Llama-family model with PyTorch FSDP2 as a pod group of ``num_nodes`` × ``procs_per_node``.
+
+Each node runs one torchrun agent. The group's name is derived from
+dag_id/run_id/task_id/map_index, so a task restarted while its group runs
+reattaches instead of launching a second one. A group that ends preempted is
+relaunched from its latest checkpoint, up to ``max_preemptions`` times,
+without spending Airflow retries. Returns a summary (XCom): final step,
+tokens seen, final loss, latest checkpoint, wall time, preemptions, steps lost
+(on Kubernetes also ``placement``: the chosen zone and instance type, and where
+each group's pods ran).
+"""
+
+
 class FSDPTrainOperator(BaseOperator):
-    """
-    Train a Llama-family model with PyTorch FSDP2 as a pod group of ``num_nodes`` × ``procs_per_node``.
+    __doc__ = operator_doc(_INTRO)
 
-    Each node runs one torchrun agent. The group's name is derived from
-    dag_id/run_id/task_id/map_index, so a task restarted while its group runs
-    reattaches instead of launching a second one. A group that ends preempted is
-    relaunched from its latest checkpoint, up to ``max_preemptions`` times,
-    without spending Airflow retries. Returns a summary (XCom): final step,
-    tokens seen, final loss, latest checkpoint, wall time, preemptions, steps lost
-    (on Kubernetes also ``placement``: the chosen zone and instance type, and where
-    each group's pods ran).
-
-    :param flavor: model flavour: ``debug``, ``llama3_1b``, ``llama3_3b``, ``llama3_8b``. (templated)
-    :param init_from: a Hugging Face Llama model (config.json + safetensors): a directory or an ``s3://``
-        prefix. Its config.json gives the shape (``flavor`` is not used) and its weights the starting point
-        of a job that has no checkpoint yet. (templated)
-    :param dataset: ``builtin`` or a token-shard directory from ``python -m trainer.prepare_data``. (templated)
-    :param seq_len: tokens per sequence. (templated)
-    :param steps: optimizer steps to train. (templated)
-    :param global_batch_size: sequences per optimizer step across all ranks. (templated)
-    :param micro_batch_size: sequences per rank per forward/backward. (templated)
-    :param seed: random seed. (templated)
-    :param lr: peak learning rate (linear warmup, then cosine decay). (templated)
-    :param warmup_steps: warmup steps. (templated)
-    :param weight_decay: AdamW weight decay. (templated)
-    :param grad_clip: gradient-norm clipping threshold. (templated)
-    :param checkpoint_uri: where checkpoints go (a path or ``file://``); default for the local
-        backend: next to its group state. (templated)
-    :param checkpoint_every: save every N steps (0: at the end and on preemption). (templated)
-    :param checkpoint_keep: committed checkpoints to keep. (templated)
-    :param log_every: steps between metric lines. (templated)
-    :param simulate_preemption_at_step: for demos: SIGTERM the group once, at this step (0: never). (templated)
-    :param job: the job's name, what outlives one DAG run: its checkpoints, spend ledger and budget
-        belong to it, and a run of the same job continues it (default for the local backend's
-        checkpoint directory: ``checkpoints/<job>``). (templated)
-    :param config: further trainer config, nested or dotted keys; the flat arguments win. (templated)
-    :param capacity: what the group runs on and is billed as: ``spot``, ``on_demand`` or ``any``
-        (on Kubernetes, the nodes its pods select). (templated)
-    :param price_per_node_hour: dollars per node-hour of that capacity, for the cost ledger. (templated)
-    :param price_ceiling_per_node_hour: the most a node-hour can cost while the group runs (spot: the max
-        price you accept, else on-demand); the cap's projection uses it (default: ``price_per_node_hour``). (templated)
-    :param budget_usd: the job's dollar cap over every relaunch, retry and run of it (None or 0: none). The
-        trainer saves and stops before its projected spend passes it; a relaunch happens only if the money
-        left pays for a start-up and the next checkpoint. The task then succeeds with ``stopped: "budget"``
-        in its summary. The platform enforces it too, for a hung trainer or a program of your own: each
-        group's Job gets an ``activeDeadlineSeconds`` (locally: its supervisor keeps one) of what the money
-        left buys at ``price_per_node_hour``, less the checkpoint grace period and ``cost.stop_margin_s``,
-        recomputed from the ledger at every relaunch. (templated)
-    :param zone: the availability zone the price was chosen for (the budget decision's offer): on
-        Kubernetes the pods require nodes in it (``topology.kubernetes.io/zone``). None: any. (templated)
-    :param instance_type: the instance type the price was chosen for: on Kubernetes the pods require
-        nodes of it (``node.kubernetes.io/instance-type``). None: any. (templated)
-    :param num_nodes: nodes in the group. (templated)
-    :param procs_per_node: training processes per node. (templated)
-    :param backend: ``local`` (processes on this machine) or ``kubernetes`` (an Indexed Job and a
-        headless Service per group). (templated)
-    :param node_resources: per-node ``{"cpu", "memory", "ephemeral_storage", "gpus_per_node"}``, on
-        Kubernetes the trainer container's requests and limits (``resources`` is Airflow's own task
-        argument). (templated)
-    :param max_preemptions: relaunches after preemption before the task fails. (templated)
-    :param max_failures: relaunches after a training process was killed (OOM killer, kill -9), from
-        the last checkpoint, before the task fails. (templated)
-    :param kubernetes: pods of the ``kubernetes`` backend, set by the DAG's author: ``image``,
-        ``namespace``, ``service_account``, ``kueue_queue``, ``volumes``, ``secret_env``, ``pod_template``,
-        and what a run may choose (``allowed_images``, ``allowed_namespaces``)... (see
-        ``airflow_dtrain.kubernetes.spec.KubernetesSpec``). These carry privilege: templated, but a template
-        here may not read ``params`` or ``dag_run`` (a trigger chooses through ``kubernetes_overrides``).
-        The platform admin bounds them further (the connection's ``dtrain_policy`` extra,
-        ``airflow_dtrain.kubernetes.policy``). (templated)
-    :param kubernetes_overrides: what a run chooses of the pods (the trigger form's ``kubernetes``):
-        only ``image`` (one of ``kubernetes.allowed_images``) and ``namespace`` (one of
-        ``kubernetes.allowed_namespaces``); any other key is refused naming it. (templated)
-    :param max_runtime_s: the longest one group may run, with or without a budget (the Job's
-        activeDeadlineSeconds, the local supervisor's deadline). Default: the limits' ``max_runtime_s``. (templated)
-    :param limits: what a run may ask for, set by the DAG author (not templated, so a trigger form
-        cannot widen it), within the platform admin's ``[dtrain] limits`` (``airflow_dtrain.trust.Limits``):
-        ``{"max_nodes", "max_procs_per_node", "max_steps", "max_tokens_per_micro_batch", "max_price_per_node_hour",
-        "max_runtime_s", "backends", "storage_roots"}``.
-    :param entrypoint: run your own training program instead of the bundled trainer, under the same group,
-        relaunches and spend ledger: ``["/opt/train.py", "--lr", "3e-4"]`` or ``["-m", "my_pkg.train", ...]``.
-        It gets the job's settings as DTRAIN_* environment variables and keeps the contract of
-        docs/own_training_code.md (``trainer/contract.py``). Set by the DAG author (not templated, never a
-        trigger-form param); on the local backend a script must exist on this machine.
-    :param kubernetes_conn_id: the Kubernetes connection of the ``kubernetes`` backend.
-    :param aws_conn_id: the AWS connection whose spot price history (``zone``, ``instance_type``) prices a spot
-        group: read every ``spot_price_refresh_s`` while it runs, so its trainer's cap counts each second at the
-        price in effect, and when it ends, to bill it again (the spend keeps the larger of that and the launch
-        price's figure). Used only for ``capacity="spot"`` with both set; None: the launch price only.
-    :param spot_price_refresh_s: seconds between two reads of the spot price while a spot group runs.
-    :param poll_interval: seconds between looks at the group.
-    :param stop_grace_period_s: on kill, how long the group gets to checkpoint before it is killed.
-    :param local_state_dir: state directory of the local backend (default: ``[dtrain] local_state_dir``).
-    :param deferrable: watch the group from the triggerer, freeing the worker slot.
-    """
-
-    template_fields: Sequence[str] = (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)
+    template_fields: Sequence[str] = TEMPLATE_FIELDS
     template_fields_renderers = {"config": "json", "node_resources": "json", "kubernetes": "json"}
     operator_extra_links = (TrainingDashboardLink(), TrainingReportLink())
     ui_color = "#f0e4ff"
 
-    def __init__(
-        self,
-        *,
-        flavor: str = "debug",
-        init_from: str = "",
-        dataset: str = "builtin",
-        seq_len: int | None = None,
-        steps: int | None = None,
-        global_batch_size: int | None = None,
-        micro_batch_size: int | None = None,
-        seed: int | None = None,
-        lr: float | None = None,
-        warmup_steps: int | None = None,
-        weight_decay: float | None = None,
-        grad_clip: float | None = None,
-        checkpoint_uri: str | None = None,
-        checkpoint_every: int | None = None,
-        checkpoint_keep: int | None = None,
-        log_every: int | None = None,
-        simulate_preemption_at_step: int | None = None,
-        job: str | None = None,
-        config: dict[str, Any] | None = None,
-        num_nodes: int = 1,
-        procs_per_node: int = 1,
-        backend: str = "local",
-        capacity: str | None = None,
-        price_per_node_hour: float | None = None,
-        price_ceiling_per_node_hour: float | None = None,
-        budget_usd: float | None = None,
-        zone: str | None = None,
-        instance_type: str | None = None,
-        node_resources: dict[str, Any] | None = None,
-        max_preemptions: int = 3,
-        max_failures: int | None = None,
-        max_runtime_s: int | None = None,
-        kubernetes: dict[str, Any] | None = None,
-        kubernetes_overrides: dict[str, Any] | None = None,
-        limits: dict[str, Any] | Limits | None = None,
-        entrypoint: Sequence[str] | None = None,
-        kubernetes_conn_id: str = "kubernetes_default",
-        aws_conn_id: str | None = "aws_default",
-        spot_price_refresh_s: float = 300.0,
-        poll_interval: float = 5.0,
-        stop_grace_period_s: float = 30.0,
-        local_state_dir: str | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, **kwargs: Any) -> None:
+        """The arguments are the class docstring's (``train_arguments.ARGUMENTS``); the rest are Airflow's."""
+        values = {a.name: kwargs.pop(a.name, _SIGNATURE.parameters[a.name].default) for a in ARGUMENTS}
         super().__init__(**kwargs)
-        self.flavor = flavor
-        self.init_from = init_from
-        self.dataset = dataset
-        self.seq_len = seq_len
-        self.steps = steps
-        self.global_batch_size = global_batch_size
-        self.micro_batch_size = micro_batch_size
-        self.seed = seed
-        self.lr = lr
-        self.warmup_steps = warmup_steps
-        self.weight_decay = weight_decay
-        self.grad_clip = grad_clip
-        self.checkpoint_uri = checkpoint_uri
-        self.checkpoint_every = checkpoint_every
-        self.checkpoint_keep = checkpoint_keep
-        self.log_every = log_every
-        self.simulate_preemption_at_step = simulate_preemption_at_step
-        self.job = job
-        self.config = config
-        self.num_nodes = num_nodes
-        self.procs_per_node = procs_per_node
-        self.backend = backend
-        self.capacity = capacity
-        self.price_per_node_hour = price_per_node_hour
-        self.price_ceiling_per_node_hour = price_ceiling_per_node_hour
-        self.budget_usd = budget_usd
-        self.zone = zone
-        self.instance_type = instance_type
-        self.node_resources = node_resources
-        self.max_preemptions = max_preemptions
-        self.max_failures = max_failures
-        self.max_runtime_s = max_runtime_s
-        check_author_template(f"{type(self).__name__}(task_id={self.task_id!r}): kubernetes", kubernetes)
-        self.kubernetes = kubernetes
-        self.kubernetes_overrides = kubernetes_overrides
-        self.limits = Limits.from_value(limits)  # the author's; job_spec() narrows the admin's by them
-        self.entrypoint = entrypoint
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.aws_conn_id = aws_conn_id
-        self.spot_price_refresh_s = spot_price_refresh_s
-        self.poll_interval = poll_interval
-        self.stop_grace_period_s = stop_grace_period_s
-        self.local_state_dir = local_state_dir
-        self.deferrable = deferrable
+        where = f"{type(self).__name__}(task_id={self.task_id!r})"
+        check_author_template(f"{where}: kubernetes", values["kubernetes"])
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.limits = Limits.from_value(self.limits)  # the author's; job_spec() narrows the admin's by them
         self._session: GroupSession | None = None
         # Fail in the DAG file, not at run time, for everything that is not templated.
         self.job_spec(skip_templates=True)
 
+    __init__.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
+
     # -- spec -------------------------------------------------------------------------------
     def job_spec(self, *, skip_templates: bool = False) -> JobSpec:
         """The validated job spec; raises ``SpecError`` naming the field and the value."""
-        arguments = {name: getattr(self, name) for name in (*_TRAIN_ARGUMENTS, *_GROUP_ARGUMENTS)}
-        if skip_templates:
-            defaults = {"num_nodes": 1, "procs_per_node": 1, "backend": "local", "max_preemptions": 3}
-            arguments = {k: (defaults.get(k) if is_template(v) else v) for k, v in arguments.items()}
-            if arguments["backend"] != "local" and (
+        arguments = {name: getattr(self, name) for name in TEMPLATE_FIELDS}
+        if skip_templates:  # None: the declared default
+            arguments = {k: (None if is_template(v) else v) for k, v in arguments.items()}
+            if arguments["backend"] not in (None, "local") and (
                 is_template(self.kubernetes)
                 or is_template(self.kubernetes_overrides)
                 or is_template(self.checkpoint_uri)
@@ -253,7 +88,8 @@ class FSDPTrainOperator(BaseOperator):
                 # what the backend requires of these is checked once they are rendered
                 arguments["backend"] = "local"
         if not arguments.get("checkpoint_uri") and not skip_templates:
-            arguments["checkpoint_uri"] = self._default_checkpoint_uri(arguments.get("backend"))
+            backend = arguments.get("backend") or JobSpec.backend  # None: the declared default
+            arguments["checkpoint_uri"] = self._default_checkpoint_uri(backend)
         arguments["resources"] = arguments.pop("node_resources")
         arguments["kubernetes"] = self._kubernetes(arguments.pop("kubernetes_overrides"))
         if not skip_templates:
@@ -283,7 +119,8 @@ class FSDPTrainOperator(BaseOperator):
     def _default_checkpoint_uri(self, backend: str | None) -> str:
         if backend != "local":
             raise SpecError(f"checkpoint_uri: required for backend {backend!r}")
-        # A job's checkpoints are found again by every run of it; without a job, each task instance has its own.
+        # A job's checkpoints are found again by every run of it; without a job, each task instance has its
+        # own.
         return str(local_state_dir(self.local_state_dir).parent / "checkpoints" / (self.job or self._base))
 
     # -- the session ---------------------------------------------------------------------------
@@ -418,11 +255,17 @@ class FSDPTrainOperator(BaseOperator):
         summary_path = write_summary(spec.train.checkpoint.uri, summary)
         if at_cap is not None:
             self.log.warning(
-                "Training stopped at step %s of %d to stay within its $%.2f budget: $%.4f spent; checkpoint %s. "
+                "Training stopped at step %s of %d to stay within its $%.2f budget: $%.4f spent; checkpoint "
+                "%s. "
                 "Raise budget_usd and run the job again to go on from there. Summary: %s (in %s)",
-                progress.get("step"), spec.train.steps, spec.train.cost.budget_usd, summary.get("dollars", 0.0),
-                progress.get("latest_checkpoint"), json.dumps(summary), summary_path,
-            )  # fmt: skip
+                progress.get("step"),
+                spec.train.steps,
+                spec.train.cost.budget_usd,
+                summary.get("dollars", 0.0),
+                progress.get("latest_checkpoint"),
+                json.dumps(summary),
+                summary_path,
+            )
             return summary
         self.log.info("Training finished: %s (summary in %s)", json.dumps(summary), summary_path)
         return summary
@@ -461,7 +304,8 @@ class FSDPTrainOperator(BaseOperator):
 
 
 def _check_local_program(entrypoint: tuple[str, ...]) -> None:
-    """The local backend runs a script from this machine: it must be there (a module is the interpreter's to find)."""
+    """The local backend runs a script from this machine: it must be there (a module is the interpreter's to
+    find)."""
     if entrypoint[0] != "-m" and not os.path.isfile(entrypoint[0]):
         raise SpecError(
             f"entrypoint: {entrypoint[0]!r} is not a file on this machine (the local backend runs it here)"

@@ -148,8 +148,10 @@ class PrepareDataOperator(BaseOperator):
         saved = BYTES_TOKENIZER if saved in (None, "bytes") else saved
         if tokenizer_spec and not same_tokenizer(saved, tok.identity):
             raise DataError(
-                f"dataset: {dataset!r} was prepared with tokenizer {describe_tokenizer(saved)}, but the model's "
-                f"tokenizer ({tokenizer_spec!r}) is {describe_tokenizer(tok.identity)}: prepare the data with the "
+                f"dataset: {dataset!r} was prepared with tokenizer {describe_tokenizer(saved)}, but the "
+                "model's "
+                f"tokenizer ({tokenizer_spec!r}) is {describe_tokenizer(tok.identity)}: prepare the data "
+                "with the "
                 "model's tokenizer, or give the text itself as dataset and this task prepares it"
             )
         short = _short_of(meta, seq_len)
@@ -197,7 +199,8 @@ class PrepareDataOperator(BaseOperator):
                 hint = (
                     ""
                     if os.path.exists(dataset) or "://" in dataset or "*" in dataset
-                    else " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it with "
+                    else " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it "
+                    "with "
                     "datasets' save_to_disk and give that directory)"
                 )
                 raise DataError(_named(e) + hint) from None
@@ -241,7 +244,8 @@ class PrepareDataOperator(BaseOperator):
             )
         except PrepareError as e:
             if "already exists" in str(e) or "appeared while preparing" in str(e):
-                # Another run prepared the same store meanwhile: the same input and tokenizer, so the same data.
+                # Another run prepared the same store meanwhile: the same input and tokenizer, so the same
+                # data.
                 if _read_store_meta(out) is not None:
                     return out
             raise DataError(_named(e)) from None

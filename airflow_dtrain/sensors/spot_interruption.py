@@ -181,8 +181,10 @@ class SpotInterruptionSensor(BaseSensorOperator):
         if self.backend not in ("local", "kubernetes"):
             raise ValueError(f"{prefix}backend: expected 'local' or 'kubernetes', got {self.backend!r}")
         if self.backend == "local" and not self._given_instances():
-            raise ValueError(f"{prefix}instance_ids / node_names / instance_source: give one for the local backend, "
-                             "got none")  # fmt: skip
+            raise ValueError(
+                f"{prefix}instance_ids / node_names / instance_source: give one for the local backend, "
+                "got none"
+            )
         if self.instance_source is not None:  # a source of its own: does it read node taints?
             taints = type(self.instance_source).node_notices is not InstanceSource.node_notices
         else:  # instance ids/node names: no; nothing given: a Kubernetes group's nodes, yes
@@ -207,7 +209,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
         for field, value in (("instance_ids", ids), ("node_names", names)):
             if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
                 raise ValueError(
-                    f"{type(self).__name__}(task_id={self.task_id!r}): {field}: expected a list of names, got {value!r}"
+                    f"{type(self).__name__}(task_id={self.task_id!r}): {field}: expected a list of names, "
+                    f"got {value!r}"
                 )
         return StaticInstances(instance_ids=ids, node_names=names)
 
@@ -245,7 +248,8 @@ class SpotInterruptionSensor(BaseSensorOperator):
             return group_base_name(ti.dag_id, ti.run_id, self.train_task_id, getattr(ti, "map_index", -1))
         if not isinstance(self.group, str) or not self.group or self.group == "None":
             raise ValueError(
-                f"{type(self).__name__}(task_id={self.task_id!r}): group: expected a group name, got {self.group!r}"
+                f"{type(self).__name__}(task_id={self.task_id!r}): group: expected a group name, got "
+                f"{self.group!r}"
             )
         return self.group
 

@@ -52,7 +52,8 @@ class SpotPriceSensor(BaseSensorOperator):
     :param use_price_list_api: ask the AWS Price List API for on-demand prices.
     :param product_description: the spot product, ``Linux/UNIX`` by default.
     :param fixed_price_per_hour: a fixed price instead of the spot market (no AWS). (templated)
-    :param fixed_on_demand_price: the on-demand price to report with a fixed price (default: the same). (templated)
+    :param fixed_on_demand_price: the on-demand price to report with a fixed price (default: the same).
+    (templated)
     :param aws_conn_id: the Airflow AWS connection.
     :param deferrable: watch the market from the triggerer, freeing the worker slot.
     """

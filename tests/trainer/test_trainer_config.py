@@ -179,7 +179,7 @@ def test_dict_and_json_round_trip_preserves_everything():
         "price_per_node_hour": 0.0,
         "capacity_type": "any",
         "gpus_per_node": 0,
-        "budget_usd": 0.0,
+        "budget_usd": None,
         "price_ceiling_per_node_hour": 0.0,
         "stop_margin_s": 30.0,
         "ledger_uri": "",

@@ -1,0 +1,42 @@
+"""Names of a task instance's pod groups: deterministic, DNS-1035-safe, one per relaunch.
+
+The same dag_id/run_id/task_id/map_index always gives the same base name, which is what lets a
+restarted task find its group again instead of launching another; ``group_name`` numbers its relaunches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+__all__ = ["group_base_name", "group_name", "relaunch_index"]
+
+_MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def group_base_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """A deterministic, DNS-1035-safe name for the groups of one task instance.
+
+    The same dag_id/run_id/task_id/map_index always gives the same name, which is
+    what lets a restarted task find its group again instead of launching another.
+    """
+    digest = hashlib.sha256(f"{dag_id}\0{run_id}\0{task_id}\0{map_index}".encode()).hexdigest()[:10]
+    stem = _slug(f"{dag_id}-{task_id}")[: _MAX_NAME - len(digest) - 6].strip("-")
+    if not stem or not stem[0].isalpha():
+        stem = f"g{stem}"[: _MAX_NAME - len(digest) - 6].strip("-")
+    return f"{stem}-{digest}"
+
+
+def group_name(base: str, relaunch: int) -> str:
+    """The name of relaunch number ``relaunch`` (0 for the first launch)."""
+    return f"{base}-r{relaunch}"
+
+
+def relaunch_index(base: str, name: str) -> int | None:
+    """The relaunch number of ``name`` if it belongs to ``base``, else None."""
+    match = re.fullmatch(re.escape(base) + r"-r([0-9]+)", name)
+    return int(match.group(1)) if match else None
