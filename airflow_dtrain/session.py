@@ -28,7 +28,6 @@ from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchPri
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines
 from trainer.checkpoint_dir import CheckpointDir
-from trainer.money.cap import budget_or_none
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -334,7 +333,7 @@ class GroupSession(SessionMoney):
             train, ledger = self.spec.train, self._ledger_dir()
             self._status = StatusLine(
                 steps=train.steps, tokens_per_step=train.global_batch_size * train.data.seq_len,
-                budget_usd=budget_or_none(train.cost.budget_usd),
+                budget_usd=train.cost.budget_usd,
                 ledger_uri=ledger.storage.uri if ledger is not None else None,
             )  # fmt: skip
             try:

@@ -21,7 +21,6 @@ from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE
 from trainer.money.bill import at_prices_in_effect, billed
-from trainer.money.cap import budget_or_none
 from trainer.money.deadline import budget_deadline, deadline_words, repriced_deadline
 from trainer.money.ledger import opening_entry
 from trainer.money.projection import (
@@ -207,7 +206,7 @@ class SessionMoney:
         """Take the go-on decision again before a relaunch, with the measured start-up, step and save
         times and the spend so far: relaunch only if the money left pays for the start-up and one
         checkpoint interval (or the rest of the job); else end here, as at the cap. True: not relaunched."""
-        budget, ledger_dir = budget_or_none(self.spec.train.cost.budget_usd), self._ledger_dir()
+        budget, ledger_dir = self.spec.train.cost.budget_usd, self._ledger_dir()
         if budget is None or ledger_dir is None:
             return False
         spend = ledger_dir.spend()

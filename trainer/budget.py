@@ -3,6 +3,6 @@
 Kept so that importers of the old path go on working; new code imports from ``trainer.money.cap``.
 """
 
-from trainer.money.cap import FIRST_SAVE_GUESS_S, BudgetGuard, attempt_name, budget_or_none
+from trainer.money.cap import FIRST_SAVE_GUESS_S, BudgetGuard, attempt_name
 
-__all__ = ["FIRST_SAVE_GUESS_S", "BudgetGuard", "attempt_name", "budget_or_none"]
+__all__ = ["FIRST_SAVE_GUESS_S", "BudgetGuard", "attempt_name"]

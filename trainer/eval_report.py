@@ -18,7 +18,7 @@ class RunRecord:
     history: list[list]
     events: list[dict]
     spend: list[tuple[float, float, float]]  # (launched_at, billed_s, dollars) of each attempt, by launch
-    budget_usd: float
+    budget_usd: float | None
     tokens_per_step: int
     progress: dict
 
@@ -42,7 +42,7 @@ class RunRecord:
             history=[list(p) for p in progress.get("history", [])],
             events=list(progress.get("events") or []),
             spend=spend,
-            budget_usd=float(cfg.cost.budget_usd or 0),
+            budget_usd=cfg.cost.budget_usd,
             tokens_per_step=cfg.global_batch_size * cfg.data.seq_len,
             progress=progress,
         )

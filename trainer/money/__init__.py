@@ -13,7 +13,7 @@ DAG-parse time. Nothing here calls a cloud; a price read from one comes in throu
   capacity), the opening of an attempt's spend file (``opening_entry``).
 - ``projection``: what the job will have spent when it could next stop (the trainer's cap), and what a
   relaunch needs to reach its next checkpoint (the provider's go-on decision).
-- ``cap``: the budget itself (``budget_or_none``: None is no budget), the reserve kept back to stop within
+- ``cap``: the budget itself (None is no budget), the reserve kept back to stop within
   it (``stop_reserve_s``), and rank 0's enforcement while it trains (``BudgetGuard``).
 - ``deadline``: when the platform stops a group at the cap (``budget_deadline``), again when the spot
   price moves (``repriced_deadline``), and in words (``deadline_words``).

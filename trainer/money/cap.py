@@ -33,13 +33,7 @@ if TYPE_CHECKING:
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.config import CostConfig
 
-__all__ = ["FIRST_SAVE_GUESS_S", "BudgetGuard", "attempt_name", "budget_or_none", "stop_reserve_s"]
-
-
-def budget_or_none(budget_usd: float | None) -> float | None:
-    """The job's budget, None when it has none. None is the one spelling of "no budget" in this package; a
-    configuration written before it was (``cost.budget_usd`` 0.0, the old default) reads as None here."""
-    return budget_usd if budget_usd else None
+__all__ = ["FIRST_SAVE_GUESS_S", "BudgetGuard", "attempt_name", "stop_reserve_s"]
 
 
 def attempt_name() -> str:
@@ -74,7 +68,7 @@ class BudgetGuard:
     @property
     def budget_usd(self) -> float | None:
         """The cap (None: no budget)."""
-        return budget_or_none(self.cfg.budget_usd)
+        return self.cfg.budget_usd
 
     @property
     def enabled(self) -> bool:
