@@ -88,9 +88,9 @@ class Airflow:
                 "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
                 # the train task defers: the real triggerer watches the pod group
                 "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
-                # the DAGs show up within seconds, and are parsed once: a re-parse every 10 s cost the training
-                # ranks beside it on a small machine several seconds of CPU each time (a DAG file does not
-                # change during a test)
+                # the DAGs show up within seconds, and are parsed once: a re-parse every 10 s cost the
+                # training ranks beside it on a small machine several seconds of CPU each time (a DAG file
+                # does not change during a test)
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
                 "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
                 # api-server on a free port; workers reach its execution API there

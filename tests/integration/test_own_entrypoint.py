@@ -1,6 +1,7 @@
-"""Your own training program under FSDPTrainOperator: examples/own_trainer/train.py on the local backend, two
-real torchrun workers (gloo, CPU), preempted once, relaunched by the operator, resumed from its own checkpoint,
-billed per attempt in the job's ledger; and SIGUSR1 / SIGTERM reaching every one of its processes."""
+"""Your own training program under FSDPTrainOperator: examples/own_trainer/train.py on the local backend,
+two real torchrun workers (gloo, CPU), preempted once, relaunched by the operator, resumed from its own
+checkpoint, billed per attempt in the job's ledger; and SIGUSR1 / SIGTERM reaching every one of its
+processes."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ STEPS, EVERY, PREEMPT_AT = 12, 4, 6
 
 
 def _train(tmp_path: Path, run_id: str, **overrides) -> tuple[dict, Path]:
-    """Run the example through the operator to the end (synchronously); its summary and checkpoint directory."""
+    """Run the example through the operator to the end (synchronously): its summary and checkpoint dir."""
     ckpt = tmp_path / run_id / "ckpt"
     op = FSDPTrainOperator(**{
         "task_id": "train", "entrypoint": [EXAMPLE, "--lr", "1e-2"], "job": "own-mlp", "steps": STEPS,
@@ -85,7 +86,8 @@ def test_your_program_is_preempted_relaunched_resumes_its_own_checkpoint_and_is_
 
 def test_your_program_is_stopped_at_the_dollar_cap_with_its_step_saved_and_the_spend_within_it(tmp_path):
     # $36 per node-hour is a cent a second. $0.45 buys 45 s: the supervisor stops the group 10 s (the final
-    # save's grace) + 5 s (the exit's margin) before that, at 30 s after the launch, with nobody else watching.
+    # save's grace) + 5 s (the exit's margin) before that, at 30 s after the launch, with nobody else
+    # watching.
     budget, grace, margin = 0.45, 10, 5
     summary, ckpt = _train(
         tmp_path, "capped", entrypoint=[EXAMPLE, "--step-sleep", "0.3"], steps=100_000, budget_usd=budget,

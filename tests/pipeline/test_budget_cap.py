@@ -22,15 +22,27 @@ def _states(run) -> dict[str, str]:
 def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, tmp_path, slow_steps):
     ckpt = tmp_path / "ckpt"
     budget = 0.48
-    run = dags["train_llama"].test(run_conf={
-        "job": f"cap-{uuid.uuid4().hex[:8]}", "checkpoint_uri": str(ckpt), "registry_uri": str(tmp_path / "r"),
-        "steps": 5000, "checkpoint_every": 20, "simulate_preemption_at_step": 0, "seq_len": 32,
-        # a step takes ~0.35-0.6 s here (slow_steps): the budget task's estimate is 100x and more too small, so it
-        # admits a job that would cost $2-3 at $7.20/h (2 nodes x $3.60), 4x its budget and more. The budget buys
-        # 240 billed seconds, of which the trainer holds back ~175 for its last save and exit (cost.stop_margin_s,
-        # 30 s) before the platform's budget deadline, which keeps back the 110 s grace period and 30 s more.
-        "step_time_estimate_s": 0.0005, "local_spot_price": 3.6, "local_on_demand_price": 7.2, "max_price": 10.0, "budget_usd": budget,
-    })  # fmt: skip
+    run = dags["train_llama"].test(
+        run_conf={
+            "job": f"cap-{uuid.uuid4().hex[:8]}",
+            "checkpoint_uri": str(ckpt),
+            "registry_uri": str(tmp_path / "r"),
+            "steps": 5000,
+            "checkpoint_every": 20,
+            "simulate_preemption_at_step": 0,
+            "seq_len": 32,
+            # a step takes ~0.35-0.6 s here (slow_steps): the budget task's estimate is 100x and more too
+            # small, so it admits a job that would cost $2-3 at $7.20/h (2 nodes x $3.60), 4x its budget and
+            # more. The budget buys 240 billed seconds, of which the trainer holds back ~175 for its last
+            # save and exit (cost.stop_margin_s, 30 s) before the platform's budget deadline, which keeps
+            # back the 110 s grace period and 30 s more.
+            "step_time_estimate_s": 0.0005,
+            "local_spot_price": 3.6,
+            "local_on_demand_price": 7.2,
+            "max_price": 10.0,
+            "budget_usd": budget,
+        }
+    )
     states = _states(run)
     assert run.state == DagRunState.SUCCESS, states
     decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
@@ -75,10 +87,18 @@ def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, 
 
 def test_a_job_that_waited_is_continued_by_its_next_run_with_its_ledger(dags, tmp_path):
     job = f"wait-{uuid.uuid4().hex[:8]}"
-    # (every run names the prices: dag.test() on one DAG object keeps the previous run's conf as params; 32-token
-    # sequences: a quarter of the default step, enough for what is checked here)
-    common = {"job": job, "registry_uri": str(tmp_path / "r"), "simulate_preemption_at_step": 0,
-              "checkpoint_every": 5, "local_spot_price": 0.5, "max_price": 1.0, "num_nodes": 1, "seq_len": 32}  # fmt: skip
+    # (every run names the prices: dag.test() on one DAG object keeps the previous run's conf as params;
+    # 32-token sequences: a quarter of the default step, enough for what is checked here)
+    common = {
+        "job": job,
+        "registry_uri": str(tmp_path / "r"),
+        "simulate_preemption_at_step": 0,
+        "checkpoint_every": 5,
+        "local_spot_price": 0.5,
+        "max_price": 1.0,
+        "num_nodes": 1,
+        "seq_len": 32,
+    }
 
     first = dags["train_llama"].test(run_conf={**common, "steps": 10})
     assert first.state == DagRunState.SUCCESS, _states(first)

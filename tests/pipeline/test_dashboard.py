@@ -101,7 +101,8 @@ def test_every_panel_query_is_filtered_by_the_dag_run_and_job_variables():
             for metric, selector in uses:
                 for variable, label in VARIABLES.items():
                     assert f'{label}=~"${variable}"' in selector, (
-                        f"panel {panel['title']!r}: {metric} is not filtered by ${variable} in {target['expr']}"
+                        f"panel {panel['title']!r}: {metric} is not filtered by ${variable} "
+                        f"in {target['expr']}"
                     )
 
 

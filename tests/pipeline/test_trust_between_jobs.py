@@ -1,5 +1,6 @@
-"""A trigger reaches only its own job: hostile trigger-form inputs through dag.test() of the bundled DAGs. Each is
-refused naming the field, with nothing written where it pointed (every file's hash compared before and after)."""
+"""A trigger reaches only its own job: hostile trigger-form inputs through dag.test() of the bundled DAGs.
+Each is refused naming the field, with nothing written where it pointed (every file's hash compared
+before and after)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_another_owners_job_or_a_foreign_directory_is_refused_with_nothing_writt
     theirs = tmp_path / "theirs"
     _their_job(theirs, owner, "shared" if owner else "other")
     before = tree(theirs)
-    # a trigger-set local price of 1e12 would stop their next run if it reached their ledger: it is refused too
+    # a trigger-set local price of 1e12 would stop their next run if it reached their ledger: it is refused
+    # too
     run = dags["train_llama"].test(
         run_conf={"job": "shared", "checkpoint_uri": str(theirs), "local_spot_price": 499}
     )
@@ -73,11 +75,19 @@ def test_an_empty_job_is_refused_by_the_form(dags, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("conf", "refusal"),
-    [({"registry_uri": "/srv/other-team/models"}, "registry_uri: '/srv/other-team/models' is outside the storage roots"),
-     ({"seq_len": 65536, "micro_batch_size": 64}, "4194304 tokens is above the limit of 262144"),
-     ({"checkpoint_uri": "/srv/other-team/ckpt"}, "checkpoint_uri: '/srv/other-team/ckpt' is outside the storage roots")],
+    [
+        (
+            {"registry_uri": "/srv/other-team/models"},
+            "registry_uri: '/srv/other-team/models' is outside the storage roots",
+        ),
+        ({"seq_len": 65536, "micro_batch_size": 64}, "4194304 tokens is above the limit of 262144"),
+        (
+            {"checkpoint_uri": "/srv/other-team/ckpt"},
+            "checkpoint_uri: '/srv/other-team/ckpt' is outside the storage roots",
+        ),
+    ],
     ids=["registry outside the roots", "tokens per micro-batch", "checkpoints outside the roots"],
-)  # fmt: skip
+)
 def test_a_run_beyond_the_limits_is_refused_before_any_task(
     dags, tmp_path, monkeypatch, capfd, conf, refusal
 ):
@@ -100,8 +110,11 @@ def test_the_sweeps_limits_are_the_train_limits(dags, tmp_path, monkeypatch):
         sweep.get_param("price_per_hour").schema["maximum"]
         == train.get_param("local_spot_price").schema["maximum"]
     )
-    for conf, field in (({"learning_rates": [1e-3 * (i + 1) for i in range(17)]}, "learning_rates"),
-                        ({"num_nodes": 9}, "num_nodes"), ({"price_per_hour": 1e12}, "price_per_hour")):  # fmt: skip
+    for conf, field in (
+        ({"learning_rates": [1e-3 * (i + 1) for i in range(17)]}, "learning_rates"),
+        ({"num_nodes": 9}, "num_nodes"),
+        ({"price_per_hour": 1e12}, "price_per_hour"),
+    ):
         with pytest.raises(ParamValidationError, match=field):
             dags["sweep_llama"].test(run_conf={"sweep_root": str(tmp_path), **conf})
     assert not (tmp_path / "groups").exists()
@@ -113,8 +126,8 @@ def test_the_sweeps_limits_are_the_train_limits(dags, tmp_path, monkeypatch):
 def test_a_forged_checkpoint_runs_nothing_when_a_run_resumes_validates_and_evaluates(
     dags, tmp_path, monkeypatch
 ):
-    """The job's directory holds a checkpoint whose .metadata would run a command when unpickled (its manifest's
-    checksums match): the run resumes past it, validates and evaluates, and the command never runs."""
+    """The job's directory holds a checkpoint whose .metadata would run a command when unpickled (its
+    manifest's checksums match): the run resumes past it, validates and evaluates; the command never runs."""
     from tests.trainer.conftest import FAST, run_trainer
     from tests.trainer.test_forged_checkpoint import _forge_metadata
 

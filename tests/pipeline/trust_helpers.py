@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def tree(root: Path) -> dict[str, str]:
-    """{relative path: sha256} of every file under ``root`` (directories as "dir"), to compare before and after."""
+    """{relative path: sha256} of every file under ``root`` (directories: "dir"), to compare."""
     out: dict[str, str] = {}
     for path in sorted(Path(root).rglob("*")):
         rel = str(path.relative_to(root))

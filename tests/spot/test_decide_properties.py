@@ -72,8 +72,15 @@ def test_an_idle_job_pays_a_start_up_on_either_capacity_and_a_running_one_not_on
 def test_spot_keeps_time_to_finish_on_on_demand_after_a_preemption_unless_the_risk_is_accepted():
     # 1 h left, 70 min to the deadline: spot fits (1 h 0.6 min), but a preemption would leave 1 h of work
     # and a 10 min start-up: 1 h 10 min, past 70 min with a step lost. So on-demand, which fits.
-    inputs = BudgetInputs(**{**BASE, "interruption_rate_per_hour": 0.1}, spot_price=1.0, on_demand_price=3.0,
-                          remaining_budget=10.0, lost_work_s=30.0, deadline_s=70 * 60, current=Choice.SPOT)  # fmt: skip
+    inputs = BudgetInputs(
+        **{**BASE, "interruption_rate_per_hour": 0.1},
+        spot_price=1.0,
+        on_demand_price=3.0,
+        remaining_budget=10.0,
+        lost_work_s=30.0,
+        deadline_s=70 * 60,
+        current=Choice.SPOT,
+    )
     decision = decide(inputs)
     assert decision.choice == Choice.ON_DEMAND, decision.reason
     assert "no time to finish on on-demand after a preemption" in decision.reason
@@ -101,10 +108,10 @@ def test_the_late_risk_is_the_chance_of_a_first_preemption_before_spot_is_done()
 
 
 def test_the_deadline_guard_buys_on_demand_when_a_preemption_is_likelier_than_not_and_would_make_it_late():
-    # 1 h of work, nothing runs, 1.3 h to the deadline: 0.30 h to spare, under a spot launch and one preemption
-    # (2 x 600 s + 30 s = 0.34 h). 1 preemption/h: a first one before spot is done (7/6 h) has a chance of 69 %.
-    # The user accepts any late risk (max_late_risk 1) and any chance of finishing in time (min_finish_chance 0),
-    # so spot would do; yet on-demand, in time within budget, is taken.
+    # 1 h of work, nothing runs, 1.3 h to the deadline: 0.30 h to spare, under a spot launch and one
+    # preemption (2 x 600 s + 30 s = 0.34 h). 1 preemption/h: a first one before spot is done (7/6 h) has a
+    # chance of 69 %. The user accepts any late risk (max_late_risk 1) and any chance of finishing in time
+    # (min_finish_chance 0), so spot would do; yet on-demand, in time within budget, is taken.
     inputs = BudgetInputs(**{**BASE, "interruption_rate_per_hour": 1.0}, spot_price=1.0, on_demand_price=3.0,
                           remaining_budget=10.0, lost_work_s=30.0, deadline_s=1.3 * 3600, current=Choice.WAIT,
                           max_late_risk=1.0, min_finish_chance=0.0)  # fmt: skip
@@ -159,11 +166,19 @@ def test_late_either_way_on_demand_is_bought_only_when_it_is_sure_to_finish_firs
 
 def test_min_finish_chance_tries_spot_that_fits_the_budget_unless_the_preemptions_are_unkind():
     # 1 h on 4 nodes at $1/node-h = $4, each preemption costs 330 s of the group = $0.37 more. 2 preemptions
-    # per hour expected: the expected spot cost is $4 × (1 + 2 × 330/3600) = $4.73. With $4.50 left it does not
-    # fit on expectation, but it fits with up to 1 preemption: a chance of e^-λ (1 + λ), λ = 2 × 1.18 h.
-    inputs = BudgetInputs(steps_remaining=1000, step_time_s=3.6, num_nodes=4, spot_price=1.0, on_demand_price=3.0,
-                          remaining_budget=4.5, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
-                          lost_work_s=30.0)  # fmt: skip
+    # per hour expected: the expected spot cost is $4 × (1 + 2 × 330/3600) = $4.73. With $4.50 left it does
+    # not fit on expectation, but it fits with up to 1 preemption: a chance of e^-λ (1 + λ), λ = 2 × 1.18 h.
+    inputs = BudgetInputs(
+        steps_remaining=1000,
+        step_time_s=3.6,
+        num_nodes=4,
+        spot_price=1.0,
+        on_demand_price=3.0,
+        remaining_budget=4.5,
+        interruption_rate_per_hour=2.0,
+        restart_overhead_s=300.0,
+        lost_work_s=30.0,
+    )
     expected = decide(inputs)
     assert (
         expected.choice == Choice.STOP
@@ -186,9 +201,19 @@ def test_min_finish_chance_tries_spot_that_fits_the_budget_unless_the_preemption
 
 def test_min_finish_chance_also_judges_a_wait_for_spot():
     # no spot now; a wait for spot at $1 would fit on luck (not on expectation); on-demand is over the budget
-    inputs = BudgetInputs(steps_remaining=1000, step_time_s=3.6, num_nodes=4, spot_price=None, on_demand_price=3.0,
-                          remaining_budget=4.5, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
-                          lost_work_s=30.0, max_wait_s=3600, wait_target_price=1.0)  # fmt: skip
+    inputs = BudgetInputs(
+        steps_remaining=1000,
+        step_time_s=3.6,
+        num_nodes=4,
+        spot_price=None,
+        on_demand_price=3.0,
+        remaining_budget=4.5,
+        interruption_rate_per_hour=2.0,
+        restart_overhead_s=300.0,
+        lost_work_s=30.0,
+        max_wait_s=3600,
+        wait_target_price=1.0,
+    )
     assert decide(inputs).choice == Choice.STOP
     assert decide(BudgetInputs(**{**inputs.__dict__, "min_finish_chance": 0.25})).choice == Choice.WAIT
 
@@ -196,9 +221,18 @@ def test_min_finish_chance_also_judges_a_wait_for_spot():
 def test_min_finish_chance_judges_the_deadline_by_the_chance_of_the_preemptions_fitting_before_it():
     # 1 h of work, 2 preemptions/h expected at 330 s each: the expected spot time, 1 h 11 min, is past the
     # deadline (1 h 7 min), so on-demand; yet one preemption fits before it: a chance of e^-λ (1 + λ)
-    inputs = BudgetInputs(steps_remaining=1000, step_time_s=3.6, num_nodes=1, spot_price=1.0, on_demand_price=3.0,
-                          remaining_budget=100.0, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
-                          lost_work_s=30.0, deadline_s=3600 + 330 + 100)  # fmt: skip
+    inputs = BudgetInputs(
+        steps_remaining=1000,
+        step_time_s=3.6,
+        num_nodes=1,
+        spot_price=1.0,
+        on_demand_price=3.0,
+        remaining_budget=100.0,
+        interruption_rate_per_hour=2.0,
+        restart_overhead_s=300.0,
+        lost_work_s=30.0,
+        deadline_s=3600 + 330 + 100,
+    )
     assert decide(inputs).choice == Choice.ON_DEMAND
     lam = 2.0 * (1 + 2.0 * 330 / 3600)
     chance = math.exp(-lam) * (1 + lam)
@@ -220,11 +254,21 @@ def test_min_finish_chance_judges_the_deadline_by_the_chance_of_the_preemptions_
 
 
 def test_with_min_finish_chance_a_late_choice_states_its_chance_not_an_estimate_over_the_budget():
-    # No deadline can be met; spot's expected cost ($4.73) is over the $4.50 left, but a 32 % chance is enough:
-    # late on spot, and the reason gives the chance rather than claiming $4.73 is within $4.50
-    inputs = BudgetInputs(steps_remaining=1000, step_time_s=3.6, num_nodes=4, spot_price=1.0, on_demand_price=3.0,
-                          remaining_budget=4.5, interruption_rate_per_hour=2.0, restart_overhead_s=300.0,
-                          lost_work_s=30.0, deadline_s=1800.0, min_finish_chance=0.25)  # fmt: skip
+    # No deadline can be met; spot's expected cost ($4.73) is over the $4.50 left, but a 32 % chance is
+    # enough: late on spot, and the reason gives the chance rather than claiming $4.73 is within $4.50
+    inputs = BudgetInputs(
+        steps_remaining=1000,
+        step_time_s=3.6,
+        num_nodes=4,
+        spot_price=1.0,
+        on_demand_price=3.0,
+        remaining_budget=4.5,
+        interruption_rate_per_hour=2.0,
+        restart_overhead_s=300.0,
+        lost_work_s=30.0,
+        deadline_s=1800.0,
+        min_finish_chance=0.25,
+    )
     decision = decide(inputs)
     assert decision.choice == Choice.SPOT and "past the deadline" in decision.reason, decision.reason
     assert "allow_late: a 32% chance within $4.50" in decision.reason

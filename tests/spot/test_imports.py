@@ -16,7 +16,8 @@ def test_spot_modules_import_nothing_heavy():
         "SpotPriceSensor(task_id='p', instance_types=['p3.2xlarge'], max_price=1.0)\n"
         "SpotInterruptionSensor(task_id='w', group='g', instance_ids=['i-0123456789abcdef0'], sqs_queue_url='http://q')\n"
         "BudgetBranchOperator(task_id='b', spot_task_id='s', on_demand_task_id='o', total_steps=10)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 'kubernetes', 'torch')))\n"
+        "heavy = ('boto3', 'botocore', 'kubernetes', 'torch')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip().splitlines()[-1] == "[]"

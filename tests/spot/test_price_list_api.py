@@ -16,12 +16,31 @@ from airflow_dtrain.spot.offers import ON_DEMAND_USD_PER_HOUR
 
 def _product(instance_type: str, region: str, usd: str) -> str:
     """One PriceList entry, a JSON document in a string, as GetProducts returns it."""
-    return json.dumps({
-        "product": {"productFamily": "Compute Instance",
-                    "attributes": {"instanceType": instance_type, "regionCode": region, "operatingSystem": "Linux"}},
-        "terms": {"OnDemand": {"SKU.JRTCKXETXF": {"priceDimensions": {"SKU.JRTCKXETXF.6YS6EN2CT7": {
-            "unit": "Hrs", "pricePerUnit": {"USD": usd}, "description": f"${usd} per On Demand Linux Instance Hour"}}}}},
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "product": {
+                "productFamily": "Compute Instance",
+                "attributes": {
+                    "instanceType": instance_type,
+                    "regionCode": region,
+                    "operatingSystem": "Linux",
+                },
+            },
+            "terms": {
+                "OnDemand": {
+                    "SKU.JRTCKXETXF": {
+                        "priceDimensions": {
+                            "SKU.JRTCKXETXF.6YS6EN2CT7": {
+                                "unit": "Hrs",
+                                "pricePerUnit": {"USD": usd},
+                                "description": f"${usd} per On Demand Linux Instance Hour",
+                            }
+                        }
+                    }
+                }
+            },
+        }
+    )
 
 
 @pytest.fixture
@@ -38,9 +57,15 @@ def price_list(monkeypatch):
             requests.append({"target": self.headers.get("X-Amz-Target"), **body})
             filters = {f["Field"]: f["Value"] for f in body.get("Filters", [])}
             found = filters.get("instanceType") == "p5.48xlarge" and filters.get("regionCode") == "us-west-2"
-            payload = {"FormatVersion": "aws_v1", "PriceList": [
-                _product("p5.48xlarge", "us-west-2", "98.3200000000"), _product("p5.48xlarge", "us-west-2", "55.0400000000"),
-            ] if found else []}  # fmt: skip
+            payload = {
+                "FormatVersion": "aws_v1",
+                "PriceList": [
+                    _product("p5.48xlarge", "us-west-2", "98.3200000000"),
+                    _product("p5.48xlarge", "us-west-2", "55.0400000000"),
+                ]
+                if found
+                else [],
+            }
             data = json.dumps(payload).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/x-amz-json-1.1")
@@ -50,9 +75,20 @@ def price_list(monkeypatch):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_PRICING", json.dumps({
-        "conn_type": "aws", "login": "testing", "password": "testing",
-        "extra": {"endpoint_url": f"http://127.0.0.1:{server.server_address[1]}", "region_name": "us-east-1"}}))  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_PRICING",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "testing",
+                "password": "testing",
+                "extra": {
+                    "endpoint_url": f"http://127.0.0.1:{server.server_address[1]}",
+                    "region_name": "us-east-1",
+                },
+            }
+        ),
+    )
     yield requests
     server.shutdown()
     server.server_close()

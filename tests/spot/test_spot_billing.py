@@ -49,16 +49,27 @@ def test_a_history_that_starts_after_the_launch_cannot_price_it():
 
 
 def _operator(tmp_path, **overrides) -> FSDPTrainOperator:
-    arguments = dict(task_id="train_spot", flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1,
-                     num_nodes=2, checkpoint_uri=str(tmp_path / "ckpt"), capacity="spot", price_per_node_hour=0.9,
-                     budget_usd=100.0, zone="us-east-1a", instance_type="p3.2xlarge")  # fmt: skip
+    arguments = dict(
+        task_id="train_spot",
+        flavor="debug",
+        steps=4,
+        global_batch_size=2,
+        micro_batch_size=1,
+        num_nodes=2,
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        capacity="spot",
+        price_per_node_hour=0.9,
+        budget_usd=100.0,
+        zone="us-east-1a",
+        instance_type="p3.2xlarge",
+    )
     return FSDPTrainOperator(**{**arguments, **overrides})
 
 
 def _ended_group(
     tmp_path, op: FSDPTrainOperator, ran_hours: float
 ) -> tuple[GroupSession, str, logging.Logger]:
-    """A session whose group ``ran_hours`` ago was launched (its spend file opened then) and has just ended."""
+    """A session whose group was launched ``ran_hours`` ago (its spend file opened then), just ended."""
     spec = op.job_spec()
     log = logging.getLogger("test_spot_billing")
     session = GroupSession(LocalLauncher(tmp_path / "groups"), "dag-train-abc", spec, log=log,
@@ -176,14 +187,15 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
     tmp_path, spot_market, slow_steps
 ):
     """End to end: the quote says $0.90/node-h, EC2 bills $9.00. The trigger feeds the price to the trainer,
-    whose cap stops the job within its budget at that price; at the quote it would have run ten times longer."""
+    whose cap stops the job within its budget at that price; at the quote it would have run ten times
+    longer."""
     from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
     from tests.conftest import RecordingTI, run_trigger
     from tests.integration.helpers import SMALL
 
     spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 9.0)]})
-    # at $9/h: 60 s, of which the trainer holds back ~25 s (its last save and exit, then the platform deadline's
-    # 10 s grace and 5 s margin); at the quote, 600 s
+    # at $9/h: 60 s, of which the trainer holds back ~25 s (its last save and exit, then the platform
+    # deadline's 10 s grace and 5 s margin); at the quote, 600 s
     budget = 0.15
     op = _operator(tmp_path, **SMALL, num_nodes=1, steps=100_000, checkpoint_every=0, budget_usd=budget,
                    local_state_dir=str(tmp_path / "groups"), poll_interval=0.5, deferrable=True,
@@ -215,9 +227,18 @@ def test_a_spot_job_whose_price_is_10x_its_quote_stops_at_its_cap_at_the_price_i
 def test_a_price_rise_brings_the_platform_deadline_forward_by_what_the_money_left_buys_now():
     """$10 budget, 2 nodes, quoted $1/node-h: the platform deadline of a group is 5 h less its grace and
     margin. An hour in, the price is $4 and $5 is spent (at the prices in effect): the $5 left buys
-    37.5 min of 2 nodes at $4, so the deadline is 1 h 37.5 min after the launch, less the same grace and margin."""
-    own = {"seconds": 5 * 3600 - 110 - 30, "budget_usd": 10.0, "spent_usd": 0.0, "nodes": 2, "usd_per_hour": 2.0,
-           "grace_s": 110, "margin_s": 30, "save": "within"}  # fmt: skip
+    37.5 min of 2 nodes at $4, so the deadline is 1 h 37.5 min after the launch, less the same grace and
+    margin."""
+    own = {
+        "seconds": 5 * 3600 - 110 - 30,
+        "budget_usd": 10.0,
+        "spent_usd": 0.0,
+        "nodes": 2,
+        "usd_per_hour": 2.0,
+        "grace_s": 110,
+        "margin_s": 30,
+        "save": "within",
+    }
     new = repriced_deadline(own, spent_usd=5.0, price=4.0, elapsed_s=3600)
     assert new["seconds"] == 3600 + 2250 - 110 - 30 and new["usd_per_hour"] == 8.0 and new["spent_usd"] == 5.0
     assert "set 3600s after the launch" in deadline_words(new, "deadline") and "$8.0000/h" in deadline_words(
@@ -232,19 +253,32 @@ def test_a_price_rise_brings_the_platform_deadline_forward_by_what_the_money_lef
 def test_your_program_on_spot_whose_price_doubled_is_stopped_by_its_supervisor_within_the_budget(
     tmp_path, spot_market
 ):
-    """A program of your own has no cap of its own: the platform deadline is its cap. Quoted $36/node-h (a cent a
-    second), it would get 90 s of its $0.90, and the supervisor would stop it 75 s after the launch (10 s grace,
-    5 s margin) -- at the $72 EC2 bills, $1.50. The watch reads the price, and the deadline moves to 29-30 s."""
+    """A program of your own has no cap of its own: the platform deadline is its cap. Quoted $36/node-h (a
+    cent a
+    second), it would get 90 s of its $0.90, and the supervisor would stop it 75 s after the launch (10 s
+    grace,
+    5 s margin) -- at the $72 EC2 bills, $1.50. The watch reads the price, and the deadline moves to 29-30
+    s."""
     from tests.conftest import REPO, RecordingTI
 
     spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 72.0)]})
     budget = 0.90
     op = _operator(
-        tmp_path, entrypoint=[str(REPO / "examples" / "own_trainer" / "train.py"), "--step-sleep", "0.3"],
-        job="own-mlp", steps=100_000, checkpoint_every=4, num_nodes=1, procs_per_node=2, price_per_node_hour=36.0,
-        budget_usd=budget, local_state_dir=str(tmp_path / "groups"), poll_interval=0.5, deferrable=False,
-        spot_price_refresh_s=1.0, config={"checkpoint": {"grace_period_s": 10}, "cost": {"stop_margin_s": 5}},
-    )  # fmt: skip
+        tmp_path,
+        entrypoint=[str(REPO / "examples" / "own_trainer" / "train.py"), "--step-sleep", "0.3"],
+        job="own-mlp",
+        steps=100_000,
+        checkpoint_every=4,
+        num_nodes=1,
+        procs_per_node=2,
+        price_per_node_hour=36.0,
+        budget_usd=budget,
+        local_state_dir=str(tmp_path / "groups"),
+        poll_interval=0.5,
+        deferrable=False,
+        spot_price_refresh_s=1.0,
+        config={"checkpoint": {"grace_period_s": 10}, "cost": {"stop_margin_s": 5}},
+    )
     summary = op.execute({"ti": RecordingTI()})
 
     assert summary["stopped"] == "budget", summary

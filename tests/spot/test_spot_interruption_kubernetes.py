@@ -52,7 +52,8 @@ def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(clust
     # No notice and the group runs in "training": keep watching.
     assert sensor(namespace=NAMESPACE).poke({}).is_done is False
 
-    # A node is reclaimed (its pod exits 75 after the checkpoint): the group ends preempted, and the watch with it.
+    # A node is reclaimed (its pod exits 75 after the checkpoint): the group ends preempted, and the watch
+    # with it.
     cluster.exit(GROUP, 0, 75, namespace=NAMESPACE, disruption="PreemptionByScheduler")
     ended = sensor(namespace=NAMESPACE).poke({})
     assert ended.is_done and ended.xcom_value == {
@@ -61,12 +62,13 @@ def test_the_sensor_watches_the_group_in_its_namespace_not_the_connections(clust
         "group_state": "preempted",
         "notices": [],
     }
-    # A sensor looking in the connection's namespace never sees the group, and would watch on until its timeout.
+    # A sensor looking in the connection's namespace never sees the group, and would watch on until its
+    # timeout.
     assert sensor().poke({}).is_done is False
 
 
 def _asked(cluster) -> list[str]:
-    """The pods asked to checkpoint now, in order: each PATCH of a pod (its dtrain.io/checkpoint-now annotation)."""
+    """The pods asked to checkpoint now, in order: each PATCH of a pod's checkpoint-now annotation."""
     return [
         path.rsplit("/", 1)[-1] for method, path in cluster.requests if method == "PATCH" and "/pods/" in path
     ]

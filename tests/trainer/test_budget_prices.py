@@ -93,14 +93,17 @@ def test_a_malformed_prices_file_is_named_and_the_cap_keeps_the_prices_it_had(tm
 
 
 def test_the_trainer_stops_before_the_platform_deadline_so_that_it_never_has_to(tmp_path):
-    """The platform's budget deadline sends SIGTERM a grace period and the stop margin before the money runs out
+    """The platform's budget deadline sends SIGTERM a grace period and the stop margin before the money runs
+    out
     (so that even a hung trainer is killed within the budget). The trainer stops itself, its step saved and
-    its process gone, before that deadline: it keeps back its own save and exit, and the deadline's reserve."""
+    its process gone, before that deadline: it keeps back its own save and exit, and the deadline's
+    reserve."""
     # 2 nodes at $3.60/node-h: $7.20/h, $0.002/s; an hour in, $7.20 is spent. $0.40 more buys 200 s.
     guard = _guard(tmp_path, budget=7.2 + 0.002 * 200, launched_hours_ago=1, price=3.6, grace_period_s=110.0)
     guard.observe_step(1.0)
     guard.observe_save(4.0)
-    # a step, its save and exit (4 s + the 30 s margin), then the deadline's 110 s grace and 30 s margin: 175 s
+    # a step, its save and exit (4 s + the 30 s margin), then the deadline's 110 s grace and 30 s margin: 175
+    # s
     assert guard.over() is None
     # with a 30 s step, 204 s are needed: stop now, although a step, a save and the margin alone (64 s) fit
     guard.observe_step(30.0)

@@ -22,7 +22,8 @@ print(json.dumps({
     "dag_ids": sorted(bag.dag_ids),
     "heavy": [m for m in ("torch", "boto3", "botocore", "kubernetes", "numpy") if m in sys.modules],
     "seconds": elapsed,
-    "parse_seconds": {str(s.file): s.duration.total_seconds() if hasattr(s.duration, "total_seconds") else s.duration for s in bag.dagbag_stats},
+    "parse_seconds": {str(s.file): s.duration.total_seconds() if hasattr(s.duration, "total_seconds") else
+    s.duration for s in bag.dagbag_stats},
 }))
 """
 

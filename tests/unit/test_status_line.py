@@ -19,13 +19,15 @@ def test_the_status_line_has_every_field_from_the_trainers_events_and_the_ledger
                                  "budget_usd": 50.0})  # fmt: skip
     status = StatusLine(steps=5000, tokens_per_step=4096 * 32, budget_usd=50.0, ledger_uri=str(tmp_path))
     status.feed([_event(event="checkpoint", step=1000, seconds=3.2, path="p", reason="interval")], now=1000.0)
-    status.feed(["[node1][rank1]: some warning", _event(event="train", step=1200, loss=2.5, tokens_per_s=41_000.0)],
-                now=1120.0)  # fmt: skip
+    status.feed(
+        ["[node1][rank1]: some warning", _event(event="train", step=1200, loss=2.5, tokens_per_s=41_000.0)],
+        now=1120.0,
+    )
     line = status.line(now=1120.0)
     # 4096*32 tokens at 41k tok/s = 3.2 s/step; 3800 steps to go = 3h22m
-    assert (
-        line
-        == "step 1200/5000 · 3.2 s/step · 41k tok/s · ETA 3h22m · $12.40 of $50.00 · last ckpt step 1000 (2m00s ago)"
+    assert line == (
+        "step 1200/5000 · 3.2 s/step · 41k tok/s · ETA 3h22m · $12.40 of $50.00 · "
+        "last ckpt step 1000 (2m00s ago)"
     )
 
 

@@ -61,8 +61,11 @@ def test_the_admins_limits_bound_every_dag_and_the_author_only_narrows_them(monk
     ("params", "refusal"),
     [
         ({"job": ""}, r"job: '' is not a job name"),
-        ({"seq_len": 8192, "micro_batch_size": 64}, r"seq_len x micro_batch_size: 8192 x 64 = 524288 tokens is above "
-                                                    r"the limit of 262144 \(limits.max_tokens_per_micro_batch\)"),
+        (
+            {"seq_len": 8192, "micro_batch_size": 64},
+            r"seq_len x micro_batch_size: 8192 x 64 = 524288 tokens is above "
+            r"the limit of 262144 \(limits.max_tokens_per_micro_batch\)",
+        ),
         ({"local_spot_price": 1e12}, r"local_spot_price: 1e\+12 is above the limit of 500"),
         ({"price_per_hour": 501}, r"price_per_hour: 501 is above the limit of 500"),
         ({"learning_rates": [1e-3] * 17}, r"learning_rates: 17 is above the limit of 16"),
