@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spot_cost as sc
+import spotsim as sc
 from spot_traces import load_scenarios, quick_traces
 
 BASELINES = ("naive spot, with warning", "naive spot, no warning", "Uniform Progress")

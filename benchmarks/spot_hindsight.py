@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spot_cost as sc  # noqa: E402
+import spotsim as sc  # noqa: E402
 from spot_traces import load_scenarios, quick_traces  # noqa: E402
 
 
