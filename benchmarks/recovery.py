@@ -1,7 +1,8 @@
 """Recovery on the local backend: time from SIGTERM to the first completed step after resume,
 and the steps lost.
 
-    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug] [--set KEY=VALUE ...]
+    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug]
+                                  [--set KEY=VALUE ...]
     python benchmarks/recovery.py --quick      # one round: a check that it runs
 
 Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m trainer`` (torchrun

@@ -1,8 +1,8 @@
 """Hindsight check for the spot-cost simulator: could ANY of our policy's parameter sets have met the line?
 
-    python benchmarks/spot_hindsight.py --seed 18                   # the groups scenario (C), 200 jobs per size
+    python benchmarks/spot_hindsight.py --seed 18     # the groups scenario (C), 200 jobs per size
     python benchmarks/spot_hindsight.py TRACE_DIR --scenario aws-9az --seed 0
-    python benchmarks/spot_hindsight.py --quick                      # 8 jobs per size: a check that it runs
+    python benchmarks/spot_hindsight.py --quick       # 8 jobs per size: a check that it runs
 
 `benchmarks/spot_cost.py` chooses our policy's parameters on the first half of each trace and reports on the
 second. Where it misses the line (at or below every baseline's cost with as many jobs on time within budget),
@@ -90,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                 cheapest = min(passing, key=lambda p: p[1].cost)
                 line += f"; the cheapest set {cheapest[0]}: {cheapest[1].cost / cheapest[1].od_cost:.2%} / {cheapest[1].kept} kept"
             else:
-                line += (f"; the closest set {params}: {ours.cost / ours.od_cost:.2%} / {ours.kept} kept "
-                         f"({short} job(s) short of the most kept, {points:.2f} points over the cheapest)")  # fmt: skip
+                line += (
+                    f"; the closest set {params}: {ours.cost / ours.od_cost:.2%} / {ours.kept} kept "
+                    f"({short} job(s) short of the most kept, {points:.2f} points over the cheapest)"
+                )
             print(line)
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0
