@@ -138,10 +138,8 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         rows.append(one_round(args.nproc, args.at_step, env, extra))
-        print(
-            f"round {r}: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()})}",
-            flush=True,
-        )
+        figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
+        print(f"round {r}: {json.dumps(figures)}", flush=True)
     med = {
         k: statistics.median(row[k] for row in rows)
         for k in ("recovery_s", "sigterm_to_exit_s", "save_s", "restart_to_first_step_s")
