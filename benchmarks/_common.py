@@ -12,3 +12,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+
+def launch_command(nproc: int, *args: str) -> list[str]:
+    """``python -m trainer.launch --standalone --nproc-per-node N ARGS...``: torchrun with the trainer's
+    exit codes, on this machine (the launcher a local-backend node runs)."""
+    return [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc), *args]
+
+
+def trainer_command(nproc: int, *args: str) -> list[str]:
+    """The trainer (``-m trainer ARGS...``) on ``nproc`` local ranks, under ``launch_command``."""
+    return launch_command(nproc, "-m", "trainer", *args)

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: F401 - the repository on sys.path, before the trainer
 
 import torch  # noqa: E402
 

@@ -23,11 +23,11 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _common import REPO, trainer_command
+
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
 ARGS = [
     "--set",
@@ -44,20 +44,7 @@ ARGS = [
 
 
 def start(nproc: int, ckpt: str, env: dict, extra: list[str]) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainer.launch",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "trainer",
-        *ARGS,
-        *extra,
-        "--checkpoint-uri",
-        ckpt,
-    ]
+    cmd = trainer_command(nproc, *ARGS, *extra, "--checkpoint-uri", ckpt)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=STDERR, text=True)
 
 
@@ -134,7 +121,7 @@ def main() -> None:
     global STDERR
     STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
     extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     rows = []
     for r in range(args.rounds):
         rows.append(one_round(args.nproc, args.at_step, env, extra))

@@ -39,11 +39,10 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: F401 - the repository on sys.path, before the trainer
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

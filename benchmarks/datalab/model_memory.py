@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from _common import launch_command
+
 from .rates import fmt_bytes, run_json
 
 
@@ -43,19 +45,7 @@ def measure_loads(args, model_dir: str, env: dict, script: str) -> list[tuple[st
     rows += [("trainer, 1 process", r) for r in run_json([*me, *load], env)]
     rows += [
         (f"trainer, torchrun {args.world} ranks", r)
-        for r in run_json(
-            [
-                sys.executable,
-                "-m",
-                "trainer.launch",
-                "--standalone",
-                "--nproc-per-node",
-                str(args.world),
-                script,
-                *load,
-            ],
-            env,
-        )
+        for r in run_json(launch_command(args.world, script, *load), env)
     ]
     for dtype in ("float32", "bfloat16"):
         rows += [

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from _common import REPO
+from _common import REPO, trainer_command
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -64,15 +64,8 @@ def trainer_rate(
 ) -> tuple[float, list[float]]:
     """Tokens/s per rank the real trainer consumes (group tokens_per_s / world), and the windows' group
     figures."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainer.launch",
-        "--standalone",
-        "--nproc-per-node",
-        str(world),
-        "-m",
-        "trainer",
+    cmd = trainer_command(
+        world,
         *model,
         "--dataset",
         store,
@@ -88,7 +81,7 @@ def trainer_rate(
         f"metrics.log_every={log_every}",
         "--set",
         "optim.warmup_steps=2",
-    ]
+    )
     events = run_json(cmd, env)
     windows = [e["tokens_per_s"] for e in events if e.get("event") == "train"]
     if len(windows) < 2:

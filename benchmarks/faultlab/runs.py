@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import psutil
-from _common import REPO
+from _common import REPO, trainer_command
 
 STEPS, EVERY = 40, 5
 ARGS = [
@@ -51,20 +50,7 @@ class Run:
         self.tag = uuid.uuid4().hex
         self.out, self.err = work / f"{self.tag}.out", work / f"{self.tag}.err"
         full_env = {**BASE_ENV, **(env or {}), "DTRAIN_BENCH_RUN": self.tag}
-        cmd = [
-            sys.executable,
-            "-m",
-            "trainer.launch",
-            "--standalone",
-            "--nproc-per-node",
-            str(NPROC),
-            "-m",
-            "trainer",
-            *ARGS,
-            *args,
-            "--checkpoint-uri",
-            str(ckpt),
-        ]
+        cmd = trainer_command(NPROC, *ARGS, *args, "--checkpoint-uri", str(ckpt))
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
                 cmd, cwd=REPO, env=full_env, stdout=out, stderr=err, start_new_session=True
