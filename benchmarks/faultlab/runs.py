@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+
 from _common import REPO, trainer_command
 
 STEPS, EVERY = 40, 5
