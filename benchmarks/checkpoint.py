@@ -40,11 +40,10 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: F401 - the repository on sys.path, before the trainer
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -131,7 +130,7 @@ def done_saving(checkpointer: Checkpointer) -> bool:
     return bool(checkpointer.completed()) or checkpointer._pending is None
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--mb", type=int, default=200, help="MiB of fp32 weights (the checkpoint is ~3x)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
@@ -155,127 +154,146 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.mb, args.rounds = 16, 2
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
-    dist.init_process_group("gloo")
-    base = tempfile.mkdtemp(dir=args.dir, prefix="dtrain-ckpt-bench-")
-    model, optimizer, scheduler, data = build(args.mb)
-    x = torch.randn(args.batch, 1024)
+    return args
 
-    def step(before_optimizer_step=None) -> None:
-        model(x).sum().backward()
-        if before_optimizer_step is not None:
-            before_optimizer_step()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+
+class Bench:
+    """The model, its optimizer and data, a training batch, and one Checkpointer of each kind for the
+    whole run, as in training: round 0 is the first save (staging buffers allocated, files created),
+    later rounds the steady state of a long run."""
 
     fields = {"tokens_seen": 0, "wall_time_s": 0.0, "step_time_s": None, "cost": None}
 
-    def checkpointer(name: str, async_save: bool, write_threads: int = args.write_threads) -> Checkpointer:
+    def __init__(self, args: argparse.Namespace, base: str):
+        self.args, self.base = args, base
+        self.model, self.optimizer, self.scheduler, self.data = build(args.mb)
+        self.x = torch.randn(args.batch, 1024)
+        self.sync, self.asy = self.checkpointer("sync", False), self.checkpointer("async", True)
+        self.single = self.checkpointer("single", False, write_threads=1)
+
+    def state(self) -> tuple:
+        return self.model, self.optimizer, self.scheduler, self.data
+
+    def step(self, before_optimizer_step=None) -> None:
+        self.model(self.x).sum().backward()
+        if before_optimizer_step is not None:
+            before_optimizer_step()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def checkpointer(self, name: str, async_save: bool, write_threads: int | None = None) -> Checkpointer:
+        write_threads = self.args.write_threads if write_threads is None else write_threads
         cfg = CheckpointConfig(
-            uri=os.path.join(base, name), keep=1, async_save=async_save, write_threads=write_threads
+            uri=os.path.join(self.base, name), keep=1, async_save=async_save, write_threads=write_threads
         )
         return Checkpointer(cfg, flavor="bench", config={}, config_hash="0", rank=0, world_size=1)
 
-    # One Checkpointer of each kind for the whole run, as in training: round 0 is the first save
-    # (staging buffers allocated, files created), later rounds the steady state of a long run.
-    sync, asy = checkpointer("sync", False), checkpointer("async", True)
-    single = checkpointer("single", False, write_threads=1)
-    rows = []
-    for r in range(args.rounds):
-        shape_dir = os.path.join(base, f"shape{r}")
-        if r % 2:  # odd rounds: the reference first, with the previous round's size
-            shaped_s = disk_write_files(shape_dir, rows[-1]["bytes"], args.write_threads)
-        t = time.perf_counter()
-        path = sync.save(
-            r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True
-        )
-        sync_s = time.perf_counter() - t
-        nbytes = dir_bytes(path)
-        if not r % 2:
-            shaped_s = disk_write_files(shape_dir, nbytes, args.write_threads)
-        shutil.rmtree(shape_dir, ignore_errors=True)
-        t = time.perf_counter()
-        single.save(
-            r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench", blocking=True
-        )
-        single_s = time.perf_counter() - t
+    def close(self) -> None:
+        self.asy.close()
+        self.sync.close()
+        self.single.close()
 
-        raw_dir = os.path.join(base, f"raw{r}")
+
+def sync_saves(b: Bench, r: int, rows: list[dict]) -> tuple[str, dict]:
+    """The sync save, the same-shape disk write beside it (alternating first) and the 1-stream save."""
+    args, base = b.args, b.base
+    shape_dir = os.path.join(base, f"shape{r}")
+    if r % 2:  # odd rounds: the reference first, with the previous round's size
+        shaped_s = disk_write_files(shape_dir, rows[-1]["bytes"], args.write_threads)
+    t = time.perf_counter()
+    path = b.sync.save(r + 1, *b.state(), manifest_fields=b.fields, reason="bench", blocking=True)
+    sync_s = time.perf_counter() - t
+    nbytes = dir_bytes(path)
+    if not r % 2:
+        shaped_s = disk_write_files(shape_dir, nbytes, args.write_threads)
+    shutil.rmtree(shape_dir, ignore_errors=True)
+    t = time.perf_counter()
+    b.single.save(r + 1, *b.state(), manifest_fields=b.fields, reason="bench", blocking=True)
+    single_s = time.perf_counter() - t
+    return path, dict(bytes=nbytes, sync=sync_s, shaped=shaped_s, single=single_s)
+
+
+def references(b: Bench, r: int, path: str, nbytes: int) -> tuple[list[str], dict]:
+    """DCP alone, the disk's write and read, the load and the host copy; the paths to remove after."""
+    raw_dir = os.path.join(b.base, f"raw{r}")
+    t = time.perf_counter()
+    dcp.save(b.sync._state(*b.state(), 1), checkpoint_id=raw_dir)
+    dcp_s = time.perf_counter() - t
+
+    blob = os.path.join(b.base, f"disk{r}.bin")
+    write_s = disk_write(blob, nbytes)
+    read_s = disk_read(blob)
+
+    t = time.perf_counter()
+    b.sync.load(path, *b.state())
+    load_s = time.perf_counter() - t
+
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+    t = time.perf_counter()
+    stager.stage(b.sync._state(*b.state(), 1))
+    copy_s = time.perf_counter() - t
+    stager.close()
+    return [raw_dir, blob], dict(dcp=dcp_s, write=write_s, read=read_s, load=load_s, copy=copy_s)
+
+
+def async_save(b: Bench, r: int) -> dict:
+    """An async save right after an optimizer step, training going on until it is committed."""
+    plain = []
+    for _ in range(5):
         t = time.perf_counter()
-        dcp.save(sync._state(model, optimizer, scheduler, data, 1), checkpoint_id=raw_dir)
-        dcp_s = time.perf_counter() - t
+        b.step()
+        plain.append(time.perf_counter() - t)
+    plain_s = statistics.median(plain)
+    t = time.perf_counter()
+    b.asy.save(r + 1, *b.state(), manifest_fields=b.fields, reason="bench")
+    call_s = time.perf_counter() - t
+    waited, overlapped = [], []
+    while not done_saving(b.asy):
+        s0 = time.perf_counter()
+        b.step(lambda: waited.append(b.asy.wait_for_staging()))
+        overlapped.append(time.perf_counter() - s0 - waited[-1])
+    async_total_s = time.perf_counter() - t
+    blocked_s = call_s + sum(waited)
+    slowdown_s = sum(max(0.0, o - plain_s) for o in overlapped)
+    return dict(
+        blocked=blocked_s,
+        save_call=call_s,
+        step_plain=plain_s,
+        overlapped_steps=len(overlapped),
+        slowdown=slowdown_s,
+        async_total=async_total_s,
+    )
 
-        blob = os.path.join(base, f"disk{r}.bin")
-        write_s = disk_write(blob, nbytes)
-        read_s = disk_read(blob)
 
-        t = time.perf_counter()
-        sync.load(path, model, optimizer, scheduler, data)
-        load_s = time.perf_counter() - t
+def run_round(b: Bench, r: int, rows: list[dict]) -> dict:
+    """Every measurement of one round, side by side on the same directory's filesystem; printed."""
+    path, saves = sync_saves(b, r, rows)
+    leftovers, refs = references(b, r, path, saves["bytes"])
+    asy = async_save(b, r)
+    for d in leftovers:
+        shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
+    row = {**saves, **refs, **asy}
+    print(
+        f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items() if k != "bytes"),
+        flush=True,
+    )
+    return row
 
-        stager = DefaultStager(StagingOptions(False, False, False, False))
-        t = time.perf_counter()
-        stager.stage(sync._state(model, optimizer, scheduler, data, 1))
-        copy_s = time.perf_counter() - t
-        stager.close()
 
-        plain = []
-        for _ in range(5):
-            t = time.perf_counter()
-            step()
-            plain.append(time.perf_counter() - t)
-        plain_s = statistics.median(plain)
-        t = time.perf_counter()
-        asy.save(r + 1, model, optimizer, scheduler, data, manifest_fields=fields, reason="bench")
-        call_s = time.perf_counter() - t
-        waited, overlapped = [], []
-        while not done_saving(asy):
-            s0 = time.perf_counter()
-            step(lambda: waited.append(asy.wait_for_staging()))
-            overlapped.append(time.perf_counter() - s0 - waited[-1])
-        async_total_s = time.perf_counter() - t
-        blocked_s = call_s + sum(waited)
-        slowdown_s = sum(max(0.0, o - plain_s) for o in overlapped)
-        for d in (raw_dir, blob):
-            shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
-        rows.append(
-            dict(
-                bytes=nbytes,
-                sync=sync_s,
-                shaped=shaped_s,
-                single=single_s,
-                dcp=dcp_s,
-                write=write_s,
-                read=read_s,
-                load=load_s,
-                copy=copy_s,
-                blocked=blocked_s,
-                save_call=call_s,
-                step_plain=plain_s,
-                overlapped_steps=len(overlapped),
-                slowdown=slowdown_s,
-                async_total=async_total_s,
-            )
-        )
-        print(
-            f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"),
-            flush=True,
-        )
-
-    asy.close()
-    sync.close()
-    single.close()
+def print_saves(args: argparse.Namespace, rows: list[dict], base: str) -> dict:
+    """Round 0 apart, then the medians of the others: the disk, the sync saves, DCP, the load and the
+    host copy against each other; returns the medians."""
     first = rows[0]
     warm = rows[1:] or rows
     med = {k: statistics.median(row[k] for row in warm) for k in rows[0]}
     print(
-        f"\nfirst save (round 0): sync {first['sync']:.3f} s; async blocked {first['blocked']:.3f} s + overlapped "
-        f"slowdown {first['slowdown']:.3f} s (staging buffers allocated by this save)"
+        f"\nfirst save (round 0): sync {first['sync']:.3f} s; async blocked {first['blocked']:.3f} s + "
+        f"overlapped slowdown {first['slowdown']:.3f} s (staging buffers allocated by this save)"
     )
     gb = med["bytes"] / 1e9
     print(
-        f"checkpoint size: {med['bytes'] / 2**20:.0f} MiB (medians of rounds 1..{args.rounds - 1}: the steady "
-        f"state), dir {base}"
+        f"checkpoint size: {med['bytes'] / 2**20:.0f} MiB (medians of rounds 1..{args.rounds - 1}: the "
+        f"steady state), dir {base}"
     )
     print(f"disk write (fsync): {gb / med['write']:.2f} GB/s   disk read: {gb / med['read']:.2f} GB/s")
     print(
@@ -295,22 +313,41 @@ def main() -> None:
     print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
     print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
     print(
-        f"host copy (synchronous staging): {med['copy']:.3f} s = {med['copy'] / med['sync']:.1%} of the sync save"
+        f"host copy (synchronous staging): {med['copy']:.3f} s = {med['copy'] / med['sync']:.1%} of the "
+        f"sync save"
     )
+    return med
+
+
+def print_async(med: dict) -> None:
+    """The async save's two costs to training, and their sum, against the sync save."""
     cost = med["blocked"] + med["slowdown"]
     print(
         f"async save, blocked: {med['blocked']:.3f} s = {med['blocked'] / med['sync']:.1%} of the sync save "
         f"({med['sync']:.3f} s); of which the save() call {med['save_call']:.3f} s"
     )
     print(
-        f"async save, overlapped slowdown: {med['slowdown']:.3f} s = {med['slowdown'] / med['sync']:.1%} of the "
-        f"sync save, over {med['overlapped_steps']:.0f} step(s) of {med['step_plain']:.3f} s without a save; "
-        f"saved to committed in {med['async_total']:.3f} s"
+        f"async save, overlapped slowdown: {med['slowdown']:.3f} s = {med['slowdown'] / med['sync']:.1%} of "
+        f"the sync save, over {med['overlapped_steps']:.0f} step(s) of {med['step_plain']:.3f} s without a "
+        f"save; saved to committed in {med['async_total']:.3f} s"
     )
     print(
         f"async save, total cost to training: {cost:.3f} s = {cost / med['sync']:.1%} of the sync save  "
         f"[target <= 25%]"
     )
+
+
+def main() -> None:
+    args = parse_args()
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
+    dist.init_process_group("gloo")
+    base = tempfile.mkdtemp(dir=args.dir, prefix="dtrain-ckpt-bench-")
+    b = Bench(args, base)
+    rows = []
+    for r in range(args.rounds):
+        rows.append(run_round(b, r, rows))
+    b.close()
+    print_async(print_saves(args, rows, base))
     shutil.rmtree(base, ignore_errors=True)
     dist.destroy_process_group()
 

@@ -3,7 +3,7 @@
     python benchmarks/mfu.py                       # 1B, seq 2048, micro-batch 4, compile on, no AC
     python benchmarks/mfu.py --ac selective --micro-batch 8 --no-compile
     torchrun --nproc-per-node 1 benchmarks/mfu.py  # the same, under torchrun
-    python benchmarks/mfu.py --flavor debug --allow-cpu --steps 2 --warmup 1 --seq-len 64   # smoke test on CPU
+    python benchmarks/mfu.py --flavor debug --allow-cpu --steps 2 --warmup 1 --seq-len 64  # CPU smoke test
     python benchmarks/mfu.py --quick               # the same on a GPU (compiled) or a CPU (eager, no MFU)
 
 What runs is the trainer's own step: the model built by trainer.train.build_model (FSDP2
@@ -20,14 +20,14 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: F401 - the repository on sys.path, before the trainer
 
 import torch  # noqa: E402
 
 from trainer.config import TrainConfig  # noqa: E402
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--flavor", default="llama3_1b")
     p.add_argument("--seq-len", type=int, default=2048)
@@ -62,17 +62,13 @@ def main() -> int:
         args.flavor, args.seq_len, args.steps, args.warmup = "debug", 64, 2, 1
         if not torch.cuda.is_available():  # compiling for a CPU would take most of the run, to no purpose
             args.allow_cpu, args.compile = True, False
-    if not torch.cuda.is_available() and not args.allow_cpu:
-        print(
-            "benchmarks/mfu.py measures a GPU: torch.cuda.is_available() is False on this machine "
-            f"(torch {torch.__version__}). Not measured. (--allow-cpu runs it anyway, without MFU.)",
-            file=sys.stderr,
-        )
-        return 2
+    return args
 
-    from trainer.metrics import flops_per_token, peak_flops
-    from trainer.train import build_model, setup_distributed, train_step
+
+def set_up(args: argparse.Namespace):
+    """The trainer's model, optimizer and scheduler on this rank, and a fixed batch of random tokens."""
     from trainer.parallelize import build_optimizer, build_scheduler
+    from trainer.train import build_model, setup_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = TrainConfig.from_dict(
@@ -103,6 +99,12 @@ def main() -> int:
         0, vocab, (args.accum, args.micro_batch, args.seq_len + 1), device=d.device, generator=g
     )
     micro_batches = [(r[:, :-1], r[:, 1:]) for r in rows]  # each (micro_batch, seq_len)
+    return cfg, d, model, optimizer, scheduler, micro_batches
+
+
+def timed_steps(args: argparse.Namespace, cfg, d, model, optimizer, scheduler, micro_batches):
+    """--warmup steps, then --steps timed ones: (the last loss, seconds)."""
+    from trainer.train import train_step
 
     def sync():
         if d.device.type == "cuda":
@@ -118,44 +120,68 @@ def main() -> int:
         loss, _ = train_step(model, optimizer, scheduler, micro_batches, cfg)
     sync()
     elapsed = time.perf_counter() - start
+    return loss, elapsed
 
+
+def report(args: argparse.Namespace, cfg, d, model, loss, elapsed: float) -> None:
+    """Rank 0 prints the set-up, tokens/s and the MFU against the device's bf16 peak."""
+    from trainer.metrics import flops_per_token, peak_flops
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     tokens_per_s = args.steps * cfg.global_batch_size * args.seq_len / elapsed
     fpt = flops_per_token(model.args, model.num_params(exclude_embedding=True), args.seq_len)
     peak = peak_flops(d.device)
-    if d.rank == 0:
-        name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
-        # one CPU process trains a plain module (trainer.parallelize.needs_fsdp)
-        layout = (
-            "bf16 FSDP2 (fp32 reduce)"
-            if d.device.type == "cuda"
-            else "fp32 FSDP2"
-            if world > 1
-            else "fp32, plain module"
-        )
-        print(f"device {name} x {world}, torch {torch.__version__}, cuda {torch.version.cuda}")
+    if d.rank != 0:
+        return
+    name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
+    # one CPU process trains a plain module (trainer.parallelize.needs_fsdp)
+    layout = (
+        "bf16 FSDP2 (fp32 reduce)"
+        if d.device.type == "cuda"
+        else "fp32 FSDP2"
+        if world > 1
+        else "fp32, plain module"
+    )
+    print(f"device {name} x {world}, torch {torch.__version__}, cuda {torch.version.cuda}")
+    print(
+        f"flavour {args.flavor} ({model.num_params() / 1e9:.3f} B params), seq_len {args.seq_len}, "
+        f"micro-batch {args.micro_batch} x accum {args.accum} x {world} ranks, "
+        f"{layout}, "
+        f"compile {args.compile} (loss {model.compile_loss}), "
+        f"loss chunk {cfg.parallel.loss_chunk_tokens or 'none'}, AC {args.ac}"
+        + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")
+        + f", AdamW fused {d.device.type == 'cuda'}"
+    )
+    print(
+        f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; "
+        f"last loss {loss.item():.3f}"
+    )
+    print(
+        f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU); "
+        f"{fpt / 1e9:.2f} GFLOP/token (6N + attention)"
+    )
+    if peak:
+        mfu = tokens_per_s * fpt / (peak[1] * world)
+        print(f"MFU: {100 * mfu:.1f}% of {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU ({peak[0]})")
+    else:
+        print("MFU: n/a (no known bf16 peak for this device)")
+    if d.device.type == "cuda":
+        print(f"peak memory: {torch.cuda.max_memory_allocated(d.device) / 2**30:.1f} GiB")
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available() and not args.allow_cpu:
         print(
-            f"flavour {args.flavor} ({model.num_params() / 1e9:.3f} B params), seq_len {args.seq_len}, "
-            f"micro-batch {args.micro_batch} x accum {args.accum} x {world} ranks, "
-            f"{layout}, "
-            f"compile {args.compile} (loss {model.compile_loss}), "
-            f"loss chunk {cfg.parallel.loss_chunk_tokens or 'none'}, AC {args.ac}"
-            + (f" (every {args.selective_ac_every})" if args.ac == "selective" else "")
-            + f", AdamW fused {d.device.type == 'cuda'}"
+            "benchmarks/mfu.py measures a GPU: torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}). Not measured. (--allow-cpu runs it anyway, without MFU.)",
+            file=sys.stderr,
         )
-        print(
-            f"{args.steps} steps in {elapsed:.2f} s after {args.warmup} warm-up steps; last loss {loss.item():.3f}"
-        )
-        print(
-            f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU); "
-            f"{fpt / 1e9:.2f} GFLOP/token (6N + attention)"
-        )
-        if peak:
-            mfu = tokens_per_s * fpt / (peak[1] * world)
-            print(f"MFU: {100 * mfu:.1f}% of {peak[1] / 1e12:.0f} TFLOP/s dense bf16 per GPU ({peak[0]})")
-        else:
-            print("MFU: n/a (no known bf16 peak for this device)")
-        if d.device.type == "cuda":
-            print(f"peak memory: {torch.cuda.max_memory_allocated(d.device) / 2**30:.1f} GiB")
+        return 2
+
+    cfg, d, model, optimizer, scheduler, micro_batches = set_up(args)
+    loss, elapsed = timed_steps(args, cfg, d, model, optimizer, scheduler, micro_batches)
+    report(args, cfg, d, model, loss, elapsed)
     torch.distributed.destroy_process_group()
     return 0
 

@@ -1,7 +1,8 @@
 """Recovery on the local backend: time from SIGTERM to the first completed step after resume,
 and the steps lost.
 
-    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug] [--set KEY=VALUE ...]
+    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug]
+                                  [--set KEY=VALUE ...]
     python benchmarks/recovery.py --quick      # one round: a check that it runs
 
 Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m trainer`` (torchrun
@@ -22,11 +23,11 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _common import REPO, trainer_command
+
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
 ARGS = [
     "--set",
@@ -43,20 +44,7 @@ ARGS = [
 
 
 def start(nproc: int, ckpt: str, env: dict, extra: list[str]) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainer.launch",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "trainer",
-        *ARGS,
-        *extra,
-        "--checkpoint-uri",
-        ckpt,
-    ]
+    cmd = trainer_command(nproc, *ARGS, *extra, "--checkpoint-uri", ckpt)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=STDERR, text=True)
 
 
@@ -133,14 +121,12 @@ def main() -> None:
     global STDERR
     STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
     extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     rows = []
     for r in range(args.rounds):
         rows.append(one_round(args.nproc, args.at_step, env, extra))
-        print(
-            f"round {r}: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()})}",
-            flush=True,
-        )
+        figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
+        print(f"round {r}: {json.dumps(figures)}", flush=True)
     med = {
         k: statistics.median(row[k] for row in rows)
         for k in ("recovery_s", "sigterm_to_exit_s", "save_s", "restart_to_first_step_s")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spot_cost as sc
+import spotsim as sc
 from spot_traces import load_scenarios, quick_traces
 
 BASELINES = ("naive spot, with warning", "naive spot, no warning", "Uniform Progress")
@@ -142,7 +142,7 @@ def rules(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace_dir", nargs="?", type=Path, default=sc.DEFAULT_TRACES)
     ap.add_argument(
@@ -168,23 +168,64 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.jobs, args.tune_jobs, args.recent = 8, 8, [4]
-        if (
-            quick_traces(args.trace_dir) != args.trace_dir
-        ):  # no shared traces here: the bundled market's scenario
+        # no shared traces here: the bundled market's scenario
+        if quick_traces(args.trace_dir) != args.trace_dir:
             args.trace_dir, args.scenario = quick_traces(args.trace_dir), "synthetic"
-    recent = args.recent or [100, 200]
-    mech = sc.Mechanics()
+    args.recent = args.recent or [100, 200]
     scenarios = {s.name: s for s in load_scenarios(args.trace_dir)}
     if args.scenario not in scenarios:
         ap.error(f"--scenario {args.scenario!r}: not in {args.trace_dir} (there: {', '.join(scenarios)})")
-    scen = scenarios[args.scenario]
+    args.scen = scenarios[args.scenario]
+    return args
+
+
+def run_size(args, n: int, worlds: list, halves: list, sets: list[tuple], mech) -> tuple[Half, Half]:
+    """The first-half and the held-out jobs of one size, each run with every set; the baselines printed."""
+    scen = args.scen
+    full_ticks = [m.ticks for m in scen.markets]
+    tune = sc.make_jobs([w.market for w in halves], args.tune_jobs, n, 0, args.seed, mech)
+    first = run_half(halves, tune, sets, mech, full_ticks)
+    held = run_half(
+        worlds, sc.make_jobs(scen.markets, args.jobs, n, 1, args.seed, mech), sets, mech, full_ticks
+    )
+    od = sum(held.od)
+    print(
+        f"\n{scen.name}, {n} node(s), held out: "
+        + "; ".join(
+            f"{b} {100 * sc.totals(held.base[b])[0] / od:.2f}% / {sc.totals(held.base[b])[1]} kept"
+            for b in BASELINES
+        )
+    )
+    return first, held
+
+
+def print_rules(args, first: Half, held: Half, sets: list[tuple]) -> None:
+    """Per user and rule: the held-out jobs' cost and kept jobs, and the baselines missed; then hindsight."""
+    od = sum(held.od)
+    for late, user in sc.OURS.items():
+        for rule, chosen in rules(first, held, late, sets, args.recent).items():
+            mine = sc.totals(held.sets[late, p][i] for i, p in enumerate(chosen))
+            missed = misses(held, late, chosen)
+            fixed = f" (set {chosen[0]})" if len(set(chosen)) == 1 else f" ({len(set(chosen))} sets in turn)"
+            print(
+                f"- {user}, {rule}: {100 * mine[0] / od:.2f}% / {mine[1]} kept{fixed}: "
+                + ("meets the line" if not missed else "misses: " + "; ".join(missed))
+            )
+        base_tot = [sc.totals(held.base[b]) for b in BASELINES]
+        meeting = sum(all(sc.at_or_below(sc.totals(held.sets[late, p]), b) for b in base_tot) for p in sets)
+        print(f"- {user}, hindsight: {meeting} of {len(sets)} sets meet the line on these held-out jobs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    mech = sc.Mechanics()
+    scen = args.scen
     t0 = time.monotonic()
     worlds = [sc.World(m, mech, args.seed) for m in scen.markets]
     halves = [
         sc.World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, args.seed, w.prior_ticks)
         for w in worlds
     ]
-    full_ticks = [m.ticks for m in scen.markets]
     sets = sc.distinct_sets(scen.markets)
     print(
         f"{scen.name}, seed {args.seed}: {len(sets)} distinct parameter sets of {len(sc.param_grid())} per "
@@ -192,35 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     cap = max(m.max_capacity for m in scen.markets)
     for n in [s for s in sc.SIZES if s <= cap]:
-        tune = sc.make_jobs([w.market for w in halves], args.tune_jobs, n, 0, args.seed, mech)
-        first = run_half(halves, tune, sets, mech, full_ticks)
-        held = run_half(
-            worlds, sc.make_jobs(scen.markets, args.jobs, n, 1, args.seed, mech), sets, mech, full_ticks
-        )
-        od = sum(held.od)
-        print(
-            f"\n{scen.name}, {n} node(s), held out: "
-            + "; ".join(
-                f"{b} {100 * sc.totals(held.base[b])[0] / od:.2f}% / {sc.totals(held.base[b])[1]} kept"
-                for b in BASELINES
-            )
-        )
-        for late, user in sc.OURS.items():
-            for rule, chosen in rules(first, held, late, sets, recent).items():
-                mine = sc.totals(held.sets[late, p][i] for i, p in enumerate(chosen))
-                missed = misses(held, late, chosen)
-                fixed = (
-                    f" (set {chosen[0]})" if len(set(chosen)) == 1 else f" ({len(set(chosen))} sets in turn)"
-                )
-                print(
-                    f"- {user}, {rule}: {100 * mine[0] / od:.2f}% / {mine[1]} kept{fixed}: "
-                    + ("meets the line" if not missed else "misses: " + "; ".join(missed))
-                )
-            base_tot = [sc.totals(held.base[b]) for b in BASELINES]
-            meeting = sum(
-                all(sc.at_or_below(sc.totals(held.sets[late, p]), b) for b in base_tot) for p in sets
-            )
-            print(f"- {user}, hindsight: {meeting} of {len(sets)} sets meet the line on these held-out jobs")
+        first, held = run_size(args, n, worlds, halves, sets, mech)
+        print_rules(args, first, held, sets)
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0
 

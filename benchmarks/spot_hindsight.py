@@ -1,8 +1,8 @@
 """Hindsight check for the spot-cost simulator: could ANY of our policy's parameter sets have met the line?
 
-    python benchmarks/spot_hindsight.py --seed 18                   # the groups scenario (C), 200 jobs per size
+    python benchmarks/spot_hindsight.py --seed 18     # the groups scenario (C), 200 jobs per size
     python benchmarks/spot_hindsight.py TRACE_DIR --scenario aws-9az --seed 0
-    python benchmarks/spot_hindsight.py --quick                      # 8 jobs per size: a check that it runs
+    python benchmarks/spot_hindsight.py --quick       # 8 jobs per size: a check that it runs
 
 `benchmarks/spot_cost.py` chooses our policy's parameters on the first half of each trace and reports on the
 second. Where it misses the line (at or below every baseline's cost with as many jobs on time within budget),
@@ -22,12 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import spot_cost as sc  # noqa: E402
+import spotsim as sc  # noqa: E402
 from spot_traces import load_scenarios, quick_traces  # noqa: E402
 
 
 def gap(ours: sc.Row, bases: list[sc.Row]) -> tuple[float, int]:
-    """How far ours is from at or below every baseline: cost points over the cheapest, jobs short of the most."""
+    """How far ours is from at or below every baseline: cost points over the cheapest, jobs short of the
+    most."""
     points = max(0.0, max(100 * (ours.cost - b.cost) / ours.od_cost for b in bases))
     return points, max(0, max(b.kept - ours.kept for b in bases))
 
@@ -74,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     scen = scenarios[args.scenario]
     t0 = time.monotonic()
     n_sets = len(sc.param_grid())
-    print(f"{scen.name}, seed {args.seed}, {args.jobs} held-out jobs per size (second half), {n_sets} parameter sets "
-          f"per user, each run on the same jobs and draws as the baselines; a set is (max spot price x on-demand, "
-          f"max interruption rate /h, max late risk, min finish chance)")  # fmt: skip
+    print(f"{scen.name}, seed {args.seed}, {args.jobs} held-out jobs per size (second half), {n_sets} "
+          f"parameter sets per user, each run on the same jobs and draws as the baselines; a set is (max "
+          f"spot price x on-demand, max interruption rate /h, max late risk, min finish chance)")  # fmt: skip
     worlds = [sc.World(m, mech, args.seed) for m in scen.markets]
     cap = max(m.max_capacity for m in scen.markets)
     for n in [s for s in sc.SIZES if s <= cap]:
@@ -88,10 +89,13 @@ def main(argv: list[str] | None = None) -> int:
             line = f"- {name}: {len(passing)} of {n_sets} sets at or below every baseline in hindsight"
             if passing:
                 cheapest = min(passing, key=lambda p: p[1].cost)
-                line += f"; the cheapest set {cheapest[0]}: {cheapest[1].cost / cheapest[1].od_cost:.2%} / {cheapest[1].kept} kept"
+                share = cheapest[1].cost / cheapest[1].od_cost
+                line += f"; the cheapest set {cheapest[0]}: {share:.2%} / {cheapest[1].kept} kept"
             else:
-                line += (f"; the closest set {params}: {ours.cost / ours.od_cost:.2%} / {ours.kept} kept "
-                         f"({short} job(s) short of the most kept, {points:.2f} points over the cheapest)")  # fmt: skip
+                line += (
+                    f"; the closest set {params}: {ours.cost / ours.od_cost:.2%} / {ours.kept} kept "
+                    f"({short} job(s) short of the most kept, {points:.2f} points over the cheapest)"
+                )
             print(line)
     print(f"\n{time.monotonic() - t0:.0f} s")
     return 0

@@ -1,4 +1,4 @@
-"""Spot traces for ``benchmarks/spot_cost.py``: one neutral format, and readers for the shared research traces.
+"""Spot traces for ``benchmarks/spot_cost.py``: one neutral format, and readers for the shared traces.
 
 The neutral format (``*.market.json``, documented in ``benchmarks/README.md``) is what the simulator
 runs on; the readers below turn the public traces in ``../shared/data/spot`` into it, each with the
@@ -121,9 +121,9 @@ def _aws_9az(root: Path) -> Market:
         zones.append(Zone(name.removesuffix("_v100_1"), [float(p) for p in prices[name][:n]], cap[:n]))
     return Market(
         "aws-9az", 195.0, P3_ON_DEMAND, zones,
-        ["p3.2xlarge spot prices per 195 s tick; capacity = the launch probe (1 = one instance could be launched), "
-         "so only 1-node jobs can use spot here; a running instance is taken as preempted when its zone's probe "
-         "fails (probes are not observed preemptions)"],
+        ["p3.2xlarge spot prices per 195 s tick; capacity = the launch probe (1 = one instance could be "
+         "launched), so only 1-node jobs can use spot here; a running instance is taken as preempted when "
+         "its zone's probe fails (probes are not observed preemptions)"],
         [f"{SKYNOMAD}/v100_spot_prices.json", f"{SKYNOMAD}/real/availability/2023-02-15/processed/*.csv"],
     )  # fmt: skip
 
@@ -139,8 +139,8 @@ def _aws_4node(root: Path) -> Market:
         )
     return Market(
         "aws-4node", 300.0, P3_ON_DEMAND, zones,
-        ["4-node p3.2xlarge capture (Aug 2023), capacity = nodes up (0..4) per 300 s tick; no prices in the capture: "
-         "each AZ's spot price is the mean of its Feb-Apr 2023 series, flat"],
+        ["4-node p3.2xlarge capture (Aug 2023), capacity = nodes up (0..4) per 300 s tick; no prices in the "
+         "capture: each AZ's spot price is the mean of its Feb-Apr 2023 series, flat"],
         [f"{SKYNOMAD}/spot_hedge_4node_src/*.json", f"{SKYNOMAD}/v100_1node_prices/*.json (mean price)"],
     )  # fmt: skip
 
@@ -209,9 +209,10 @@ def _groups(root: Path) -> list[Market]:
     for path in sorted((root / BAMBOO / "gcloud").glob("*.txt")):
         cap = _gcp_group(path)
         markets.append(Market(
-            f"groups/gcp-{path.stem}", GROUP_TICK_S, 1.0, [Zone(f"gcp-{path.stem}", [GCP_SPOT_RATIO] * len(cap), cap)],
-            [f"GCP preemptible group {path.stem}: capacity = n_running per 60 s; spot = {GCP_SPOT_RATIO} x on-demand "
-             "(assumed), on-demand normalised to $1/node-hour"],
+            f"groups/gcp-{path.stem}", GROUP_TICK_S, 1.0,
+            [Zone(f"gcp-{path.stem}", [GCP_SPOT_RATIO] * len(cap), cap)],
+            [f"GCP preemptible group {path.stem}: capacity = n_running per 60 s; spot = {GCP_SPOT_RATIO} x "
+             "on-demand (assumed), on-demand normalised to $1/node-hour"],
             [f"{BAMBOO}/gcloud/{path.name}"],
         ))  # fmt: skip
     return markets
@@ -227,12 +228,14 @@ class Scenario:
 
 
 SYNTHETIC = Path(__file__).parent / "data"
-"""A small synthetic market bundled with the repository (4 days of 300 s ticks, two zones): what ``--quick`` runs
-on where the shared traces are not (a clean clone in CI). Its figures mean nothing; it checks the code runs."""
+"""A small synthetic market bundled with the repository (4 days of 300 s ticks, two zones): what
+``--quick`` runs on where the shared traces are not (a clean clone in CI). Its figures mean nothing; it
+checks the code runs."""
 
 
 def quick_traces(trace_dir: Path) -> Path:
-    """``trace_dir`` if it is there, else the bundled synthetic market, said so on stderr (``--quick`` only)."""
+    """``trace_dir`` if it is there, else the bundled synthetic market, said so on stderr (``--quick``
+    only)."""
     if trace_dir.is_dir():
         return trace_dir
     print(f"[--quick] {trace_dir} is not here: running on the bundled synthetic market ({SYNTHETIC})",

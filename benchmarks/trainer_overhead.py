@@ -39,11 +39,10 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: F401 - the repository on sys.path, before the trainer
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -53,7 +52,7 @@ from trainer.config import TrainConfig  # noqa: E402
 from trainer.train import Job, setup_distributed  # noqa: E402
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20, help="steps per variant per round (ratios per round)")
     p.add_argument("--rounds", type=int, default=10)
@@ -72,117 +71,147 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.steps, args.rounds, args.seq_len = 2, 2, 32
+    return args
+
+
+def make_config(args: argparse.Namespace, world: int, root: str) -> TrainConfig:
+    return TrainConfig.from_dict(
+        {
+            "model": {"flavor": args.flavor},
+            "data": {"seq_len": args.seq_len},
+            "steps": 10**9,  # never the last step: no final save inside the measurement
+            "global_batch_size": args.batch,
+            "micro_batch_size": args.batch // world,
+            "checkpoint": {"uri": root, "every": 0},
+            "metrics": {"log_every": 10},
+        }
+    )
+
+
+def one_process_variants(model, cfg: TrainConfig, d, batches) -> dict:
+    """The same model unwrapped (what a plain single-device script runs), and wrapped with FSDP2."""
+    from trainer.model import Llama
+    from trainer.parallelize import build_optimizer, build_scheduler
+
+    variants = {}
+    with torch.device(d.device):
+        plain_model = Llama(model.args)
+    plain_model.init_weights(cfg.seed)
+    plain_opt = build_optimizer(plain_model, cfg.optim)
+    plain_sched = build_scheduler(plain_opt, cfg.optim, cfg.steps)
+
+    variants["plain"] = bare_loop(plain_model, plain_opt, plain_sched, batches, cfg.optim.grad_clip)
+
+    from trainer.parallelize import parallelize
+
+    with torch.device("meta"):
+        fsdp_model = Llama(model.args)
+    parallelize(fsdp_model, d.mesh, cfg.parallel, shard=True)
+    fsdp_model.to_empty(device=d.device)
+    fsdp_model.init_weights(cfg.seed)
+    fsdp_opt = build_optimizer(fsdp_model, cfg.optim)
+    variants["fsdp2"] = bare_loop(
+        fsdp_model,
+        fsdp_opt,
+        build_scheduler(fsdp_opt, cfg.optim, cfg.steps),
+        batches,
+        cfg.optim.grad_clip,
+    )
+    return variants
+
+
+def job_step(job: Job):
+    """One step of the real training loop (``Job.step``), its JSON lines produced, not shown."""
+    quiet = io.StringIO()  # the trainer's JSON lines are produced, not shown
+    step = job.start()
+
+    def trainer_step(i: int) -> None:
+        nonlocal step
+        step += 1
+        with contextlib.redirect_stdout(quiet):
+            assert not job.step(step)
+        quiet.seek(0)
+        quiet.truncate()
+
+    return trainer_step
+
+
+def time_variants(args: argparse.Namespace, variants: dict, job: Job) -> dict[str, list[float]]:
+    """Every variant's step times, alternating step by step after a warm-up."""
+    for i in range(3):  # warm-up: allocator, first-iteration FSDP set-up
+        for fn in variants.values():
+            fn(i)
+    times = {name: [] for name in variants}
+    for i in range(args.steps * args.rounds):
+        order = list(variants.items())
+        for name, fn in order if i % 2 == 0 else reversed(order):
+            dist.barrier()
+            start = time.perf_counter()
+            fn(i)
+            if name == "trainer" and i == args.steps * args.rounds - 1:
+                job.settle()  # the last step's values, read as the next step would
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def print_rates(args: argparse.Namespace, d, times: dict[str, list[float]]) -> None:
+    """Steps/s of each, trainer/bare over all steps and per round, and against plain on one process."""
+    bare_sps = len(times["bare"]) / sum(times["bare"])
+    trainer_sps = len(times["trainer"]) / sum(times["trainer"])
+    rounds = [slice(r * args.steps, (r + 1) * args.steps) for r in range(args.rounds)]
+    per_round = [sum(times["bare"][r]) / sum(times["trainer"][r]) for r in rounds]
+    print(
+        f"{platform.node()}: {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, world size {d.world_size}, device {d.device}"
+    )
+    print(
+        f"flavour {args.flavor}, seq_len {args.seq_len}, global batch {args.batch}, "
+        f"{args.rounds} rounds x {args.steps} steps per variant, interleaved step by step"
+    )
+    print(f"bare PyTorch loop: {bare_sps:8.3f} steps/s")
+    print(f"trainer:           {trainer_sps:8.3f} steps/s")
+    print(
+        f"trainer/bare:      {trainer_sps / bare_sps:8.3f}  (target >= 0.98; per round: "
+        f"median {statistics.median(per_round):.3f}, min {min(per_round):.3f}, "
+        f"max {max(per_round):.3f})"
+    )
+    if "plain" in times:
+        plain_sps = len(times["plain"]) / sum(times["plain"])
+        for label, other in (
+            ("trainer/plain", "trainer"),
+            ("bare/plain", "bare"),
+            ("FSDP2/plain", "fsdp2"),
+        ):
+            ratios = [sum(times["plain"][r]) / sum(times[other][r]) for r in rounds]
+            ratio = (len(times[other]) / sum(times[other])) / plain_sps
+            print(
+                f"{label + ':':19}{ratio:8.3f}  (per round: "
+                f"median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, "
+                f"max {max(ratios):.3f}; plain {plain_sps:.3f} steps/s)"
+            )
+
+
+def main() -> None:
+    args = parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     # One directory for all ranks: progress.json is written there, as in a real run.
     root = os.path.join(
         tempfile.gettempdir(), f"dtrain-bench-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"
     )
     try:
-        cfg = TrainConfig.from_dict(
-            {
-                "model": {"flavor": args.flavor},
-                "data": {"seq_len": args.seq_len},
-                "steps": 10**9,  # never the last step: no final save inside the measurement
-                "global_batch_size": args.batch,
-                "micro_batch_size": args.batch // world,
-                "checkpoint": {"uri": root, "every": 0},
-                "metrics": {"log_every": 10},
-            }
-        )
+        cfg = make_config(args, world, root)
         cfg.validate_world_size(world)
         d = setup_distributed(cfg.parallel)
         job = Job.build(cfg, d)
         model, optimizer, scheduler = job.model, job.optimizer, job.scheduler
         batches = [job.data.next_batch() for _ in range(8)]  # the bare loop's data, prepared up front
-        variants = {}
-        if world == 1:  # the same model unwrapped: what a plain single-device script runs
-            from trainer.model import Llama
-            from trainer.parallelize import build_optimizer, build_scheduler
-
-            with torch.device(d.device):
-                plain_model = Llama(model.args)
-            plain_model.init_weights(cfg.seed)
-            plain_opt = build_optimizer(plain_model, cfg.optim)
-            plain_sched = build_scheduler(plain_opt, cfg.optim, cfg.steps)
-
-            variants["plain"] = bare_loop(plain_model, plain_opt, plain_sched, batches, cfg.optim.grad_clip)
-
-            from trainer.parallelize import parallelize
-
-            with torch.device("meta"):
-                fsdp_model = Llama(model.args)
-            parallelize(fsdp_model, d.mesh, cfg.parallel, shard=True)
-            fsdp_model.to_empty(device=d.device)
-            fsdp_model.init_weights(cfg.seed)
-            fsdp_opt = build_optimizer(fsdp_model, cfg.optim)
-            variants["fsdp2"] = bare_loop(
-                fsdp_model,
-                fsdp_opt,
-                build_scheduler(fsdp_opt, cfg.optim, cfg.steps),
-                batches,
-                cfg.optim.grad_clip,
-            )
-
+        variants = one_process_variants(model, cfg, d, batches) if world == 1 else {}
         bare_step = bare_loop(model, optimizer, scheduler, batches, cfg.optim.grad_clip)
-
-        quiet = io.StringIO()  # the trainer's JSON lines are produced, not shown
-        step = job.start()
-
-        def trainer_step(i: int) -> None:
-            nonlocal step
-            step += 1
-            with contextlib.redirect_stdout(quiet):
-                assert not job.step(step)
-            quiet.seek(0)
-            quiet.truncate()
-
-        variants.update(bare=bare_step, trainer=trainer_step)
-        for i in range(3):  # warm-up: allocator, first-iteration FSDP set-up
-            for fn in variants.values():
-                fn(i)
-        times = {name: [] for name in variants}
-        for i in range(args.steps * args.rounds):
-            order = list(variants.items())
-            for name, fn in order if i % 2 == 0 else reversed(order):
-                dist.barrier()
-                start = time.perf_counter()
-                fn(i)
-                if name == "trainer" and i == args.steps * args.rounds - 1:
-                    job.settle()  # the last step's values, read as the next step would
-                times[name].append(time.perf_counter() - start)
+        variants.update(bare=bare_step, trainer=job_step(job))
+        times = time_variants(args, variants, job)
         job.ckpt.close()
         if d.rank == 0:
-            bare_sps = len(times["bare"]) / sum(times["bare"])
-            trainer_sps = len(times["trainer"]) / sum(times["trainer"])
-            rounds = [slice(r * args.steps, (r + 1) * args.steps) for r in range(args.rounds)]
-            per_round = [sum(times["bare"][r]) / sum(times["trainer"][r]) for r in rounds]
-            print(
-                f"{platform.node()}: {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                f"{torch.get_num_threads()} threads, world size {d.world_size}, device {d.device}"
-            )
-            print(
-                f"flavour {args.flavor}, seq_len {args.seq_len}, global batch {args.batch}, "
-                f"{args.rounds} rounds x {args.steps} steps per variant, interleaved step by step"
-            )
-            print(f"bare PyTorch loop: {bare_sps:8.3f} steps/s")
-            print(f"trainer:           {trainer_sps:8.3f} steps/s")
-            print(
-                f"trainer/bare:      {trainer_sps / bare_sps:8.3f}  (target >= 0.98; per round: "
-                f"median {statistics.median(per_round):.3f}, min {min(per_round):.3f}, max {max(per_round):.3f})"
-            )
-            if "plain" in times:
-                plain_sps = len(times["plain"]) / sum(times["plain"])
-                for label, other in (
-                    ("trainer/plain", "trainer"),
-                    ("bare/plain", "bare"),
-                    ("FSDP2/plain", "fsdp2"),
-                ):
-                    ratios = [sum(times["plain"][r]) / sum(times[other][r]) for r in rounds]
-                    print(
-                        f"{label + ':':19}{(len(times[other]) / sum(times[other])) / plain_sps:8.3f}  (per round: "
-                        f"median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; "
-                        f"plain {plain_sps:.3f} steps/s)"
-                    )
+            print_rates(args, d, times)
         if args.profile and "plain" in variants and d.rank == 0:
             print_profile_difference(variants["plain"], variants["fsdp2"], args.profile)
         dist.destroy_process_group()
@@ -207,7 +236,8 @@ def bare_loop(model, optimizer, scheduler, batches, grad_clip: float):
 
 
 def print_profile_difference(plain, bare, steps: int, top: int = 12) -> None:
-    """Self CPU time per op over ``steps`` steps of each; the ops where bare spends the most more than plain."""
+    """Self CPU time per op over ``steps`` steps of each; the ops where bare spends the most more than
+    plain."""
     from torch.profiler import ProfilerActivity, profile
 
     totals = {}

@@ -61,7 +61,10 @@ def test_mfu_refuses_a_cpu_unless_asked_and_then_reports_tokens_per_second(data_
 
 
 # The files of benchmarks/ that are not scripts, and why: bench-smoke runs the scripts that use them.
-NOT_SCRIPTS = {"spot_traces.py": "the trace reader of spot_cost.py, spot_choice.py and spot_hindsight.py"}
+NOT_SCRIPTS = {
+    "spot_traces.py": "the trace reader of spot_cost.py, spot_choice.py and spot_hindsight.py",
+    "_common.py": "what the scripts share: the repository on sys.path, helpers of more than one script",
+}
 
 
 def test_bench_smoke_runs_every_benchmark_script_in_quick_mode():

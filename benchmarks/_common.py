@@ -1,0 +1,25 @@
+"""What the benchmark scripts share: the repository on ``sys.path``, and helpers of more than one script.
+
+Not a script (``make bench-smoke`` runs the scripts that use it). A script puts its own folder on
+``sys.path`` (Python does when it runs it) and imports this before the provider's or the trainer's modules.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def launch_command(nproc: int, *args: str) -> list[str]:
+    """``python -m trainer.launch --standalone --nproc-per-node N ARGS...``: torchrun with the trainer's
+    exit codes, on this machine (the launcher a local-backend node runs)."""
+    return [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc), *args]
+
+
+def trainer_command(nproc: int, *args: str) -> list[str]:
+    """The trainer (``-m trainer ARGS...``) on ``nproc`` local ranks, under ``launch_command``."""
+    return launch_command(nproc, "-m", "trainer", *args)

@@ -1,0 +1,82 @@
+"""What a trial reads of its checkpoint directory: the final tensors against the reference's, the
+progress file, the manifests and leases, and the row of figures a fault returns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import runs
+from .runs import STEPS
+
+
+def load_tensors(step_dir: Path, scratch: Path) -> dict:
+    """The model and optimizer tensors of a checkpoint, unsharded
+    (``trainer.checkpoint.checkpoint_tensors``)."""
+    from trainer.checkpoint import checkpoint_tensors
+
+    return {k: v for k, v in checkpoint_tensors(str(step_dir)).items() if k.startswith(("model.", "optim."))}
+
+
+def bitwise_equal(ckpt: Path, scratch: Path) -> bool | str:
+    """The final checkpoint's tensors equal the reference's, bit for bit (False, or why not comparable)."""
+    import torch
+
+    final = ckpt / f"step-{STEPS:08d}"
+    if not (final / "manifest.json").exists():
+        return False
+    try:
+        ours = load_tensors(final, scratch)
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        print(f"    cannot load {final}: {type(err).__name__}: {err}", flush=True)
+        return False
+    if ours.keys() != runs.REFERENCE.keys():
+        return False
+    return all(torch.equal(ours[k], runs.REFERENCE[k]) for k in runs.REFERENCE)
+
+
+def progress(ckpt: Path) -> dict:
+    try:
+        return json.loads((ckpt / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def manifests(ckpt: Path) -> list[dict]:
+    out = []
+    for p in sorted(ckpt.glob("step-*/manifest.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except ValueError:
+            pass
+    return out
+
+
+def fenced_commits(ckpt: Path, old_token: int, new_acquired_at: float) -> int:
+    """Manifests the older lease's writer committed after the newer lease existed (must be 0)."""
+    return sum(
+        1
+        for m in manifests(ckpt)
+        if m.get("lease") == old_token and m.get("created_at", 0) >= new_acquired_at
+    )
+
+
+def lease_of(ckpt: Path, group: str):
+    from trainer.checkpoint_dir import CheckpointDir
+
+    root = CheckpointDir(str(ckpt))
+    return next((root.lease(t) for t in root.leases() if root.lease(t).info.get("group") == group), None)
+
+
+def row(**kw) -> dict:
+    base = {
+        "finished": False,
+        "steps_lost": None,
+        "bitwise": None,
+        "spend_ratio": None,
+        "writers": None,
+        "fenced": None,
+        "detected": None,
+        "note": "",
+    }
+    return {**base, **kw}

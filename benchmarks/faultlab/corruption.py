@@ -1,0 +1,75 @@
+"""Corrupted checkpoints: a copy of the reference's with its final step damaged (a flipped byte in a
+shard, a truncated manifest, a NaN in the manifest); the resume must detect it and use the one before."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+from . import runs
+from .checkpoints import bitwise_equal, row
+from .runs import EVERY, STEPS, Run
+
+
+def _corrupt_copy(ckpt: Path, corrupt) -> None:
+    shutil.copytree(runs.REFERENCE_DIR, ckpt)
+    corrupt(ckpt / f"step-{STEPS:08d}")
+
+
+def _resume_corrupted(ckpt, work, note):
+    run = Run(ckpt, work)
+    rc = run.wait()
+    res = run.of("resume")
+    fell_back = bool(res) and res[0]["from_step"] == STEPS - EVERY and "fails verification" in run.stderr()
+    return row(
+        finished=rc == 0,
+        steps_lost=(STEPS - res[0]["from_step"]) if res else None,
+        detected=fell_back,
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"{note}; resumed from {res[0]['from_step'] if res else None}",
+    )
+
+
+def f_flip_byte(rng, ckpt, work):
+    where = {}
+
+    def corrupt(step_dir):
+        shard = rng.choice(sorted(step_dir.glob("__*_*.distcp")))
+        data = bytearray(shard.read_bytes())
+        i = rng.randrange(len(data))
+        data[i] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        where.update(file=shard.name, offset=i)
+
+    _corrupt_copy(ckpt, corrupt)
+    return _resume_corrupted(ckpt, work, f"flipped byte {where['offset']} of {where['file']}")
+
+
+def f_truncate_manifest(rng, ckpt, work):
+    where = {}
+
+    def corrupt(step_dir):
+        text = (step_dir / "manifest.json").read_text()
+        cut = rng.randrange(1, len(text) - 1)
+        (step_dir / "manifest.json").write_text(text[:cut])
+        where.update(cut=cut, of=len(text))
+
+    _corrupt_copy(ckpt, corrupt)
+    return _resume_corrupted(ckpt, work, f"manifest cut to {where['cut']} of {where['of']} bytes")
+
+
+def f_nan_manifest(rng, ckpt, work):
+    field = rng.choice(["step", "step_time_s", "tokens_seen", "wall_time_s", "cost.total_dollars"])
+
+    def corrupt(step_dir):
+        m = json.loads((step_dir / "manifest.json").read_text())
+        node, keys = m, field.split(".")
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = math.nan
+        (step_dir / "manifest.json").write_text(json.dumps(m))
+
+    _corrupt_copy(ckpt, corrupt)
+    return _resume_corrupted(ckpt, work, f"{field} = NaN")

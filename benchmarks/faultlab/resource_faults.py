@@ -1,0 +1,126 @@
+"""Faults of the run's surroundings: a full disk at a save, a spend cap the job cannot fit in, and a
+second writer on the same checkpoint directory."""
+
+from __future__ import annotations
+
+import errno  # noqa: F401 - documented: the full-disk fault is ENOSPC
+import signal
+import time
+import uuid
+
+from .checkpoints import bitwise_equal, fenced_commits, lease_of, manifests, progress, row
+from .runs import EVERY, NPROC, PRICE, STEPS, Run, train_event
+
+
+def f_full_disk(rng, ckpt, work):
+    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.validate import validate_checkpoint
+
+    k, rank = rng.choice(range(2 * EVERY, STEPS, EVERY)), rng.randint(0, NPROC - 1)
+    first = Run(ckpt, work, env={"DTRAIN_TEST_ENOSPC_AT_STEP": f"{k}:{rank}"})
+    rc1 = first.wait()
+    err = first.stderr()
+    clear = (
+        f"checkpoint step {k} could not be written to {ckpt / f'step-{k:08d}'}" in err
+        and "No space left on device" in err
+    )
+    older = [c.step for c in CheckpointDir(str(ckpt)).committed()]
+    intact = True
+    for step in older:
+        try:
+            validate_checkpoint(str(ckpt / f"step-{step:08d}"), sample_tensors=None)
+        except Exception:  # noqa: BLE001 - reported
+            intact = False
+    partial_gone = not (ckpt / f"step-{k:08d}").exists()
+    second = Run(ckpt, work)  # "space freed": the same command without the hook
+    rc2 = second.wait()
+    return row(
+        finished=rc1 == 74 and rc2 == 0 and clear,
+        steps_lost=progress(ckpt).get("steps_lost"),
+        bitwise=bitwise_equal(ckpt, work),
+        note=f"ENOSPC at step {k} on rank {rank}: exit {rc1}, clear line {clear}, older {older} "
+        f"valid {intact}, partial removed {partial_gone}; resume exit {rc2}",
+    )
+
+
+def f_budget(rng, ckpt, work):
+    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.cost import billed
+
+    cap = round(
+        rng.uniform(14.0, 20.0), 2
+    )  # the job needs ~30 s = $30 here: admitted on a 100x too small estimate
+    attempt = f"budget-{uuid.uuid4().hex[:6]}"
+    root = CheckpointDir(str(ckpt))
+    root.storage.makedirs()
+    # Opened at the launch, as GroupSession does: the bill runs from the start of the process, not of
+    # training.
+    root.record_spend(
+        attempt,
+        {
+            "capacity": "any",
+            "nodes": 1,
+            "price_per_node_hour": PRICE,
+            "gpus_per_node": 0,
+            "launched_at": time.time(),
+            "billed_s": 0.0,
+            "node_hours": 0.0,
+            "gpu_hours": 0.0,
+            "dollars": 0.0,
+            "budget_usd": cap,
+        },
+    )
+    run = Run(
+        ckpt,
+        work,
+        env={"DTRAIN_GROUP_NAME": attempt},
+        args=[
+            "--set",
+            f"cost.budget_usd={cap}",
+            "--set",
+            f"cost.price_per_node_hour={PRICE}",
+            "--set",
+            "cost.stop_margin_s=3",
+        ],
+    )
+    rc = run.wait()
+    entry = root.spend_entry(attempt)
+    root.record_spend(
+        attempt, {**billed(entry, until=time.time()), "ended": True}
+    )  # closed when its end is seen
+    spent = root.spend().total_dollars
+    latest = root.latest()
+    return row(
+        finished="cap" if rc == 77 else rc == 0,
+        spend_ratio=spent / cap,
+        note=f"cap ${cap}: exit {rc}, spent ${spent:.2f} (billed to the exit), last checkpoint "
+        f"{latest.step if latest else None}",
+    )
+
+
+def f_second_writer(rng, ckpt, work):
+    k = rng.randint(6, 20)
+    first = Run(ckpt, work, env={"DTRAIN_GROUP_NAME": "writer-a"})
+    first.wait_for(train_event(k))
+    # The first writer stalls (a GC pause, a partitioned node) while a second one starts on the same directory
+    # and takes its lease; then the first wakes up and goes on. Without the stall the second one's start-up
+    # (imports, rendezvous) can outlast the first's remaining steps, and the two never overlap.
+    first.signal_all(signal.SIGSTOP)
+    second = Run(ckpt, work, env={"DTRAIN_GROUP_NAME": "writer-b"})
+    second.wait_for(lambda e: e.get("event") in ("resume", "train"))
+    first.signal_all(signal.SIGCONT)
+    rc1, rc2 = first.wait(), second.wait()
+    old, new = lease_of(ckpt, "writer-a"), lease_of(ckpt, "writer-b")
+    fenced = fenced_commits(ckpt, old.token, new.info["acquired_at"]) if old and new else None
+    after = {
+        m.get("lease") for m in manifests(ckpt) if new and m.get("created_at", 0) >= new.info["acquired_at"]
+    }
+    res = second.of("resume")
+    return row(
+        finished=rc1 == 78 and rc2 == 0,
+        bitwise=bitwise_equal(ckpt, work),
+        fenced=fenced,
+        writers=len(after),
+        note=f"first writer stalled after step {k}, a second one started: first exit {rc1}, "
+        f"second exit {rc2} (resumed from {res[0]['from_step'] if res else None})",
+    )

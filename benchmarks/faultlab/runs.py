@@ -1,0 +1,157 @@
+"""One trainer run under fault injection, and what every trial shares: the run's arguments, the
+environment of its processes and the uninterrupted reference run's tensors (set by ``faults.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+from _common import REPO, trainer_command
+
+STEPS, EVERY = 40, 5
+ARGS = [
+    "--flavor",
+    "debug",
+    "--set",
+    "data.seq_len=32",
+    "--set",
+    "global_batch_size=8",
+    "--set",
+    "micro_batch_size=4",
+    "--steps",
+    str(STEPS),
+    "--set",
+    f"checkpoint.every={EVERY}",
+    "--set",
+    "metrics.log_every=1",
+]
+NPROC = 2
+PRICE = 3600.0  # $/node-hour: a dollar a second, so the budget fault's cap is in seconds of this machine
+
+# Set once by faults.py before the first trial: the processes' environment, and the reference run's
+# directory and final tensors (model and optimizer state, unsharded).
+BASE_ENV: dict = {}
+REFERENCE: dict = {}
+REFERENCE_DIR: Path = Path()
+
+# --------------------------------------------------------------------------- running the trainer
+
+
+class Run:
+    """One ``trainer.launch`` run: stdout (JSON events) and stderr to files, polled; its workers tagged."""
+
+    def __init__(self, ckpt: Path, work: Path, env: dict | None = None, args: list[str] = ()):
+        self.tag = uuid.uuid4().hex
+        self.out, self.err = work / f"{self.tag}.out", work / f"{self.tag}.err"
+        full_env = {**BASE_ENV, **(env or {}), "DTRAIN_BENCH_RUN": self.tag}
+        cmd = trainer_command(NPROC, *ARGS, *args, "--checkpoint-uri", str(ckpt))
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=full_env, stdout=out, stderr=err, start_new_session=True
+            )
+        self._seen = 0
+        self.events: list[dict] = []
+
+    def poll_events(self) -> list[dict]:
+        with open(self.out) as f:
+            lines = f.read().splitlines()
+        complete = lines if self.proc.poll() is not None else lines[:-1]  # the last may be half written
+        new = []
+        for line in complete[self._seen :]:
+            if line.startswith("{"):
+                try:
+                    new.append(json.loads(line))
+                except ValueError:
+                    pass
+        self._seen = len(complete)
+        self.events += new
+        return new
+
+    def wait_for(self, pred, timeout: float = 300) -> dict | None:
+        """The first event (from now on) matching ``pred``; None when the run ended or time ran out first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.poll_events():
+                if pred(e):
+                    return e
+            if self.proc.poll() is not None:
+                for e in self.poll_events():
+                    if pred(e):
+                        return e
+                return None
+            time.sleep(0.05)
+        return None
+
+    def wait(self, timeout: float = 400) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            rc = self.proc.wait()
+        self.poll_events()
+        return rc
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == kind]
+
+    def workers(self) -> dict[int, psutil.Process]:
+        """{rank: process} of this run's training processes."""
+        out = {}
+        for p in psutil.process_iter():
+            try:
+                env = p.environ()
+                if (
+                    env.get("DTRAIN_BENCH_RUN") == self.tag
+                    and "RANK" in env
+                    and p.status() != psutil.STATUS_ZOMBIE
+                ):
+                    out[int(env["RANK"])] = p
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
+        return out
+
+    def signal_all(self, sig: int) -> None:
+        """``sig`` to the agent and every worker (the workers live in sessions of their own)."""
+        os.killpg(self.proc.pid, sig)
+        for p in self.workers().values():
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def kill_all(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for p in self.workers().values():
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def train_event(at: int):
+    return lambda e: e.get("event") == "train" and e.get("step", 0) >= at
+
+
+def kill_leftovers() -> None:
+    """Nothing of a trial may outlive it: every process of a benchmark run or of a faults group."""
+    for leftover in psutil.process_iter():
+        try:
+            if "DTRAIN_BENCH_RUN" in leftover.environ() or leftover.environ().get(
+                "DTRAIN_GROUP_NAME", ""
+            ).startswith("faults-"):
+                leftover.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
