@@ -11,7 +11,7 @@ import pytest
 
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 from airflow_dtrain.spec import JobSpec
-from tests.kubernetes.fake_apiserver import FakeKubernetesApiServer
+from tests.kubernetes.fakeapi import FakeKubernetesApiServer
 
 
 @pytest.fixture(scope="session")
