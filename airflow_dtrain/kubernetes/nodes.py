@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_dtrain.kubernetes.objects import LABEL_GROUP
+from airflow_dtrain.kubernetes.names import LABEL_GROUP
 from airflow_dtrain.spot.events import InterruptionNotice, instance_id_of_provider_id, notice_from_node
 from airflow_dtrain.spot.members import GroupMembers, InstanceSource
 

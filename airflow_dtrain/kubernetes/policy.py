@@ -122,9 +122,10 @@ class KubernetesPolicy:
                              ("kubernetes.allowed_namespaces", allowed_namespaces)):  # fmt: skip
             for name in names:
                 if self.allowed_namespaces and name not in self.allowed_namespaces:
+                    allowed = ", ".join(self.allowed_namespaces)
                     raise SpecError(
                         f"{field}: {name!r} is not allowed on this cluster "
-                        f"(the admin's {POLICY_EXTRA}.allowed_namespaces: {', '.join(self.allowed_namespaces)})"
+                        f"(the admin's {POLICY_EXTRA}.allowed_namespaces: {allowed})"
                     )
 
 

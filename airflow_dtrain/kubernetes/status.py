@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from airflow_dtrain.kubernetes.objects import (
+from airflow_dtrain.kubernetes.names import (
     ANNOTATION_DEADLINE,
     ANNOTATION_EARLIER,
     ANNOTATION_OUTCOME,
@@ -106,7 +106,8 @@ def recorded(name: str, job: dict[str, Any]) -> GroupStatus | None:
 
 
 def earlier(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The outcomes of its task's earlier groups that ``job`` carries (``ANNOTATION_EARLIER``), by group name."""
+    """The outcomes of its task's earlier groups that ``job`` carries (``ANNOTATION_EARLIER``), by group
+    name."""
     text = (job["metadata"].get("annotations") or {}).get(ANNOTATION_EARLIER)
     return json.loads(text) if text else {}
 
@@ -115,7 +116,8 @@ def entry_of(status: GroupStatus, created: str, placement: list[dict[str, Any]] 
     """What a later Job remembers of an ended group: its outcome (the first line of its message), when its
     Job was created, and where it ran. Small: a Job's annotations hold at most 256 KiB in all."""
     return {
-        "state": status.state.value, "message": status.message.splitlines()[0][:300] if status.message else "",
+        "state": status.state.value,
+        "message": status.message.splitlines()[0][:300] if status.message else "",
         "node_exit_codes": {str(k): v for k, v in status.node_exit_codes.items()}, "created": created,
         "placement": placement,
     }  # fmt: skip

@@ -8,6 +8,8 @@ import signal
 import time
 import uuid
 
+from trainer.testing.faults import activate
+
 from .checkpoints import bitwise_equal, fenced_commits, lease_of, manifests, progress, row
 from .runs import EVERY, NPROC, PRICE, STEPS, Run, train_event
 
@@ -17,7 +19,7 @@ def f_full_disk(rng, ckpt, work):
     from trainer.validate import validate_checkpoint
 
     k, rank = rng.choice(range(2 * EVERY, STEPS, EVERY)), rng.randint(0, NPROC - 1)
-    first = Run(ckpt, work, env={"DTRAIN_TEST_ENOSPC_AT_STEP": f"{k}:{rank}"})
+    first = Run(ckpt, work, env=activate({"DTRAIN_TEST_ENOSPC_AT_STEP": f"{k}:{rank}"}))
     rc1 = first.wait()
     err = first.stderr()
     clear = (

@@ -56,10 +56,7 @@ def airflow(tmp_path: Path) -> Iterator[Airflow]:
         assert not leftovers, f"processes outlived the test: {leftovers}"
 
 
-@pytest.mark.timeout(1000)  # above the sum of its own waits, so a slow run fails with its diagnostics
-def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> None:
-    started = time.monotonic()
-
+def _wait_until_healthy(airflow: Airflow) -> None:
     # 1. All components up: the api-server answers, and reports the scheduler and the
     #    triggerer (and the dag-processor) heartbeating.
     def healthy() -> dict | None:
@@ -72,6 +69,8 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
 
     _wait_for("the api-server to report every component healthy", airflow, STARTUP_TIMEOUT_S, healthy)
 
+
+def _wait_until_parsed(airflow: Airflow) -> dict:
     # 2. The dag-processor has parsed train_llama (paused, as new DAGs are by default).
     def dag_known() -> dict | None:
         response = airflow.get(f"/api/v2/dags/{DAG_ID}")
@@ -86,7 +85,10 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
     dag = _wait_for(f"the dag-processor to parse {DAG_ID}", airflow, DAG_PARSE_TIMEOUT_S, dag_known)
     listed = _json_output(airflow.cli("dags", "list", "-o", "json").stdout)
     assert DAG_ID in {d["dag_id"] for d in listed}, listed
+    return dag
 
+
+def _trigger_and_unpause(airflow: Airflow, dag: dict) -> str:
     # 3. Trigger it, then unpause it.
     #
     # train_llama is @daily with catchup=False and max_active_runs=1, and its start_date is in the
@@ -105,7 +107,10 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
                 "--conf", json.dumps(RUN_CONF), "-o", "json")  # fmt: skip
     airflow.cli("dags", "unpause", DAG_ID, "--yes")
     airflow.cli("dags", "unpause", PUBLISH_DAG_ID, "--yes")
+    return run_id
 
+
+def _wait_for_success(airflow: Airflow, run_id: str) -> None:
     # 4. Wait for the run to end. Polled through the REST API, which costs the api-server a
     #    query; an `airflow` CLI call costs seconds of CPU that the training ranks need on a
     #    small machine. The final state is then read back with `airflow dags list-runs`.
@@ -124,6 +129,8 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
         f"run {run_id} ended {ours[0]['state']}; all runs: {runs}\n{airflow.diagnostics()}"
     )
 
+
+def _assert_the_summary(airflow: Airflow, run_id: str) -> dict:
     # 5. The train task's summary: its XCom and the summary.json next to the checkpoints.
     response = airflow.get(
         f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{TASK_ID}/xcomEntries/return_value"
@@ -142,7 +149,10 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
     assert len(summaries) == 1, f"summary.json files: {summaries}\n{airflow.diagnostics()}"
     assert json.loads(summaries[0].read_text()) == summary
     assert Path(summary["latest_checkpoint"]).parent == summaries[0].parent, summary
+    return summary
 
+
+def _wait_for_the_publish_run(airflow: Airflow) -> None:
     # 6. The evaluation promoted the checkpoint (the first is always the best so far), which
     #    updated the asset; the scheduler then ran publish_llama on its own.
     def published() -> dict | None:
@@ -159,10 +169,22 @@ def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> Non
         f"{PUBLISH_DAG_ID} to run on the promoted model", airflow, 180, published, interval=3.0
     )
     assert publish_run["run_type"] == "asset_triggered", publish_run
-    # the registry's entry of the job and its evaluation set: <registry>/<job>/<evaluation set>/published/latest
+    # the registry's entry of the job and its evaluation set: <registry>/<job>/<evaluation
+    # set>/published/latest
     cards = list(
         (airflow.home / "dtrain" / "models" / "train_llama").glob("*/eval-*/published/latest/MODEL_CARD.md")
     )
     assert len(cards) == 1, f"model cards: {cards}\n{airflow.diagnostics()}"
+
+
+@pytest.mark.timeout(1000)  # above the sum of its own waits, so a slow run fails with its diagnostics
+def test_standalone_airflow_runs_train_llama_to_success(airflow: Airflow) -> None:
+    started = time.monotonic()
+    _wait_until_healthy(airflow)
+    dag = _wait_until_parsed(airflow)
+    run_id = _trigger_and_unpause(airflow, dag)
+    _wait_for_success(airflow, run_id)
+    summary = _assert_the_summary(airflow, run_id)
+    _wait_for_the_publish_run(airflow)
 
     print(f"train_llama run {run_id} succeeded in {time.monotonic() - started:.0f}s: {summary}")

@@ -28,17 +28,27 @@ STEPS = 40
 
 
 def _operator(tmp_path) -> FSDPTrainOperator:
-    return FSDPTrainOperator(**{
-        **SMALL, "task_id": "train", "num_nodes": 1, "procs_per_node": 2, "steps": STEPS, "checkpoint_every": 4,
-        "checkpoint_keep": 100,  # every manifest stays, to be checked
-        "checkpoint_uri": str(tmp_path / "ckpt"), "local_state_dir": str(tmp_path / "groups"), "poll_interval": 0.5,
-        "deferrable": False, "job": "one-writer",
-    })  # fmt: skip
+    return FSDPTrainOperator(
+        **{
+            **SMALL,
+            "task_id": "train",
+            "num_nodes": 1,
+            "procs_per_node": 2,
+            "steps": STEPS,
+            "checkpoint_every": 4,
+            "checkpoint_keep": 100,  # every manifest stays, to be checked
+            "checkpoint_uri": str(tmp_path / "ckpt"),
+            "local_state_dir": str(tmp_path / "groups"),
+            "poll_interval": 0.5,
+            "deferrable": False,
+            "job": "one-writer",
+        }
+    )
 
 
 class GroupsAlive:
-    """Samples, every 0.2 s, which groups (DTRAIN_GROUP_NAME) of state directory ``groups`` have live processes
-    on this machine (another test's group may have the same name, in a directory of its own)."""
+    """Samples, every 0.2 s, which groups (DTRAIN_GROUP_NAME) of state directory ``groups`` have live
+    processes on this machine (another test's group may have the same name, in a directory of its own)."""
 
     def __init__(self, prefix: str, groups: Path):
         self.prefix, self.groups, self.samples = prefix, str(groups.resolve()), []
@@ -67,11 +77,8 @@ class GroupsAlive:
         return self.samples
 
 
-def test_supervisor_kill_9_then_a_retry_leaves_exactly_one_writer(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="airflow_dtrain.launchers.local")
-    ckpt, groups = tmp_path / "ckpt", tmp_path / "groups"
-    launcher = LocalLauncher(groups)
-    ti = RecordingTI(run_id="manual__one_writer")
+def _start_the_first_try(tmp_path, ti) -> tuple[threading.Thread, dict]:
+    """The task's first try, on a thread: its error (it fails once its supervisor is killed) in the dict."""
     outcome: dict = {}
 
     def first_try():
@@ -82,6 +89,45 @@ def test_supervisor_kill_9_then_a_retry_leaves_exactly_one_writer(tmp_path, capl
 
     worker = threading.Thread(target=first_try)
     worker.start()
+    return worker, outcome
+
+
+def _assert_the_orphans_saved_and_exited_before_the_retry_started(caplog, samples, first, second, killed_at):
+    """No SIGKILL was needed, the retry started soon, and no two groups of the task ever ran at once."""
+    # The orphans were told (the kernel's SIGTERM when their supervisor died), saved and exited on their own:
+    # nothing had to be SIGKILLed, and the retry started long before the launch's wait would have run out.
+    waited = [r.getMessage() for r in caplog.records if "earlier group" in r.getMessage()]
+    assert not any("SIGKILL" in m for m in waited), waited
+    started_second = min(t for t, alive in samples if second in alive)
+    assert started_second - killed_at < 90, waited
+    # At no time did two groups of the task have live processes.
+    assert all(len(alive) <= 1 for _, alive in samples), [s for s in samples if len(s[1]) > 1][:3]
+    assert not any(first in alive for t, alive in samples if t >= started_second)
+
+
+def _assert_the_retry_committed_under_its_own_lease(ckpt, lease_first, second, resumed_from: int) -> None:
+    """Every manifest committed after the retry's lease was written under it; the orphans' save under
+    theirs."""
+    # Every manifest committed after the retry's lease was written under it.
+    root = CheckpointDir(str(ckpt))
+    lease_second = root.newest_lease()
+    assert lease_second.token == lease_first.token + 1 and lease_second.info["group"] == second
+    manifests = [root.manifest(c.path) for c in root.committed()]
+    assert manifests and all(m["job"] == "one-writer" for m in manifests)
+    later = [m for m in manifests if m["created_at"] >= lease_second.info["acquired_at"]]
+    assert later and {m["lease"] for m in later} == {lease_second.token}
+    assert {m["step"] for m in later} >= {STEPS}
+    saved_by_orphans = root.manifest(resumed_from)
+    assert saved_by_orphans["lease"] == lease_first.token
+    assert saved_by_orphans["created_at"] < lease_second.info["acquired_at"]
+
+
+def test_supervisor_kill_9_then_a_retry_leaves_exactly_one_writer(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="airflow_dtrain.launchers.local")
+    ckpt, groups = tmp_path / "ckpt", tmp_path / "groups"
+    launcher = LocalLauncher(groups)
+    ti = RecordingTI(run_id="manual__one_writer")
+    worker, outcome = _start_the_first_try(tmp_path, ti)
     wait_for_step(ckpt, 6)
     first = ti.xcoms["group"]
     sampler = GroupsAlive(first.rsplit("-r", 1)[0], groups)
@@ -105,15 +151,7 @@ def test_supervisor_kill_9_then_a_retry_leaves_exactly_one_writer(tmp_path, capl
 
     second = summary["group"]
     assert second == first[: -len("-r0")] + "-r1"
-    # The orphans were told (the kernel's SIGTERM when their supervisor died), saved and exited on their own:
-    # nothing had to be SIGKILLed, and the retry started long before the launch's wait would have run out.
-    waited = [r.getMessage() for r in caplog.records if "earlier group" in r.getMessage()]
-    assert not any("SIGKILL" in m for m in waited), waited
-    started_second = min(t for t, alive in samples if second in alive)
-    assert started_second - killed_at < 90, waited
-    # At no time did two groups of the task have live processes.
-    assert all(len(alive) <= 1 for _, alive in samples), [s for s in samples if len(s[1]) > 1][:3]
-    assert not any(first in alive for t, alive in samples if t >= started_second)
+    _assert_the_orphans_saved_and_exited_before_the_retry_started(caplog, samples, first, second, killed_at)
 
     # The orphans' preemption save was the last checkpoint of the first group: the retry resumed there,
     # losing no step, and finished at the requested step.
@@ -123,16 +161,5 @@ def test_supervisor_kill_9_then_a_retry_leaves_exactly_one_writer(tmp_path, capl
     assert summary["final_step"] == STEPS and summary["steps_lost"] == 0
     assert progress(ckpt)["status"] == "completed"
 
-    # Every manifest committed after the retry's lease was written under it.
-    root = CheckpointDir(str(ckpt))
-    lease_second = root.newest_lease()
-    assert lease_second.token == lease_first.token + 1 and lease_second.info["group"] == second
-    manifests = [root.manifest(c.path) for c in root.committed()]
-    assert manifests and all(m["job"] == "one-writer" for m in manifests)
-    later = [m for m in manifests if m["created_at"] >= lease_second.info["acquired_at"]]
-    assert later and {m["lease"] for m in later} == {lease_second.token}
-    assert {m["step"] for m in later} >= {STEPS}
-    saved_by_orphans = root.manifest(resume["from_step"])
-    assert saved_by_orphans["lease"] == lease_first.token
-    assert saved_by_orphans["created_at"] < lease_second.info["acquired_at"]
+    _assert_the_retry_committed_under_its_own_lease(ckpt, lease_first, second, resume["from_step"])
     assert launcher.processes(first) == [] and launcher.processes(second) == []

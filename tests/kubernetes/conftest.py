@@ -11,7 +11,7 @@ import pytest
 
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 from airflow_dtrain.spec import JobSpec
-from tests.kubernetes.fake_apiserver import FakeKubernetesApiServer
+from tests.kubernetes.fakeapi import FakeKubernetesApiServer
 
 
 @pytest.fixture(scope="session")
@@ -36,13 +36,24 @@ def fake(_fake_server: FakeKubernetesApiServer, tmp_path: Path, monkeypatch) -> 
 def launch_debug_group(
     name: str, tmp_path: Path, *, nodes: int = 2, namespace: str | None = None, **kubernetes: Any
 ) -> KubernetesLauncher:
-    """A debug-flavour group of ``nodes`` × 1 launched on the fake cluster (checkpoints on a PVC at tmp_path)."""
+    """A debug-flavour group of ``nodes`` × 1 launched on the fake cluster (checkpoints on a PVC at
+    tmp_path)."""
     spec = JobSpec.from_arguments(
-        flavor="debug", steps=10, global_batch_size=nodes, micro_batch_size=1, num_nodes=nodes, procs_per_node=1,
-        backend="kubernetes", checkpoint_uri=str(tmp_path / name),
-        kubernetes={"image": "ghcr.io/acme/dtrain:test", "volumes": [{"claim": "ckpt", "mount_path": str(tmp_path)}],
-                    **({"namespace": namespace} if namespace else {}), **kubernetes},
-    )  # fmt: skip
+        flavor="debug",
+        steps=10,
+        global_batch_size=nodes,
+        micro_batch_size=1,
+        num_nodes=nodes,
+        procs_per_node=1,
+        backend="kubernetes",
+        checkpoint_uri=str(tmp_path / name),
+        kubernetes={
+            "image": "ghcr.io/acme/dtrain:test",
+            "volumes": [{"claim": "ckpt", "mount_path": str(tmp_path)}],
+            **({"namespace": namespace} if namespace else {}),
+            **kubernetes,
+        },
+    )
     launcher = KubernetesLauncher(namespace=namespace)
     launcher.launch(name, spec)
     return launcher

@@ -37,8 +37,15 @@ SAFE_SYSCTLS = {
 SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
 # Restricted "Volume Types": the only volume sources allowed.
 RESTRICTED_VOLUMES = {
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret",
-}  # fmt: skip
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 _CONTAINER_KINDS = ("containers", "initContainers", "ephemeralContainers")
 
 
@@ -60,11 +67,17 @@ def _containers(spec: dict[str, Any]):
 
 
 def baseline(obj: dict[str, Any]) -> list[str]:
-    """Violations of the "baseline" profile."""
+    """Violations of the "baseline" profile, in the order the Pod Security Standards list the controls."""
     meta, spec = pod_spec_of(obj)
     pod_ctx = spec.get("securityContext") or {}
-    found: list[str] = []
+    return (
+        _baseline_host(spec, pod_ctx) + _baseline_containers(spec) + _baseline_profiles(meta, spec, pod_ctx)
+    )
 
+
+def _baseline_host(spec: dict[str, Any], pod_ctx: dict[str, Any]) -> list[str]:
+    """Baseline: HostProcess and host namespaces."""
+    found: list[str] = []
     # HostProcess: Windows HostProcess containers are not allowed.
     if (pod_ctx.get("windowsOptions") or {}).get("hostProcess"):
         found.append("HostProcess: spec.securityContext.windowsOptions.hostProcess: true")
@@ -76,7 +89,12 @@ def baseline(obj: dict[str, Any]) -> list[str]:
     for key in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(key):
             found.append(f"Host Namespaces: spec.{key}: {spec[key]!r}")
+    return found
 
+
+def _baseline_containers(spec: dict[str, Any]) -> list[str]:
+    """Baseline: privileged containers, capabilities, host ports, /proc mounts and hostPath volumes."""
+    found: list[str] = []
     for where, container, ctx in _containers(spec):
         # Privileged Containers
         if ctx.get("privileged"):
@@ -97,8 +115,14 @@ def baseline(obj: dict[str, Any]) -> list[str]:
     for i, volume in enumerate(spec.get("volumes") or ()):
         if "hostPath" in volume:
             found.append(f"HostPath Volumes: spec.volumes[{i}].hostPath: {volume['hostPath']!r}")
+    return found
 
-    # AppArmor: unset, RuntimeDefault or Localhost (field or the older annotation: runtime/default, localhost/*).
+
+def _baseline_profiles(meta: dict[str, Any], spec: dict[str, Any], pod_ctx: dict[str, Any]) -> list[str]:
+    """Baseline: AppArmor, SELinux, seccomp and sysctls."""
+    found: list[str] = []
+    # AppArmor: unset, RuntimeDefault or Localhost (field or the older annotation: runtime/default,
+    # localhost/*).
     contexts = [("spec.securityContext", pod_ctx)] + [
         (f"{w}.securityContext", c) for w, _, c in _containers(spec)
     ]

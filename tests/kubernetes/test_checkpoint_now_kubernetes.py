@@ -25,7 +25,8 @@ from tests.kubernetes.conftest import launch_debug_group
 
 GROUP = "ckpt-now-r0"
 # A stand-in process: counts the SIGUSR1s it gets in the file named by its last argument, after starting
-# the stand-ins its second-to-last argument lists (JSON: [{"argv": [...], "children": [...], "marker": path}]).
+# the stand-ins its second-to-last argument lists (JSON: [{"argv": [...], "children": [...], "marker":
+# path}]).
 STANDIN = """
 import json, os, pathlib, signal, subprocess, sys, time
 marker = pathlib.Path(sys.argv[-1])
@@ -33,8 +34,8 @@ def count(*_):
     marker.write_text(str(int(marker.read_text() or 0) + 1))
 signal.signal(signal.SIGUSR1, count)
 for child in json.loads(sys.argv[-2]):
-    subprocess.Popen([sys.executable, "-c", os.environ["STANDIN"], *child["argv"], json.dumps(child["children"]),
-                      child["marker"]])
+    subprocess.Popen([sys.executable, "-c", os.environ["STANDIN"], *child["argv"],
+                      json.dumps(child["children"]), child["marker"]])
 marker.write_text("0")
 time.sleep(120)
 """
@@ -43,8 +44,9 @@ time.sleep(120)
 @pytest.fixture
 def pod_processes(tmp_path):
     """A pod's process tree: the group's torchrun agent (`-m trainer.launch`) and its two workers -- one the
-    bundled trainer (`-m trainer`), one a program of your own (`/opt/own/train.py`) -- and a data loader worker
-    the first started (a grandchild of the agent, which SIGUSR1 would kill); beside it, another group's agent
+    bundled trainer (`-m trainer`), one a program of your own (`/opt/own/train.py`) -- and a data loader
+    worker the first started (a grandchild of the agent, which SIGUSR1 would kill); beside it, another group's
+    agent
     and worker on the same machine. Only the group's workers may be signalled."""
     markers = {k: tmp_path / k for k in ("agent", "rank0", "rank1", "loader", "other_agent", "other")}
 
@@ -55,12 +57,22 @@ def pod_processes(tmp_path):
     rank0 = standin(["-m", "trainer", "--config", "c.toml"], "rank0", [loader])
     rank1 = standin(["/opt/own/train.py", "--lr", "3e-4"], "rank1")
     trees = {
-        GROUP: standin(["-m", "trainer.launch", "--nproc-per-node", "2", "/opt/own/train.py"], "agent", [rank0, rank1]),
-        "another-group-r0": standin(["-m", "trainer.launch", "-m", "trainer"], "other_agent",
-                                    [standin(["-m", "trainer", "--config", "c.toml"], "other")]),
-    }  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-c", STANDIN, *top["argv"], json.dumps(top["children"]), top["marker"]],
-                              env={**os.environ, "DTRAIN_GROUP_NAME": group, "STANDIN": STANDIN}) for group, top in trees.items()]  # fmt: skip
+        GROUP: standin(
+            ["-m", "trainer.launch", "--nproc-per-node", "2", "/opt/own/train.py"], "agent", [rank0, rank1]
+        ),
+        "another-group-r0": standin(
+            ["-m", "trainer.launch", "-m", "trainer"],
+            "other_agent",
+            [standin(["-m", "trainer", "--config", "c.toml"], "other")],
+        ),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", STANDIN, *top["argv"], json.dumps(top["children"]), top["marker"]],
+            env={**os.environ, "DTRAIN_GROUP_NAME": group, "STANDIN": STANDIN},
+        )
+        for group, top in trees.items()
+    ]
     try:
         deadline = time.monotonic() + 30
         while not all(m.exists() for m in markers.values()):
@@ -136,6 +148,34 @@ while not (pathlib.Path(sys.argv[1]) / "done").exists():
 """
 
 
+def _play_kubelet(fake, pod: str, annotations: Path, stop) -> None:
+    """Copy the pod's annotations into ``annotations`` every 0.2 s, as the downward-API volume does."""
+    import threading
+
+    def kubelet():
+        while not stop.wait(0.2):
+            values = (fake.get("pods", pod) or {}).get("metadata", {}).get("annotations") or {}
+            tmp = annotations.with_suffix(".tmp")
+            tmp.write_text("\n".join(f"{k}={json.dumps(v)}" for k, v in sorted(values.items())))
+            os.replace(tmp, annotations)
+
+    threading.Thread(target=kubelet, daemon=True).start()
+
+
+def _start_agent(tmp_path: Path, requests_file_env: str, annotations: Path) -> subprocess.Popen:
+    """trainer.launch with two WORKER processes, following ``annotations`` for checkpoint-now."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    argv = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2",
+            str(tmp_path / "worker.py"), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, requests_file_env: str(annotations), "PYTHONPATH": str(Path(__file__).parents[2])}
+    return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _worker_counts(tmp_path: Path) -> list[str | None]:
+    """The SIGUSR1s each WORKER rank has counted (None: not started)."""
+    return [(tmp_path / f"rank{r}").read_text() if (tmp_path / f"rank{r}").exists() else None for r in (0, 1)]
+
+
 def test_checkpoint_now_by_annotation_reaches_a_real_agents_workers_without_exec(fake, tmp_path):
     """The launcher patches the pod; the kubelet (here: a thread copying the pod's annotations into the
     file, as the downward-API volume does) refreshes the file; trainer.launch signals its two workers."""
@@ -159,24 +199,9 @@ def test_checkpoint_now_by_annotation_reaches_a_real_agents_workers_without_exec
     pod = fake.pod(GROUP, 0)["metadata"]["name"]
     annotations = tmp_path / "annotations"
     stop = threading.Event()
-
-    def kubelet():
-        while not stop.wait(0.2):
-            values = (fake.get("pods", pod) or {}).get("metadata", {}).get("annotations") or {}
-            tmp = annotations.with_suffix(".tmp")
-            tmp.write_text("\n".join(f"{k}={json.dumps(v)}" for k, v in sorted(values.items())))
-            os.replace(tmp, annotations)
-
-    threading.Thread(target=kubelet, daemon=True).start()
-    (tmp_path / "worker.py").write_text(WORKER)
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", str(tmp_path / "worker.py"),
-         str(tmp_path)],
-        env={**os.environ, REQUESTS_FILE_ENV: str(annotations), "PYTHONPATH": str(Path(__file__).parents[2])},
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    counts = lambda: [(tmp_path / f"rank{r}").read_text() if (tmp_path / f"rank{r}").exists() else None  # noqa: E731
-                      for r in (0, 1)]  # fmt: skip
+    _play_kubelet(fake, pod, annotations, stop)
+    agent = _start_agent(tmp_path, REQUESTS_FILE_ENV, annotations)
+    counts = lambda: _worker_counts(tmp_path)  # noqa: E731
     try:
         deadline = time.monotonic() + 60
         while counts() != ["0", "0"]:

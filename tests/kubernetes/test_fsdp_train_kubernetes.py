@@ -142,8 +142,8 @@ def test_a_disrupted_pod_relaunches_the_group_from_the_checkpoint_and_it_finishe
     second = relaunched.value.trigger.name
     assert second.endswith("-r1") and second[:-3] == first[:-3]
 
-    # the preempted group is ended by its Job's deadline (no pod left, the Job finished: not suspended, which no
-    # TTL deletes and Kueue would requeue); the new one resumes from the same checkpoint
+    # the preempted group is ended by its Job's deadline (no pod left, the Job finished: not suspended, which
+    # no TTL deletes and Kueue would requeue); the new one resumes from the same checkpoint
     ended = fake.get("jobs", first)
     assert ended["spec"]["activeDeadlineSeconds"] == 1 and not ended["spec"].get("suspend"), ended["spec"]
     assert [c["reason"] for c in ended["status"]["conditions"] if c["type"] == "Failed"] == [
@@ -283,7 +283,8 @@ def test_pod_logs_reach_the_task_log_while_the_group_runs(fake, tmp_path, capfd)
 
 
 def test_the_task_instance_and_job_reach_the_pods_as_statsd_tags(fake, tmp_path):
-    """What tells this run's metrics from every other's: in the trainer's config (ConfigMap) and the pods' env."""
+    """What tells this run's metrics from every other's: in the trainer's config (ConfigMap) and the pods'
+    env."""
     from trainer.statsd import parse_tags
 
     run_id = "manual__2026-05-01T09:30:00+00:00"

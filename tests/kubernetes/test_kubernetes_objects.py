@@ -322,11 +322,19 @@ def test_a_program_of_your_own_runs_under_every_pods_agent_with_the_jobs_contrac
     assert (
         env["DTRAIN_STATSD_PORT"] == "8125"
     )  # beside DTRAIN_STATSD_HOST (the node's IP): yours to report to
-    assert {k: env[k] for k in env if k.startswith("DTRAIN_") and k not in ("DTRAIN_NODE_RANK", "DTRAIN_STATSD_HOST",
-                                                                                "DTRAIN_STATSD_PORT", "DTRAIN_DATA_DIR")} == {
-        "DTRAIN_GROUP_NAME": "own-llm-train-0123456789-r1", "DTRAIN_CHECKPOINT_URI": "s3://ml-checkpoints/own",
-        "DTRAIN_JOB": "own-llm", "DTRAIN_STEPS": "500", "DTRAIN_CHECKPOINT_EVERY": "50", "DTRAIN_GRACE_PERIOD_S": "240",
+    assert {
+        k: env[k]
+        for k in env
+        if k.startswith("DTRAIN_")
+        and k not in ("DTRAIN_NODE_RANK", "DTRAIN_STATSD_HOST", "DTRAIN_STATSD_PORT", "DTRAIN_DATA_DIR")
+    } == {
+        "DTRAIN_GROUP_NAME": "own-llm-train-0123456789-r1",
+        "DTRAIN_CHECKPOINT_URI": "s3://ml-checkpoints/own",
+        "DTRAIN_JOB": "own-llm",
+        "DTRAIN_STEPS": "500",
+        "DTRAIN_CHECKPOINT_EVERY": "50",
+        "DTRAIN_GRACE_PERIOD_S": "240",
         "DTRAIN_SIMULATE_PREEMPTION_AT_STEP": "100",
         "DTRAIN_REQUESTS_FILE": "/etc/dtrain/podinfo/annotations",  # checkpoint-now, for the node agent
-    }  # fmt: skip
+    }
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "240"

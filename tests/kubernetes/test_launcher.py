@@ -82,10 +82,19 @@ def test_a_launch_fails_naming_an_earlier_group_of_the_task_that_is_still_runnin
     launch_debug_group("writer-r0", tmp_path)
     fake.run("writer-r0")  # its pods run on: e.g. the task's worker died and Airflow retries it
     spec = JobSpec.from_arguments(
-        flavor="debug", steps=10, global_batch_size=2, micro_batch_size=1, num_nodes=2, procs_per_node=1,
-        backend="kubernetes", checkpoint_uri=str(tmp_path / "writer"),
-        kubernetes={"image": "ghcr.io/acme/dtrain:test", "volumes": [{"claim": "ckpt", "mount_path": str(tmp_path)}]},
-    )  # fmt: skip
+        flavor="debug",
+        steps=10,
+        global_batch_size=2,
+        micro_batch_size=1,
+        num_nodes=2,
+        procs_per_node=1,
+        backend="kubernetes",
+        checkpoint_uri=str(tmp_path / "writer"),
+        kubernetes={
+            "image": "ghcr.io/acme/dtrain:test",
+            "volumes": [{"claim": "ckpt", "mount_path": str(tmp_path)}],
+        },
+    )
 
     started = time.monotonic()
     with pytest.raises(

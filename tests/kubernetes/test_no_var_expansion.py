@@ -1,12 +1,12 @@
 """No string a run supplies is ever expanded by the kubelet.
 
 The kubelet expands ``$(VAR)`` in a container's ``command``, ``args`` and ``env[].value`` from the container's
-env, a ``secretKeyRef`` one such as ``HF_TOKEN`` included: a trigger's ``checkpoint_uri`` of ``/ckpt/$(HF_TOKEN)``
-would hand the secret to the evaluation job's arguments, and from there to its logs, XComs and object keys.
-Every string field of ``train_llama``'s trigger form is set to such a value; where the form (or the train task,
-before any API call) refuses it, fine; otherwise both pod groups of a run are launched on the fake API server,
-and every container string of every object it received is expanded as the kubelet would: nothing may be
-substituted, and the value must reach the pods as written.
+env, a ``secretKeyRef`` one such as ``HF_TOKEN`` included: a trigger's ``checkpoint_uri`` of
+``/ckpt/$(HF_TOKEN)`` would hand the secret to the evaluation job's arguments, and from there to its logs,
+XComs and object keys. Every string field of ``train_llama``'s trigger form is set to such a value; where the
+form (or the train task, before any API call) refuses it, fine; otherwise both pod groups of a run are
+launched on the fake API server, and every container string of every object it received is expanded as the
+kubelet would: nothing may be substituted, and the value must reach the pods as written.
 """
 
 from __future__ import annotations
@@ -39,15 +39,17 @@ PROVIDER_REFERENCES = {
     "metrics.statsd_host=$(DTRAIN_STATSD_HOST)",
     "metrics.statsd_port=$(DTRAIN_STATSD_PORT)",
 }
-"""The provider's own references to the container's env (the bundled trainer's statsd flags): expanded on purpose."""
+"""The provider's own references to the container's env (the bundled trainer's statsd flags): expanded on
+purpose."""
 VARIANTS = ("$(HF_TOKEN)", "a$(HF_TOKEN)b", "$$(HF_TOKEN)", "$$$(HF_TOKEN)", "$(HF_TOKEN")
 ALL_VARIANTS = "_".join(VARIANTS)  # the unclosed one last: a later ")" would close it
 WRITES = ("POST", "PUT", "PATCH")
 REACHING_THE_PODS = {"checkpoint_uri", "registry_uri", "init_from", "dataset", "kubernetes.image"}
-"""Fields that reach the pods (args, env, image, ConfigMap) with a value the form accepts: the test launches them."""
+"""Fields that reach the pods (args, env, image, ConfigMap) with a value the form accepts: the test launches
+them."""
 
 
-# -- the kubelet's expansion ------------------------------------------------------------------------------------
+# -- the kubelet's expansion ---------------------------------------------------------------------------------
 
 
 def kubelet_expand(value: str, lookup: Callable[[str], str | None]) -> str:
@@ -84,8 +86,8 @@ def _value_from(source: dict[str, Any]) -> str:
 
 
 def expanded_strings(container: dict[str, Any]) -> Iterator[tuple[str, str, str, set[str]]]:
-    """``(where, raw, as the program receives it, variables substituted)`` for each env value (expanded with the
-    variables before it, as the kubelet does), then each command and args entry (with the whole env)."""
+    """``(where, raw, as the program receives it, variables substituted)`` for each env value (expanded with
+    the variables before it, as the kubelet does), then each command and args entry (with the whole env)."""
     env = dict(SERVICE_ENV)
 
     def expand(raw: str, known: dict[str, str]) -> tuple[str, set[str]]:
@@ -125,8 +127,8 @@ def _containers(obj: Any) -> Iterator[dict[str, Any]]:
 
 
 def expansion_problems(objects: list[Any], value: str) -> list[str]:
-    """What the kubelet would substitute in the containers of ``objects`` beyond the provider's own references,
-    and where ``value`` would not reach a program, an image or a ConfigMap as written."""
+    """What the kubelet would substitute in the containers of ``objects`` beyond the provider's own
+    references, and where ``value`` would not reach a program, an image or a ConfigMap as written."""
     problems, received = [], []
     for obj in objects:
         for container in _containers(obj):
@@ -158,13 +160,13 @@ def test_the_expansion_is_the_kubelets():
         assert kubelet_expand(raw.replace("$", "$$"), env.get) == raw, "doubling every $ yields the literal"
 
 
-# -- train_llama, launched as a run would launch it ---------------------------------------------------------------
+# -- train_llama, launched as a run would launch it ----------------------------------------------------------
 
 
 @pytest.fixture
 def deployed(monkeypatch, tmp_path):
-    """train_llama with its pods as a platform deploys them: HF_TOKEN from a Secret, statsd (the provider's own
-    $(VAR) references), checkpoints on a PVC mounted at tmp_path, which the storage roots hold."""
+    """train_llama with its pods as a platform deploys them: HF_TOKEN from a Secret, statsd (the provider's
+    own $(VAR) references), checkpoints on a PVC mounted at tmp_path, which the storage roots hold."""
     monkeypatch.setenv("AIRFLOW__DTRAIN__STORAGE_ROOTS", str(tmp_path))
     monkeypatch.setenv("AIRFLOW__DTRAIN__KUBERNETES", json.dumps({
         "image": f"{REPOSITORY}:1.0", "allowed_images": [f"{REPOSITORY}:"],
@@ -225,8 +227,8 @@ def _form_accepts(dag, conf: dict[str, Any]) -> bool:
 
 
 def _launch_train_and_evaluate(dag, fake, params: dict[str, Any], run_id: str) -> None:
-    """The run's train_on_demand task up to its deferral (its group launched), then its evaluate task up to its
-    evaluation job (launched, then failed by the fake: nothing runs a trainer here)."""
+    """The run's train_on_demand task up to its deferral (its group launched), then its evaluate task up to
+    its evaluation job (launched, then failed by the fake: nothing runs a trainer here)."""
     train = copy.deepcopy(dag.get_task("train_on_demand"))
     ti = RunTI(params, "train_on_demand", run_id)
     train.render_template_fields({"params": params, "run_id": run_id, "ti": ti})
@@ -287,7 +289,8 @@ def test_no_trigger_string_is_expanded_by_the_kubelet(deployed, fake, tmp_path, 
                 refused.append(f"{field}={value!r}")
                 continue
             assert [p for _, p, _ in received if p.endswith("/jobs")] == [
-                "/apis/batch/v1/namespaces/default/jobs"] * 2, "the train and the evaluation group"  # fmt: skip
+                "/apis/batch/v1/namespaces/default/jobs"
+            ] * 2, "the train and the evaluation group"
             launched.append(field)
             found = expansion_problems([b for *_, b in received] + list(fake.objects.values()), value)
             problems += [f"{field}: {p}" for p in found]
@@ -295,7 +298,7 @@ def test_no_trigger_string_is_expanded_by_the_kubelet(deployed, fake, tmp_path, 
     assert REACHING_THE_PODS <= set(launched), f"launched only {launched}; refused {refused}"
 
 
-# -- what the provider and the DAG's author may still expand ------------------------------------------------------
+# -- what the provider and the DAG's author may still expand -------------------------------------------------
 
 
 def test_the_providers_own_references_and_the_authors_env_still_expand():

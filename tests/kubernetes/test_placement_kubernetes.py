@@ -55,14 +55,28 @@ class DecisionTI(RecordingTI):
 
 
 def _operator(tmp_path: Path, **overrides) -> FSDPTrainOperator:
-    return FSDPTrainOperator(**{
-        "task_id": "train_spot", "flavor": "debug", "steps": STEPS, "global_batch_size": 4, "micro_batch_size": 2,
-        "num_nodes": 2, "backend": "kubernetes", "checkpoint_uri": str(tmp_path / "ckpt"), "capacity": "spot",
-        "zone": ZONE_TEMPLATE, "instance_type": TYPE_TEMPLATE,
-        "kubernetes": {"image": "ghcr.io/acme/dtrain:test",
-                       "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}]},
-        "poll_interval": 0.05, "deferrable": False, **overrides,
-    })  # fmt: skip
+    return FSDPTrainOperator(
+        **{
+            "task_id": "train_spot",
+            "flavor": "debug",
+            "steps": STEPS,
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "num_nodes": 2,
+            "backend": "kubernetes",
+            "checkpoint_uri": str(tmp_path / "ckpt"),
+            "capacity": "spot",
+            "zone": ZONE_TEMPLATE,
+            "instance_type": TYPE_TEMPLATE,
+            "kubernetes": {
+                "image": "ghcr.io/acme/dtrain:test",
+                "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],
+            },
+            "poll_interval": 0.05,
+            "deferrable": False,
+            **overrides,
+        }
+    )
 
 
 def _rendered(op: FSDPTrainOperator, ti: RecordingTI, backend: str = "kubernetes") -> FSDPTrainOperator:
@@ -103,7 +117,8 @@ def test_the_chosen_zone_and_instance_type_are_required_node_affinity_on_every_p
         kubernetes_validate.validate(job, version, strict=True)
     for index in (0, 1):
         terms = _required_terms(fake.pod(name, index))
-        # ORed terms (a Karpenter node or an EKS node group node), each one the capacity AND the zone AND the type
+        # ORed terms (a Karpenter node or an EKS node group node), each one the capacity AND the zone AND the
+        # type
         assert terms == [
             {key: value, "topology.kubernetes.io/zone": ZONE, "node.kubernetes.io/instance-type": TYPE}
             for key, value in SPOT.items()
@@ -137,9 +152,20 @@ def test_the_summary_records_where_each_group_ran(fake, tmp_path):
     fake.run(second, nodes={0: "ip-10-0-2-1", 1: "ip-10-0-2-3"})
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
-    (ckpt / "progress.json").write_text(json.dumps({
-        "status": "completed", "step": STEPS, "steps": STEPS, "loss": 2.5, "tokens_seen": 1,
-        "latest_checkpoint": str(ckpt / f"step-{STEPS:08d}"), "steps_lost": 0, "wall_time_s": 1.0}))  # fmt: skip
+    (ckpt / "progress.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "step": STEPS,
+                "steps": STEPS,
+                "loss": 2.5,
+                "tokens_seen": 1,
+                "latest_checkpoint": str(ckpt / f"step-{STEPS:08d}"),
+                "steps_lost": 0,
+                "wall_time_s": 1.0,
+            }
+        )
+    )
     for index in (0, 1):
         fake.exit(second, index, 0)
     summary = task.result()
@@ -195,7 +221,8 @@ def test_on_the_local_backend_the_decision_is_not_a_placement(tmp_path):
     [
         ({"zone": "us east 1a"}, ["zone", "'us east 1a'"]),
         ({"instance_type": "p5.48xlarge/"}, ["instance_type", "'p5.48xlarge/'"]),
-        ({"zone": "us-east-1b", "kubernetes": {"image": "img", "node_selector": {"topology.kubernetes.io/zone": "us-west-2a"}}},
+        ({"zone": "us-east-1b",
+          "kubernetes": {"image": "img", "node_selector": {"topology.kubernetes.io/zone": "us-west-2a"}}},
          ["zone", "'us-east-1b'", "kubernetes.node_selector", "us-west-2a"]),
     ],
 )  # fmt: skip

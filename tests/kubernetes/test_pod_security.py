@@ -25,9 +25,23 @@ SIZES = ("cpu", "memory", "ephemeral-storage")
 
 def _render_cli(*args: str) -> list[dict[str, Any]]:
     out = subprocess.run(
-        [sys.executable, "-m", "airflow_dtrain", "render", "--backend", "kubernetes", "--image", "img:1", *args],
-        capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "airflow_dtrain",
+            "render",
+            "--backend",
+            "kubernetes",
+            "--image",
+            "img:1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=os.environ.copy(),
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -51,21 +65,49 @@ def _every_container(pod: dict[str, Any]):
 AUTHOR_CONFIGS = {
     "defaults": {},
     "gpus, spot, zone and instance type": dict(
-        num_nodes=2, procs_per_node=8, global_batch_size=32, resources={"gpus_per_node": 8}, capacity="spot",
-        zone="us-east-1a", instance_type="p5.48xlarge"),
+        num_nodes=2,
+        procs_per_node=8,
+        global_batch_size=32,
+        resources={"gpus_per_node": 8},
+        capacity="spot",
+        zone="us-east-1a",
+        instance_type="p5.48xlarge",
+    ),
     "everything an author sets": dict(
-        num_nodes=2, global_batch_size=4, budget_usd=100, price_per_node_hour=10,
-        kubernetes={"kueue_queue": "gpu", "priority_class": "training", "topology_spread": "kubernetes.io/hostname",
-                    "statsd_host": "node", "secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
-                    "volumes": [{"claim": "data", "mount_path": "/data", "read_only": True}],
-                    "image_pull_secrets": ["regcred"], "tolerations": [{"key": "team", "operator": "Exists"}]}),
-    "a pod template with a sidecar and an init container": dict(kubernetes={"pod_template": {
-        "metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
-        "spec": {"initContainers": [{"name": "warm-cache", "image": "busybox", "command": ["true"]}],
-                 "containers": [{"name": "trainer", "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]},
-                                {"name": "log-shipper", "image": "fluent-bit:3",
-                                 "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}}}]}}}),
-}  # fmt: skip
+        num_nodes=2,
+        global_batch_size=4,
+        budget_usd=100,
+        price_per_node_hour=10,
+        kubernetes={
+            "kueue_queue": "gpu",
+            "priority_class": "training",
+            "topology_spread": "kubernetes.io/hostname",
+            "statsd_host": "node",
+            "secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
+            "volumes": [{"claim": "data", "mount_path": "/data", "read_only": True}],
+            "image_pull_secrets": ["regcred"],
+            "tolerations": [{"key": "team", "operator": "Exists"}],
+        },
+    ),
+    "a pod template with a sidecar and an init container": dict(
+        kubernetes={
+            "pod_template": {
+                "metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+                "spec": {
+                    "initContainers": [{"name": "warm-cache", "image": "busybox", "command": ["true"]}],
+                    "containers": [
+                        {"name": "trainer", "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]},
+                        {
+                            "name": "log-shipper",
+                            "image": "fluent-bit:3",
+                            "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}},
+                        },
+                    ],
+                },
+            }
+        }
+    ),
+}
 
 
 def test_every_manifest_render_prints_for_the_defaults_passes_restricted_with_requests_and_limits():
@@ -183,19 +225,27 @@ VIOLATIONS = {
     "/proc unmasked": (_set(f"{C}.procMount", "Unmasked"), "/proc Mount Type"),
     "seccomp unconfined": (_set("securityContext.seccompProfile", {"type": "Unconfined"}), "Seccomp"),
     "seccomp unset everywhere": (
-        lambda pod: (_drop("securityContext.seccompProfile")(pod), _drop(f"{C}.seccompProfile")(pod)), "Seccomp"),
-    "unsafe sysctl": (_set("securityContext.sysctls", [{"name": "kernel.msgmax", "value": "65536"}]), "Sysctls"),
+        lambda pod: (_drop("securityContext.seccompProfile")(pod), _drop(f"{C}.seccompProfile")(pod)),
+        "Seccomp",
+    ),
+    "unsafe sysctl": (
+        _set("securityContext.sysctls", [{"name": "kernel.msgmax", "value": "65536"}]),
+        "Sysctls",
+    ),
     "nfs volume": (_append("volumes", {"name": "n", "nfs": {"server": "nfs", "path": "/"}}), "Volume Types"),
     "privilege escalation": (_set(f"{C}.allowPrivilegeEscalation", True), "Privilege Escalation"),
     "privilege escalation unset": (_drop(f"{C}.allowPrivilegeEscalation"), "Privilege Escalation"),
     "runAsNonRoot false": (_set(f"{C}.runAsNonRoot", False), "Running as Non-root"),
     "runAsNonRoot unset everywhere": (
         lambda pod: (_drop("securityContext.runAsNonRoot")(pod), _drop(f"{C}.runAsNonRoot")(pod)),
-        "Running as Non-root"),
+        "Running as Non-root",
+    ),
     "runAsUser 0": (_set(f"{C}.runAsUser", 0), "Running as Non-root user"),
     "an init container as the image left it": (
-        _append("initContainers", {"name": "init", "image": "busybox"}), "Privilege Escalation"),
-}  # fmt: skip
+        _append("initContainers", {"name": "init", "image": "busybox"}),
+        "Privilege Escalation",
+    ),
+}
 
 
 @pytest.mark.parametrize("name", VIOLATIONS, ids=list(VIOLATIONS))
@@ -217,7 +267,8 @@ def test_the_checker_reads_apparmor_annotations_and_tells_baseline_from_restrict
         baseline(job)
         == restricted(job)
         == [
-            "AppArmor: metadata.annotations['container.apparmor.security.beta.kubernetes.io/trainer']: 'unconfined'"
+            "AppArmor: metadata.annotations['container.apparmor.security.beta.kubernetes.io/trainer']: "
+            "'unconfined'"
         ]
     )
     job = _job(_spec())

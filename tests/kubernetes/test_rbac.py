@@ -15,8 +15,15 @@ _VERB = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"
 
 def _granted(kind: str = "Role") -> set[tuple[str, str, str]]:
     docs = list(yaml.safe_load_all((REPO / "docker" / "rbac.yaml").read_text()))
-    return {(group, resource, verb) for role in docs if role and role["kind"] == kind for rule in role["rules"]
-            for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+    return {
+        (group, resource, verb)
+        for role in docs
+        if role and role["kind"] == kind
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def _needed(requests: list[tuple[str, str]]) -> set[tuple[str, str, str]]:

@@ -58,12 +58,26 @@ def test_debug_flavour_trains_on_cpu_pods_and_the_logs_come_back(namespace):
     from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 
     spec = JobSpec.from_arguments(
-        flavor="debug", steps=10, seq_len=64, global_batch_size=4, micro_batch_size=2, log_every=2,
-        num_nodes=2, procs_per_node=1, backend="kubernetes", checkpoint_uri="/mnt/ckpt/run",
+        flavor="debug",
+        steps=10,
+        seq_len=64,
+        global_batch_size=4,
+        micro_batch_size=2,
+        log_every=2,
+        num_nodes=2,
+        procs_per_node=1,
+        backend="kubernetes",
+        checkpoint_uri="/mnt/ckpt/run",
         resources={"cpu": "500m", "memory": "2Gi"},
-        kubernetes={"image": IMAGE, "namespace": namespace, "image_pull_policy": "IfNotPresent", "shm_size": "256Mi",
-                    "volumes": [{"claim": "checkpoints", "mount_path": "/mnt/ckpt"}], "pending_timeout_s": 300},
-    )  # fmt: skip
+        kubernetes={
+            "image": IMAGE,
+            "namespace": namespace,
+            "image_pull_policy": "IfNotPresent",
+            "shm_size": "256Mi",
+            "volumes": [{"claim": "checkpoints", "mount_path": "/mnt/ckpt"}],
+            "pending_timeout_s": 300,
+        },
+    )
     launcher = KubernetesLauncher(namespace=namespace)
     name = "real-cluster-r0"
     launcher.launch(name, spec)

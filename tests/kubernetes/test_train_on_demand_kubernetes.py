@@ -41,10 +41,17 @@ class BudgetTI(RecordingTI):
 def _train_on_demand(tmp_path: Path, ti: RecordingTI, monkeypatch) -> FSDPTrainOperator:
     """dags/train_llama.py's train_on_demand, its templates rendered for backend=kubernetes; its pods as
     whoever deploys the DAG sets them ([dtrain] kubernetes)."""
-    monkeypatch.setenv("AIRFLOW__DTRAIN__KUBERNETES", json.dumps({
-        "image": "ghcr.io/acme/dtrain:test",
-        "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],  # the worker mounts it too (tmp dir)
-    }))  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW__DTRAIN__KUBERNETES",
+        json.dumps(
+            {
+                "image": "ghcr.io/acme/dtrain:test",
+                "volumes": [
+                    {"claim": "checkpoints", "mount_path": str(tmp_path)}
+                ],  # the worker mounts it too (tmp dir)
+            }
+        ),
+    )
     loader = importlib.util.spec_from_file_location(
         "train_llama_under_test", REPO / "dags" / "train_llama.py"
     )
@@ -91,8 +98,16 @@ def _node_selection(pod: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tupl
 
 def _finish(fake, name: str, ckpt: Path, nodes: int, steps: int) -> None:
     """The trainer's last progress.json, then every pod exits 0."""
-    progress = {"status": "completed", "step": steps, "steps": steps, "loss": 2.5, "tokens_seen": steps * 1024,
-                "latest_checkpoint": str(ckpt / f"step-{steps:08d}"), "steps_lost": 0, "wall_time_s": 1.0}  # fmt: skip
+    progress = {
+        "status": "completed",
+        "step": steps,
+        "steps": steps,
+        "loss": 2.5,
+        "tokens_seen": steps * 1024,
+        "latest_checkpoint": str(ckpt / f"step-{steps:08d}"),
+        "steps_lost": 0,
+        "wall_time_s": 1.0,
+    }
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / "progress.json").write_text(json.dumps(progress))
     for index in range(nodes):

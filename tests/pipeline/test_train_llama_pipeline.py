@@ -25,20 +25,15 @@ def _states(run) -> dict[str, str]:
 
 
 STATUS = re.compile(
-    r"^(\S+Z) .*status: step (\d+)/60 · (?:[\d.]+ s/step · [\d.]+k? tok/s · ETA \w+|s/step – · tok/s – · ETA –) · "
+    r"^(\S+Z) .*status: step (\d+)/60 · "
+    r"(?:[\d.]+ s/step · [\d.]+k? tok/s · ETA \w+|s/step – · tok/s – · ETA –) · "
     r"\$[\d.]+ of \$5\.00 · (?:last ckpt step \d+ \(\w+ ago\)|no checkpoint yet)"
 )
 
 
-def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
-    dags, tmp_path, monkeypatch, capfd
-):
-    listener = StatsdListener()
-    monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_HOST", "127.0.0.1")
-    monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_PORT", str(listener.port))
-    orchestration.reset()
-    ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
-    # the job's best model on another evaluation set (other data): a lower loss measured here must not replace it
+def _a_best_model_on_another_evaluation_set(registry: Path) -> tuple[Path, str]:
+    """The job's best model on another evaluation set (other data): a lower loss measured here must not
+    replace it. Returns the set's directory and its best.json text."""
     other_set = registry / "train-llama" / "eval-0123456789ab"
     other_set.mkdir(parents=True)
     (registry / "train-llama" / "owner.json").write_text(
@@ -46,35 +41,23 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
     )
     other_best = json.dumps({"loss": 5.0, "step": 1000, "export": str(other_set / "run" / "step-00001000")})
     (other_set / "best.json").write_text(other_best)
-    try:
-        # the defaults, but our own directories (the default ones are shared by the session)
-        run = dags["train_llama"].test(run_conf={"checkpoint_uri": str(ckpt), "registry_uri": str(registry)})
-    finally:
-        listener.close()
-        orchestration.reset()
+    return other_set, other_best
 
-    states = _states(run)
-    assert run.state == DagRunState.SUCCESS, states
-    assert states["train_spot"] == TaskInstanceState.SUCCESS
 
+def _assert_status_lines(out: str) -> None:
+    """The task log's one-line status: at least two, every field, no more than 30 s apart."""
     # The task log says where the job stands in one line, with every field, at least every 30 s.
-    out = capfd.readouterr().out
     status = [m for m in map(STATUS.match, out.splitlines()) if m]
     assert len(status) >= 2, [line for line in out.splitlines() if "status:" in line]
     times = [datetime.fromisoformat(m.group(1).replace("Z", "+00:00")) for m in status]
     assert max((b - a).total_seconds() for a, b in zip(times, times[1:])) <= 30
     assert any(" s/step · " in m.group(0) and "last ckpt step" in m.group(0) for m in status)
-    assert states["train_on_demand"] == TaskInstanceState.SKIPPED
-    assert states["wait"] == states["stop"] == TaskInstanceState.SKIPPED
-    assert states["spot_watch"] == TaskInstanceState.SKIPPED  # local backend: no instances to watch
-    assert states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS
 
-    summary = json.loads((ckpt / "summary.json").read_text())
-    assert summary["final_step"] == 60
-    assert summary["preemptions"] == 1 and summary["steps_lost"] == 0
-    assert summary["dollars"] > 0, "the local price is charged to the ledger"
 
-    # the job's entry on this run's evaluation set; the other set's best is untouched though its loss is higher
+def _assert_the_promoted_model_and_its_reports(ckpt: Path, registry: Path, other_set: Path, other_best: str):
+    """The registry's best for this evaluation set, the reports and the curves; returns the best entry."""
+    # the job's entry on this run's evaluation set; the other set's best is untouched though its loss is
+    # higher
     (best_file,) = [p for p in registry.glob("*/eval-*/best.json") if p.parent != other_set]
     best = json.loads(best_file.read_text())
     assert best["step"] == 60 and best["loss"] < 3.0
@@ -91,17 +74,17 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
     assert train_steps == list(range(1, 61)), train_steps
     assert [point[0] for point in evaluation["eval_curve"]][-1] == 60
     assert (Path(best["checkpoint"]) / "BEST").is_file()
+    return best
 
-    # the promoted checkpoint loads, as a user would load it
-    transformers = pytest.importorskip("transformers")
-    model = transformers.LlamaForCausalLM.from_pretrained(best["export"])
-    assert sum(p.numel() for p in model.parameters()) > 1_000_000
 
+def _assert_the_metrics(listener, run) -> None:
+    """Every gauge the run should send arrived, and every line carries the run's tags."""
     seen = listener.names()
     # (train.mfu and the gpu.* gauges need a GPU with a known peak: absent on this CPU run)
-    for name in ("train.loss", "train.tokens_per_s", "train.grad_norm", "checkpoint.seconds", "cost.dollars",
-                 "cost.budget_dollars", "spot.price_dollars_per_hour", "budget.decision.spot", "group.launches",
-                 "group.preemptions", "group.recovery_seconds", "eval.loss", "checkpoint.promotions"):  # fmt: skip
+    for name in ("train.loss", "train.tokens_per_s", "train.grad_norm", "checkpoint.seconds",
+                 "cost.dollars", "cost.budget_dollars", "spot.price_dollars_per_hour", "budget.decision.spot",
+                 "group.launches", "group.preemptions", "group.recovery_seconds", "eval.loss",
+                 "checkpoint.promotions"):  # fmt: skip
         assert f"dtrain.{name}" in seen, f"dtrain.{name} never arrived; got {sorted(seen)}"
     # every line, the trainer's and every task's, says which run and job it belongs to
     for line in listener.lines:
@@ -109,6 +92,44 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
         assert (tags["dag_id"], tags["run_id"], tags["job"]) == ("train_llama", run.run_id, "train-llama"), (
             line
         )
+
+
+def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
+    dags, tmp_path, monkeypatch, capfd
+):
+    listener = StatsdListener()
+    monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_HOST", "127.0.0.1")
+    monkeypatch.setenv("AIRFLOW__DTRAIN__STATSD_PORT", str(listener.port))
+    orchestration.reset()
+    ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
+    other_set, other_best = _a_best_model_on_another_evaluation_set(registry)
+    try:
+        # the defaults, but our own directories (the default ones are shared by the session)
+        run = dags["train_llama"].test(run_conf={"checkpoint_uri": str(ckpt), "registry_uri": str(registry)})
+    finally:
+        listener.close()
+        orchestration.reset()
+
+    states = _states(run)
+    assert run.state == DagRunState.SUCCESS, states
+    assert states["train_spot"] == TaskInstanceState.SUCCESS
+    _assert_status_lines(capfd.readouterr().out)
+    assert states["train_on_demand"] == TaskInstanceState.SKIPPED
+    assert states["wait"] == states["stop"] == TaskInstanceState.SKIPPED
+    assert states["spot_watch"] == TaskInstanceState.SKIPPED  # local backend: no instances to watch
+    assert states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS
+
+    summary = json.loads((ckpt / "summary.json").read_text())
+    assert summary["final_step"] == 60
+    assert summary["preemptions"] == 1 and summary["steps_lost"] == 0
+    assert summary["dollars"] > 0, "the local price is charged to the ledger"
+    best = _assert_the_promoted_model_and_its_reports(ckpt, registry, other_set, other_best)
+
+    # the promoted checkpoint loads, as a user would load it
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlamaForCausalLM.from_pretrained(best["export"])
+    assert sum(p.numel() for p in model.parameters()) > 1_000_000
+    _assert_the_metrics(listener, run)
 
 
 def test_budget_too_small_ends_in_the_stop_branch_without_training(dags, tmp_path):

@@ -21,25 +21,11 @@ def _gauges(sock) -> list[str]:
     return out
 
 
-def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validation(s3, data_dir, tmp_path):
-    import fsspec
-
+def _preempted_first_attempt(uri: str, common: list[str], data_dir: str):
+    """Attempt 1 on spot capacity, preempted at step 3: its checkpoints, progress and spot ledger."""
     from airflow_dtrain.operators.fsdp_train import read_progress
     from airflow_dtrain.spot.ledger import read_ledger
-    from trainer.validate import validate_checkpoint
 
-    uri = f"s3://{BUCKET}/runs/r1"
-    common = [
-        *FAST,
-        "--steps",
-        "6",
-        "--checkpoint-uri",
-        uri,
-        "--checkpoint-every",
-        "2",
-        "--set",
-        "checkpoint.keep=2",
-    ]
     first = run_trainer(
         [
             *common,
@@ -69,6 +55,12 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
         spot.by_capacity["spot"]["node_hours"] * 8, rel=1e-3
     )
     assert spot.step_time_s and spot.step_time_s > 0
+    return spot
+
+
+def _resumed_second_attempt(uri: str, common: list[str], data_dir: str):
+    """Attempt 2 on on-demand capacity resumes from step 3 and completes; returns its statsd socket."""
+    from airflow_dtrain.operators.fsdp_train import read_progress
 
     statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     statsd.bind(("127.0.0.1", 0))
@@ -95,9 +87,12 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
         2,
         0,
     )
+    return statsd
 
+
+def _assert_retention_and_leases(fs, uri: str) -> None:
+    """What the two attempts left on S3, and whose lease committed what."""
     # Retention on S3: the last 2; nothing half-written left behind.
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{BUCKET}/runs/r1", detail=False))
     assert names == ["lease", "progress.json", "spend", "step-00000004", "step-00000006"]
     # Each attempt took a writer lease of its own (a conditional PUT); the second one committed the last two.
@@ -106,6 +101,11 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     root = CheckpointDir(uri)
     assert root.leases() == [1, 2]
     assert [root.manifest(s)["lease"] for s in (4, 6)] == [2, 2]
+
+
+def _assert_ledger_and_live_spend(uri: str, spot, statsd):
+    """The ledger across both attempts, and the live spend gauges; returns the final ledger."""
+    from airflow_dtrain.spot.ledger import read_ledger
 
     # The ledger carried the spot spend over and added the on-demand attempt.
     ledger = read_ledger(uri)
@@ -125,14 +125,11 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     assert (
         dollars[-1] == pytest.approx(ledger.total_dollars, rel=0.05) and dollars[-1] <= ledger.total_dollars
     )
+    return ledger
 
-    report = validate_checkpoint(uri)
-    assert (report["checkpoint"], report["step"], report["checks"]["step_forward"]) == (
-        f"{uri}/step-00000006",
-        6,
-        {"previous_step": 4},
-    )
 
+def _assert_same_weights_as_a_local_run(fs, data_dir: str, tmp_path):
+    """Returns the S3 checkpoint's tensors."""
     # The stop and the round trip through S3 change nothing: same weights as one uninterrupted local run.
     local = tmp_path / "local"
     reference = run_trainer([*FAST, "--steps", "6", "--checkpoint-uri", str(local)], data_dir)
@@ -144,7 +141,12 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     assert len(weights) > 30
     for k in weights:
         assert torch.equal(ours[k], theirs[k]), k
+    return ours
 
+
+def _evaluate_export_and_reuse(fs, uri: str, data_dir: str, tmp_path, ours) -> None:
+    """trainer.evaluate on the S3 checkpoint: results, report and an export to an S3 registry; run again,
+    it reuses the earlier results."""
     # Held-out evaluation reads the checkpoint from S3 and writes its results and report there.
     import json
     import subprocess
@@ -158,8 +160,10 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     transformers = pytest.importorskip("transformers")
     evaluate = [sys.executable, "-m", "trainer.evaluate", "--checkpoint-uri", uri, "--batches", "2", "--all",
                 "--out", f"{uri}/evals/latest.json", "--report", f"{uri}/report.png"]  # fmt: skip
-    out = subprocess.run([*evaluate, "--export-to", f"s3://{BUCKET}/registry/r1"], cwd=REPO,
-                         env=trainer_env(data_dir), capture_output=True, text=True, timeout=240)  # fmt: skip
+    export = [*evaluate, "--export-to", f"s3://{BUCKET}/registry/r1"]
+    out = subprocess.run(
+        export, cwd=REPO, env=trainer_env(data_dir), capture_output=True, text=True, timeout=240
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     fs.invalidate_cache()  # this s3fs instance listed the prefix before the files existed
     with fs.open(f"{BUCKET}/runs/r1/evals/latest.json") as f:
@@ -189,3 +193,35 @@ def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validati
     fs.invalidate_cache()
     with fs.open(f"{BUCKET}/runs/r1/evals/latest.json") as f:
         assert json.load(f)["eval_curve"] == result["eval_curve"]
+
+
+def test_s3_round_trip_preempt_resume_complete_with_ledger_progress_and_validation(s3, data_dir, tmp_path):
+    import fsspec
+
+    from trainer.validate import validate_checkpoint
+
+    uri = f"s3://{BUCKET}/runs/r1"
+    common = [
+        *FAST,
+        "--steps",
+        "6",
+        "--checkpoint-uri",
+        uri,
+        "--checkpoint-every",
+        "2",
+        "--set",
+        "checkpoint.keep=2",
+    ]
+    spot = _preempted_first_attempt(uri, common, data_dir)
+    statsd = _resumed_second_attempt(uri, common, data_dir)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    _assert_retention_and_leases(fs, uri)
+    _assert_ledger_and_live_spend(uri, spot, statsd)
+    report = validate_checkpoint(uri)
+    assert (report["checkpoint"], report["step"], report["checks"]["step_forward"]) == (
+        f"{uri}/step-00000006",
+        6,
+        {"previous_step": 4},
+    )
+    ours = _assert_same_weights_as_a_local_run(fs, data_dir, tmp_path)
+    _evaluate_export_and_reuse(fs, uri, data_dir, tmp_path, ours)

@@ -44,6 +44,95 @@ def _ui_required_and_empty(params: dict) -> list[str]:
     return blocking
 
 
+def _the_dag_before(api_server: Airflow) -> tuple[bool, dict]:
+    """The DAG is serialized and has no run yet: whether it is paused, and its params."""
+    dag = api_server.get(f"/api/v2/dags/{DAG_ID}")
+    assert dag is not None and dag.status_code == 200, (
+        f"{DAG_ID} is not in the database after `airflow dags reserialize`: {dag and dag.text}\n"
+        f"{api_server.diagnostics()}"
+    )
+    paused_before = dag.json()["is_paused"]
+    runs = api_server.get(f"/api/v2/dags/{DAG_ID}/dagRuns").json()
+    assert runs["total_entries"] == 0, runs
+    params = api_server.get(f"/api/v2/dags/{DAG_ID}/details").json()["params"]
+    return paused_before, params
+
+
+def _open_the_trigger_form(page, api_server: Airflow, params: dict):
+    """The DAG's page, then its Trigger form with a field for every param: the dialog and its sections."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{api_server.url}/dags/{DAG_ID}")
+    page.get_by_test_id("trigger-dag-button").first.click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
+
+    # Every param has its field in the form (each widget carries element_<name> as id or name).
+    form = dialog.get_by_test_id("config-form")
+    expect(form).to_be_visible()
+    for name in params:
+        field = f'[id="element_{name}"], [name="element_{name}"], [id$=":element_{name}"]'
+        expect(
+            form.locator(field).first,
+            f"param {name!r} has no field in the trigger form",
+        ).to_be_attached()
+    sections = form.locator('[data-part="item-trigger"]').all_inner_texts()
+    # The form checks its required fields once drawn: time for it to disable the button.
+    page.wait_for_timeout(FORM_SETTLE_MS)
+    return dialog, sections
+
+
+def _submit_with_the_defaults(page, dialog, params: dict, sections, paused_before: bool, screenshot: Path):
+    """Press Trigger with nothing typed (failing, with a screenshot, where the button stays disabled)."""
+    from playwright.sync_api import expect
+
+    if paused_before:
+        # A new DAG is paused; a manual run is created all the same. The form offers to unpause
+        # it (checked by default) -- left as the form has it.
+        expect(dialog.get_by_text(f"Unpause {DAG_ID} on trigger")).to_be_visible()
+
+    submit = dialog.get_by_test_id("trigger-dag-submit")
+    if not submit.is_enabled():
+        page.screenshot(path=str(screenshot), full_page=True)
+        pytest.fail(
+            f"The Trigger button of {DAG_ID}'s trigger form stays disabled with the form's defaults "
+            f"(nothing typed). Params the UI reads as required but whose default is empty: "
+            f"{_ui_required_and_empty(params) or 'none (something else blocks the form)'}; "
+            f"accordions of the form: {sections}. Screenshot: {screenshot}",
+            pytrace=False,
+        )
+    submit.click()
+
+
+def _the_run_queued_in_the_ui(page, api_server: Airflow) -> str:
+    """The run's page and the DAG's run list show the new run queued; its run id."""
+    from playwright.sync_api import expect
+
+    # The UI confirms, and goes to the new run's page, where the run is queued (no scheduler).
+    expect(page.get_by_text("Dag Run Triggered").first).to_be_visible()
+    page.wait_for_url(re.compile(rf"/dags/{DAG_ID}/runs/[^/]+$"))
+    run_id = unquote(page.url.rsplit("/runs/", 1)[1])
+    expect(page.get_by_role("heading", name=run_id, exact=True)).to_be_visible()
+    expect(page.get_by_test_id("state-badge").filter(has_text="Queued").first).to_be_visible()
+
+    # The DAG's list of runs shows it queued too.
+    page.goto(f"{api_server.url}/dags/{DAG_ID}/runs")
+    row = page.get_by_role("row").filter(has_text=run_id)
+    expect(row).to_have_count(1)
+    expect(row.get_by_test_id("table-cell-state")).to_have_text("Queued")
+    return run_id
+
+
+def _assert_one_queued_run(api_server: Airflow, run_id: str) -> None:
+    # Cross-checks outside the browser: the REST API and the CLI see the one run, queued.
+    runs = api_server.get(f"/api/v2/dags/{DAG_ID}/dagRuns").json()
+    assert [(r["dag_run_id"], r["state"], r["run_type"]) for r in runs["dag_runs"]] == [
+        (run_id, "queued", "manual")
+    ], runs
+    listed = json_output(api_server.cli("dags", "list-runs", DAG_ID, "-o", "json").stdout)
+    assert [(r["run_id"], r["state"]) for r in listed] == [(run_id, "queued")], listed
+
+
 @pytest.mark.timeout(600)
 def test_trigger_form_submits_train_llama_with_its_defaults(
     api_server: Airflow, browser, tmp_path: Path
@@ -54,68 +143,16 @@ def test_trigger_form_submits_train_llama_with_its_defaults(
     # machine is slow, not wrong (a run's row once took more than 5 s to appear with the other tests running)
     expect.set_options(timeout=UI_TIMEOUT_MS)
     started = time.monotonic()
-    dag = api_server.get(f"/api/v2/dags/{DAG_ID}")
-    assert dag is not None and dag.status_code == 200, (
-        f"{DAG_ID} is not in the database after `airflow dags reserialize`: {dag and dag.text}\n"
-        f"{api_server.diagnostics()}"
-    )
-    paused_before = dag.json()["is_paused"]
-    runs = api_server.get(f"/api/v2/dags/{DAG_ID}/dagRuns").json()
-    assert runs["total_entries"] == 0, runs
-    params = api_server.get(f"/api/v2/dags/{DAG_ID}/details").json()["params"]
+    paused_before, params = _the_dag_before(api_server)
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(UI_TIMEOUT_MS)
     page = context.new_page()
     screenshot = tmp_path / "trigger_form_failure.png"
     try:
-        page.goto(f"{api_server.url}/dags/{DAG_ID}")
-        page.get_by_test_id("trigger-dag-button").first.click()
-        dialog = page.get_by_role("dialog")
-        expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
-
-        # Every param has its field in the form (each widget carries element_<name> as id or name).
-        form = dialog.get_by_test_id("config-form")
-        expect(form).to_be_visible()
-        for name in params:
-            field = f'[id="element_{name}"], [name="element_{name}"], [id$=":element_{name}"]'
-            expect(
-                form.locator(field).first,
-                f"param {name!r} has no field in the trigger form",
-            ).to_be_attached()
-        sections = form.locator('[data-part="item-trigger"]').all_inner_texts()
-        # The form checks its required fields once drawn: time for it to disable the button.
-        page.wait_for_timeout(FORM_SETTLE_MS)
-
-        if paused_before:
-            # A new DAG is paused; a manual run is created all the same. The form offers to unpause
-            # it (checked by default) -- left as the form has it.
-            expect(dialog.get_by_text(f"Unpause {DAG_ID} on trigger")).to_be_visible()
-
-        submit = dialog.get_by_test_id("trigger-dag-submit")
-        if not submit.is_enabled():
-            page.screenshot(path=str(screenshot), full_page=True)
-            pytest.fail(
-                f"The Trigger button of {DAG_ID}'s trigger form stays disabled with the form's defaults "
-                f"(nothing typed). Params the UI reads as required but whose default is empty: "
-                f"{_ui_required_and_empty(params) or 'none (something else blocks the form)'}; "
-                f"accordions of the form: {sections}. Screenshot: {screenshot}",
-                pytrace=False,
-            )
-        submit.click()
-
-        # The UI confirms, and goes to the new run's page, where the run is queued (no scheduler).
-        expect(page.get_by_text("Dag Run Triggered").first).to_be_visible()
-        page.wait_for_url(re.compile(rf"/dags/{DAG_ID}/runs/[^/]+$"))
-        run_id = unquote(page.url.rsplit("/runs/", 1)[1])
-        expect(page.get_by_role("heading", name=run_id, exact=True)).to_be_visible()
-        expect(page.get_by_test_id("state-badge").filter(has_text="Queued").first).to_be_visible()
-
-        # The DAG's list of runs shows it queued too.
-        page.goto(f"{api_server.url}/dags/{DAG_ID}/runs")
-        row = page.get_by_role("row").filter(has_text=run_id)
-        expect(row).to_have_count(1)
-        expect(row.get_by_test_id("table-cell-state")).to_have_text("Queued")
+        dialog, sections = _open_the_trigger_form(page, api_server, params)
+        _submit_with_the_defaults(page, dialog, params, sections, paused_before, screenshot)
+        run_id = _the_run_queued_in_the_ui(page, api_server)
     except BaseException:
         if not screenshot.exists():
             try:
@@ -126,14 +163,7 @@ def test_trigger_form_submits_train_llama_with_its_defaults(
         raise
     finally:
         context.close()
-
-    # Cross-checks outside the browser: the REST API and the CLI see the one run, queued.
-    runs = api_server.get(f"/api/v2/dags/{DAG_ID}/dagRuns").json()
-    assert [(r["dag_run_id"], r["state"], r["run_type"]) for r in runs["dag_runs"]] == [
-        (run_id, "queued", "manual")
-    ], runs
-    listed = json_output(api_server.cli("dags", "list-runs", DAG_ID, "-o", "json").stdout)
-    assert [(r["run_id"], r["state"]) for r in listed] == [(run_id, "queued")], listed
+    _assert_one_queued_run(api_server, run_id)
     paused_after = api_server.get(f"/api/v2/dags/{DAG_ID}").json()["is_paused"]
 
     print(

@@ -1,0 +1,61 @@
+"""The names a pod group's objects share: labels, annotations, paths, and how a group's names derive.
+
+One home for the vocabulary the renderer (``objects``), the launcher and ``status`` all speak, so each of
+them imports it from here and none of them from another. Pure constants and string functions.
+"""
+
+from __future__ import annotations
+
+LABEL_GROUP = "airflow-dtrain/group"
+"""The group's name: selects its Job, Service, ConfigMap and pods."""
+LABEL_TASK = "airflow-dtrain/task"
+"""The group's name without the relaunch suffix: every group of one task instance."""
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "airflow-dtrain"
+ANNOTATION_PENDING_TIMEOUT = "airflow-dtrain/pending-timeout-s"
+ANNOTATION_OUTCOME = "airflow-dtrain/outcome"
+"""Set by the launcher when it ends a group itself (preempted node, no capacity)."""
+ANNOTATION_CHECKPOINT_DELIVERY = "airflow-dtrain/checkpoint-now"
+"""On the Job: how checkpoint-now reaches its pods, "annotation" (default) or "exec"."""
+# Kept equal to trainer/launch.py's names (which imports torch: not importable here); a test checks it.
+CHECKPOINT_NOW_ANNOTATION = "dtrain.io/checkpoint-now"
+REQUESTS_FILE_ENV = "DTRAIN_REQUESTS_FILE"
+PODINFO_DIR = "/etc/dtrain/podinfo"
+
+ANNOTATION_DEADLINE = "airflow-dtrain/deadline"
+"""How the Job's activeDeadlineSeconds was derived from the budget (JSON; see
+``launchers.base.budget_deadline``)."""
+ANNOTATION_PLACEMENT = "airflow-dtrain/placement"
+"""Where the group's pods ran: node, zone, instance type and capacity per node index (JSON, written by
+the launcher)."""
+ANNOTATION_EARLIER = "airflow-dtrain/earlier-groups"
+"""The outcomes of the task's earlier groups (JSON), so they are known after their Jobs' TTL deleted them."""
+
+CONTAINER = "trainer"
+CONFIG_DIR = "/etc/dtrain"
+CONFIG_FILE = "train_config.json"
+
+
+def task_name(group: str) -> str:
+    """``<base>-r3`` -> ``<base>``: what every relaunch of one task instance shares."""
+    stem, sep, suffix = group.rpartition("-r")
+    return stem if sep and suffix.isdigit() else group
+
+
+def group_labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "airflow-dtrain",
+        "app.kubernetes.io/component": "trainer",
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_GROUP: name,
+        LABEL_TASK: task_name(name),
+    }
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-config"
+
+
+def rendezvous_endpoint(name: str, port: int) -> str:
+    """Pod 0's stable DNS name: the Job names it ``<job>-0``, the headless Service adds ``.<service>``."""
+    return f"{name}-0.{name}:{port}"
