@@ -18,7 +18,9 @@ from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI
 from tests.kubernetes.conftest import Background
-from tests.spot.conftest import moto_server, spot_market  # noqa: F401 - fixtures: the zone's spot price history
+
+# fixtures: the zone's spot price history
+from tests.spot.conftest import moto_server, spot_market  # noqa: F401
 from trainer.checkpoint_dir import CheckpointDir
 
 BUDGET, PRICE, NODES, STEPS = 5.0, 3.6, 2, 20  # the group costs $7.20/h: the budget buys 2,500 s of it
@@ -37,8 +39,8 @@ def _operator(tmp_path: Path, **overrides) -> FSDPTrainOperator:
 
 
 def _expected_deadline(spent: float) -> float:
-    """What the test computes by hand: the money left over the group's $/s, less the grace for a final save and
-    the margin for the exit (so that what SIGKILL ends is ended within the budget)."""
+    """What the test computes by hand: the money left over the group's $/s, less the grace for a final save
+    and the margin for the exit (so that what SIGKILL ends is ended within the budget)."""
     return (BUDGET - spent) / (PRICE * NODES) * 3600 - GRACE - MARGIN
 
 
@@ -56,9 +58,20 @@ def _wait(predicate, what: str, task: Background | None = None, timeout: float =
 
 def _finish(fake, name: str, ckpt: Path) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
-    (ckpt / "progress.json").write_text(json.dumps({
-        "status": "completed", "step": STEPS, "steps": STEPS, "loss": 2.5, "tokens_seen": STEPS * 512,
-        "latest_checkpoint": str(ckpt / f"step-{STEPS:08d}"), "steps_lost": 0, "wall_time_s": 1.0}))  # fmt: skip
+    (ckpt / "progress.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "step": STEPS,
+                "steps": STEPS,
+                "loss": 2.5,
+                "tokens_seen": STEPS * 512,
+                "latest_checkpoint": str(ckpt / f"step-{STEPS:08d}"),
+                "steps_lost": 0,
+                "wall_time_s": 1.0,
+            }
+        )
+    )
     for index in range(NODES):
         fake.exit(name, index, 0)
 
@@ -73,7 +86,8 @@ def test_the_jobs_deadline_is_what_the_budget_left_buys_and_a_relaunch_shrinks_i
     assert abs(job["spec"]["activeDeadlineSeconds"] - _expected_deadline(0.0)) <= 1  # 2,360 s
     assert job["spec"]["ttlSecondsAfterFinished"] == 86_400
 
-    # The group trains; its rank 0 keeps its spend file current (here: $2.00 so far), then a node is reclaimed.
+    # The group trains; its rank 0 keeps its spend file current (here: $2.00 so far), then a node is
+    # reclaimed.
     fake.run(first)
     ledger = CheckpointDir(str(tmp_path / "ckpt"))
     ledger.record_spend(first, {**ledger.spend_entry(first), "dollars": 2.0, "updated_at": time.time()})
@@ -174,10 +188,16 @@ def test_every_group_is_stopped_before_the_money_runs_out_with_its_final_save_pa
 
     def job(**own):
         spec = JobSpec.from_arguments(
-            steps=STEPS, num_nodes=NODES, backend="kubernetes", checkpoint_uri="s3://ckpt/own", budget_usd=BUDGET,
-            price_per_node_hour=PRICE, kubernetes={"image": "registry.example.com/own-trainer:1"},
-            config={"checkpoint": {"grace_period_s": 60}, "cost": {"stop_margin_s": 20}}, **own,
-        )  # fmt: skip
+            steps=STEPS,
+            num_nodes=NODES,
+            backend="kubernetes",
+            checkpoint_uri="s3://ckpt/own",
+            budget_usd=BUDGET,
+            price_per_node_hour=PRICE,
+            kubernetes={"image": "registry.example.com/own-trainer:1"},
+            config={"checkpoint": {"grace_period_s": 60}, "cost": {"stop_margin_s": 20}},
+            **own,
+        )
         return render_group("own-r0", spec, namespace="ml", spent_usd=1.0)[2]
 
     left_s = (BUDGET - 1.0) / (PRICE * NODES) * 3600  # 2,000 s
@@ -193,9 +213,9 @@ def test_every_group_is_stopped_before_the_money_runs_out_with_its_final_save_pa
 def test_a_spot_price_rise_brings_the_jobs_deadline_forward_and_the_cluster_stops_it_there(
     fake, tmp_path, spot_market
 ):
-    """Quoted $3.60/node-h, the Job gets 2,610 s; EC2 bills $7.20. The watch reads the zone's price and patches
-    activeDeadlineSeconds to what the money left buys at $7.20 (1,250 s, less the grace and the margin), so the cluster stops the
-    group within the budget even if the Airflow side goes away now."""
+    """Quoted $3.60/node-h, the Job gets 2,610 s; EC2 bills $7.20. The watch reads the zone's price and
+    patches activeDeadlineSeconds to what the money left buys at $7.20 (1,250 s, less the grace and the
+    margin), so the cluster stops the group within the budget even if the Airflow side goes away now."""
     spot_market.set("us-east-1", {("p3.2xlarge", "us-east-1a"): [(3, 2 * PRICE)]})
     op = _operator(tmp_path, capacity="spot", zone="us-east-1a", instance_type="p3.2xlarge",
                    spot_price_refresh_s=0.5)  # fmt: skip

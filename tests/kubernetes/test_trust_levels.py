@@ -34,30 +34,58 @@ def _privileged_container(ctx: dict[str, Any]) -> dict[str, Any]:
 # (what a trigger sends in dag_run.conf, what the refusal names)
 HOSTILE: dict[str, tuple[dict[str, Any], str]] = {
     "privileged pod template": (
-        {"kubernetes": _privileged_container({"privileged": True})}, "kubernetes.pod_template"),
+        {"kubernetes": _privileged_container({"privileged": True})},
+        "kubernetes.pod_template",
+    ),
     "hostPath": (
-        {"kubernetes": {"pod_template": {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}}},
-        "kubernetes.pod_template"),
-    "hostNetwork": ({"kubernetes": {"pod_template": {"spec": {"hostNetwork": True}}}}, "kubernetes.pod_template"),
+        {
+            "kubernetes": {
+                "pod_template": {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}
+            }
+        },
+        "kubernetes.pod_template",
+    ),
+    "hostNetwork": (
+        {"kubernetes": {"pod_template": {"spec": {"hostNetwork": True}}}},
+        "kubernetes.pod_template",
+    ),
     "added capabilities": (
-        {"kubernetes": _privileged_container({"capabilities": {"add": ["SYS_ADMIN"]}})}, "kubernetes.pod_template"),
+        {"kubernetes": _privileged_container({"capabilities": {"add": ["SYS_ADMIN"]}})},
+        "kubernetes.pod_template",
+    ),
     "runAsUser 0": (
-        {"kubernetes": {"pod_template": {"spec": {"securityContext": {"runAsUser": 0}}}}}, "kubernetes.pod_template"),
-    "image outside the allowlist": ({"kubernetes": {"image": "docker.io/evil/miner:latest"}}, "kubernetes.image"),
+        {"kubernetes": {"pod_template": {"spec": {"securityContext": {"runAsUser": 0}}}}},
+        "kubernetes.pod_template",
+    ),
+    "image outside the allowlist": (
+        {"kubernetes": {"image": "docker.io/evil/miner:latest"}},
+        "kubernetes.image",
+    ),
     "another namespace": ({"kubernetes": {"namespace": "kube-system"}}, "kubernetes.namespace"),
-    "another service account": ({"kubernetes": {"service_account": "cluster-admin"}}, "kubernetes.service_account"),
+    "another service account": (
+        {"kubernetes": {"service_account": "cluster-admin"}},
+        "kubernetes.service_account",
+    ),
     "10,000 nodes": ({"num_nodes": 10_000}, "num_nodes"),
-}  # fmt: skip
+}
 
 
 @pytest.fixture
 def deployed(monkeypatch, tmp_path):
     """train_llama as a platform deploys it: its pods ([dtrain] kubernetes) allow any tag of one
     repository and two namespaces."""
-    monkeypatch.setenv("AIRFLOW__DTRAIN__KUBERNETES", json.dumps({
-        "image": IMAGE, "namespace": "ml", "allowed_images": ["ghcr.io/acme/dtrain:"],
-        "allowed_namespaces": ["ml-batch"], "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],
-    }))  # fmt: skip
+    monkeypatch.setenv(
+        "AIRFLOW__DTRAIN__KUBERNETES",
+        json.dumps(
+            {
+                "image": IMAGE,
+                "namespace": "ml",
+                "allowed_images": ["ghcr.io/acme/dtrain:"],
+                "allowed_namespaces": ["ml-batch"],
+                "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],
+            }
+        ),
+    )
     loader = importlib.util.spec_from_file_location("train_llama_trust", REPO / "dags" / "train_llama.py")
     module = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(module)
@@ -160,20 +188,38 @@ def test_a_dag_template_cannot_hand_pod_settings_to_the_trigger():
 
 # -- the admin's level --------------------------------------------------------------------------------
 
-PRIVILEGED_TEMPLATE = {"spec": {
-    "hostNetwork": True,
-    "volumes": [{"name": "dev", "hostPath": {"path": "/dev"}}],
-    "containers": [{"name": "trainer", "securityContext": {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}},
-                    "volumeMounts": [{"name": "dev", "mountPath": "/dev/host"}]}],
-}}  # fmt: skip
+PRIVILEGED_TEMPLATE = {
+    "spec": {
+        "hostNetwork": True,
+        "volumes": [{"name": "dev", "hostPath": {"path": "/dev"}}],
+        "containers": [
+            {
+                "name": "trainer",
+                "securityContext": {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}},
+                "volumeMounts": [{"name": "dev", "mountPath": "/dev/host"}],
+            }
+        ],
+    }
+}
 
 
 def _operator(tmp_path: Path, **kubernetes: Any) -> FSDPTrainOperator:
     return FSDPTrainOperator(
-        task_id="train", flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1, num_nodes=2,
-        backend="kubernetes", checkpoint_uri=str(tmp_path / "ckpt"), poll_interval=0.05,
-        kubernetes={"image": IMAGE, "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}], **kubernetes},
-    )  # fmt: skip
+        task_id="train",
+        flavor="debug",
+        steps=4,
+        global_batch_size=2,
+        micro_batch_size=1,
+        num_nodes=2,
+        backend="kubernetes",
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        poll_interval=0.05,
+        kubernetes={
+            "image": IMAGE,
+            "volumes": [{"claim": "checkpoints", "mount_path": str(tmp_path)}],
+            **kubernetes,
+        },
+    )
 
 
 def _set_policy(monkeypatch, fake, tmp_path, policy: dict[str, Any]) -> None:
@@ -214,10 +260,12 @@ def test_a_dag_authors_privileged_pod_needs_the_admin(fake, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize(("policy", "kubernetes", "expected"), [
-    ({"allowed_images": ["registry.internal/ml/"]}, {}, "kubernetes.image: 'ghcr.io/acme/dtrain:1.0' is not allowed on this cluster"),
+    ({"allowed_images": ["registry.internal/ml/"]}, {},
+     "kubernetes.image: 'ghcr.io/acme/dtrain:1.0' is not allowed on this cluster"),
     ({"allowed_images": ["ghcr.io/acme/"]}, {"allowed_images": ["docker.io/"]},
      "kubernetes.allowed_images: 'docker.io/' is not allowed on this cluster"),
-    ({"allowed_namespaces": ["ml"]}, {"namespace": "default"}, "kubernetes.namespace: 'default' is not allowed"),
+    ({"allowed_namespaces": ["ml"]}, {"namespace": "default"},
+     "kubernetes.namespace: 'default' is not allowed"),
     ({"allowed_service_accounts": ["dtrain-trainer"]}, {"service_account": "admin"},
      "kubernetes.service_account: 'admin' is not allowed on this cluster"),
 ])  # fmt: skip
