@@ -144,8 +144,16 @@ def statsd_listener(monkeypatch):
 
 
 STEP_SLEEP_ENV = "DTRAIN_TEST_STEP_SLEEP"
-"""trainer.train's test hook: seconds that every step of the bundled trainer also sleeps."""
+"""trainer.testing.faults: seconds that every step of the bundled trainer also sleeps."""
 SLOW_STEP_S = "0.3"
+TEST_FAULTS = {"DTRAIN_FAULTS": "trainer.testing.faults:from_env"}
+"""The environment that switches trainer/testing/faults.py's faults on (its ``activate``)."""
+
+
+def slow_steps_env(env, seconds: str = SLOW_STEP_S) -> None:
+    """Every step of the bundled trainer also sleeps ``seconds``: set through ``env`` (a MonkeyPatch)."""
+    for name, value in {STEP_SLEEP_ENV: seconds, **TEST_FAULTS}.items():
+        env.setenv(name, value)
 
 
 @pytest.fixture
@@ -153,4 +161,4 @@ def slow_steps(monkeypatch):
     """Every step of the bundled trainer also sleeps 0.3 s, as on a slower machine: for groups that train
     until they are stopped or reach their dollar cap, which would otherwise take every core they can get from
     the tests running beside them for as long as they run."""
-    monkeypatch.setenv(STEP_SLEEP_ENV, SLOW_STEP_S)
+    slow_steps_env(monkeypatch)

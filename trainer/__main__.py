@@ -50,14 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv)
         from trainer.train import train, world_size_from_env  # torch: only once the config is good
-        from trainer.testing_hooks import step_hook  # None unless a test's environment asks
+        from trainer.checkpointing.faults import faults_from_env  # none unless DTRAIN_FAULTS names some
 
         cfg.validate_world_size(world_size_from_env())
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     try:
-        return train(cfg, step_hook=step_hook())
+        return train(cfg, step_hook=faults_from_env().after_step)
     except ConfigError as e:  # found while starting up (e.g. data.dataset is not a token directory)
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ __all__ = ["Dist", "Job", "StopRequests", "build_model", "setup_distributed", "t
            "world_size_from_env"]  # fmt: skip
 
 StepHook = Callable[[int], None]
-"""Called with each step number once the step is queued: a seam for tests (trainer/testing_hooks.py)."""
+"""Called with each step number once the step is queued: a seam for tests (checkpointing/faults.py)."""
 
 INIT_EVAL_BATCHES = 4
 """Held-out micro-batches evaluated at step 0 of a job that starts from an init_from model."""

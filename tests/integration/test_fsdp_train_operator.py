@@ -214,10 +214,10 @@ def test_a_hung_trainer_is_stopped_by_its_supervisor_with_every_billed_second_wi
     45 s, the deadline is 10 s (the grace) and 5 s (the margin) before that, at 30 s, and SIGKILL comes at the
     end of the grace, so even the seconds of a trainer that ignores SIGTERM are billed within the budget (the
     deadline used to come a grace period after the money ran out: SIGKILL at 65 s, $0.65)."""
-    from tests.conftest import STEP_SLEEP_ENV
+    from tests.conftest import slow_steps_env
     from trainer.checkpoint_dir import CheckpointDir
 
-    monkeypatch.setenv(STEP_SLEEP_ENV, "600")  # the trainer's test hook: the first step sleeps 10 minutes
+    slow_steps_env(monkeypatch, "600")  # the trainer's test hook: the first step sleeps 10 minutes
     budget = 0.45
     op = _operator(
         tmp_path,

@@ -27,8 +27,8 @@ def _train_events(state_dir: Path, group: str) -> list[dict]:
     return group_events(state_dir, group, "train")
 
 
-def test_two_concurrent_runs_send_separate_tagged_series(tmp_path, statsd_listener):
-    state_dir = tmp_path / "groups"
+def _train_concurrently(tmp_path: Path, state_dir: Path) -> dict[str, dict]:
+    """Both RUNS at once, each an FSDPTrainOperator of 2 ranks in a thread of its own: their summaries."""
     results: dict[str, dict] = {}
     errors: list[BaseException] = []
 
@@ -53,6 +53,12 @@ def test_two_concurrent_runs_send_separate_tagged_series(tmp_path, statsd_listen
         thread.join(timeout=400)
     assert not errors, errors
     assert set(results) == set(RUNS) and all(r["final_step"] == 6 for r in results.values()), results
+    return results
+
+
+def test_two_concurrent_runs_send_separate_tagged_series(tmp_path, statsd_listener):
+    state_dir = tmp_path / "groups"
+    results = _train_concurrently(tmp_path, state_dir)
     groups = {run_id: results[run_id]["group"] for run_id in RUNS}
 
     lines = [parse_line(line) for line in list(statsd_listener.lines)]

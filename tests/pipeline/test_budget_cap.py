@@ -19,39 +19,31 @@ def _states(run) -> dict[str, str]:
     return {ti.task_id: ti.state for ti in run.get_task_instances()}
 
 
-def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, tmp_path, slow_steps):
-    ckpt = tmp_path / "ckpt"
-    budget = 0.48
-    run = dags["train_llama"].test(
-        run_conf={
-            "job": f"cap-{uuid.uuid4().hex[:8]}",
-            "checkpoint_uri": str(ckpt),
-            "registry_uri": str(tmp_path / "r"),
-            "steps": 5000,
-            "checkpoint_every": 20,
-            "simulate_preemption_at_step": 0,
-            "seq_len": 32,
-            # a step takes ~0.35-0.6 s here (slow_steps): the budget task's estimate is 100x and more too
-            # small, so it admits a job that would cost $2-3 at $7.20/h (2 nodes x $3.60), 4x its budget and
-            # more. The budget buys 240 billed seconds, of which the trainer holds back ~175 for its last
-            # save and exit (cost.stop_margin_s, 30 s) before the platform's budget deadline, which keeps
-            # back the 110 s grace period and 30 s more.
-            "step_time_estimate_s": 0.0005,
-            "local_spot_price": 3.6,
-            "local_on_demand_price": 7.2,
-            "max_price": 10.0,
-            "budget_usd": budget,
-        }
-    )
-    states = _states(run)
-    assert run.state == DagRunState.SUCCESS, states
-    decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
-    assert decision["choice"] == "spot", decision  # admitted on the estimate
-    assert states["train_spot"] == TaskInstanceState.SUCCESS
-    assert (
-        states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS
-    )  # the last checkpoint is usable
+def _cap_conf(job: str, ckpt, tmp_path, budget: float) -> dict:
+    """A 2-node spot run of ``job`` at $3.60/node-h whose step-time estimate is 100x and more too small."""
+    return {
+        "job": job,
+        "checkpoint_uri": str(ckpt),
+        "registry_uri": str(tmp_path / "r"),
+        "steps": 5000,
+        "checkpoint_every": 20,
+        "simulate_preemption_at_step": 0,
+        "seq_len": 32,
+        # a step takes ~0.35-0.6 s here (slow_steps): the budget task's estimate is 100x and more too
+        # small, so it admits a job that would cost $2-3 at $7.20/h (2 nodes x $3.60), 4x its budget and
+        # more. The budget buys 240 billed seconds, of which the trainer holds back ~175 for its last
+        # save and exit (cost.stop_margin_s, 30 s) before the platform's budget deadline, which keeps
+        # back the 110 s grace period and 30 s more.
+        "step_time_estimate_s": 0.0005,
+        "local_spot_price": 3.6,
+        "local_on_demand_price": 7.2,
+        "max_price": 10.0,
+        "budget_usd": budget,
+    }
 
+
+def _assert_stopped_at_the_cap(ckpt, budget: float) -> float:
+    """The group stopped at the cap, not past it and not early, with its last step committed: its spend."""
     summary = json.loads((ckpt / "summary.json").read_text())
     assert summary["stopped"] == "budget", summary
     assert 0 < summary["final_step"] < 5000
@@ -67,22 +59,30 @@ def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, 
     assert spend.total_dollars >= stop["spent_usd"] > budget - reserve, (spend, stop)
     assert summary["dollars"] == pytest.approx(spend.total_dollars)
     # ...and the step it stopped at is committed: nothing trained is lost.
-    latest = CheckpointDir(str(ckpt)).latest()
-    assert latest.step == summary["final_step"]
+    assert CheckpointDir(str(ckpt)).latest().step == summary["final_step"]
+    return spend.total_dollars
+
+
+def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, tmp_path, slow_steps):
+    ckpt = tmp_path / "ckpt"
+    budget = 0.48
+    run = dags["train_llama"].test(run_conf=_cap_conf(f"cap-{uuid.uuid4().hex[:8]}", ckpt, tmp_path, budget))
+    states = _states(run)
+    assert run.state == DagRunState.SUCCESS, states
+    decision = run.get_task_instance("budget").xcom_pull(task_ids="budget", key="decision")
+    assert decision["choice"] == "spot", decision  # admitted on the estimate
+    assert states["train_spot"] == TaskInstanceState.SUCCESS
+    # the last checkpoint is usable
+    assert states["validate"] == states["evaluate"] == TaskInstanceState.SUCCESS
+    spent = _assert_stopped_at_the_cap(ckpt, budget)
 
     # The next run of the same job sees the money gone and does not train.
-    again = dags["train_llama"].test(run_conf={
-        "job": run.conf["job"],
-        "checkpoint_uri": str(ckpt), "registry_uri": str(tmp_path / "r"), "steps": 5000, "seq_len": 32,
-        "simulate_preemption_at_step": 0, "step_time_estimate_s": 0.0005, "local_spot_price": 3.6,
-        "local_on_demand_price": 7.2, "max_price": 10.0,
-        "budget_usd": budget,
-    })  # fmt: skip
+    again = dags["train_llama"].test(run_conf=_cap_conf(run.conf["job"], ckpt, tmp_path, budget))
     states = _states(again)
     assert (
         states["stop"] == TaskInstanceState.SUCCESS and states["train_spot"] == TaskInstanceState.SKIPPED
     ), states
-    assert CheckpointDir(str(ckpt)).spend().total_dollars == pytest.approx(spend.total_dollars)
+    assert CheckpointDir(str(ckpt)).spend().total_dollars == pytest.approx(spent)
 
 
 def test_a_job_that_waited_is_continued_by_its_next_run_with_its_ledger(dags, tmp_path):

@@ -19,7 +19,7 @@ from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
 from airflow_dtrain.spec import JobSpec
 from airflow_dtrain.triggers.spot_interruption import SpotInterruptionTrigger
-from tests.conftest import SLOW_STEP_S, STEP_SLEEP_ENV, run_trigger
+from tests.conftest import run_trigger, slow_steps_env
 from tests.integration.helpers import SMALL, progress, wait_for, wait_for_step
 from tests.spot.events import rebalance, sns, spot_warning, state_change
 
@@ -44,7 +44,7 @@ def group(tmp_path_factory):
     )
     launcher = LocalLauncher(root / "groups")
     with pytest.MonkeyPatch.context() as env:  # it trains until the module ends: leave the CPU to the tests
-        env.setenv(STEP_SLEEP_ENV, SLOW_STEP_S)
+        slow_steps_env(env)
         launcher.launch(GROUP, spec)
     wait_for_step(root / "ckpt", 2)
     yield launcher, root

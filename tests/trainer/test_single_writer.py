@@ -79,13 +79,15 @@ def test_a_second_writer_fences_the_first_off_and_finishes(data_dir, tmp_path):
         os.unlink(stderr_a.name)
 
     assert b.returncode == 0, b
-    leases = CheckpointDir(str(ckpt))
-    lease_b = leases.newest_lease()
+    _assert_b_fenced_a_off(ckpt, b, lease_a, log_a)
+
+
+def _assert_b_fenced_a_off(ckpt, b, lease_a, log_a: str) -> None:
+    """B took the next lease and wrote steps 3 to 8; A was told so, exited fenced, and overwrote nothing."""
+    lease_b = CheckpointDir(str(ckpt)).newest_lease()
     assert lease_b.token == lease_a.token + 1 and lease_b.info["group"] == "group-b"
-    assert "another group took over the checkpoint directory" in log_a and "group group-b" in log_a, log_a[
-        -3000:
-    ]
-    assert f"exit {FENCED_EXIT_CODE}" in log_a
+    assert "another group took over the checkpoint directory" in log_a, log_a[-3000:]
+    assert "group group-b" in log_a and f"exit {FENCED_EXIT_CODE}" in log_a, log_a[-3000:]
 
     manifests = _manifests(ckpt)
     assert sorted(manifests) == list(range(1, 9))  # A committed 1 and 2; B resumed from 2 and saved 3 to 8

@@ -1,4 +1,4 @@
-"""The seam a test injects checkpoint faults through; production injects none.
+"""The seam a test injects faults through (a checkpoint's writes and commit, a step); production injects none.
 
 A ``Checkpointer`` takes ``faults=``: an object with the two hooks of ``Faults``. Without one it asks
 ``DTRAIN_FAULTS`` (``module:callable``, called with no arguments), the one generic way in for a test that
@@ -24,6 +24,9 @@ class Faults:
 
     def before_manifest(self, step: int, rank: int) -> None:
         """Called on every rank once its files of ``step`` are written (and uploaded), before the manifest."""
+
+    def after_step(self, step: int) -> None:
+        """Called by the training loop once ``step`` is queued (trainer.train.train's ``step_hook``)."""
 
 
 def faults_from_env(environ: Mapping[str, str] | None = None) -> Faults:

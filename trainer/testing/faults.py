@@ -7,6 +7,10 @@ deterministically; with FILE, only until FILE exists.
 
 ``DTRAIN_TEST_ENOSPC_AT_STEP="STEP[:RANK]"`` (rank 0 by default) makes that rank's storage writer fail the
 write of that step with ENOSPC after leaving a partial shard file behind, as a disk filling up mid-save does.
+
+``DTRAIN_TEST_STEP_SLEEP=SECONDS``: every step also sleeps SECONDS (as a slower machine's step would take),
+so that the tests' long-running and time-capped groups leave the CPU to the tests running beside them
+(tests/conftest.py's slow_steps).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from trainer.checkpointing.faults import FAULTS_ENV, Faults
 
 COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
 ENOSPC_ENV = "DTRAIN_TEST_ENOSPC_AT_STEP"
+STEP_SLEEP_ENV = "DTRAIN_TEST_STEP_SLEEP"
 FROM_ENV = f"{__name__}:from_env"
 """What ``DTRAIN_FAULTS`` is set to for these faults."""
 
@@ -69,6 +74,15 @@ class EnvFaults(Faults):
         until = time.monotonic() + float(seconds)
         while time.monotonic() < until and not (release and os.path.exists(release)):
             time.sleep(min(0.2, max(0.0, until - time.monotonic())))
+
+    def after_step(self, step: int) -> None:
+        raw = os.environ.get(STEP_SLEEP_ENV) or ""
+        try:
+            seconds = float(raw or 0)
+        except ValueError:
+            raise ValueError(f"{STEP_SLEEP_ENV}: expected a number of seconds, got {raw!r}") from None
+        if seconds > 0:
+            time.sleep(seconds)
 
 
 def from_env() -> EnvFaults:
