@@ -95,6 +95,11 @@ def _optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def nullable(tp: Any) -> bool:
+    """Whether a field of type ``tp`` takes None (``X | None``)."""
+    return _optional(tp)[1]
+
+
 def _bound_rule(m: Setting, integer: bool) -> str | None:
     if m.rule:
         return m.rule
@@ -134,47 +139,92 @@ def check(obj: Any, section: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         where = f"{section}.{f.name}" if section else f.name
-        tp, nullable = _optional(types_[f.name])
-        if value is None and nullable:
-            continue
-        m = meta(f)
-        if isinstance(tp, type) and issubclass(tp, enum.Enum):
-            try:
-                value = tp(value)
-            except ValueError:
-                raise ConfigError(
-                    f"{where}: choose from {', '.join(str(c.value) for c in tp)}, got {value!r}"
-                ) from None
-            object.__setattr__(obj, f.name, value)
-        elif tp is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        elif tp is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{where}: expected a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ConfigError(f"{where}: must be finite, got {value!r}")
-            value = float(value)
-            object.__setattr__(obj, f.name, value)  # frozen: bypass to normalise 1 -> 1.0
-        elif tp is str:
-            if not isinstance(value, str):
-                raise ConfigError(f"{where}: expected a string, got {value!r}")
-        elif tp is bool:
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        elif dataclasses.is_dataclass(tp):
-            if not isinstance(value, tp):
-                raise ConfigError(f"{where}: expected a {tp.__name__}, got {value!r}")
-            continue
-        if tp in (int, float) and not _in_bounds(m, value):
-            raise ConfigError(f"{where}: {_bound_rule(m, tp is int)}, got {value!r}")
-        if m.choices is not None and value not in m.choices:
-            noun = m.rule or "value"  # for choices, rule names what is chosen: "unknown flavour 'tiny'"
+        checked = check_field(f, types_[f.name], value, where)
+        if checked is not value:
+            object.__setattr__(obj, f.name, checked)  # frozen: bypass to normalise 1 -> 1.0, "spot" -> enum
+
+
+def check_field(f: dataclasses.Field, tp: Any, value: Any, where: str) -> Any:
+    """``value`` validated by the declaration of field ``f`` (of type ``tp``); returns it normalised
+    (an int as a float for a float field, a spelling as its enum member). Errors name ``where``."""
+    tp, nullable = _optional(tp)
+    if value is None and nullable:
+        return value
+    m = meta(f)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
             raise ConfigError(
-                f"{where}: unknown {noun} {value!r} (choose from {', '.join(map(str, m.choices))})"
-            )
-        if m.pattern is not None and isinstance(value, str) and not re.fullmatch(m.pattern, value):
-            raise ConfigError(f"{where}: {m.rule or 'does not match ' + m.pattern}, got {value!r}")
+                f"{where}: choose from {', '.join(str(c.value) for c in tp)}, got {value!r}"
+            ) from None
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, tp):
+            raise ConfigError(f"{where}: expected a {tp.__name__}, got {value!r}")
+        return value
+    value = _check_type(tp, value, where)
+    if tp in (int, float) and not _in_bounds(m, value):
+        raise ConfigError(f"{where}: {_bound_rule(m, tp is int)}, got {value!r}")
+    if m.choices is not None and value not in m.choices:
+        noun = m.rule or "value"  # for choices, rule names what is chosen: "unknown flavour 'tiny'"
+        raise ConfigError(f"{where}: unknown {noun} {value!r} (choose from {', '.join(map(str, m.choices))})")
+    if m.pattern is not None and isinstance(value, str) and not re.fullmatch(m.pattern, value):
+        raise ConfigError(f"{where}: {m.rule or 'does not match ' + m.pattern}, got {value!r}")
+    return value
+
+
+def _check_type(tp: Any, value: Any, where: str) -> Any:
+    """``value`` as a scalar field of type ``tp`` takes it (an int as a float), or a ConfigError."""
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: must be finite, got {value!r}")
+        return float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def declared(klass: type, name: str) -> dataclasses.Field:
+    """The field ``name`` of dataclass ``klass`` (its declaration)."""
+    for f in dataclasses.fields(klass):
+        if f.name == name:
+            return f
+    raise KeyError(f"{klass.__name__} has no field {name!r}")
+
+
+def check_value(klass: type, name: str, value: Any, where: str | None = None) -> Any:
+    """One value (a string as a template renders it, coerced first) validated by the declaration of
+    ``klass``'s field ``name``: the same rule and message wherever that input is taken."""
+    where = where or name
+    tp = field_types(klass)[name]
+    return check_field(declared(klass, name), tp, coerce(where, tp, value), where)
+
+
+_KEEP: Any = object()
+
+
+def borrow(klass: type, name: str, default: Any = _KEEP, **changes: Any) -> Any:
+    """A field of another dataclass that takes the same input as ``klass``'s field ``name``: its
+    declaration (help, bounds, rule) and default, so the input is declared once. ``default``: a
+    different default (e.g. a required one); ``changes``: other ``Setting`` attributes (``help=``)."""
+    f = declared(klass, name)
+    m = dataclasses.replace(meta(f), arg=None, section=None, **changes)
+    if default is _KEEP and f.default is MISSING and f.default_factory is not MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata={_KEY: m})
+    return dataclasses.field(default=f.default if default is _KEEP else default, metadata={_KEY: m})
+
+
+REQUIRED: Any = MISSING
+"""``borrow(..., default=REQUIRED)``: a field that has no default where it is borrowed."""
 
 
 def coerce(key: str, tp: Any, value: Any) -> Any:

@@ -209,33 +209,13 @@ class EvaluateCheckpointOperator(BaseOperator):
         root = str(self.checkpoint_uri).rstrip("/")
         job, owner = self._entry(context, root)
         checkpoints = CheckpointDir(root)
-        step = None if self.step in (None, "", "None") else int(self.step)
-        latest = checkpoints.latest() if step is None else None
-        step = step if step is not None else (latest.step if latest else None)
-        if step is None or not checkpoints.is_committed(step):
-            raise EvaluationFailed(f"no committed checkpoint {step if step is not None else ''} under {root}")
+        step = self._step(checkpoints, root)
         eval_set = evaluation_set(checkpoints.manifest(step), int(self.batches), int(self.batch_size))
         job_entry = f"{str(self.registry_uri).rstrip('/')}/{job}"
         check_job_dir(job_entry, owner=owner, job=job, what="registry_uri")  # claims a new job's entry
         registry = CheckpointDir(f"{job_entry}/{eval_set}")
         out, report = checkpoints.path(EVAL_RESULTS), checkpoints.path(REPORT)
-        entry = [
-            "trainer.evaluate",
-            "--checkpoint-uri",
-            root,
-            "--out",
-            out,
-            "--report",
-            report,
-            "--batches",
-            int(self.batches),
-            "--batch-size",
-            int(self.batch_size),
-            "--step",
-            step,
-        ]
-        if _true(self.eval_all):
-            entry.append("--all")
+        entry = self._eval_entry(root, out, report, step)
         best = registry.read_json(REGISTRY_BEST)
         # the loss a promotion must beat. Every run's model is exported, by the eval job itself (no second
         # job),
@@ -247,15 +227,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         result = checkpoints.read_json(EVAL_RESULTS)
         if result is None:
             raise EvaluationFailed(f"the evaluation job wrote no results to {out}")
-        self.log.info(
-            "Held-out loss %.4f (perplexity %.2f) at step %d, %.0f tokens/s; loss curves: %s",
-            result["loss"], result["perplexity"], result["step"], result["tokens_per_s"], report,
-        )  # fmt: skip
-        tags = metrics.task_tags(context)
-        metrics.gauge("eval.loss", result["loss"], tags=tags)
-        metrics.gauge("eval.perplexity", result["perplexity"], tags=tags)
-        metrics.gauge("eval.tokens_per_s", result["tokens_per_s"], tags=tags)
-
+        self._log_result(context, result, report)
         summary = {
             "checkpoint": result["path"],
             "step": result["step"],
@@ -280,6 +252,34 @@ class EvaluateCheckpointOperator(BaseOperator):
             )  # fmt: skip
             return summary
         return self._promote(context, summary, registry)
+
+    def _step(self, checkpoints: CheckpointDir, root: str) -> int:
+        """The step to evaluate: ``step``, else the latest committed one; it must be committed."""
+        step = None if self.step in (None, "", "None") else int(self.step)
+        latest = checkpoints.latest() if step is None else None
+        step = step if step is not None else (latest.step if latest else None)
+        if step is None or not checkpoints.is_committed(step):
+            raise EvaluationFailed(f"no committed checkpoint {step if step is not None else ''} under {root}")
+        return step
+
+    def _eval_entry(self, root: str, out: str, report: str, step: int) -> list[Any]:
+        """The eval job's ``python -m trainer.evaluate`` arguments."""
+        entry: list[Any] = ["trainer.evaluate", "--checkpoint-uri", root, "--out", out, "--report", report]
+        entry += ["--batches", int(self.batches), "--batch-size", int(self.batch_size), "--step", step]
+        if _true(self.eval_all):
+            entry.append("--all")
+        return entry
+
+    def _log_result(self, context: Context, result: dict[str, Any], report: str) -> None:
+        """Log the held-out loss and send it to the metrics."""
+        self.log.info(
+            "Held-out loss %.4f (perplexity %.2f) at step %d, %.0f tokens/s; loss curves: %s",
+            result["loss"], result["perplexity"], result["step"], result["tokens_per_s"], report,
+        )  # fmt: skip
+        tags = metrics.task_tags(context)
+        metrics.gauge("eval.loss", result["loss"], tags=tags)
+        metrics.gauge("eval.perplexity", result["perplexity"], tags=tags)
+        metrics.gauge("eval.tokens_per_s", result["tokens_per_s"], tags=tags)
 
     def _exported(
         self, *, summary_step: int, exported: dict[str, Any] | None, checkpoints: CheckpointDir

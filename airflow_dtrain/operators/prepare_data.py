@@ -180,36 +180,10 @@ class PrepareDataOperator(BaseOperator):
         on_bad_row: str,
         seq_len: int | None,
     ) -> str:
-        from airflow_dtrain.errors import SpecError
-        from trainer.prepare_data import DEFAULT_SHARD_TOKENS, PrepareError, expand_input, prepare
+        from trainer.prepare_data import DEFAULT_SHARD_TOKENS, PrepareError, prepare
 
         shard_tokens = int(self.shard_tokens or DEFAULT_SHARD_TOKENS)
-        if dataset == BUILTIN:
-            from trainer.builtin_text import BUILTIN_NAME, builtin_documents
-
-            inputs = [os.path.join(scratch, f"{BUILTIN_NAME}.jsonl")]
-            with open(inputs[0], "w") as f:
-                for doc in builtin_documents():
-                    f.write(json.dumps({"text": doc}) + "\n")
-            source, text_field, name = BUILTIN_NAME, "text", BUILTIN_NAME
-        else:
-            try:
-                files = expand_input(dataset)
-            except PrepareError as e:
-                hint = (
-                    ""
-                    if os.path.exists(dataset) or "://" in dataset or "*" in dataset
-                    else " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it "
-                    "with "
-                    "datasets' save_to_disk and give that directory)"
-                )
-                raise DataError(_named(e) + hint) from None
-            for path, _ in files:  # a glob's match or a shard behind a symbolic link: within the roots too
-                try:
-                    limits.check_uri("dataset", path)
-                except SpecError as err:
-                    raise DataError(str(err)) from None
-            inputs, source, name = [dataset], _fingerprint(dataset, files), _store_name(dataset)
+        inputs, source, text_field, name = self._inputs(dataset, text_field, scratch, limits)
         # on_bad_row: a store that skipped rows is never handed to a run that asked for them to be refused
         key = hashlib.sha256(json.dumps(
             [source, tok.identity, text_field, self.val_fraction, shard_tokens, on_bad_row], sort_keys=True
@@ -250,6 +224,40 @@ class PrepareDataOperator(BaseOperator):
                     return out
             raise DataError(_named(e)) from None
         return out
+
+    def _inputs(self, dataset: str, text_field: str, scratch: str, limits) -> tuple[list[str], str, str, str]:
+        """What to prepare: (input files, source identity, text field, store name); the builtin corpus
+        written to ``scratch``, a path's files checked against the storage roots."""
+        from airflow_dtrain.errors import SpecError
+        from trainer.prepare_data import PrepareError, expand_input
+
+        if dataset == BUILTIN:
+            from trainer.builtin_text import BUILTIN_NAME, builtin_documents
+
+            inputs = [os.path.join(scratch, f"{BUILTIN_NAME}.jsonl")]
+            with open(inputs[0], "w") as f:
+                for doc in builtin_documents():
+                    f.write(json.dumps({"text": doc}) + "\n")
+            source, text_field, name = BUILTIN_NAME, "text", BUILTIN_NAME
+        else:
+            try:
+                files = expand_input(dataset)
+            except PrepareError as e:
+                hint = (
+                    ""
+                    if os.path.exists(dataset) or "://" in dataset or "*" in dataset
+                    else " (it does not exist here; a Hugging Face hub dataset name is not fetched: save it "
+                    "with "
+                    "datasets' save_to_disk and give that directory)"
+                )
+                raise DataError(_named(e) + hint) from None
+            for path, _ in files:  # a glob's match or a shard behind a symbolic link: within the roots too
+                try:
+                    limits.check_uri("dataset", path)
+                except SpecError as err:
+                    raise DataError(str(err)) from None
+            inputs, source, name = [dataset], _fingerprint(dataset, files), _store_name(dataset)
+        return inputs, source, text_field, name
 
     def _root(self) -> str:
         if self.output_root:

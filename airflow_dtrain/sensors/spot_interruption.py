@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -13,16 +14,36 @@ from airflow_dtrain import metrics
 from airflow_dtrain.aws.sqs import check_queue, queue_patterns
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.launchers.factory import launcher_kwargs
+from airflow_dtrain.operators.inputs import build, names
 from airflow_dtrain.spot.events import KINDS
 from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
 from airflow_dtrain.spot.members import InstanceSource, StaticInstances
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.spot_interruption import SpotInterruptionTrigger
+from trainer.fields import check, setting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_dtrain.kubernetes.spec import KubernetesSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpotInterruptionInputs:
+    """The sensor's numbers, declared once (neither is templated: checked when the DAG is parsed)."""
+
+    follow_relaunches_s: float = setting(
+        0.0, ge=0, help="Seconds to keep watching for a relaunched group after one ends (0: stop then)."
+    )
+    wait_time_seconds: int = setting(
+        5, ge=0, le=20, rule="must be an integer 0-20", help="SQS long-poll seconds per look (0-20)."
+    )
+
+    def __post_init__(self) -> None:
+        check(self, "")
+
+
+_INPUTS = names(SpotInterruptionInputs)
 
 
 class SpotInterruptionSensor(BaseSensorOperator):
@@ -129,6 +150,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
         self.node_names = node_names
         self.instance_source = instance_source
         self.sqs_queue_url = sqs_queue_url
+        self._queues = interruption_queues
         # for errors: which trigger-form field the queue came from
         self._queue_template = sqs_queue_url if is_template(sqs_queue_url) else None
         self.kinds = tuple(kinds)
@@ -143,7 +165,20 @@ class SpotInterruptionSensor(BaseSensorOperator):
         self.aws_conn_id = aws_conn_id
         self.region_name = region_name
         self.deferrable = deferrable
+        self._check_arguments()
+
+    def _check_arguments(self) -> None:
+        """Fail in the DAG file for what is wrong before any template renders."""
         prefix = f"{type(self).__name__}(task_id={self.task_id!r}): "
+        kinds, instance_source, group, train_task_id = (
+            self.kinds,
+            self.instance_source,
+            self.group,
+            self.train_task_id,
+        )
+        instance_ids, node_names, deferrable = self.instance_ids, self.node_names, self.deferrable
+        kubernetes, namespace, backend = self.kubernetes, self.namespace, self.backend
+        build(SpotInterruptionInputs, {n: getattr(self, n) for n in _INPUTS}, prefix.rstrip(": "))
         unknown = [k for k in self.kinds if k not in KINDS]
         if not self.kinds or unknown:
             raise ValueError(f"{prefix}kinds: expected some of {list(KINDS)}, got {list(kinds)!r}")
@@ -161,18 +196,16 @@ class SpotInterruptionSensor(BaseSensorOperator):
                 f"cannot follow relaunches (follow_relaunches_s={self.follow_relaunches_s}); use "
                 "deferrable=True (no worker slot held) or mode='poke'"
             )
-        if not isinstance(wait_time_seconds, int) or not 0 <= wait_time_seconds <= 20:
-            raise ValueError(f"{prefix}wait_time_seconds: must be an integer 0-20, got {wait_time_seconds!r}")
         try:
             check_author_template("kubernetes", kubernetes)
             self.interruption_queues = None
-            if interruption_queues is not None:
-                self.interruption_queues = queue_patterns("interruption_queues", interruption_queues)
+            if self._queues is not None:
+                self.interruption_queues = queue_patterns("interruption_queues", self._queues)
             if not is_template(kubernetes) and not is_template(namespace):
                 self._kubernetes_spec()  # fail in the DAG file: a bad setting, a namespace outside it
         except SpecError as err:
             raise SpecError(f"{prefix}{err}") from None
-        if not is_template(backend) and not is_template(sqs_queue_url):
+        if not is_template(backend) and not is_template(self.sqs_queue_url):
             self._check_sources()
 
     def _check_sources(self) -> None:

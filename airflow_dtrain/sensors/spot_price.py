@@ -3,29 +3,42 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
-from airflow_dtrain.triggers.spot_price import SpotPriceTrigger
+from airflow_dtrain.operators.inputs import build, check_given, names
 from airflow_dtrain.templating import is_template
+from airflow_dtrain.triggers.spot_price import SpotPriceTrigger
+from trainer.fields import check, check_value, setting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-def _number(name: str, value: Any, *, low: float = 0.0, high: float | None = None) -> float | None:
-    if value is None or value == "":
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number, got {value!r}") from None
-    if not number > low or (high is not None and number > high):
-        bounds = f"> {low}" + (f" and <= {high}" if high is not None else "")
-        raise ValueError(f"{name}: must be {bounds}, got {value!r}")
-    return number
+@dataclass(frozen=True, kw_only=True)
+class SpotPriceInputs:
+    """The sensor's prices (templated), declared once: checked when the DAG is parsed (what is not a template)
+    and built once the templates have rendered. ``on_demand_prices``' entries are prices as ``max_price``."""
+
+    max_price: float | None = setting(None, gt=0, help="Highest acceptable spot price, $/instance-hour.")
+    max_price_fraction: float | None = setting(
+        None, gt=0, le=1, help="Highest acceptable spot price as a fraction of on-demand (0-1]."
+    )
+    fixed_price_per_hour: float | None = setting(
+        None, ge=0, help="A fixed price instead of the spot market (no AWS)."
+    )
+    fixed_on_demand_price: float | None = setting(
+        None, ge=0, help="The on-demand price to report with a fixed price (default: the same)."
+    )
+
+    def __post_init__(self) -> None:
+        check(self, "")
+
+
+_PRICES = names(SpotPriceInputs)
 
 
 class SpotPriceSensor(BaseSensorOperator):
@@ -99,73 +112,72 @@ class SpotPriceSensor(BaseSensorOperator):
 
     def _validate(self, *, skip_templates: bool = False) -> dict[str, Any]:
         """The checked arguments of ``find_offer``; raises ``ValueError`` naming the field and value."""
-        prefix = f"{type(self).__name__}(task_id={self.task_id!r}): "
-
-        def skip(value: Any) -> bool:
-            return skip_templates and is_template(value)
-
-        try:
-            if not skip(self.fixed_price_per_hour) and not skip(self.fixed_on_demand_price):
-                fixed = _number("fixed_price_per_hour", self.fixed_price_per_hour, low=-1e-12)
-                _number("fixed_on_demand_price", self.fixed_on_demand_price, low=-1e-12)
-                if fixed is not None:
-                    return {}
-            elif skip_templates:
+        where = f"{type(self).__name__}(task_id={self.task_id!r})"
+        prices = {name: getattr(self, name) for name in _PRICES}
+        fixed = (self.fixed_price_per_hour, self.fixed_on_demand_price)
+        if skip_templates:
+            check_given(SpotPriceInputs, prices, where)
+            if any(is_template(v) for v in fixed) or fixed[0] not in (None, ""):
                 return {}
-            types = self.instance_types
-            if not skip(types):
-                types = [types] if isinstance(types, str) else types
-                if not types or not all(isinstance(t, str) and "." in t for t in types):
-                    raise ValueError(
-                        f"instance_types: expected instance types like 'p4d.24xlarge', got {types!r}"
-                    )
-            for name in ("availability_zones", "regions"):
-                value = getattr(self, name)
-                if (
-                    value is not None
-                    and not skip(value)
-                    and (isinstance(value, str) or not all(isinstance(v, str) for v in value))
-                ):
-                    raise ValueError(f"{name}: expected a list of names, got {value!r}")
-            if self.availability_zones and not skip(self.availability_zones):
-                from airflow_dtrain.spot.offers import region_of_zone
-
-                for zone in self.availability_zones:
-                    region_of_zone(zone)
-            max_price = None if skip(self.max_price) else _number("max_price", self.max_price)
-            fraction = (
-                None if skip(self.max_price_fraction)
-                else _number("max_price_fraction", self.max_price_fraction, high=1.0)
-            )  # fmt: skip
-            if (
-                max_price is None
-                and fraction is None
-                and not (skip(self.max_price) or skip(self.max_price_fraction))
-            ):
+            x = None
+        else:
+            x = build(SpotPriceInputs, prices, where)
+            if x.fixed_price_per_hour is not None:
+                return {}
+        skip = lambda value: skip_templates and is_template(value)  # noqa: E731
+        try:
+            types = self._check_places(skip)
+            given = [x.max_price, x.max_price_fraction] if x else [self.max_price, self.max_price_fraction]
+            if all(v in (None, "") for v in given):
                 raise ValueError(
                     "max_price / max_price_fraction: give at least one (or fixed_price_per_hour), got neither"
                 )
-            prices = self.on_demand_prices
-            if prices is not None and not skip(prices):
-                if not isinstance(prices, dict):
-                    raise ValueError(
-                        f"on_demand_prices: expected a mapping of instance type to $/h, got {prices!r}"
-                    )
-                for key, value in prices.items():
-                    _number(f"on_demand_prices[{key!r}]", value)
+            self._check_on_demand_prices(skip)
         except ValueError as err:
-            raise ValueError(prefix + str(err)) from None
+            raise ValueError(f"{where}: {err}") from None
         return {
             "instance_types": list(types) if isinstance(types, (list, tuple)) else types,
             "availability_zones": list(self.availability_zones) if self.availability_zones else None,
             "regions": list(self.regions) if self.regions else None,
-            "max_price": max_price,
-            "max_price_fraction": fraction,
+            "max_price": x.max_price if x else None,
+            "max_price_fraction": x.max_price_fraction if x else None,
             "on_demand_prices": dict(self.on_demand_prices or {}),
             "use_price_list_api": self.use_price_list_api,
             "product_description": self.product_description,
             "aws_conn_id": self.aws_conn_id,
         }
+
+    def _check_places(self, skip: Any) -> Any:
+        """The instance types (a list), and the zones' and regions' lists of names; the zones known."""
+        types = self.instance_types
+        if not skip(types):
+            types = [types] if isinstance(types, str) else types
+            if not types or not all(isinstance(t, str) and "." in t for t in types):
+                raise ValueError(
+                    f"instance_types: expected instance types like 'p4d.24xlarge', got {types!r}"
+                )
+        for name in ("availability_zones", "regions"):
+            value = getattr(self, name)
+            if value is None or skip(value):
+                continue
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{name}: expected a list of names, got {value!r}")
+        if self.availability_zones and not skip(self.availability_zones):
+            from airflow_dtrain.spot.offers import region_of_zone
+
+            for zone in self.availability_zones:
+                region_of_zone(zone)
+        return types
+
+    def _check_on_demand_prices(self, skip: Any) -> None:
+        """Each of ``on_demand_prices`` a price, by ``max_price``'s declaration."""
+        prices = self.on_demand_prices
+        if prices is None or skip(prices):
+            return
+        if not isinstance(prices, dict):
+            raise ValueError(f"on_demand_prices: expected a mapping of instance type to $/h, got {prices!r}")
+        for key, value in prices.items():
+            check_value(SpotPriceInputs, "max_price", value, f"on_demand_prices[{key!r}]")
 
     def _fixed(self) -> dict[str, Any] | None:
         if self.fixed_price_per_hour in (None, ""):

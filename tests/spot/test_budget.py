@@ -285,10 +285,14 @@ def test_branch_when_the_job_is_done(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"total_steps": 0}, "total_steps: must be an integer >= 1, got 0"),
-        ({"budget_usd": -5}, "budget_usd: must be >= 0, got -5"),
-        ({"num_nodes": 1.5}, "num_nodes: must be an integer >= 1, got 1.5"),
+        # the job's own settings, by their declarations (TrainConfig.steps, CostConfig.budget_usd, JobSpec):
+        ({"total_steps": 0}, "total_steps: must be >= 1, got 0"),
+        ({"budget_usd": -5}, "budget_usd: must be > 0, got -5"),
+        ({"budget_usd": 0}, "budget_usd: must be > 0, got 0"),  # None is the one spelling of no budget
+        ({"num_nodes": 1.5}, "num_nodes: expected an integer, got 1.5"),
+        ({"num_nodes": "0"}, "num_nodes: must be >= 1, got 0"),
         ({"spot_price": "cheap"}, "spot_price: expected a number, got 'cheap'"),
+        ({"spot_price": -1}, "spot_price: must be >= 0, got -1"),
     ],
 )
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, message):
@@ -325,7 +329,7 @@ def test_branch_passes_min_finish_chance_to_the_policy(tmp_path):
     ("kwargs", "message"),
     [({"allow_late": "sometimes"}, "allow_late: expected true or false, got 'sometimes'"),
      ({"max_late_risk": 1.5}, "max_late_risk: must be a chance in [0, 1], got 1.5"),
-     ({"min_finish_chance": "2"}, "min_finish_chance: must be a chance in [0, 1], got '2'")],
+     ({"min_finish_chance": "2"}, "min_finish_chance: must be a chance in [0, 1], got 2.0")],
 )  # fmt: skip
 def test_bad_lateness_arguments_fail_when_the_dag_is_parsed(kwargs, message):
     with pytest.raises(ValueError, match="BudgetBranchOperator\\(task_id='budget'\\)") as err:

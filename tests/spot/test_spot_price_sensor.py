@@ -200,7 +200,7 @@ def test_fixed_price_needs_no_aws():
         ({"instance_types": ["p3.2xlarge"]}, "max_price / max_price_fraction: give at least one"),
         (
             {"instance_types": ["p3.2xlarge"], "max_price_fraction": 1.5},
-            "max_price_fraction: must be > 0.0 and <= 1.0, got 1.5",
+            "max_price_fraction: must be in (0, 1], got 1.5",
         ),
         (
             {"instance_types": ["p3.2xlarge"], "max_price": "cheap"},
@@ -226,5 +226,5 @@ def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, message):
 def test_templated_arguments_are_checked_after_rendering():
     sensor = SpotPriceSensor(task_id="s", instance_types=["p3.2xlarge"], max_price="{{ params.max_price }}")
     sensor.max_price = "-1"  # what rendering produced
-    with pytest.raises(ValueError, match="max_price: must be > 0.0, got '-1'"):
+    with pytest.raises(ValueError, match="max_price: must be > 0, got -1.0"):
         sensor.execute({})
