@@ -210,12 +210,14 @@ def test_the_money_the_training_task_keeps_back_to_stop_is_not_spent_on_training
     ti = _TI()
     assert _branch(**kwargs, stop_reserve_s=175).choose_branch({"ti": ti}) == "stop"
     decision = ti.pushed["decision"]
-    # 175 s of 2 nodes at the trainer's price ceiling, on-demand's $3.06 also for spot: $0.2975, leaving $0.0025.
-    # (At the spot price, $0.1136, the $0.12 of spot would have fitted: a run launched to stop after a few steps.)
+    # 175 s of 2 nodes at the trainer's price ceiling, on-demand's $3.06 also for spot: $0.2975, leaving
+    # $0.0025. (At the spot price, $0.1136, the $0.12 of spot would have fitted: a run launched to stop after
+    # a few steps.)
     assert decision["stop_reserve_usd"] == pytest.approx(175 * 2 * 3.06 / 3600, abs=1e-6)
     assert "exceeds the remaining budget $0.00" in decision["reason"], decision["reason"]
 
-    # A fixed price (the local backend's offer) cannot rise while the group runs: the reserve is at the lower one.
+    # A fixed price (the local backend's offer) cannot rise while the group runs: the reserve is at the lower
+    # one.
     from airflow_dtrain.spot.offers import fixed_price_choice
 
     offer = fixed_price_choice(price_per_hour=1.168, on_demand_price=3.06).to_dict()
@@ -265,7 +267,8 @@ def test_branch_before_the_first_checkpoint_uses_the_estimate_or_stops(tmp_path)
 
 
 def test_branch_with_a_deadline_but_no_step_time_and_no_budget_takes_on_demand(tmp_path):
-    # nothing can show that spot, with its preemptions, finishes by the deadline: on-demand, and the reason says why
+    # nothing can show that spot, with its preemptions, finishes by the deadline: on-demand, and the reason
+    # says why
     ti = _TI()
     kwargs = dict(checkpoint_uri=str(tmp_path / "new"), spot_price=1.0, on_demand_price=3.06, deadline_s=3600)
     assert _branch(**kwargs).choose_branch({"ti": ti}) == "train_on_demand"
@@ -304,8 +307,17 @@ def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, message):
 def test_branch_passes_the_group_and_lateness_inputs_to_the_policy(tmp_path):
     # 2 of the 4 spot nodes: no spot; on-demand over budget; late is not allowed: stop, and the reason says so
     ti = _TI()
-    kwargs = dict(checkpoint_uri=str(tmp_path / "new"), budget_usd=5.0, step_time_estimate_s=3.6, total_steps=1000,
-                  num_nodes=4, spot_price=1.0, on_demand_price=3.06, spot_nodes_available="2", allow_late="false")  # fmt: skip
+    kwargs = dict(
+        checkpoint_uri=str(tmp_path / "new"),
+        budget_usd=5.0,
+        step_time_estimate_s=3.6,
+        total_steps=1000,
+        num_nodes=4,
+        spot_price=1.0,
+        on_demand_price=3.06,
+        spot_nodes_available="2",
+        allow_late="false",
+    )
     assert _branch(**kwargs).choose_branch({"ti": ti}) == "stop"
     assert "only 2 of the 4 spot nodes" in ti.pushed["decision"]["reason"]
     assert "allow_late is off" in ti.pushed["decision"]["reason"]
@@ -315,11 +327,21 @@ def test_branch_passes_the_group_and_lateness_inputs_to_the_policy(tmp_path):
 
 def test_branch_passes_min_finish_chance_to_the_policy(tmp_path):
     # $4.50 left for $4 of spot at best and $4.73 expected (2 preemptions/h of 330 s): stop on expectation,
-    # spot when a 32 % chance of finishing within the budget is enough (a templated string, as a Param gives it)
+    # spot when a 32 % chance of finishing within the budget is enough (a templated string, as a Param gives
+    # it)
     ti = _TI()
-    kwargs = dict(checkpoint_uri=str(tmp_path / "new"), budget_usd=4.5, step_time_estimate_s=3.6, total_steps=1000,
-                  num_nodes=4, spot_price=1.0, on_demand_price=3.0, interruption_rate_per_hour=2.0,
-                  restart_overhead_s=300, lost_work_s=30)  # fmt: skip
+    kwargs = dict(
+        checkpoint_uri=str(tmp_path / "new"),
+        budget_usd=4.5,
+        step_time_estimate_s=3.6,
+        total_steps=1000,
+        num_nodes=4,
+        spot_price=1.0,
+        on_demand_price=3.0,
+        interruption_rate_per_hour=2.0,
+        restart_overhead_s=300,
+        lost_work_s=30,
+    )
     assert _branch(**kwargs).choose_branch({"ti": ti}) == "stop"
     assert _branch(**kwargs, min_finish_chance="0.25").choose_branch({"ti": ti}) == "train_spot"
     assert "32% chance of finishing within $4.50" in ti.pushed["decision"]["reason"]
