@@ -93,7 +93,7 @@ class FSDPTrainTrigger(BaseTrigger):
             while True:
                 status, lines = await asyncio.to_thread(watch.poll)
                 # the status line reads the spend ledger (a file or an S3 GET): off the event loop
-                await asyncio.to_thread(report, self.log, lines, status_line)
+                await asyncio.to_thread(report, self.log, lines, status_line, watch.events)
                 if watch.ended(status):
                     self.log.info("Group %s is %s: %s", self.name, status.state.value, status.message)
                     yield TriggerEvent(watch.event(status))
