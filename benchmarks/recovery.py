@@ -9,7 +9,9 @@ Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m tr
 with the trainer's exit codes: the launcher a local-backend node runs), debug flavour, sends
 SIGTERM to the agent once step --at-step is logged, waits for exit 75, starts the same command
 again at once and stops the clock at the first "train" event after the resume. Steps lost =
-the preempted step minus the resumed step (progress.json's steps_lost agrees). ``--flavor`` and
+the preempted step minus the resumed step (progress.json's steps_lost agrees). Each run's events are
+read from an events directory of its own (``$DTRAIN_EVENTS_DIR``, polled with ``trainer.events``), and
+progress.json through the trainer's reader (``CheckpointDir``). ``--flavor`` and
 ``--set`` (the trainer's) change the job, e.g. on a GPU the 1B model with an async save in flight
 when SIGTERM comes (``benchmarks/gpu_check.sh preempt``).
 
@@ -26,9 +28,12 @@ import subprocess
 import tempfile
 import time
 
-from _common import REPO, trainer_command
+from _common import REPO, events_env, trainer_command
+from trainer.checkpoint_dir import CheckpointDir
+from trainer.events import EventCursor
 
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
+POLL_S = 0.01  # how often a run's events directory is looked at: the clock's resolution
 ARGS = [
     "--set",
     "data.seq_len=32",
@@ -43,29 +48,41 @@ ARGS = [
 ]
 
 
-def start(nproc: int, ckpt: str, env: dict, extra: list[str]) -> subprocess.Popen:
+def start(nproc: int, ckpt: str, env: dict, extra: list[str], events_dir: str) -> subprocess.Popen:
+    """A trainer run on ``ckpt`` whose events go to ``events_dir`` (its own)."""
     cmd = trainer_command(nproc, *ARGS, *extra, "--checkpoint-uri", ckpt)
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=STDERR, text=True)
+    env = events_env(env, events_dir)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=STDERR)
 
 
-def events(proc):
-    for line in proc.stdout:
-        if line.startswith("{"):
-            yield json.loads(line)
+def events(proc: subprocess.Popen, events_dir: str):
+    """The run's events as it writes them (its events directory, polled), until it has exited and every
+    event is read. One generator per run: breaking out of a loop over it and looping again goes on where
+    it stopped."""
+    cursor = EventCursor(events_dir)
+    while True:
+        exited = proc.poll() is not None
+        yield from cursor.read()
+        if exited:
+            return
+        time.sleep(POLL_S)
 
 
 def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     ckpt = tempfile.mkdtemp(prefix="dtrain-recovery-")
-    first = start(nproc, ckpt, env, extra)
+    runs_dir = tempfile.mkdtemp(prefix="dtrain-recovery-events-")
+    first_events, second_events = os.path.join(runs_dir, "first"), os.path.join(runs_dir, "second")
+    first = start(nproc, ckpt, env, extra, first_events)
+    stream = events(first, first_events)
     saves = []  # (step, async, reason) of the first process's saves, as they committed
-    for e in events(first):
+    for e in stream:
         if e["event"] == "checkpoint":
             saves.append((e["step"], e.get("async"), e["reason"]))
         if e["event"] == "train" and e["step"] >= at_step:
             t0 = time.perf_counter()
             first.send_signal(signal.SIGTERM)
             break
-    for e in events(first):
+    for e in stream:
         if e["event"] == "checkpoint":
             saves.append((e["step"], e.get("async"), e["reason"]))
         if e["event"] == "preempted":
@@ -74,9 +91,9 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     rc = first.wait()
     t_exit = time.perf_counter()
     assert rc == 75, rc
-    second = start(nproc, ckpt, env, extra)
+    second = start(nproc, ckpt, env, extra, second_events)
     resume = None
-    for e in events(second):
+    for e in events(second, second_events):
         if e["event"] == "resume":
             resume = e
         if e["event"] == "train":
@@ -85,9 +102,9 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
             break
     second.send_signal(signal.SIGTERM)
     second.wait()
-    with open(os.path.join(ckpt, "progress.json")) as f:
-        progress = json.load(f)
+    progress = CheckpointDir(ckpt).progress()
     shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.rmtree(runs_dir, ignore_errors=True)
     return {
         "recovery_s": t1 - t0,
         "sigterm_to_exit_s": t_exit - t0,

@@ -1,23 +1,40 @@
 """The driver's measurements: the corpus, tokens/s the data path delivers per rank and tokens/s the
-trainer consumes, and the measuring subprocesses' JSON lines."""
+trainer consumes (its "train" events, read from an events directory of its own with ``trainer.events``),
+and the measuring subprocesses' JSON lines."""
 
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
-from _common import REPO, trainer_command
+from _common import REPO, events_env, trainer_command
+from trainer.events import events_of
 
 MiB, GiB = 1 << 20, 1 << 30
 
 
-def run_json(cmd: list[str], env: dict | None = None) -> list[dict]:
-    """Run a measuring subprocess; its JSON lines (one per rank)."""
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+def _run(cmd: list[str], env: dict | None, stdout) -> subprocess.CompletedProcess:
+    """Run a subprocess to its end; exit naming the command and its stderr's tail when it fails."""
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def run_json(cmd: list[str], env: dict | None = None) -> list[dict]:
+    """Run a measuring subprocess (a worker of ours, not the trainer); its JSON lines (one per rank)."""
+    proc = _run(cmd, env, subprocess.PIPE)
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def train_events(cmd: list[str], env: dict | None = None) -> list[dict]:
+    """Run a trainer to its end; its "train" events, from an events directory of its own."""
+    with tempfile.TemporaryDirectory(prefix="dtrain-events-") as events:
+        _run(cmd, events_env(os.environ if env is None else env, events), subprocess.DEVNULL)
+        return events_of(events, "train")
 
 
 def make_corpus(path: str, megabytes: float) -> list[str]:
@@ -82,8 +99,7 @@ def trainer_rate(
         "--set",
         "optim.warmup_steps=2",
     )
-    events = run_json(cmd, env)
-    windows = [e["tokens_per_s"] for e in events if e.get("event") == "train"]
+    windows = [e["tokens_per_s"] for e in train_events(cmd, env)]
     if len(windows) < 2:
         sys.exit(f"the trainer logged {len(windows)} train events; raise --steps")
     # Equal windows (log_every steps each): the group's rate over all of them is the harmonic mean.

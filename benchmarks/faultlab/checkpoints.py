@@ -1,10 +1,15 @@
 """What a trial reads of its checkpoint directory: the final tensors against the reference's, the
-progress file, the manifests and leases, and the row of figures a fault returns."""
+progress file, the manifests and leases, and the row of figures a fault returns.
+
+Every read goes through the trainer's one reader of the directory, ``trainer.checkpoint_dir.CheckpointDir``:
+what "committed" means, where progress and leases live, is named there once. (corruption.py WRITES broken
+manifests: that is the fault, not a read.)"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from trainer.checkpoint_dir import CheckpointDir
 
 from . import runs
 from .runs import STEPS
@@ -22,9 +27,10 @@ def bitwise_equal(ckpt: Path, scratch: Path) -> bool | str:
     """The final checkpoint's tensors equal the reference's, bit for bit (False, or why not comparable)."""
     import torch
 
-    final = ckpt / f"step-{STEPS:08d}"
-    if not (final / "manifest.json").exists():
+    root = CheckpointDir(str(ckpt))
+    if not root.is_committed(STEPS):
         return False
+    final = Path(root.step_path(STEPS))
     try:
         ours = load_tensors(final, scratch)
     except Exception as err:  # noqa: BLE001 - reported, not raised
@@ -36,18 +42,22 @@ def bitwise_equal(ckpt: Path, scratch: Path) -> bool | str:
 
 
 def progress(ckpt: Path) -> dict:
+    """The trainer's live status ({} before it first wrote it, or while it cannot be read)."""
     try:
-        return json.loads((ckpt / "progress.json").read_text())
+        return CheckpointDir(str(ckpt)).progress()
     except (OSError, ValueError):
         return {}
 
 
 def manifests(ckpt: Path) -> list[dict]:
+    """The manifests of the committed checkpoints, oldest first; one that does not parse (a corruption
+    fault's) or vanished meanwhile (pruned) is left out."""
+    root = CheckpointDir(str(ckpt))
     out = []
-    for p in sorted(ckpt.glob("step-*/manifest.json")):
+    for checkpoint in root.committed():
         try:
-            out.append(json.loads(p.read_text()))
-        except ValueError:
+            out.append(root.manifest(checkpoint.path))
+        except (FileNotFoundError, ValueError):
             pass
     return out
 
@@ -62,8 +72,7 @@ def fenced_commits(ckpt: Path, old_token: int, new_acquired_at: float) -> int:
 
 
 def lease_of(ckpt: Path, group: str):
-    from trainer.checkpoint_dir import CheckpointDir
-
+    """The lease the group named ``group`` took on the directory, or None."""
     root = CheckpointDir(str(ckpt))
     return next((root.lease(t) for t in root.leases() if root.lease(t).info.get("group") == group), None)
 

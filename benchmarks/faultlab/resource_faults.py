@@ -19,21 +19,22 @@ def f_full_disk(rng, ckpt, work):
     from trainer.validate import validate_checkpoint
 
     k, rank = rng.choice(range(2 * EVERY, STEPS, EVERY)), rng.randint(0, NPROC - 1)
+    root = CheckpointDir(str(ckpt))
     first = Run(ckpt, work, env=activate({"DTRAIN_TEST_ENOSPC_AT_STEP": f"{k}:{rank}"}))
     rc1 = first.wait()
     err = first.stderr()
     clear = (
-        f"checkpoint step {k} could not be written to {ckpt / f'step-{k:08d}'}" in err
+        f"checkpoint step {k} could not be written to {root.step_path(k)}" in err
         and "No space left on device" in err
     )
-    older = [c.step for c in CheckpointDir(str(ckpt)).committed()]
+    older = [c.step for c in root.committed()]
     intact = True
     for step in older:
         try:
-            validate_checkpoint(str(ckpt / f"step-{step:08d}"), sample_tensors=None)
+            validate_checkpoint(root.step_path(step), sample_tensors=None)
         except Exception:  # noqa: BLE001 - reported
             intact = False
-    partial_gone = not (ckpt / f"step-{k:08d}").exists()
+    partial_gone = k not in {c.step for c in root.step_dirs()}
     second = Run(ckpt, work)  # "space freed": the same command without the hook
     rc2 = second.wait()
     return row(

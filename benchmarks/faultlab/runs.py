@@ -3,7 +3,6 @@ environment of its processes and the uninterrupted reference run's tensors (set 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from _common import REPO, trainer_command
+from _common import REPO, events_env, trainer_command
+from trainer.events import EventCursor
 
 STEPS, EVERY = 40, 5
 ARGS = [
@@ -45,32 +45,25 @@ REFERENCE_DIR: Path = Path()
 
 
 class Run:
-    """One ``trainer.launch`` run: stdout (JSON events) and stderr to files, polled; its workers tagged."""
+    """One ``trainer.launch`` run: its events to a directory of its own (``$DTRAIN_EVENTS_DIR``), read with
+    ``trainer.events.EventCursor``; stdout and stderr to files; its workers tagged."""
 
     def __init__(self, ckpt: Path, work: Path, env: dict | None = None, args: list[str] = ()):
         self.tag = uuid.uuid4().hex
         self.out, self.err = work / f"{self.tag}.out", work / f"{self.tag}.err"
-        full_env = {**BASE_ENV, **(env or {}), "DTRAIN_BENCH_RUN": self.tag}
+        self.events_dir = work / f"{self.tag}.events"
+        full_env = events_env({**BASE_ENV, **(env or {}), "DTRAIN_BENCH_RUN": self.tag}, self.events_dir)
         cmd = trainer_command(NPROC, *ARGS, *args, "--checkpoint-uri", str(ckpt))
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
                 cmd, cwd=REPO, env=full_env, stdout=out, stderr=err, start_new_session=True
             )
-        self._seen = 0
+        self._cursor = EventCursor(self.events_dir)
         self.events: list[dict] = []
 
     def poll_events(self) -> list[dict]:
-        with open(self.out) as f:
-            lines = f.read().splitlines()
-        complete = lines if self.proc.poll() is not None else lines[:-1]  # the last may be half written
-        new = []
-        for line in complete[self._seen :]:
-            if line.startswith("{"):
-                try:
-                    new.append(json.loads(line))
-                except ValueError:
-                    pass
-        self._seen = len(complete)
+        """The events written since the last poll (whole lines only: one being written waits)."""
+        new = self._cursor.read()
         self.events += new
         return new
 

@@ -84,3 +84,52 @@ def test_bench_smoke_runs_every_benchmark_script_in_quick_mode():
         assert "__main__" not in (REPO / "benchmarks" / name).read_text(), f"benchmarks/{name} has a main now"
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert ci.index("make bench-smoke") > ci.index("make test-faults") > ci.index("make test"), ci
+
+
+def test_benchmarks_read_checkpoints_through_checkpoint_dir(tmp_path, monkeypatch):
+    # the fault lab's reads: committed manifests only (an interrupted save and a broken manifest are not
+    # read), progress.json through CheckpointDir ({} before it exists), leases by group
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from faultlab.checkpoints import lease_of, manifests, progress
+
+    from trainer.checkpoint_dir import CheckpointDir
+
+    root = CheckpointDir(str(tmp_path))
+    assert progress(tmp_path) == {} and manifests(tmp_path) == []
+    root.write_json("step-00000005/manifest.json", {"step": 5})
+    root.write_json("step-00000015/manifest.json", {"step": 15})
+    (tmp_path / "step-00000010").mkdir()  # an interrupted save
+    (tmp_path / "step-00000020").mkdir()
+    (tmp_path / "step-00000020" / "manifest.json").write_text('{"step": 2')  # a corruption fault's
+    root.write_json("progress.json", {"step": 15, "steps_lost": 0})
+    assert [m["step"] for m in manifests(tmp_path)] == [5, 15]
+    assert progress(tmp_path) == {"step": 15, "steps_lost": 0}
+    root.acquire_lease({"group": "writer-a"})
+    assert lease_of(tmp_path, "writer-a").token == 1 and lease_of(tmp_path, "writer-b") is None
+
+
+def test_recovery_reads_a_runs_events_from_its_own_directory(tmp_path, monkeypatch):
+    # events come from $DTRAIN_EVENTS_DIR as they are written, not from stdout; one generator per run:
+    # leaving a loop over it and looping again goes on where it stopped, and it ends when the run has
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from recovery import events
+
+    from trainer.events import EVENTS_DIR_ENV
+
+    events_dir = tmp_path / "events"
+    writer = (
+        "from trainer.events import emit\n"
+        "for step in range(1, 6): emit('train', step=step)\n"
+        "emit('preempted', step=5)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", writer],
+        cwd=REPO,
+        env={**trainer_env(str(tmp_path)), EVENTS_DIR_ENV: str(events_dir)},
+        stdout=subprocess.DEVNULL,
+    )
+    stream = events(proc, str(events_dir))
+    first = next(e for e in stream if e["event"] == "train" and e["step"] >= 2)
+    rest = list(stream)
+    assert first["step"] == 2 and [e.get("step") for e in rest] == [3, 4, 5, 5], rest
+    assert rest[-1]["event"] == "preempted" and proc.wait() == 0
