@@ -1,6 +1,6 @@
 """``python -m airflow_dtrain render`` (``airflow dtrain render``): a pod group's Kubernetes objects as YAML.
 
-    python -m airflow_dtrain render --backend kubernetes --nodes 2 --gpus-per-node 8 \\
+    python -m airflow_dtrain render --backend kubernetes --num-nodes 2 --gpus-per-node 8 \\
         --image ghcr.io/acme/dtrain:0.1.0 --checkpoint-uri s3://bucket/run [--spec spec.yaml] \\
         [--capacity spot --zone us-east-1a --instance-type p5.48xlarge] | kubectl apply -f -
 
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from airflow_dtrain.render_args import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT
-from airflow_dtrain.render_args import RENDER_ARGS
+from airflow_dtrain.render_args import render_args
 from airflow_dtrain.spec import JobSpec, SpecError
 
 
@@ -49,8 +49,8 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
     data = _load_spec(args.spec)
     data["backend"] = args.backend
     train = data.setdefault("train", {})
-    if args.nodes is not None:
-        data["num_nodes"] = args.nodes
+    if args.num_nodes is not None:
+        data["num_nodes"] = args.num_nodes
     if args.gpus_per_node is not None:
         data.setdefault("resources", {})["gpus_per_node"] = args.gpus_per_node
         data["procs_per_node"] = max(1, args.gpus_per_node)
@@ -78,13 +78,13 @@ def render(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m airflow_dtrain render", description=__doc__.split("\n\n")[0]
     )
-    for flags, kwargs in RENDER_ARGS:
+    for flags, kwargs in render_args():
         parser.add_argument(*flags, **kwargs)
     return run_render(parser.parse_args(argv))
 
 
 def run_render(args: argparse.Namespace) -> int:
-    """Print the objects of ``args`` (``RENDER_ARGS``'s); 2 with the reason on stderr for a refused spec."""
+    """Print the objects of ``args`` (``render_args()``'s); 2 with the reason on stderr for a refused spec."""
     from airflow_dtrain.kubernetes.objects import render_group
 
     try:

@@ -3,7 +3,7 @@
 Registered through the provider info's ``cli`` entry (Airflow 3 providers can add CLI commands:
 ``ProvidersManager`` imports ``get_dtrain_cli_commands`` when it builds the ``airflow`` command
 line). The same command runs without Airflow's CLI as ``python -m airflow_dtrain render``; both
-take ``RENDER_ARGS`` and run ``airflow_dtrain.__main__.run_render``. This module is imported on
+take ``render_args()`` and run ``airflow_dtrain.__main__.run_render``. This module is imported on
 every ``airflow`` command, so it imports nothing heavy until a command of its own runs.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_dtrain.render_args import DEFAULT_CHECKPOINT, RENDER_ARGS
+from airflow_dtrain.render_args import DEFAULT_CHECKPOINT, render_args
 
-__all__ = ["DEFAULT_CHECKPOINT", "RENDER_ARGS", "RENDER_HELP", "get_dtrain_cli_commands", "render_command"]
+__all__ = ["DEFAULT_CHECKPOINT", "RENDER_HELP", "get_dtrain_cli_commands", "render_args", "render_command"]
 
 RENDER_HELP = "Print a pod group's Kubernetes objects as YAML (what FSDPTrainOperator creates for the spec)"
 
@@ -27,7 +27,7 @@ def get_dtrain_cli_commands() -> list:
         help=RENDER_HELP,
         description=RENDER_HELP + ", for kubectl apply -f -. Also: python -m airflow_dtrain render.",
         func=lazy_load_command("airflow_dtrain.cli.render_command"),
-        args=[Arg(flags, **kwargs) for flags, kwargs in RENDER_ARGS],
+        args=[Arg(flags, **kwargs) for flags, kwargs in render_args()],
     )
     return [GroupCommand(name="dtrain", help="airflow-dtrain: training pod groups", subcommands=[render])]
 

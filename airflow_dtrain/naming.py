@@ -1,4 +1,5 @@
-"""Names of a task instance's pod groups: deterministic, DNS-1035-safe, one per relaunch.
+"""Names of a task instance's pod groups (deterministic, DNS-1035-safe, one per relaunch), and where a
+job's checkpoints go when no ``checkpoint_uri`` is given.
 
 The same dag_id/run_id/task_id/map_index always gives the same base name, which is what lets a
 restarted task find its group again instead of launching another; ``group_name`` numbers its relaunches.
@@ -7,9 +8,10 @@ restarted task find its group again instead of launching another; ``group_name``
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 
-__all__ = ["group_base_name", "group_name", "relaunch_index"]
+__all__ = ["default_checkpoint_uri", "group_base_name", "group_name", "relaunch_index"]
 
 _MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
 
@@ -40,3 +42,10 @@ def relaunch_index(base: str, name: str) -> int | None:
     """The relaunch number of ``name`` if it belongs to ``base``, else None."""
     match = re.fullmatch(re.escape(base) + r"-r([0-9]+)", name)
     return int(match.group(1)) if match else None
+
+
+def default_checkpoint_uri(dtrain_dir: str | os.PathLike, *parts: str) -> str:
+    """``<dtrain_dir>/checkpoints/<parts...>``: the one spelling of the default checkpoint directory, beside
+    the local backend's state (``FSDPTrainOperator``) and the bundled DAGs' own directories. Every run of a
+    job finds its checkpoints (and its ledger) there again."""
+    return os.path.join(os.fspath(dtrain_dir), "checkpoints", *parts)

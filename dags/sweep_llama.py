@@ -14,11 +14,12 @@ import pendulum
 from airflow.sdk import DAG, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
+from airflow_dtrain.naming import default_checkpoint_uri
 from airflow_dtrain.params import BUNDLED_LIMITS, form_limits, reject_unknown_conf, trigger_params
 from airflow_dtrain.trust import limits_for, run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-SWEEP_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "sweep_llama")
+SWEEP_ROOT = default_checkpoint_uri(os.path.join(_HOME, "dtrain"), "sweep_llama")
 # This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/). run_key maps
 # run
 # ids to directory names one-to-one (two run ids never share one).

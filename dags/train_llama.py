@@ -47,6 +47,7 @@ from airflow_dtrain import (
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
+from airflow_dtrain.naming import default_checkpoint_uri
 from airflow_dtrain.params import (
     BUNDLED_LIMITS,
     deployed_interruption_rate,
@@ -57,7 +58,7 @@ from airflow_dtrain.params import (
 )
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-CHECKPOINT_ROOT = os.path.join(_HOME, "dtrain", "checkpoints", "train_llama")
+CHECKPOINT_ROOT = default_checkpoint_uri(os.path.join(_HOME, "dtrain"), "train_llama")
 REGISTRY = os.path.join(_HOME, "dtrain", "models", "train_llama")
 # Where the prepare_data task writes token stores (a directory, or an s3:// prefix the pods can read).
 DATA_ROOT = os.environ.get("DTRAIN_PREPARED_DATA_ROOT") or os.path.join(_HOME, "dtrain", "data")

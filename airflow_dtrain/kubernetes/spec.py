@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.capacity import Capacity
+from trainer.fields import check_field, check_value, declared, setting
 
-from airflow_dtrain.errors import SpecError, positive_int as _positive_int
+from airflow_dtrain.errors import SpecError, checked
 
 DEFAULT_TTL_S = 86_400
 """How long a finished group's Job is kept by default (``ttlSecondsAfterFinished``): a day."""
@@ -22,46 +23,13 @@ DEFAULT_TTL_S = 86_400
 TRIGGER_KEYS = ("image", "namespace")
 """What a run (the trigger form, ``dag_run.conf``) may choose of the pods, within what the DAG allows."""
 
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_K8S_NAME = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+"""A Kubernetes object name (DNS subdomain: at most 253 characters)."""
+_NAME_RULE = "not a Kubernetes object name (lowercase letters, digits, '-', '.')"
+_IMAGE = r"\S+"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Plain env values are visible to anyone who can read the Job: these names belong in secret_env.
 _SECRET_LOOKING = re.compile(r"SECRET|PASSWORD|TOKEN|PRIVATE_KEY|ACCESS_KEY|API_KEY|CREDENTIAL", re.I)
-
-
-def _k8s_name(name: str, value: Any, *, optional: bool = True) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or len(value) > 253 or not _K8S_NAME.match(value):
-        raise SpecError(
-            f"{name}: not a Kubernetes object name (lowercase letters, digits, '-', '.'), got {value!r}"
-        )
-    return value
-
-
-def _str_map(name: str, value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise SpecError(f"{name}: expected a mapping of strings to strings, got {value!r}")
-    return dict(value)
-
-
-def _dict_list(name: str, value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, dict) for v in value):
-        raise SpecError(f"{name}: expected a list of mappings, got {value!r}")
-    return [dict(v) for v in value]
-
-
-def _image_patterns(name: str, value: Any) -> tuple[str, ...]:
-    patterns = tuple(value or ())
-    for pattern in patterns:
-        if not isinstance(pattern, str) or not pattern.strip() or any(c.isspace() for c in pattern):
-            raise SpecError(f"{name}: not an image reference or prefix, got {pattern!r}")
-    return patterns
 
 
 def image_allowed(image: str, patterns: tuple[str, ...] | list[str]) -> bool:
@@ -77,192 +45,119 @@ def image_allowed(image: str, patterns: tuple[str, ...] | list[str]) -> bool:
     )
 
 
+def _name(help: str, default: Any = None) -> Any:
+    """A field that holds a Kubernetes object name (or, for a tuple, a list of them)."""
+    return setting(default, help=help, pattern=_K8S_NAME, rule=_NAME_RULE)
+
+
 @dataclass(frozen=True, kw_only=True)
 class KubernetesSpec:
-    """Where and how the pods of a ``kubernetes`` group run (ignored by the other backends)."""
+    """Where and how the pods of a ``kubernetes`` group run (ignored by the other backends).
 
-    image: str | None = None
-    """Trainer image (``docker/Dockerfile``); required for the kubernetes backend."""
-    image_pull_policy: str = "IfNotPresent"
-    """``Always``, ``IfNotPresent`` or ``Never``."""
-    image_pull_secrets: tuple[str, ...] = ()
-    """Names of docker-registry Secrets for a private registry."""
-    namespace: str | None = None
-    """Namespace of the group; default: the connection's namespace, else ``default``."""
-    service_account: str = "dtrain-trainer"
-    """Service account of the trainer pods (e.g. bound to an IAM role for S3 through IRSA)."""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    """Extra node labels the pods require, e.g. ``{"node.kubernetes.io/instance-type": "p5.48xlarge"}``."""
-    tolerations: tuple[dict[str, Any], ...] = ()
-    """Extra tolerations (Kubernetes ``Toleration`` objects)."""
-    topology_spread: str | None = None
-    """A topology key (e.g. ``kubernetes.io/hostname``) to spread the group's pods over, max skew 1."""
-    kueue_queue: str | None = None
-    """Kueue LocalQueue: the Job is created suspended and admitted as a whole (gang admission)."""
-    priority_class: str | None = None
-    """PriorityClass of the pods."""
-    pod_template: dict[str, Any] = field(default_factory=dict)
-    """A partial ``PodTemplateSpec`` merged over the rendered one (containers, volumes, env by name)."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Plain environment variables of the trainer container (no secrets: use ``secret_env``)."""
-    secret_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Environment variables from Secrets: ``{"HF_TOKEN": {"secret": "hf", "key": "token"}}``."""
-    volumes: tuple[dict[str, Any], ...] = ()
-    """PersistentVolumeClaims to mount: ``[{"claim": "ckpt", "mount_path": "/mnt/ckpt"}]``."""
-    shm_size: str = "8Gi"
-    """Size limit of the memory-backed ``/dev/shm`` (NCCL and data loader workers use it)."""
-    pending_timeout_s: float = 1800.0
-    """A group with a pod not yet running after this long fails with "no capacity"; 0: wait forever."""
-    statsd_host: str = ""
-    """statsd host of the trainer; ``node`` means the IP of the pod's node (a statsd DaemonSet)."""
-    statsd_port: int = 8125
-    """statsd UDP port."""
-    rdzv_port: int = 29400
-    """Port of the c10d rendezvous store on pod 0."""
-    ttl_seconds_after_finished: int | None = DEFAULT_TTL_S
-    """Delete a finished Job (and its pods, Service, ConfigMap) this long after it ended; None keeps it. The
-    operator reads a group's outcome right after it ends, and each Job carries its task's earlier outcomes,
-    so counting preemptions survives the deletion of the earlier Jobs."""
-    checkpoint_now: str = "annotation"
-    """How "checkpoint now" reaches the pods: ``annotation`` (a pod annotation the kubelet writes into a
-    downward-API file the node agent follows: no ``pods/exec``, but the kubelet refreshes it on its sync,
-    up to about a minute) or ``exec`` (SIGUSR1 through ``pods/exec`` at once; the Role needs pods/exec)."""
-    allowed_images: tuple[str, ...] = ()
-    """Images a run may choose instead of ``image`` (``TRIGGER_KEYS``): exact references, or prefixes
-    ending in ``/``, ``:`` or ``@`` (``"ghcr.io/acme/dtrain:"``: any tag of that repository)."""
-    allowed_namespaces: tuple[str, ...] = ()
-    """Namespaces a run may choose instead of ``namespace``."""
+    Each field is declared once, with ``setting()``: its help, and the rule (pattern, bounds) its
+    values obey; ``from_value`` validates a ``kubernetes={...}`` mapping by those declarations."""
 
-    _FIELDS = (
-        "image", "image_pull_policy", "image_pull_secrets", "namespace", "service_account",
-        "node_selector", "tolerations", "topology_spread", "kueue_queue", "priority_class", "pod_template",
-        "env", "secret_env", "volumes", "shm_size", "pending_timeout_s", "statsd_host", "statsd_port",
-        "rdzv_port", "ttl_seconds_after_finished", "checkpoint_now", "allowed_images", "allowed_namespaces",
+    image: str | None = setting(
+        None, help="Trainer image (docker/Dockerfile); required for the kubernetes backend.",
+        pattern=_IMAGE, rule="not an image reference",
     )  # fmt: skip
+    image_pull_policy: str = setting(
+        "IfNotPresent", help="Always, IfNotPresent or Never.",
+        pattern="Always|IfNotPresent|Never", rule="choose Always, IfNotPresent or Never",
+    )  # fmt: skip
+    image_pull_secrets: tuple[str, ...] = _name(
+        "Names of docker-registry Secrets for a private registry.", ()
+    )
+    namespace: str | None = _name(
+        "Namespace of the group; default: the connection's namespace, else ``default``."
+    )
+    service_account: str = _name(
+        "Service account of the trainer pods (e.g. bound to an IAM role for S3 through IRSA).",
+        "dtrain-trainer",
+    )
+    node_selector: dict[str, str] = setting(
+        factory=dict,
+        help='Extra node labels the pods require, e.g. {"node.kubernetes.io/instance-type": "p5.48xlarge"}.',
+    )
+    tolerations: tuple[dict[str, Any], ...] = setting(
+        (), help="Extra tolerations (Kubernetes Toleration objects)."
+    )
+    topology_spread: str | None = setting(
+        None, help="A topology key (kubernetes.io/hostname) to spread the group's pods over, max skew 1.",
+        pattern=".+", rule="expected a topology key such as 'kubernetes.io/hostname'",
+    )  # fmt: skip
+    kueue_queue: str | None = _name(
+        "Kueue LocalQueue: the Job is created suspended and admitted as a whole (gang admission)."
+    )
+    priority_class: str | None = _name("PriorityClass of the pods.")
+    pod_template: dict[str, Any] = setting(
+        factory=dict,
+        help="A partial PodTemplateSpec merged over the rendered one (containers, volumes, env by name).",
+    )
+    env: dict[str, str] = setting(
+        factory=dict,
+        help="Plain environment variables of the trainer container (no secrets: use secret_env).",
+    )
+    secret_env: dict[str, dict[str, str]] = setting(
+        factory=dict,
+        help='Environment variables from Secrets: {"HF_TOKEN": {"secret": "hf", "key": "token"}}.',
+    )
+    volumes: tuple[dict[str, Any], ...] = setting(
+        (), help='PersistentVolumeClaims to mount: [{"claim": "ckpt", "mount_path": "/mnt/ckpt"}].'
+    )
+    shm_size: str = setting(
+        "8Gi", help="Size limit of the memory-backed /dev/shm (NCCL and data loader workers use it).",
+        pattern=r"[0-9]+(\.[0-9]+)?([kMGTPE]i?)?", rule="not a Kubernetes quantity",
+    )  # fmt: skip
+    pending_timeout_s: float = setting(
+        1800.0, ge=0, rule="must be a number >= 0 (0: no timeout)",
+        help='A group with a pod not yet running after this long fails with "no capacity"; 0: wait forever.',
+    )  # fmt: skip
+    statsd_host: str = setting(
+        "", help="statsd host of the trainer; ``node`` means the IP of the pod's node (a statsd DaemonSet)."
+    )
+    statsd_port: int = setting(8125, ge=1, rule="must be an integer >= 1", help="statsd UDP port.")
+    rdzv_port: int = setting(
+        29400, ge=1, rule="must be an integer >= 1", help="Port of the c10d rendezvous store on pod 0."
+    )
+    ttl_seconds_after_finished: int | None = setting(
+        DEFAULT_TTL_S, ge=0, rule="must be an integer >= 0",
+        help="Delete a finished Job (and its pods, Service, ConfigMap) this long after it ended; None keeps "
+        "it. The operator reads a group's outcome right after it ends, and each Job carries its task's "
+        "earlier outcomes, so counting preemptions survives the deletion of the earlier Jobs.",
+    )  # fmt: skip
+    checkpoint_now: str = setting(
+        "annotation", pattern="annotation|exec", rule="choose annotation or exec",
+        help='How "checkpoint now" reaches the pods: annotation (a pod annotation the kubelet writes into a '
+        "downward-API file the node agent follows: no pods/exec, but the kubelet refreshes it on its sync, "
+        "up to about a minute) or exec (SIGUSR1 through pods/exec at once; the Role needs pods/exec).",
+    )  # fmt: skip
+    allowed_images: tuple[str, ...] = setting(
+        (), pattern=_IMAGE, rule="not an image reference or prefix",
+        help="Images a run may choose instead of image (TRIGGER_KEYS): exact references, or prefixes ending "
+        'in /, : or @ ("ghcr.io/acme/dtrain:": any tag of that repository).',
+    )  # fmt: skip
+    allowed_namespaces: tuple[str, ...] = _name("Namespaces a run may choose instead of namespace.", ())
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The fields, in declaration order (the keys ``kubernetes={...}`` takes)."""
+        return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
     def from_value(cls, value: Any) -> KubernetesSpec:
+        """A ``kubernetes={...}`` mapping (None: the defaults) as a KubernetesSpec, each key validated by
+        its declaration; a SpecError names the key (``kubernetes.env.HF_TOKEN``) and the value."""
         if value is None:
             return cls()
         if isinstance(value, KubernetesSpec):
             return value
         if not isinstance(value, dict):
             raise SpecError(f"kubernetes: expected a mapping, got {value!r}")
-        unknown = sorted(set(value) - set(cls._FIELDS))
+        unknown = sorted(set(value) - set(cls.names()))
         if unknown:
-            raise SpecError(f"kubernetes: unknown key {unknown[0]!r} (allowed: {', '.join(cls._FIELDS)})")
-        v = dict(value)
-        image = v.get("image")
-        if image is not None and (
-            not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image)
-        ):
-            raise SpecError(f"kubernetes.image: not an image reference, got {image!r}")
-        pull_policy = v.get("image_pull_policy", "IfNotPresent")
-        if pull_policy not in ("Always", "IfNotPresent", "Never"):
-            raise SpecError(
-                f"kubernetes.image_pull_policy: choose Always, IfNotPresent or Never, got {pull_policy!r}"
-            )
-        env = _str_map("kubernetes.env", v.get("env"))
-        for key in env:
-            if not _ENV_NAME.match(key):
-                raise SpecError(f"kubernetes.env: not an environment variable name: {key!r}")
-            if _SECRET_LOOKING.search(key):
-                raise SpecError(
-                    f"kubernetes.env.{key}: looks like a secret; pass it with "
-                    f"secret_env={{{key!r}: {{'secret': ..., 'key': ...}}}} so it stays in a Secret"
-                )
-        secret_env = v.get("secret_env") or {}
-        if not isinstance(secret_env, dict):
-            raise SpecError(f"kubernetes.secret_env: expected a mapping, got {secret_env!r}")
-        for key, ref in secret_env.items():
-            if not isinstance(key, str) or not _ENV_NAME.match(key):
-                raise SpecError(f"kubernetes.secret_env: not an environment variable name: {key!r}")
-            if not isinstance(ref, dict) or set(ref) != {"secret", "key"}:
-                raise SpecError(
-                    f"kubernetes.secret_env.{key}: expected {{'secret': NAME, 'key': KEY}}, got {ref!r}"
-                )
-            _k8s_name(f"kubernetes.secret_env.{key}.secret", ref["secret"], optional=False)
-        volumes = _dict_list("kubernetes.volumes", v.get("volumes"))
-        for i, volume in enumerate(volumes):
-            if (
-                set(volume) - {"claim", "mount_path", "read_only"}
-                or "claim" not in volume
-                or "mount_path" not in volume
-            ):
-                raise SpecError(
-                    f"kubernetes.volumes[{i}]: expected {{'claim': PVC, 'mount_path': '/abs/path'}}, got "
-                    f"{volume!r}"
-                )
-            _k8s_name(f"kubernetes.volumes[{i}].claim", volume["claim"], optional=False)
-            if not str(volume["mount_path"]).startswith("/"):
-                raise SpecError(
-                    f"kubernetes.volumes[{i}].mount_path: must be absolute, got {volume['mount_path']!r}"
-                )
-        pod_template = v.get("pod_template") or {}
-        if not isinstance(pod_template, dict) or set(pod_template) - {"metadata", "spec"}:
-            raise SpecError(
-                f"kubernetes.pod_template: expected a PodTemplateSpec ({{'metadata', 'spec'}}), got "
-                f"{pod_template!r}"
-            )
-        shm = str(v.get("shm_size", "8Gi"))
-        if not re.fullmatch(r"[0-9]+(\.[0-9]+)?([kMGTPE]i?)?", shm):
-            raise SpecError(f"kubernetes.shm_size: not a Kubernetes quantity: {shm!r}")
-        timeout = v.get("pending_timeout_s", 1800.0)
-        if isinstance(timeout, str):
-            try:
-                timeout = float(timeout)
-            except ValueError:
-                pass
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-            raise SpecError(
-                f"kubernetes.pending_timeout_s: must be a number >= 0 (0: no timeout), got {timeout!r}"
-            )
-        ttl = v.get("ttl_seconds_after_finished", DEFAULT_TTL_S)
-        spread = v.get("topology_spread")
-        if spread is not None and (not isinstance(spread, str) or not spread):
-            raise SpecError(
-                "kubernetes.topology_spread: expected a topology key such as 'kubernetes.io/hostname', got "
-                f"{spread!r}"
-            )
-        statsd_host = v.get("statsd_host", "")
-        if not isinstance(statsd_host, str):
-            raise SpecError(f"kubernetes.statsd_host: expected a string, got {statsd_host!r}")
-        for key in ("image_pull_secrets", "allowed_namespaces"):
-            for name in v.get(key) or ():
-                _k8s_name(f"kubernetes.{key}", name, optional=False)
-        allowed_images = _image_patterns("kubernetes.allowed_images", v.get("allowed_images"))
-        delivery = v.get("checkpoint_now", "annotation")
-        if delivery not in ("annotation", "exec"):
-            raise SpecError(f"kubernetes.checkpoint_now: choose annotation or exec, got {delivery!r}")
-        return cls(
-            image=image,
-            image_pull_policy=pull_policy,
-            image_pull_secrets=tuple(v.get("image_pull_secrets") or ()),
-            namespace=_k8s_name("kubernetes.namespace", v.get("namespace")),
-            service_account=_k8s_name(
-                "kubernetes.service_account", v.get("service_account", "dtrain-trainer"), optional=False
-            ),
-            node_selector=_str_map("kubernetes.node_selector", v.get("node_selector")),
-            tolerations=tuple(_dict_list("kubernetes.tolerations", v.get("tolerations"))),
-            topology_spread=spread,
-            kueue_queue=_k8s_name("kubernetes.kueue_queue", v.get("kueue_queue")),
-            priority_class=_k8s_name("kubernetes.priority_class", v.get("priority_class")),
-            pod_template=pod_template,
-            env=env,
-            secret_env={k: dict(r) for k, r in secret_env.items()},
-            volumes=tuple(volumes),
-            shm_size=shm,
-            pending_timeout_s=float(timeout),
-            statsd_host=statsd_host,
-            statsd_port=_positive_int("kubernetes.statsd_port", v.get("statsd_port", 8125)),
-            rdzv_port=_positive_int("kubernetes.rdzv_port", v.get("rdzv_port", 29400)),
-            ttl_seconds_after_finished=None
-            if ttl is None
-            else _positive_int("kubernetes.ttl_seconds_after_finished", ttl, 0),
-            checkpoint_now=delivery,
-            allowed_images=allowed_images,
-            allowed_namespaces=tuple(v.get("allowed_namespaces") or ()),
-        )
+            raise SpecError(f"kubernetes: unknown key {unknown[0]!r} (allowed: {', '.join(cls.names())})")
+        return checked(_parse, value)
 
     def choose(self, choice: Any) -> KubernetesSpec:
         """This spec with what a run chose (``FSDPTrainOperator(kubernetes_overrides=...)``, the trigger
@@ -306,7 +201,7 @@ class KubernetesSpec:
         return dataclasses.replace(self, **changes) if changes else self
 
     def to_dict(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in self._FIELDS}
+        out = {name: getattr(self, name) for name in self.names()}
         for key in ("image_pull_secrets", "tolerations", "volumes", "allowed_images", "allowed_namespaces"):
             out[key] = list(out[key])
         return out
@@ -327,6 +222,127 @@ class KubernetesSpec:
             "of a PersistentVolumeClaim declared in kubernetes.volumes (mounted at the same path on the "
             "Airflow worker)"
         )
+
+
+_SCALARS = (
+    "image", "image_pull_policy", "namespace", "service_account", "topology_spread", "kueue_queue",
+    "priority_class", "shm_size", "pending_timeout_s", "statsd_host", "statsd_port", "rdzv_port",
+    "ttl_seconds_after_finished", "checkpoint_now",
+)  # fmt: skip
+"""The fields ``check_value`` validates whole, by their declarations; the others are collections, checked
+item by item (``_parse``)."""
+
+
+def _parse(value: dict[str, Any]) -> KubernetesSpec:
+    """``KubernetesSpec.from_value``'s mapping, known keys only, validated: a ConfigError names the key."""
+    v = dict(value)
+    if isinstance(v.get("shm_size"), (int, float)) and not isinstance(v["shm_size"], bool):
+        v["shm_size"] = str(v["shm_size"])  # 8 is the quantity "8"
+    fields = {n: check_value(KubernetesSpec, n, v[n], f"kubernetes.{n}") for n in _SCALARS if n in v}
+    for key in ("image_pull_secrets", "allowed_images", "allowed_namespaces"):
+        if key in v:
+            fields[key] = _each(key, v[key])
+    for key, parse in (
+        ("node_selector", _str_map), ("tolerations", _dict_list), ("pod_template", _pod_template),
+        ("env", _env), ("secret_env", _secret_env), ("volumes", _volumes),
+    ):  # fmt: skip
+        if key in v:
+            fields[key] = parse(f"kubernetes.{key}", v[key])
+    return KubernetesSpec(**fields)
+
+
+def _each(key: str, values: Any) -> tuple[str, ...]:
+    """A list of strings, each by the pattern declared on field ``key`` (a name, an image)."""
+    where = f"kubernetes.{key}"
+    if isinstance(values, str):
+        raise SpecError(f"{where}: expected a list, got {values!r}")
+    f = declared(KubernetesSpec, key)
+    return tuple(check_field(f, str, item, where) for item in values or ())
+
+
+def _object_name(where: str, value: Any) -> str:
+    """A Kubernetes object name (a Secret, a claim), by the rule of the declared names."""
+    return check_field(declared(KubernetesSpec, "service_account"), str, value, where)
+
+
+def _k8s_name(name: str, value: Any, *, optional: bool = True) -> str | None:
+    """A Kubernetes object name (None allowed when ``optional``), as ``kubernetes.policy`` checks them."""
+    if value is None and optional:
+        return None
+    return checked(_object_name, name, value)
+
+
+def _image_patterns(name: str, value: Any) -> tuple[str, ...]:
+    """Image references or prefixes, by ``allowed_images``' declaration (``kubernetes.policy``'s too)."""
+    f = declared(KubernetesSpec, "allowed_images")
+    return tuple(checked(check_field, f, str, pattern, name) for pattern in value or ())
+
+
+def _str_map(where: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise SpecError(f"{where}: expected a mapping of strings to strings, got {value!r}")
+    return dict(value)
+
+
+def _dict_list(where: str, value: Any) -> tuple[dict[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, dict) for v in value):
+        raise SpecError(f"{where}: expected a list of mappings, got {value!r}")
+    return tuple(dict(v) for v in value)
+
+
+def _pod_template(where: str, value: Any) -> dict[str, Any]:
+    template = value or {}
+    if not isinstance(template, dict) or set(template) - {"metadata", "spec"}:
+        raise SpecError(f"{where}: expected a PodTemplateSpec ({{'metadata', 'spec'}}), got {template!r}")
+    return template
+
+
+def _env(where: str, value: Any) -> dict[str, str]:
+    """Plain variables: valid names, none that looks like a secret (those go in ``secret_env``)."""
+    env = _str_map(where, value)
+    for key in env:
+        if not _ENV_NAME.match(key):
+            raise SpecError(f"{where}: not an environment variable name: {key!r}")
+        if _SECRET_LOOKING.search(key):
+            raise SpecError(
+                f"{where}.{key}: looks like a secret; pass it with "
+                f"secret_env={{{key!r}: {{'secret': ..., 'key': ...}}}} so it stays in a Secret"
+            )
+    return env
+
+
+def _secret_env(where: str, value: Any) -> dict[str, dict[str, str]]:
+    """``{NAME: {"secret": SECRET, "key": KEY}}``, each SECRET a Kubernetes object name."""
+    secret_env = value or {}
+    if not isinstance(secret_env, dict):
+        raise SpecError(f"{where}: expected a mapping, got {secret_env!r}")
+    for key, ref in secret_env.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise SpecError(f"{where}: not an environment variable name: {key!r}")
+        if not isinstance(ref, dict) or set(ref) != {"secret", "key"}:
+            raise SpecError(f"{where}.{key}: expected {{'secret': NAME, 'key': KEY}}, got {ref!r}")
+        _object_name(f"{where}.{key}.secret", ref["secret"])
+    return {k: dict(r) for k, r in secret_env.items()}
+
+
+def _volumes(where: str, value: Any) -> tuple[dict[str, Any], ...]:
+    """PersistentVolumeClaims: ``{"claim": PVC, "mount_path": "/abs/path"[, "read_only": bool]}``."""
+    volumes = _dict_list(where, value)
+    for i, volume in enumerate(volumes):
+        if set(volume) - {"claim", "mount_path", "read_only"} or not {"claim", "mount_path"} <= set(volume):
+            raise SpecError(
+                f"{where}[{i}]: expected {{'claim': PVC, 'mount_path': '/abs/path'}}, got {volume!r}"
+            )
+        _object_name(f"{where}[{i}].claim", volume["claim"])
+        if not str(volume["mount_path"]).startswith("/"):
+            raise SpecError(f"{where}[{i}].mount_path: must be absolute, got {volume['mount_path']!r}")
+    return volumes
 
 
 def kubernetes_and_capacity(value: Any, capacity: Any) -> tuple[KubernetesSpec, Any]:

@@ -14,7 +14,7 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
 from airflow_dtrain.links import TrainingDashboardLink, TrainingReportLink
 from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.naming import group_base_name
+from airflow_dtrain.naming import default_checkpoint_uri, group_base_name
 from airflow_dtrain.operators.train_arguments import ARGUMENTS, TEMPLATE_FIELDS, operator_doc, signature
 from airflow_dtrain.spec import JobSpec, SpecError, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
@@ -121,7 +121,7 @@ class FSDPTrainOperator(BaseOperator):
             raise SpecError(f"checkpoint_uri: required for backend {backend!r}")
         # A job's checkpoints are found again by every run of it; without a job, each task instance has its
         # own.
-        return str(local_state_dir(self.local_state_dir).parent / "checkpoints" / (self.job or self._base))
+        return default_checkpoint_uri(local_state_dir(self.local_state_dir).parent, self.job or self._base)
 
     # -- the session ---------------------------------------------------------------------------
     def _launcher_kwargs(self, backend: str) -> dict[str, Any]:

@@ -21,8 +21,9 @@ def _render(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_render_prints_every_object_as_valid_multi_document_yaml():
-    out = _render("--backend", "kubernetes", "--nodes", "16", "--gpus-per-node", "8",
-                  "--image", "ghcr.io/acme/dtrain:0.1.0", "--checkpoint-uri", "s3://ml-ckpt/llama")  # fmt: skip
+    out = _render("--backend", "kubernetes", "--num-nodes", "16", "--gpus-per-node", "8",
+                  "--image", "ghcr.io/acme/dtrain:0.1.0",
+                  "--checkpoint-uri", "s3://ml-ckpt/llama")  # fmt: skip
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
@@ -41,7 +42,8 @@ def test_render_prints_every_object_as_valid_multi_document_yaml():
 
 def test_render_applies_a_spec_file_under_the_flags(tmp_path):
     spec = {
-        "train": {"model": {"flavor": "llama3_1b"}, "steps": 1000, "global_batch_size": 64, "micro_batch_size": 4,
+        "train": {"model": {"flavor": "llama3_1b"}, "steps": 1000, "global_batch_size": 64,
+                  "micro_batch_size": 4,
                   "checkpoint": {"uri": "s3://ml-ckpt/run7", "grace_period_s": 200}},
         "kubernetes": {"namespace": "ml", "capacity_type": "spot", "kueue_queue": "gpu-queue",
                        "secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}}},
@@ -51,7 +53,7 @@ def test_render_applies_a_spec_file_under_the_flags(tmp_path):
     out = _render(
         "--backend",
         "kubernetes",
-        "--nodes",
+        "--nodes",  # the deprecated spelling of --num-nodes still works
         "2",
         "--gpus-per-node",
         "8",
@@ -73,7 +75,7 @@ def test_render_applies_a_spec_file_under_the_flags(tmp_path):
 
 
 def test_render_places_the_pods_where_the_price_was_chosen():
-    out = _render("--backend", "kubernetes", "--nodes", "2", "--gpus-per-node", "8", "--image", "img:1",
+    out = _render("--backend", "kubernetes", "--num-nodes", "2", "--gpus-per-node", "8", "--image", "img:1",
                   "--capacity", "spot", "--zone", "us-east-1a", "--instance-type", "p5.48xlarge")  # fmt: skip
     assert out.returncode == 0, out.stderr
     job = [d for d in yaml.safe_load_all(out.stdout) if d][2]
@@ -87,19 +89,26 @@ def test_render_places_the_pods_where_the_price_was_chosen():
         assert required["node.kubernetes.io/instance-type"] == ["p5.48xlarge"]
     assert {"karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType"} <= {
         e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}  # fmt: skip
-    bad = _render("--backend", "kubernetes", "--nodes", "1", "--gpus-per-node", "0", "--image", "img:1",
+    bad = _render("--backend", "kubernetes", "--num-nodes", "1", "--gpus-per-node", "0", "--image", "img:1",
                   "--zone", "us east 1a")  # fmt: skip
     assert bad.returncode == 2 and "zone" in bad.stderr and "'us east 1a'" in bad.stderr and bad.stdout == ""
 
 
+def test_num_nodes_is_the_flag_and_nodes_its_deprecated_alias():
+    out = _render("--backend", "kubernetes", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--num-nodes N, --nodes N" in out.stdout and "deprecated" in out.stdout
+    assert "Nodes in the group" in out.stdout, "the help is num_nodes' declaration"
+
+
 def test_render_without_a_checkpoint_uri_says_the_placeholder_must_be_replaced():
-    out = _render("--backend", "kubernetes", "--nodes", "1", "--gpus-per-node", "0", "--image", "img:1")
+    out = _render("--backend", "kubernetes", "--num-nodes", "1", "--gpus-per-node", "0", "--image", "img:1")
     assert out.returncode == 0, out.stderr
     assert "checkpoint.uri is a placeholder" in out.stdout
 
 
 def test_render_rejects_a_bad_spec_naming_the_field(tmp_path):
-    out = _render("--backend", "kubernetes", "--nodes", "2", "--gpus-per-node", "8")  # no --image
+    out = _render("--backend", "kubernetes", "--num-nodes", "2", "--gpus-per-node", "8")  # no --image
     assert out.returncode == 2
     assert "kubernetes.image" in out.stderr and "required" in out.stderr
     assert out.stdout == "", "nothing half-rendered for kubectl to apply"
@@ -114,7 +123,8 @@ def test_nothing_imports_the_kubernetes_client_at_dag_parse_time():
         "FSDPTrainOperator(task_id='u', backend='kubernetes', checkpoint_uri='{{ var.value.ckpt }}',\n"
         "                  kubernetes={'image': '{{ var.value.image }}'})\n"
         "import airflow_dtrain.triggers.fsdp_train, airflow_dtrain.kubernetes.objects\n"
-        "print(sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith(('kubernetes.', 'kubernetes_asyncio'))))\n"
+        "print(sorted(m for m in sys.modules\n"
+        "             if m == 'kubernetes' or m.startswith(('kubernetes.', 'kubernetes_asyncio'))))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=os.environ.copy()
@@ -125,10 +135,11 @@ def test_nothing_imports_the_kubernetes_client_at_dag_parse_time():
 
 def test_airflow_dtrain_render_is_an_airflow_cli_command_printing_the_same(airflow_home):
     """The provider info's ``cli`` entry puts ``render`` in Airflow's own CLI: same arguments, same YAML."""
-    args = ("--backend", "kubernetes", "--nodes", "2", "--gpus-per-node", "1", "--image", "img:1",
+    args = ("--backend", "kubernetes", "--num-nodes", "2", "--gpus-per-node", "1", "--image", "img:1",
             "--checkpoint-uri", "s3://ml-ckpt/run9")  # fmt: skip
     airflow = subprocess.run([sys.executable, "-m", "airflow", "dtrain", "render", *args],
-                             capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=120)  # fmt: skip
+                             capture_output=True, text=True, cwd=REPO, env=os.environ.copy(),
+                             timeout=120)  # fmt: skip
     assert airflow.returncode == 0, airflow.stderr[-3000:]
     assert airflow.stdout == _render(*args).stdout
     assert [d["kind"] for d in yaml.safe_load_all(airflow.stdout) if d] == ["ConfigMap", "Service", "Job"]
