@@ -51,6 +51,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
 
 from trainer.checkpoint import Checkpointer  # noqa: E402
+from trainer.checkpointing.state import training_state  # noqa: E402
 from trainer.config import CheckpointConfig  # noqa: E402
 
 
@@ -217,7 +218,7 @@ def references(b: Bench, r: int, path: str, nbytes: int) -> tuple[list[str], dic
     """DCP alone, the disk's write and read, the load and the host copy; the paths to remove after."""
     raw_dir = os.path.join(b.base, f"raw{r}")
     t = time.perf_counter()
-    dcp.save(b.sync._state(*b.state(), 1), checkpoint_id=raw_dir)
+    dcp.save(training_state(*b.state(), 1, rank=0), checkpoint_id=raw_dir)
     dcp_s = time.perf_counter() - t
 
     blob = os.path.join(b.base, f"disk{r}.bin")
@@ -230,7 +231,7 @@ def references(b: Bench, r: int, path: str, nbytes: int) -> tuple[list[str], dic
 
     stager = DefaultStager(StagingOptions(False, False, False, False))
     t = time.perf_counter()
-    stager.stage(b.sync._state(*b.state(), 1))
+    stager.stage(training_state(*b.state(), 1, rank=0))
     copy_s = time.perf_counter() - t
     stager.close()
     return [raw_dir, blob], dict(dcp=dcp_s, write=write_s, read=read_s, load=load_s, copy=copy_s)
