@@ -50,7 +50,8 @@ Every strategy runs on the same world with the same mechanisms:
   seeds are the expectation the verdict is about.
 
 The package, in the order a run uses it: ``world`` (markets as a group of n sees them, jobs), ``strategies``
-(the strategies and ``simulate``), ``tables`` (jobs, rows, the parameter grid), ``tuning`` (the choice of
+(the strategies and ``simulate``), ``elastic`` (elastic pod groups: ``simulate_elastic`` and our policy on
+them, rows beside the all-or-nothing ones; its docstring has the model), ``tables`` (jobs, rows, the parameter grid), ``tuning`` (the choice of
 parameters on the first half), ``verdicts`` (held-out verdicts), ``cli`` (the run and its report).
 """
 
