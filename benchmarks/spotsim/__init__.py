@@ -51,8 +51,9 @@ Every strategy runs on the same world with the same mechanisms:
 
 The package, in the order a run uses it: ``world`` (markets as a group of n sees them, jobs), ``strategies``
 (the strategies and ``simulate``), ``elastic`` (elastic pod groups: ``simulate_elastic`` and our policy on
-them, rows beside the all-or-nothing ones; its docstring has the model), ``tables`` (jobs, rows, the parameter grid), ``tuning`` (the choice of
-parameters on the first half), ``verdicts`` (held-out verdicts), ``cli`` (the run and its report).
+them, rows beside the all-or-nothing ones; its docstring has the model), ``tables`` (jobs, rows, the parameter
+grid), ``tuning`` (the choice of parameters on the first half), ``verdicts`` (held-out verdicts), ``cli`` (the
+run and its report).
 """
 
 import _common  # noqa: F401 - the repository on sys.path, for airflow_dtrain
