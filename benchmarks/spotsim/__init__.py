@@ -50,19 +50,23 @@ Every strategy runs on the same world with the same mechanisms:
   seeds are the expectation the verdict is about.
 
 The package, in the order a run uses it: ``world`` (markets as a group of n sees them, jobs), ``strategies``
-(the strategies and ``simulate``), ``tables`` (jobs, rows, the parameter grid), ``tuning`` (the choice of
-parameters on the first half), ``verdicts`` (held-out verdicts), ``cli`` (the run and its report).
+(the strategies and ``simulate``), ``elastic`` (elastic pod groups: ``simulate_elastic`` and our policy on
+them, rows beside the all-or-nothing ones; its docstring has the model), ``tables`` (jobs, rows, the parameter
+grid), ``tuning`` (the choice of parameters on the first half), ``verdicts`` (held-out verdicts), ``cli`` (the
+run and its report).
 """
 
 import _common  # noqa: F401 - the repository on sys.path, for airflow_dtrain
 
 from .cli import DEFAULT_TRACES, main, seed_list
+from .elastic import ElasticPolicy, min_nodes, nodes_lost, simulate_elastic
 from .strategies import Naive, Policy, State, UniformProgress, simulate
 from .tables import HEAD, Row, distinct_sets, make_jobs, param_grid, run_size, work_range_h
 from .tuning import at_or_below, per_job, score, surest, totals, tune
 from .verdicts import _at_or_below, below_every, frontier, paired_interval, seed_by_seed, verdict  # noqa: F401
 from .world import (
     BUDGET_CHANCES,
+    ELASTIC,
     INPUTS,
     LATE_RISKS,
     MAX_RISKS,
@@ -76,9 +80,10 @@ from .world import (
 )
 
 __all__ = [
-    "BUDGET_CHANCES", "DEFAULT_TRACES", "HEAD", "INPUTS", "LATE_RISKS", "MAX_RISKS", "OURS", "PRICE_RATIOS",
-    "SIZES", "Job", "Mechanics", "Naive", "Outcome", "Policy", "Row", "State", "UniformProgress", "World",
-    "at_or_below", "below_every", "distinct_sets", "frontier", "main", "make_jobs", "paired_interval",
-    "param_grid", "per_job", "run_size", "score", "seed_by_seed", "seed_list", "simulate", "surest",
-    "totals", "tune", "verdict", "work_range_h",
+    "BUDGET_CHANCES", "DEFAULT_TRACES", "ELASTIC", "ElasticPolicy", "HEAD", "INPUTS", "Job", "LATE_RISKS",
+    "MAX_RISKS", "Mechanics", "Naive", "OURS", "Outcome", "PRICE_RATIOS", "Policy", "Row", "SIZES", "State",
+    "UniformProgress", "World", "at_or_below", "below_every", "distinct_sets", "frontier", "main",
+    "make_jobs", "min_nodes", "nodes_lost", "paired_interval", "param_grid", "per_job", "run_size", "score",
+    "seed_by_seed", "seed_list", "simulate", "simulate_elastic", "surest", "totals", "tune", "verdict",
+    "work_range_h"
 ]  # fmt: skip

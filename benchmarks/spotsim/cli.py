@@ -10,6 +10,7 @@ from pathlib import Path
 from _common import REPO
 from spot_traces import load_scenarios, quick_traces
 
+from .elastic import ElasticPolicy
 from .strategies import Naive, Policy, UniformProgress
 from .tables import HEAD, Row, make_jobs, run_size
 from .tuning import tune
@@ -57,6 +58,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         metavar="NAME",
         help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; "
         "repeatable); default: every scenario in TRACE_DIR",
+    )
+    ap.add_argument(
+        "--min-nodes-fraction",
+        type=float,
+        default=0.5,
+        help="elastic groups: the fewest nodes a group of N runs on, ceil(fraction x N)",
+    )
+    ap.add_argument(
+        "--rerendezvous-s", type=float, default=60.0, help="elastic groups: the cost of a resize, in seconds"
     )
     ap.add_argument("--quick", action="store_true", help="--jobs 8 --tune-jobs 8: every part, on few jobs")
     args = ap.parse_args(argv)
@@ -163,6 +173,8 @@ def run_seeds(report: Report, sc, sizes: list[int], args: argparse.Namespace) ->
         print_choice(best, f"seed {seed}, " if len(report.seeds) > 1 else "", args.tune_jobs)
         for n in sizes:
             ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
+            ours += [ElasticPolicy(*best[late, n][3:], allow_late=late, inputs=args.inputs,
+                                   min_fraction=args.min_nodes_fraction) for late in OURS]  # fmt: skip
             jobs = make_jobs(sc.markets, args.jobs, n, 1, seed, mech)
             cells[n].append(
                 run_size(worlds, jobs, [*ours, Naive(True), Naive(False), UniformProgress()], mech)
@@ -234,7 +246,7 @@ def print_summary(report: Report) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap, args = parse_args(argv)
     seeds = args.seeds or [args.seed]
-    mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s)
+    mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s, rerendezvous_s=args.rerendezvous_s)
     t0 = time.monotonic()
     scenarios = pick_scenarios(ap, args)
     print(f"traces: {args.trace_dir}; {_seeds_text(seeds)}; start-up {mech.startup_s:.0f} s, "

@@ -115,12 +115,20 @@ class Policy:
         return cand
 
     def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
+        cand = self.offer(world, k, job.nodes, s)
+        d = decide(self.budget_inputs(world, job, k, elapsed, s, cost, cand))
+        self.decisions[d.choice.value] = self.decisions.get(d.choice.value, 0) + 1
+        return d.choice, cand if d.choice == Choice.SPOT else None
+
+    def budget_inputs(
+        self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float, cand: int | None
+    ) -> BudgetInputs:
+        """What decide() is told at tick ``k`` about the offer of zone ``cand`` (None: no offer)."""
         m, mech, n = world.market, world.mech, job.nodes
-        cand = self.offer(world, k, n, s)
         measured = self.inputs == "measured"
         rate = (world.rate(n)[cand][k] if measured else world.prior_rate(n)) if cand is not None else 0.0
         remaining = job.work_s - s.done + s.startup_left
-        inputs = BudgetInputs(
+        return BudgetInputs(
             steps_remaining=max(1, math.ceil(remaining / mech.step_s)),
             step_time_s=mech.step_s,
             num_nodes=n,
@@ -143,9 +151,6 @@ class Policy:
             current={"spot": Choice.SPOT, "od": Choice.ON_DEMAND}.get(s.mode, Choice.WAIT),
             allow_late=self.allow_late,
         )
-        d = decide(inputs)
-        self.decisions[d.choice.value] = self.decisions.get(d.choice.value, 0) + 1
-        return d.choice, cand if d.choice == Choice.SPOT else None
 
 
 def simulate(world: World, job: Job, strategy) -> Outcome:

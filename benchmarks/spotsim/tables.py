@@ -121,7 +121,8 @@ def run_size(worlds: list[World], jobs: list[Job], strategies: list, mech: Mecha
                 time_s=j.od_time(mech), finished=True, started=True, launches=1)
         for j in jobs], od_cost, mech)]  # fmt: skip
     for strategy in strategies:
-        outs = [simulate(worlds[j.market], j, strategy) for j in jobs]
+        run = getattr(strategy, "run", None)  # an elastic group's own simulation
+        outs = [run(worlds[j.market], j) if run else simulate(worlds[j.market], j, strategy) for j in jobs]
         rows.append(Row(strategy.name, jobs, outs, od_cost, mech, getattr(strategy, "decisions", {})))
     return rows
 

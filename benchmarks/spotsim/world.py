@@ -25,6 +25,8 @@ BUDGET_CHANCES = (None, 0.0, 0.05, 0.2, 0.5)
 INPUTS = ("measured", "dag")
 # the user's choice, not a tuned parameter: late results within budget are worth having, or they are not
 OURS = {True: "our policy", False: "our policy, on time or stop"}
+# the same two settings on elastic groups (``elastic``): rows beside the baselines, never baselines themselves
+ELASTIC = {True: "our policy, elastic", False: "our policy, elastic, on time or stop"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Mechanics:
     checkpoint_s: float = 1800.0
     step_s: float = 30.0
     risk_window_h: float = 24.0
+    rerendezvous_s: float = 60.0  # an elastic group's resize: the survivors re-rendezvous, nothing relaunches
 
 
 @dataclass(frozen=True)

@@ -303,3 +303,58 @@ def test_several_seeds_pool_their_held_out_jobs_and_count_the_seeds_each_setting
                 block
             )
     assert _run(str(tmp_path), "--seeds", "4-x").returncode == 2
+
+
+def _losing_one_node(ticks: int = 200, drop_at: int = 60):
+    """A one-zone market whose capacity falls from 4 to 3 at ``drop_at`` and stays there: a group of 4
+    certainly loses one node then and can never have 4 again."""
+    sc, spot_traces = _benchmark_modules()
+    cap = [4] * drop_at + [3] * (ticks - drop_at)
+    market = spot_traces.Market("m", 300.0, 4.0, [spot_traces.Zone("z", [1.0] * ticks, cap)])
+    return sc, sc.World(market, sc.Mechanics(), seed=0)
+
+
+def test_an_elastic_group_that_loses_one_of_four_nodes_goes_on_on_three_billed_per_node_interval():
+    sc, world = _losing_one_node()
+    job = sc.Job(0, 10, 200, 28800.0, 4, 50000.0, 60.0)
+    policy = sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)
+    out = sc.simulate_elastic(world, job, policy)
+    assert out.finished and out.preemptions == 1 and out.launches == 1 and out.resizes == 1  # no relaunch
+    nodes = {k: n for k, n, _ in out.ledger}
+    assert {n for k, n in nodes.items() if k < 60} == {4} and {n for k, n in nodes.items() if k >= 60} == {3}
+    for k, n, cost in out.ledger[:-1]:
+        assert cost == 300.0 / 3600 * n * 1.0  # every full tick: its nodes x its price
+    assert abs(sum(c for _, _, c in out.ledger) - out.cost) < 1e-9
+    # an all-or-nothing group on the same draws stops and relaunches: it never gets 4 spot nodes again
+    whole = sc.simulate(world, job, sc.Policy(0.5, float("inf"), 1.0, allow_late=True))
+    assert whole.preemptions == 1 and (whole.launches >= 2 or not whole.finished)
+    assert out.time_s < whole.time_s
+
+
+def test_an_elastic_group_never_passes_its_budget_cap_at_any_size():
+    sc, world = _losing_one_node()
+    # the budget pays for the run on 4 with no loss, not for the re-rendezvous and the step the loss costs
+    budget = (28800.0 + world.mech.startup_s) / 3600 * 4 * 1.0 + 0.03
+    job = sc.Job(0, 30, 200, 28800.0, 4, 50000.0, budget)
+    out = sc.simulate_elastic(world, job, sc.ElasticPolicy(0.5, float("inf"), 1.0, record=True))
+    assert out.started and out.stopped and not out.finished and out.resizes == 1
+    assert out.preemptions == 1 and {n for _, n, _ in out.ledger} <= {4, 3}  # stopped at the resize or after
+    spent = 0.0
+    for _, _, cost in out.ledger:
+        spent += cost
+        assert spent <= job.budget + 1e-9
+
+
+def test_a_one_node_elastic_group_is_an_all_or_nothing_group():
+    sc, spot_traces = _benchmark_modules()
+    cap = [1, 1, 0, 1, 2, 1, 0, 0, 1] * 30
+    market = spot_traces.Market("m", 300.0, 4.0, [spot_traces.Zone("z", [1.0] * len(cap), cap)])
+    world = sc.World(market, sc.Mechanics(), seed=1)
+    job = sc.Job(0, 3, len(cap), 3600.0, 1, 20000.0, 10.0)
+    elastic = sc.simulate_elastic(world, job, sc.ElasticPolicy(0.5, float("inf"), 1.0))
+    whole = sc.simulate(world, job, sc.Policy(0.5, float("inf"), 1.0))
+    assert (elastic.cost, elastic.time_s, elastic.preemptions) == (
+        whole.cost,
+        whole.time_s,
+        whole.preemptions,
+    )

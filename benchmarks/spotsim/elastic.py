@@ -1,0 +1,195 @@
+"""Elastic pod groups (issue #39): a group of N nodes that runs on k of them, min_nodes <= k <= N.
+
+The model, beside the all-or-nothing group of ``strategies.simulate`` (same world, draws, billing and cap):
+
+- on spot the group runs in one zone on k = min(N, the zone's capacity) nodes, whenever k >= min_nodes
+  (default ceil(N / 2); ``--min-nodes-fraction``); on-demand it runs on all N.
+- the global batch is fixed (gradient accumulation adapts): the same steps, each at k nodes k/N as fast, so
+  progress is k/N of the full rate and a job's node-seconds do not depend on k.
+- when the zone's capacity drops, the number of the group's k nodes lost is drawn from the hypergeometric
+  tail with the zone's shared draw, so that at least one is lost exactly when an all-or-nothing group of k
+  would be preempted. While min_nodes or more survive, the group goes on, on the survivors and the
+  replacements the zone still has (up to N): a re-rendezvous (``Mechanics.rerendezvous_s``, billed, no
+  progress) in place of the full relaunch, and, with the warning, at most one step lost. When fewer than
+  min_nodes survive it stops as an all-or-nothing group does (a later launch pays the full start-up): a
+  group of 1 is all-or-nothing.
+- it grows back towards N at the first tick after a checkpoint was saved, when the zone has the nodes; a
+  resize costs the re-rendezvous too.
+- billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
+  cap is checked before every tick (so at every size change), as for the all-or-nothing policy. With
+  ``record`` set, each outcome carries its ledger: (tick, nodes, cost) per billed tick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from airflow_dtrain.spot.budget import BudgetInputs, Choice
+
+from .strategies import Policy, State, _cheapest
+from .world import ELASTIC, Job, Outcome, World
+
+
+def min_nodes(n: int, fraction: float) -> int:
+    """The fewest nodes a group of ``n`` runs on: ceil(fraction x n), at least 1 and at most n."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"min_nodes_fraction: in (0, 1], got {fraction!r}")
+    return min(n, max(1, math.ceil(fraction * n - 1e-9)))
+
+
+def nodes_lost(c_prev: int, c_now: int, k: int, u: float) -> int:
+    """How many of a group's ``k`` nodes go when its zone's capacity drops from ``c_prev`` to ``c_now``,
+    from the zone's shared draw ``u``: the largest j with u < P(at least j of them among the c_prev - c_now
+    gone), so that one or more go exactly when an all-or-nothing group of k is preempted (``World.loss``)."""
+    if c_now >= c_prev or k <= 0:
+        return 0
+    gone = c_prev - c_now
+    total = math.comb(c_prev, gone)
+    tail, lost = 1.0, 0
+    for j in range(min(k, gone) + 1):
+        tail -= math.comb(k, j) * math.comb(c_prev - k, gone - j) / total  # now P(at least j + 1)
+        if u < tail or j < k - c_now:  # below the capacity left, the loss is certain
+            lost = j + 1
+        else:
+            break
+    return min(lost, k)
+
+
+@dataclass
+class ElasticState(State):
+    nodes: int = 0  # the nodes the group runs on now
+    grow: bool = False  # a checkpoint was saved in the last tick: the group may grow back now
+
+
+@dataclass
+class ElasticOutcome(Outcome):
+    resizes: int = 0
+    ledger: list[tuple[int, int, float]] = field(default_factory=list)  # (tick, nodes, cost), with record
+
+
+class ElasticPolicy(Policy):
+    """Our policy on an elastic group: a zone with at least min_nodes of the N at or below the price limit is
+    an offer, with its time at k nodes in the estimate.
+
+    decide() takes one node count and one step time for spot and on-demand both, so an offer of k < N nodes
+    is told as a group of k nodes whose steps take N/k as long (``num_nodes`` = k, ``step_time_s`` x N/k): the
+    spot time and both costs are then exact, the on-demand time is N/k too long (a pessimistic on-demand);
+    with all N it is told exactly as the all-or-nothing policy. The interruption rate is that of a group of k.
+    """
+
+    def __init__(self, *params, min_fraction: float = 0.5, record: bool = False, **kw) -> None:
+        super().__init__(*params, **kw)
+        self.min_fraction, self.record = min_fraction, record
+        self.name = ELASTIC[self.allow_late]
+
+    def run(self, world: World, job: Job) -> ElasticOutcome:
+        """One job on an elastic group (``run_size`` calls this in place of ``simulate``)."""
+        return simulate_elastic(world, job, self)
+
+    def offer(self, world: World, k: int, n: int, s: State) -> int | None:
+        """As ``Policy.offer``, with a zone of at least min_nodes usable: the cheapest with all n within
+        the limit, else the one within the limit with the most of min_nodes or more (of equals, the
+        cheapest), else ``Policy.offer``'s."""
+        m, limit = world.market, self.limit(world.market)
+        if s.mode == "spot":
+            return s.zone if m.zones[s.zone].price[k] <= limit else None
+        cand = _cheapest(world, k, n, ok=lambda i: m.zones[i].price[k] <= limit)
+        if cand is not None:
+            return cand
+        lowest = min_nodes(n, self.min_fraction)
+        usable = [i for i, z in enumerate(m.zones) if z.price[k] <= limit and z.capacity[k] >= lowest]
+        if not usable:
+            return super().offer(world, k, n, s)  # what it could have, as the all-or-nothing policy is told
+        return max(usable, key=lambda i: (min(n, m.zones[i].capacity[k]), -m.zones[i].price[k]))
+
+    def budget_inputs(self, world, job, k, elapsed, s, cost, cand) -> BudgetInputs:
+        inputs = super().budget_inputs(world, job, k, elapsed, s, cost, cand)
+        n = job.nodes
+        have = min(n, world.market.zones[cand].capacity[k]) if cand is not None else 0
+        if cand is None or have >= n or have < min_nodes(n, self.min_fraction):
+            return inputs
+        rate = world.rate(have)[cand][k] if self.inputs == "measured" else world.prior_rate(have)
+        return dataclasses.replace(
+            inputs, num_nodes=have, spot_nodes_available=have, step_time_s=inputs.step_time_s * n / have,
+            lost_work_s=inputs.lost_work_s * n / have, interruption_rate_per_hour=rate,
+        )  # fmt: skip
+
+
+def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, lowest: int) -> None:
+    """The capacity drop of tick ``k``: the nodes lost. While the survivors are ``lowest`` or more, the group
+    re-rendezvous on them and the replacements the zone still has (up to N); else it stops."""
+    cap = world.market.zones[s.zone].capacity
+    lost = nodes_lost(cap[k - 1], cap[k], s.nodes, world.draws[s.zone][k]) if k > 0 else 0
+    if not lost:
+        return
+    out.preemptions += 1
+    s.done = max(s.saved, s.done - world.mech.step_s)  # warned: saves, loses at most one step
+    s.saved = s.done
+    if s.nodes - lost >= lowest:  # the survivors go on; the zone's free nodes replace the lost, up to N
+        s.nodes, s.startup_left = min(job.nodes, cap[k]), world.mech.rerendezvous_s
+        out.resizes += 1
+    else:
+        s.mode, s.zone, s.nodes, s.startup_left = None, None, 0, 0.0
+
+
+def _apply(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, choice, zone) -> None:
+    """The strategy's choice: a switch or launch (full start-up, save first), or, staying on spot, a grow
+    back to what the zone has at the tick after a checkpoint (a re-rendezvous)."""
+    want = {Choice.SPOT: "spot", Choice.ON_DEMAND: "od"}.get(choice)
+    if want != s.mode or (want == "spot" and zone != s.zone):
+        if s.mode is not None:
+            s.saved = s.done
+            out.switches += want is not None
+        s.mode, s.zone, s.nodes = want, zone, 0
+        if want is not None:
+            s.startup_left = world.mech.startup_s
+            s.nodes = job.nodes if want == "od" else min(job.nodes, world.market.zones[zone].capacity[k])
+            out.launches += 1
+    elif s.mode == "spot" and s.grow and min(job.nodes, world.market.zones[s.zone].capacity[k]) > s.nodes:
+        s.nodes = min(job.nodes, world.market.zones[s.zone].capacity[k])
+        s.startup_left = max(s.startup_left, world.mech.rerendezvous_s)
+        s.saved = s.done
+        out.resizes += 1
+
+
+def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> ElasticOutcome:
+    """One job of an elastic group under ``strategy``, tick by tick (the model: the module's docstring)."""
+    m, mech, n, dt = world.market, world.mech, job.nodes, world.market.tick_s
+    lowest = min_nodes(n, strategy.min_fraction)
+    s, out = ElasticState(), ElasticOutcome()
+    for k in range(job.start, job.horizon):
+        elapsed = (k - job.start) * dt
+        if s.mode == "spot":
+            _lose_nodes(world, job, k, s, out, lowest)
+        choice, zone = strategy.choose(world, job, k, elapsed, s, out.cost)
+        if choice == Choice.STOP:
+            out.stopped = True
+            return out
+        _apply(world, job, k, s, out, choice, zone)
+        s.grow = False
+        if s.mode is None:
+            continue
+        price = m.zones[s.zone].price[k] if s.mode == "spot" else m.on_demand_price
+        useful = max(0.0, dt - s.startup_left)
+        rate = s.nodes / n  # fixed global batch: k nodes make k/N of the full progress
+        over = max(0.0, s.done + useful * rate - job.work_s) / rate  # wall seconds past the finish
+        tick_cost = (dt - over) / 3600 * s.nodes * price
+        if out.cost + tick_cost > job.budget + 1e-9:
+            out.stopped = True  # the trainer saves and exits before the spend passes the cap
+            return out
+        s.startup_left = max(0.0, s.startup_left - dt)
+        out.cost += tick_cost
+        out.started = True
+        if strategy.record:
+            out.ledger.append((k, s.nodes, tick_cost))
+        s.done += useful * rate
+        if s.done - s.saved >= mech.checkpoint_s:
+            s.saved = s.done - (s.done - s.saved) % mech.checkpoint_s
+            s.grow = True
+        if s.done >= job.work_s - 1e-9:
+            out.time_s = elapsed + dt - over
+            out.finished = True
+            return out
+    return out  # the trace ended first
