@@ -23,6 +23,7 @@ from trainer.capacity import Capacity
 from trainer.config import BUDGET_AND_SPOT, ConfigError, TrainConfig  # noqa: F401  (re-exported)
 from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
+from airflow_dtrain.spec_checks import check_elastic, check_kubernetes
 from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
 from airflow_dtrain.errors import SpecError, checked
 from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity, kubernetes_for_run
@@ -58,10 +59,6 @@ TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(
 _ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
 _LABEL_VALUE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-ZONE_LABEL = "topology.kubernetes.io/zone"
-"""The well-known node label of a node's availability zone (``JobSpec.zone``)."""
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-"""The well-known node label of a node's instance type (``JobSpec.instance_type``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +73,33 @@ class JobSpec:
         section=GROUP,
         title="Nodes",
         help="Nodes in the group; each runs one torchrun agent (on Kubernetes: one pod).",
+    )
+    min_nodes: int | None = setting(
+        None,
+        ge=1,
+        arg="min_nodes",
+        section=GROUP,
+        title="Min nodes",
+        help="The fewest nodes the group trains on (an elastic group): it starts when that many can be had, "
+        "goes on without a lost node that is not replaced within replace_timeout_s, and grows back to "
+        "num_nodes at a checkpoint. The global batch stays the same. Empty: num_nodes (all or nothing).",
+    )
+    replace_timeout_s: float = setting(
+        30.0,
+        gt=0,
+        arg="replace_timeout_s",
+        section=GROUP,
+        title="Replace timeout (s)",
+        help="An elastic group's wait for a lost node's replacement before it goes on without it.",
+    )
+    min_nodes_timeout_s: float = setting(
+        600.0,
+        gt=0,
+        arg="min_nodes_timeout_s",
+        section=GROUP,
+        title="Min nodes timeout (s)",
+        help="An elastic group's wait for min_nodes nodes to join; after it the group ends as preempted and "
+        "the job decides again (relaunch, fall back or stop).",
     )
     procs_per_node: int = setting(
         1,
@@ -115,8 +139,7 @@ class JobSpec:
         pattern=_LABEL_VALUE,
         rule="not an availability zone (a Kubernetes label value)",
         help="The availability zone the price was chosen for (the budget decision's offer, e.g. us-east-1a): "
-        "on "
-        "Kubernetes the pods require nodes labelled topology.kubernetes.io/zone with it. Empty: any zone.",
+        "on Kubernetes the pods require nodes labelled topology.kubernetes.io/zone with it. Empty: any zone.",
     )
     instance_type: str | None = setting(
         None,
@@ -124,8 +147,7 @@ class JobSpec:
         pattern=_LABEL_VALUE,
         rule="not an instance type (a Kubernetes label value)",
         help="The instance type the price was chosen for (e.g. p5.48xlarge): on Kubernetes the pods require "
-        "nodes "
-        "labelled node.kubernetes.io/instance-type with it. Empty: any type.",
+        "nodes labelled node.kubernetes.io/instance-type with it. Empty: any type.",
     )
     resources: Resources = field(default_factory=Resources)
     max_preemptions: int = setting(
@@ -143,17 +165,15 @@ class JobSpec:
         section=GROUP,
         title="Max failures",
         help="How many times a group that lost a training process (OOM killer, kill -9) is relaunched from "
-        "its "
-        "last checkpoint; counted apart from max_preemptions.",
+        "its last checkpoint; counted apart from max_preemptions.",
     )
     max_runtime_s: int | None = setting(
         None,
         ge=1,
         arg="max_runtime_s",
         help="Longest one group may run, with or without a budget (on Kubernetes the Job's "
-        "activeDeadlineSeconds, "
-        "locally the supervisor's deadline; the earlier of this and the budget's). Empty: the limits' "
-        "max_runtime_s (the platform's default: a day).",
+        "activeDeadlineSeconds, locally the supervisor's deadline; the earlier of this and the budget's). "
+        "Empty: the limits' max_runtime_s (the platform's default: a day).",
     )
     kubernetes: KubernetesSpec = setting(
         factory=KubernetesSpec, cli=False,
@@ -195,25 +215,8 @@ class JobSpec:
             raise SpecError(
                 f"{err} (world size = num_nodes {self.num_nodes} × procs_per_node {self.procs_per_node})"
             ) from None
-        if self.backend == "kubernetes":
-            if not self.kubernetes.image:
-                raise SpecError(
-                    "kubernetes.image: required for backend 'kubernetes' (the trainer image, see docker/)"
-                )
-            problem = self.kubernetes.checkpoint_problem(self.train.checkpoint.uri)
-            if problem:
-                raise SpecError(
-                    f"checkpoint.uri (argument checkpoint_uri): backend 'kubernetes' {problem}, "
-                    f"got {self.train.checkpoint.uri!r}"
-                )
-            for name, label in (("zone", ZONE_LABEL), ("instance_type", INSTANCE_TYPE_LABEL)):
-                chosen, required = getattr(self, name), self.kubernetes.node_selector.get(label)
-                if chosen and required and chosen != required:
-                    raise SpecError(
-                        f"{name}: {chosen!r} was chosen, but kubernetes.node_selector requires "
-                        f"{label}={required!r}: "
-                        "no node could run the group"
-                    )
+        check_elastic(self)
+        check_kubernetes(self)
         # One spelling of a local checkpoint directory for every reader: absolute, no "..".
         uri = self.train.checkpoint.uri
         if uri and ("://" not in uri or uri.startswith("file://")):
@@ -242,6 +245,16 @@ class JobSpec:
         return self.num_nodes * self.procs_per_node
 
     @property
+    def elastic(self) -> bool:
+        """True when the group may train on fewer than ``num_nodes`` nodes (``min_nodes``)."""
+        return self.min_nodes is not None and self.min_nodes < self.num_nodes
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest nodes the group trains on: ``min_nodes``, else ``num_nodes``."""
+        return self.min_nodes if self.elastic else self.num_nodes
+
+    @property
     def own_program(self) -> bool:
         """True when every process runs a program of your own (a script, or a module outside the bundled
         ``trainer``): the trainer's config is then only where the job's settings come from (the DTRAIN_*
@@ -266,6 +279,9 @@ class JobSpec:
         return {
             "train": self.train.to_dict(),
             "num_nodes": self.num_nodes,
+            "min_nodes": self.min_nodes,
+            "replace_timeout_s": self.replace_timeout_s,
+            "min_nodes_timeout_s": self.min_nodes_timeout_s,
             "procs_per_node": self.procs_per_node,
             "backend": self.backend,
             "capacity": self.capacity.value,
@@ -291,22 +307,7 @@ class JobSpec:
             data.pop("kubernetes", None), data.pop("capacity", None)
         )
         entrypoint = data.pop("entrypoint", None)
-        unknown = sorted(
-            set(data)
-            - {
-                "num_nodes",
-                "procs_per_node",
-                "backend",
-                "max_preemptions",
-                "max_failures",
-                "max_runtime_s",
-                "price_per_node_hour",
-                "price_ceiling_per_node_hour",
-                "budget_usd",
-                "zone",
-                "instance_type",
-            }
-        )
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)} - {"budget_usd"})
         if unknown:
             raise SpecError(f"{unknown[0]}: unknown job spec field")
         if capacity is None:

@@ -59,6 +59,10 @@ class Limits:
     max_nodes: int | None = setting(None, ge=1, help="Most nodes a group may have.")
     max_procs_per_node: int | None = setting(None, ge=1, help="Most processes (GPUs) per node.")
     max_steps: int | None = setting(None, ge=1, help="Most optimizer steps a job may train.")
+    max_missing_nodes: int | None = setting(
+        None, ge=0, help="Most nodes an elastic group may train without (num_nodes - min_nodes); 0: every "
+        "group is all or nothing.",
+    )  # fmt: skip
     max_tokens_per_micro_batch: int | None = setting(
         None,
         ge=1,
@@ -156,6 +160,17 @@ class Limits:
     def check_sweep(self, members: int) -> None:
         self._above("learning_rates", members, "max_sweep_members")
 
+    def check_missing_nodes(self, num_nodes: Any, min_nodes: Any) -> None:
+        """An elastic group's ``num_nodes - min_nodes`` at most ``max_missing_nodes``."""
+        if min_nodes in (None, "", "None") or self.max_missing_nodes is None:
+            return
+        missing = int(num_nodes) - int(min_nodes)
+        if missing > self.max_missing_nodes:
+            raise SpecError(
+                f"min_nodes: {min_nodes} lets a group of {num_nodes} train {missing} node(s) short, above "
+                f"the limit of {self.max_missing_nodes} (limits.max_missing_nodes)"
+            )
+
     def check_tokens(self, seq_len: int, micro_batch_size: int) -> None:
         """``seq_len x micro_batch_size``, what one process's activations grow with, within the limit."""
         tokens, limit = int(seq_len) * int(micro_batch_size), self.max_tokens_per_micro_batch
@@ -188,6 +203,7 @@ class Limits:
             ("max_runtime_s", spec.max_runtime_s, "max_runtime_s"),
         ):
             self._above(name, value, limit_name)
+        self.check_missing_nodes(spec.num_nodes, spec.min_nodes)
         self.check_tokens(train.data.seq_len, train.micro_batch_size)
         for name, uri in (
             ("checkpoint_uri", train.checkpoint.uri),
@@ -229,6 +245,7 @@ WHO_SETS_WHAT: dict[str, str] = {
     "max_nodes": "admin, narrowed by the author",
     "max_procs_per_node": "admin, narrowed by the author",
     "max_steps": "admin, narrowed by the author",
+    "max_missing_nodes": "admin, narrowed by the author",
     "max_tokens_per_micro_batch": "admin (default 262144), narrowed by the author",
     "max_sweep_members": "admin, narrowed by the author",
     "max_price_per_node_hour": "admin (default 500), narrowed by the author",
@@ -316,8 +333,7 @@ _RUN_MAXIMA = (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_nod
 def check_run(params: Any, author: Any = None) -> None:
     """A run's trigger form against the limits its DAG lives within, before any task reads or writes anything:
     a DAG's first task calls it (the tasks check again what reaches them). Raises ``SpecError`` naming the
-    field
-    and the value."""
+    field and the value."""
     limits = limits_for(author)
     if "job" in params and not JOB_NAME.fullmatch(str(params["job"] or "")):
         raise OwnershipError(
@@ -332,6 +348,8 @@ def check_run(params: Any, author: Any = None) -> None:
     for name, limit in _RUN_MAXIMA:
         if params.get(name) is not None:
             limits._above(name, int(params[name]), limit)
+    if params.get("num_nodes") is not None:
+        limits.check_missing_nodes(params["num_nodes"], params.get("min_nodes"))
     if params.get("learning_rates") is not None:
         limits.check_sweep(len(params["learning_rates"]))
     if params.get("seq_len") and params.get("micro_batch_size"):

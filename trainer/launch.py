@@ -27,6 +27,7 @@ import threading
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.run import parse_args, run
 
 from trainer.config import (
@@ -154,6 +155,31 @@ def watch_the_agents_close() -> bool:
     return patch_timeout
 
 
+RESUMABLE_EXIT_CODES = frozenset({PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE})
+"""Worker exits that an elastic group's agent answers by restarting its workers at a new rendezvous: they
+saved their step when a peer node was lost or a new one joined (75), or lost a peer in a collective (76)."""
+
+
+def restart_only_the_resumable() -> None:
+    """Make an elastic group's agent (``--max-restarts`` > 0) restart its workers only for a resumable exit.
+
+    torchrun restarts its workers after any failure while it has restarts left. Here a failure that is not
+    resumable (a crash, a fenced or full-disk save, the dollar cap) leaves the agent no restart: it stops at
+    once and the node's exit code says why, as in an all-or-nothing group. A worker killed by a signal is a
+    lost worker (resumable, as a relaunch would be)."""
+    monitor = getattr(LocalElasticAgent._monitor_workers, "__wrapped__", LocalElasticAgent._monitor_workers)
+
+    def monitor_and_keep_restarts_for_the_resumable(self, worker_group):
+        result = monitor(self, worker_group)
+        codes = {f.exitcode for f in (result.failures or {}).values()}
+        if result.is_failed() and any(c not in RESUMABLE_EXIT_CODES and c >= 0 for c in codes):
+            self._remaining_restarts = 0
+        return result
+
+    monitor_and_keep_restarts_for_the_resumable.__wrapped__ = monitor
+    LocalElasticAgent._monitor_workers = monitor_and_keep_restarts_for_the_resumable
+
+
 def _failed_workers(e: ChildFailedError) -> tuple[int, str]:
     """The node's exit code and its reason when workers failed: the workers' own agreed code where they
     agree (fenced, storage, preempted, budget), a lost worker (resumable), else 1."""
@@ -200,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     # leave them the time a preemption save needs; the platform's own grace period is the real bound.
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, "120")
     watch_the_agents_close()
+    restart_only_the_resumable()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec
         watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])
@@ -218,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"({SHUTDOWN_TIMEOUT_ENV}) and were SIGKILLed, their save cut short: the group resumes from "
                 "its last committed checkpoint"
             )
+    except RendezvousTimeoutError as e:  # an elastic group: fewer than min_nodes met in time
+        code, why = PREEMPTED_EXIT_CODE, f"fewer nodes than the group's min_nodes joined in time ({e})"
     except Exception as e:  # rendezvous errors, bad arguments to the agent, ...
         code, why = 1, f"launcher error: {type(e).__name__}: {e}"
     print(f"[trainer.launch] exit {code}: {why}", file=sys.stderr, flush=True)

@@ -93,18 +93,28 @@ def node_command(
     :param trainer_args: extra arguments of the trainer (``--set k=v``), only when it runs the
         bundled trainer (``-m trainer --config ...``); what else a node may run: ``JobSpec.entrypoint_argv``.
     """
+    nnodes = f"{spec.fewest_nodes}:{spec.num_nodes}" if spec.elastic else str(spec.num_nodes)
     args = [
-        "--nnodes", str(spec.num_nodes),
+        "--nnodes", nnodes,
         "--nproc-per-node", str(spec.procs_per_node),
         # c10d assigns node ranks at the rendezvous (torchrun ignores --node-rank with it, loudly)
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", rdzv_endpoint,
         "--rdzv-id", name,
     ]  # fmt: skip
-    if is_host is not None:
-        args += ["--rdzv-conf", f"is_host={int(is_host)}"]
-    # a lost node ends the group; the operator relaunches it from the checkpoint
-    args += ["--max-restarts", "0"]
+    rdzv_conf = [f"is_host={int(is_host)}"] if is_host is not None else []
+    if spec.elastic:
+        # A lost node: its peers' workers save the step and the same agents meet again (a new rendezvous
+        # round), waiting replace_timeout_s for a replacement, then train on without it while at least
+        # min_nodes are there; below that for min_nodes_timeout_s, the group ends as preempted. A node that
+        # joins later makes the agents restart their workers (they save first) at the bigger size. Only
+        # resumable exits restart workers (trainer/launch.py), at most max_preemptions times per agent.
+        rdzv_conf += [f"last_call_timeout={math.ceil(spec.replace_timeout_s)}",
+                      f"join_timeout={math.ceil(spec.min_nodes_timeout_s)}"]  # fmt: skip
+    if rdzv_conf:
+        args += ["--rdzv-conf", ",".join(rdzv_conf)]
+    # all or nothing: a lost node ends the group; the operator relaunches it from the checkpoint
+    args += ["--max-restarts", str(max(1, spec.max_preemptions) if spec.elastic else 0)]
     if log_dir is not None:
         args += ["--tee", "3", "--log-dir", log_dir]
     args += spec.entrypoint_argv(config_path, trainer_args)
