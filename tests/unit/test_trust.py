@@ -70,13 +70,16 @@ def test_the_admins_limits_bound_every_dag_and_the_author_only_narrows_them(monk
         ({"price_per_hour": 501}, r"price_per_hour: 501 is above the limit of 500"),
         ({"learning_rates": [1e-3] * 17}, r"learning_rates: 17 is above the limit of 16"),
         ({"num_nodes": 9}, r"num_nodes: 9 is above the limit of 8"),
+        ({"num_nodes": 4, "min_nodes": 1},
+         r"min_nodes: 1 lets a group of 4 train 3 node\(s\) short, above the limit of 2 "
+         r"\(limits.max_missing_nodes\)"),
         ({"registry_uri": "/etc/models"}, r"registry_uri: '/etc/models' is outside the storage roots"),
         ({"sweep_root": "/var/other-team"}, r"sweep_root: '/var/other-team' is outside the storage roots"),
     ],
 )  # fmt: skip
 def test_a_run_asking_beyond_the_limits_is_refused_naming_the_field(params, refusal):
     with pytest.raises(SpecError, match=refusal):
-        check_run(params, {"max_nodes": 8, "max_sweep_members": 16})
+        check_run(params, {"max_nodes": 8, "max_sweep_members": 16, "max_missing_nodes": 2})
 
 
 def test_a_job_without_a_budget_still_gets_a_deadline(tmp_path):
