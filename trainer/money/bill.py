@@ -117,3 +117,18 @@ def at_prices_in_effect(
         "prices_in_effect": [[round(t, 3), p] for t, p in in_window[first:]],
         "priced_at": "prices in effect",
     }
+
+
+def resizes(entry: dict[str, Any]) -> list[dict[str, float]]:
+    """Each size change of a running group in ``entry`` (an attempt's spend file with ``node_changes``):
+    ``{"at", "nodes_before", "nodes", "usd"}``, ``usd`` the launch-price dollars of the interval it ends
+    (from the launch or the change before). The group's start and its end (0 nodes) are no resizes."""
+    launched, price = float(entry["launched_at"]), float(entry.get("price_per_node_hour", 0.0))
+    points = sorted((float(at), int(n)) for at, n in entry.get("node_changes") or [])
+    out, since = [], launched
+    for (_, before), (at, nodes) in zip(points, points[1:]):
+        if before > 0 and nodes > 0 and nodes != before:
+            out.append({"at": at, "nodes_before": before, "nodes": nodes,
+                        "usd": round(dollars_at(since, at, before, price), 9)})  # fmt: skip
+        since = at
+    return out
