@@ -153,3 +153,42 @@ def test_the_trainer_bills_the_recorded_sizes_and_keeps_them_when_it_rewrites_th
     assert entry["node_changes"] == changes
     assert 0.25 <= entry["dollars"] < 0.26
     assert 0.25 <= cost.snapshot()["total_dollars"] < 0.26
+
+
+def test_the_cap_counts_the_sizes_behind_and_num_nodes_ahead_when_the_price_moves(tmp_path):
+    from airflow_dtrain.session_money import reprice_deadline
+    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.money.deadline import budget_deadline
+
+    spec = JobSpec.from_arguments(
+        flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1, num_nodes=2, min_nodes=1,
+        price_per_node_hour=3.6, budget_usd=10.0, checkpoint_uri=str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    now = time.time()
+    t0 = now - 150
+    entry = {
+        "launched_at": t0,
+        "nodes": 2,
+        "price_per_node_hour": 3.6,
+        "node_changes": [[t0, 2], [t0 + 100, 1]],
+    }
+    ledger = CheckpointDir(str(tmp_path / "ckpt"))
+    ledger.record_spend(NAME, entry)
+    shortened = []
+
+    class Launcher:
+        def shorten_deadline(self, name, deadline):
+            shortened.append(deadline)
+            return 999
+
+    # the price doubled when the group went down to 1 node
+    reprice_deadline(
+        Launcher(), NAME, budget_deadline(spec), ledger, entry, [(t0, 3.6), (t0 + 100, 7.2)], now
+    )
+
+    (deadline,) = shortened
+    assert deadline["spent_usd"] == pytest.approx(0.2 + 50 * 7.2 / 3600, abs=1e-6)  # 2 x 100 s, 1 x 50 s
+    assert (
+        deadline["nodes"] == 2 and deadline["usd_per_hour"] == 2 * 7.2
+    )  # a group that grows back is covered
+    assert deadline["seconds"] <= 150 + (10.0 - deadline["spent_usd"]) / (2 * 7.2) * 3600
