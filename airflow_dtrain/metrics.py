@@ -53,6 +53,8 @@ ORCHESTRATION_METRICS: dict[str, tuple[str, str]] = {
     "group.preemptions": ("counter", "pod groups that ended preempted"),
     "group.failures": ("counter", "pod groups that failed"),
     "group.recovery_seconds": ("timer", "from a preemption noticed to the relaunched group training again"),
+    "group.nodes": ("gauge", "nodes of an elastic group billed from now on, sent at each change of its size"),
+    "group.resizes": ("counter", "size changes of a running elastic group (a node lost, or one joining)"),
     "cost.dollars": ("gauge", "the job's dollars so far, from the ledger (the trainer sends it too, live)"),
     "cost.gpu_hours": ("gauge", "the job's GPU-hours so far, from the ledger (the trainer sends it too)"),
     "eval.loss": ("gauge", "held-out loss of the evaluated checkpoint"),

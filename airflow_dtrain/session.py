@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
-from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchPrices
+from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchNodes, WatchPrices
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines
 from trainer.checkpoint_dir import CheckpointDir
@@ -78,7 +78,7 @@ def group_event(status: GroupStatus, tail: list[str], cursor: Any) -> dict[str, 
 
 
 @dataclass
-class GroupWatch(WatchPrices):
+class GroupWatch(WatchPrices, WatchNodes):
     """Looks at one group, one poll at a time: its state, its new log lines, and when a
     relaunched group trains again (``group.recovery_seconds``). Plain values, so the trigger
     can carry where it left off."""
@@ -98,6 +98,12 @@ class GroupWatch(WatchPrices):
     """Where the last poll's events ended (``status_line.group_events``)."""
     events: list[dict] = field(default_factory=list, repr=False)
     """The last poll's events."""
+    ledger_uri: str | None = None
+    """Where the job's spend files are (``GroupSession._ledger_dir``): an elastic group's node changes are
+    written into its own at every poll (None: a spot group's ``prices["ledger_uri"]``, else only when the
+    group ends, ``SessionMoney._close_spend``)."""
+    nodes_seen: int = 0
+    """How many of the group's node changes the metrics have had (``report_node_changes``)."""
 
     def poll(self) -> tuple[GroupStatus, list[str]]:
         """One look: the state, then the lines since the last look (complete once the state is terminal)."""
@@ -112,6 +118,7 @@ class GroupWatch(WatchPrices):
         if self.recovering_since is not None and has_trained(self.events):
             metrics.timing("group.recovery_seconds", time.time() - self.recovering_since, tags=self.tags)
             self.recovering_since = None
+        self.follow_nodes()
         return status, chunk.lines
 
     @staticmethod
@@ -220,6 +227,7 @@ class GroupSession(SessionMoney):
             recovering_since=self.recovering_since,
             tags=self.tags,
             prices=self.price_watch(),
+            ledger_uri=self._ledger_uri(),
         )
         status_line = self.status_line()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

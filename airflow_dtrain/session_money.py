@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState
 from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
@@ -65,6 +66,44 @@ def reprice_deadline(
         log.warning("Group %s: the spot price is $%.4f/node-h, launched at $%.4f: its budget deadline moves "
                     "from %ds to %s", name, price, launched, before,
                     deadline_words(deadline, "deadline"))  # fmt: skip
+
+
+def node_changes(launcher: Any, name: str) -> list[list]:
+    """``[[at, nodes], ...]``: group ``name``'s sizes as its launcher saw them (``node_changes``: the nodes
+    billed from ``at`` on, the first at the launch); [] when the launcher cannot say (an older launcher, or
+    a read that failed: the group is billed at ``num_nodes`` throughout, as before elastic groups)."""
+    read = getattr(launcher, "node_changes", None)
+    if read is None:
+        return []
+    try:
+        return [[float(at), int(nodes)] for at, nodes in read(name) or []]
+    except Exception as err:  # the watch goes on; the bill stays at num_nodes, which is never less
+        log.warning("Group %s: could not read its node changes (%s): billed at its full size", name, err)
+        return []
+
+
+def record_node_changes(ledger: CheckpointDir | None, name: str, changes: list[list]) -> None:
+    """Write an elastic group's ``changes`` into its spend file and bill it over them up to now, when the
+    file says otherwise (the trainer rewrites the file too, and carries the changes it last read: a write
+    of its that crossed this one is mended at the next poll). A group that never changed size
+    (one entry) is billed at ``num_nodes`` throughout, as its file already says."""
+    if ledger is None or len(changes) < 2:
+        return
+    entry = ledger.spend_entry(name)
+    if not entry or entry.get("ended") or entry.get("node_changes") == changes:
+        return
+    ledger.record_spend(name, billed({**entry, "node_changes": changes}, until=time.time()))
+
+
+def report_node_changes(changes: list[list], seen: int, tags: dict[str, str] | None) -> int:
+    """The gauge ``group.nodes`` for each of ``changes`` past the first ``seen``, and ``group.resizes`` for
+    each that changed a running group's size (the group's end, 0 nodes, is no resize); how many are seen."""
+    for i in range(seen, len(changes)):
+        nodes = changes[i][1]
+        metrics.gauge("group.nodes", nodes, tags=tags)
+        if i > 0 and nodes > 0 and changes[i - 1][1] > 0 and nodes != changes[i - 1][1]:
+            metrics.incr("group.resizes", tags=tags)
+    return max(seen, len(changes))
 
 
 def spot_price_feed(terms: dict[str, Any]) -> Any:
@@ -121,15 +160,42 @@ class WatchPrices:
                         err)  # fmt: skip
 
 
+class WatchNodes:
+    """``GroupWatch``'s view of an elastic group's size: it needs ``launcher``, ``name``, ``tags``,
+    ``prices``, ``ledger_uri`` and ``nodes_seen`` of the watch it is mixed into."""
+
+    def follow_nodes(self) -> None:
+        """Each change of the group's size to the metrics, the changes into its spend file (billed over
+        them). A spend file that cannot be written now is written at a later poll, or when the group ends."""
+        changes = node_changes(self.launcher, self.name)
+        if not changes:
+            return
+        self.nodes_seen = report_node_changes(changes, self.nodes_seen, self.tags)
+        uri = self.ledger_uri or (self.prices or {}).get("ledger_uri")
+        try:
+            record_node_changes(CheckpointDir(uri) if uri else None, self.name, changes)
+        except (OSError, ValueError) as err:
+            log.warning("Group %s: could not write its node changes into its spend file (%s)", self.name, err)
+
+
 class SessionMoney:
-    """``GroupSession``'s spend ledger and cap: it needs ``spec``, ``purpose``, ``log``, ``spot_prices`` and
-    ``stopped_at_budget`` of the session it is mixed into."""
+    """``GroupSession``'s spend ledger and cap: it needs ``launcher``, ``spec``, ``purpose``, ``log``,
+    ``spot_prices`` and ``stopped_at_budget`` of the session it is mixed into.
+
+    An elastic group is billed over the sizes its launcher reports (``node_changes``), while it runs and
+    when it ends; its budget deadline is still set for ``num_nodes`` for the time ahead (``budget_deadline``:
+    a group that grows back must not find its cap already spent), so the cap holds at every size change."""
 
     def _ledger_dir(self) -> CheckpointDir | None:
         """Where this job's spend files go (training groups only: an evaluation is not the job's spend)."""
         train = self.spec.train
         uri = train.cost.ledger_uri or train.checkpoint.uri
         return CheckpointDir(uri) if self.purpose == "training" and uri else None
+
+    def _ledger_uri(self) -> str | None:
+        """``_ledger_dir``'s location, as plain text for a ``GroupWatch`` (None: no spend files)."""
+        ledger = self._ledger_dir()
+        return ledger.storage.uri if ledger is not None else None
 
     def _spent(self) -> float:
         """Dollars the job has spent so far (every attempt's spend file; 0 without a ledger or a budget)."""
@@ -154,6 +220,9 @@ class SessionMoney:
         if not entry or entry.get("ended"):
             return
         until = time.time()
+        changes = node_changes(self.launcher, name)
+        if len(changes) > 1:  # an elastic group that changed size: billed over its sizes, not num_nodes
+            entry = {**entry, "node_changes": changes}
         entry = billed(entry, until=until)
         if self.price_watch() is not None:
             entry = self._at_prices_in_effect(name, entry, until)

@@ -1,5 +1,6 @@
 """The training report trainer.evaluate writes (--report): report.png (loss, learning rate, throughput and
-spend, with the run's events) and report.html beside it; and writing a result file, locally or to s3://."""
+spend, with the run's events; an elastic group's node count over time, each resize marked with its cost)
+and report.html beside it; and writing a result file, locally or to s3://."""
 
 import dataclasses
 import math
@@ -8,6 +9,7 @@ import tempfile
 
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import TrainConfig
+from trainer.money.bill import resizes
 
 
 @dataclasses.dataclass
@@ -21,6 +23,11 @@ class RunRecord:
     budget_usd: float | None
     tokens_per_step: int
     progress: dict
+    nodes: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    """An elastic group's sizes, ``(at, nodes)`` of every attempt that recorded ``node_changes``, by time."""
+    resizes: list[dict] = dataclasses.field(default_factory=list)
+    """Each resize, ``trainer.money.bill.resizes``: when, to how many nodes, the dollars of the interval it
+    ends."""
 
     @classmethod
     def read(cls, root: CheckpointDir, cfg: TrainConfig) -> "RunRecord":
@@ -38,6 +45,7 @@ class RunRecord:
             (float(e.get("launched_at") or 0), float(e.get("billed_s") or 0), float(e.get("dollars") or 0))
             for e in attempts.values()
         )
+        elastic = [e for e in attempts.values() if e.get("node_changes") and e.get("launched_at")]
         return cls(
             history=[list(p) for p in progress.get("history", [])],
             events=list(progress.get("events") or []),
@@ -45,6 +53,8 @@ class RunRecord:
             budget_usd=cfg.cost.budget_usd,
             tokens_per_step=cfg.global_batch_size * cfg.data.seq_len,
             progress=progress,
+            nodes=sorted((float(t), int(n)) for e in elastic for t, n in e["node_changes"]),
+            resizes=sorted((r for e in elastic for r in resizes(e)), key=lambda r: r["at"]),
         )
 
     def tokens_per_s(self) -> list[tuple[int, float]]:
@@ -136,6 +146,35 @@ def _spend_panel(spend_ax, run: "RunRecord") -> None:
         spend_ax.legend(fontsize=8)
 
 
+def _nodes_axis(spend_ax, run: "RunRecord") -> list:
+    """An elastic group's node count over the spend panel's minutes (right axis), each resize a marker
+    labelled with the dollars of the interval it ends; the markers' labels (none: no resize recorded)."""
+    if not run.nodes or not run.resizes:
+        return []
+    start = run.spend[0][0] if run.spend else run.nodes[0][0]
+    ax = spend_ax.twinx()
+    ax.step([(t - start) / 60 for t, _ in run.nodes], [n for _, n in run.nodes], where="post",
+            color="tab:purple", lw=1, label="nodes")  # fmt: skip
+    labels = []
+    for r in run.resizes:
+        x = (r["at"] - start) / 60
+        ax.plot([x], [r["nodes"]], marker="v" if r["nodes"] < r["nodes_before"] else "^", color="tab:purple")
+        labels.append(
+            ax.annotate(
+                f"{r['nodes_before']}→{r['nodes']} nodes, \\${r['usd']:,.4f}",
+                (x, r["nodes"]),
+                textcoords="offset points",
+                xytext=(3, 4),
+                fontsize=7,
+                color="tab:purple",
+            )
+        )
+    ax.set_ylabel("nodes (elastic group)")
+    ax.set_ylim(0, max(n for _, n in run.nodes) + 1)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    return labels
+
+
 def plot(path: str, run: RunRecord, evals: list, latest: dict) -> None:
     """report.png: loss (train and held-out) vs step and tokens with the run's events, the learning rate,
     tokens/s, and the spend against the budget."""
@@ -151,6 +190,7 @@ def plot(path: str, run: RunRecord, evals: list, latest: dict) -> None:
     _panel(lr_ax, lrs, "tab:brown", "learning rate", "learning-rate schedule")
     _panel(speed_ax, run.tokens_per_s(), "tab:cyan", "tokens/s (whole group)", "throughput")
     _spend_panel(spend_ax, run)
+    _nodes_axis(spend_ax, run)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     fig.tight_layout()

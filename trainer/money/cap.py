@@ -84,6 +84,7 @@ class BudgetGuard:
             spend = self.dir.spend()
             self._others_entries = [e for a, e in spend.attempts.items() if a != self.attempt]
             self._others_at = now
+            self._read_node_changes(spend.attempts.get(self.attempt) or {})
             self._read_prices()
         wall = time.time()
         total = 0.0
@@ -96,6 +97,20 @@ class BudgetGuard:
                 rate = float(e.get("nodes", 1)) * float(e.get("price_per_node_hour", 0.0)) / 3600
                 total += rate * max(0.0, wall + ahead_s - last)
         return total
+
+    def _read_node_changes(self, mine: dict[str, Any]) -> None:
+        """An elastic group's sizes since its launch, as the provider recorded them in this attempt's spend
+        file (``node_changes``): this attempt is billed over them, so that a worker restarted at another size
+        neither bills its new size back to the launch nor erases the record when it rewrites the file."""
+        try:
+            changes = [(float(t), int(n)) for t, n in mine.get("node_changes") or []]
+        except (TypeError, ValueError):
+            print(f"[trainer] node_changes of this attempt's spend file: expected [[at, nodes], ...], got "
+                  f"{mine.get('node_changes')!r}; billed at {self.cost.nodes} node(s)", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            return
+        if changes:
+            self.cost.node_changes = changes
 
     def _read_prices(self) -> None:
         """The spot prices in effect since this attempt's launch, as the provider last wrote them (a price
@@ -152,6 +167,10 @@ class BudgetGuard:
         now = time.monotonic()
         if self.dir is None or (not force and now - self._written_at < self.write_s):
             return
+        try:  # the first write of an attempt reads its node changes (and prices) first
+            self.others()
+        except (OSError, ValueError):  # the cap's own read (``over``) says what is wrong with the files
+            pass
         timing = {"startup_s": round(self.startup_s, 3)} if self.startup_s is not None else {}
         if self.recent:
             timing["step_time_s"] = round(max(self.recent), 6)

@@ -14,7 +14,7 @@ import os
 import time
 
 from trainer.capacity import CAPACITIES, Capacity
-from trainer.money.bill import billed, dollars_at, dollars_at_prices
+from trainer.money.bill import billed, dollars_at, dollars_at_prices, node_hours
 
 CAPACITY_TYPES = CAPACITIES
 """The ledger's buckets: one per ``Capacity``."""
@@ -69,6 +69,9 @@ class CostLedger:
         self.prices_in_effect: list[tuple[float, float]] = []
         """``[(since, usd_per_node_hour), ...]``: the spot prices in effect since the launch, as the provider
         last read them (``trainer.checkpoint_dir.PRICES``); empty: the launch price is all there is."""
+        self.node_changes: list[tuple[float, int]] = []
+        """``[(at, nodes), ...]``: an elastic group's sizes since the launch, as the provider recorded them in
+        this attempt's spend file (``trainer.money.bill``); empty: ``nodes`` throughout."""
         self._step_seconds, self._steps_timed = 0.0, 0
         self._prior_step_time: float | None = None
 
@@ -94,7 +97,7 @@ class CostLedger:
         prices = self.prices_in_effect
         if min(t for t, _ in prices) > self.launched_at:  # no price read covers the launch: the quote does
             prices = [(self.launched_at, self.price), *prices]
-        return dollars_at_prices(self.launched_at, until, self.nodes, prices)
+        return dollars_at_prices(self.launched_at, until, self.nodes, prices, self.node_changes)
 
     def current_price(self) -> float:
         """The price of a node-hour now: the newest price read, else the launch price."""
@@ -103,12 +106,12 @@ class CostLedger:
     def snapshot(self) -> dict:
         """The cumulative ledger as of now, in the manifest's shape."""
         now = time.time()
-        node_hours = self.nodes * (now - self.launched_at) / 3600
+        hours = node_hours(self.launched_at, now, self.nodes, self.node_changes)
         out = {c: dict(v) for c, v in self.prior.items() if c in CAPACITY_TYPES}
         mine = out[Capacity(self.capacity).value]
-        mine["node_hours"] += node_hours
-        mine["gpu_hours"] += node_hours * self.gpus_per_node
-        at_launch = dollars_at(self.launched_at, now, self.nodes, self.price)
+        mine["node_hours"] += hours
+        mine["gpu_hours"] += hours * self.gpus_per_node
+        at_launch = dollars_at(self.launched_at, now, self.nodes, self.price, self.node_changes)
         mine["dollars"] += max(at_launch, self.at_prices_in_effect(now) or 0.0)
         for c in CAPACITY_TYPES:
             out[c] = {k: round(v, 9) for k, v in out[c].items()}
@@ -125,6 +128,7 @@ class CostLedger:
             "price_per_node_hour": self.price,
             "gpus_per_node": self.gpus_per_node,
             "launched_at": self.launched_at,
+            **({"node_changes": [[t, n] for t, n in self.node_changes]} if self.node_changes else {}),
             **extra,
         }
         entry = billed(entry, until=now)
