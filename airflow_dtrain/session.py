@@ -227,7 +227,7 @@ class GroupSession(SessionMoney):
             recovering_since=self.recovering_since,
             tags=self.tags,
             prices=self.price_watch(),
-            ledger_uri=self._ledger_uri(),
+            ledger_uri=self.spend_uri(),
         )
         status_line = self.status_line()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

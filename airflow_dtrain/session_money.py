@@ -192,7 +192,7 @@ class SessionMoney:
         uri = train.cost.ledger_uri or train.checkpoint.uri
         return CheckpointDir(uri) if self.purpose == "training" and uri else None
 
-    def _ledger_uri(self) -> str | None:
+    def spend_uri(self) -> str | None:
         """``_ledger_dir``'s location, as plain text for a ``GroupWatch`` (None: no spend files)."""
         ledger = self._ledger_dir()
         return ledger.storage.uri if ledger is not None else None

@@ -180,6 +180,22 @@ def progress_state(
     return state, changed
 
 
+def _node_hours(entry: dict[str, Any], now: float) -> float:
+    """Node-hours of a spend file up to ``now``: ``nodes`` throughout, or over an elastic group's
+    ``node_changes`` (``[[at, nodes], ...]``, the first count reaching back to the launch): the copy of
+    ``trainer.money.bill.node_hours`` this stdlib-only file keeps."""
+    launched = float(entry["launched_at"])
+    points = sorted((float(at), int(n)) for at, n in entry.get("node_changes") or [])
+    if not points:
+        return float(entry.get("nodes", 1)) * max(0.0, now - launched) / 3600
+    total = 0.0
+    for i, (at, nodes) in enumerate(points):
+        since = launched if i == 0 else max(at, launched)
+        until = min(points[i + 1][0] if i + 1 < len(points) else now, now)
+        total += nodes * max(0.0, until - since)
+    return total / 3600
+
+
 def record_spend(root: str, attempt: str, now: float, *, force: bool, step_time_s: float | None) -> None:
     """Bill this attempt's spend file up to ``now`` (as the operator does when the group ends): only a file
     the operator opened, never one it closed; never less than it already says."""
@@ -194,14 +210,18 @@ def record_spend(root: str, attempt: str, now: float, *, force: bool, step_time_
     if not force and now - float(entry.get("updated_at") or 0) < _SPEND_WRITE_S:
         return
     seconds = max(0.0, now - float(entry["launched_at"]))
-    node_hours = float(entry.get("nodes", 1)) * seconds / 3600
+    node_hours = _node_hours(entry, now)
+
+    def kept(key: str, value: float) -> float:  # over recorded sizes the figure is exact (money/bill.py)
+        return (
+            round(value, 9) if entry.get("node_changes") else max(float(entry.get(key, 0.0)), round(value, 9))
+        )
+
     entry.update(
         billed_s=max(float(entry.get("billed_s", 0.0)), round(seconds, 3)),
-        node_hours=max(float(entry.get("node_hours", 0.0)), round(node_hours, 9)),
-        gpu_hours=max(float(entry.get("gpu_hours", 0.0)),
-                      round(node_hours * float(entry.get("gpus_per_node", 0)), 9)),
-        dollars=max(float(entry.get("dollars", 0.0)),
-                    round(node_hours * float(entry.get("price_per_node_hour", 0)), 9)),
+        node_hours=kept("node_hours", node_hours),
+        gpu_hours=kept("gpu_hours", node_hours * float(entry.get("gpus_per_node", 0))),
+        dollars=kept("dollars", node_hours * float(entry.get("price_per_node_hour", 0))),
         updated_at=now,
         **({"step_time_s": round(step_time_s, 6)} if step_time_s else {}),
     )  # fmt: skip

@@ -204,6 +204,7 @@ class FSDPTrainOperator(BaseOperator):
                 status=(line := session.status_line()) and line.to_dict(),
                 tags=session.tags,
                 prices=session.price_watch(),
+                ledger_uri=session.spend_uri(),
             ),
             method_name="execute_complete",
         )

@@ -48,6 +48,7 @@ class FSDPTrainTrigger(BaseTrigger):
         status: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
         prices: dict[str, Any] | None = None,
+        ledger_uri: str | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -59,6 +60,7 @@ class FSDPTrainTrigger(BaseTrigger):
         self.status = status
         self.tags = tags
         self.prices = prices
+        self.ledger_uri = ledger_uri  # where an elastic group's node changes are billed as they come
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -73,6 +75,7 @@ class FSDPTrainTrigger(BaseTrigger):
                 "status": self.status,
                 "tags": self.tags,
                 "prices": self.prices,
+                "ledger_uri": self.ledger_uri,
             },
         )
 
@@ -87,6 +90,7 @@ class FSDPTrainTrigger(BaseTrigger):
             self.recovering_since,
             tags=self.tags,
             prices=self.prices,
+            ledger_uri=self.ledger_uri,
         )
         status_line = StatusLine.from_dict(self.status)
         try:

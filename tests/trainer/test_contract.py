@@ -210,6 +210,17 @@ def test_progress_bills_the_attempts_spend_file_the_operator_opened_and_never_a_
     assert root.spend_entry("job-r0")["dollars"] == 1.0
 
 
+def test_progress_bills_an_elastic_group_over_its_recorded_sizes(tmp_path):
+    env = _env(tmp_path, attempt="job-r0")
+    root = CheckpointDir(env.checkpoint_uri)
+    launched = time.time() - 3600  # 2 nodes for 30 min, then 1 node, at $1.50/node-hour: $2.25, not $3
+    opened = {"capacity": "spot", "nodes": 2, "price_per_node_hour": 1.5, "launched_at": launched,
+              "node_changes": [[launched, 2], [launched + 1800, 1]], "dollars": 3.0}  # fmt: skip
+    root.record_spend("job-r0", opened)
+    progress(1, env=env)
+    assert root.spend_entry("job-r0")["dollars"] == pytest.approx(2.25, rel=1e-3)
+
+
 def test_helpers_refuse_what_they_cannot_write(tmp_path):
     with pytest.raises(ValueError, match=r"local paths and file:// only, got 's3://b/run'"):
         latest_checkpoint("s3://b/run")
