@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_dtrain.kubernetes import status as group_status
+from airflow_dtrain.kubernetes.elastic_job import NOT_RESUMABLE
 from airflow_dtrain.kubernetes.names import ANNOTATION_ELASTIC, ANNOTATION_NODE_TIMES
 from airflow_dtrain.kubernetes.status import Observation, condition, parse_time, pod_index, terminated
 from airflow_dtrain.launchers.base import GroupState, GroupStatus
@@ -121,6 +122,11 @@ def observe(
     at_budget = group_status.budget_deadline_passed(job, failed)
     if at_budget is not None:
         return Observation(GroupStatus(name, GroupState.AT_BUDGET, at_budget, codes), settle=True)
+    store = store_lost(pods)
+    if store is not None and (not failed or store[0] <= failure_time(failed, pods, now)):
+        return Observation(
+            GroupStatus(name, GroupState.PREEMPTED, store[1], codes), settle=True, end_pods=not failed
+        )
     if failed:
         return Observation(job_failed(name, job, pods, failed, codes, log_tail), settle=True)
     up = group_status.nodes_up(pods)
@@ -144,6 +150,39 @@ def observe(
         [f"{summary} (waits up to min_nodes_timeout_s={timeout:g} for replacements)", *reasons]
     )
     return Observation(GroupStatus(name, GroupState.PENDING, message, codes))
+
+
+def store_lost(pods: list[dict[str, Any]]) -> tuple[float, str] | None:
+    """(when, why) node 0 was lost (disrupted, or a resumable exit): it hosts the c10d store, so the others
+    cannot re-form the group without it and a peer's later failure is collateral. A known limit: the group
+    ends as preempted and is relaunched as a whole. None while node 0 runs, or when it failed by itself."""
+    for pod in pods:
+        ended, disrupted = terminated(pod) or {}, condition(pod, "DisruptionTarget")
+        code = ended.get("exitCode")
+        if pod_index(pod) != 0 or (
+            not disrupted and (pod["status"].get("phase") != "Failed" or code in NOT_RESUMABLE)
+        ):
+            continue
+        when = (
+            parse_time((disrupted or {}).get("lastTransitionTime") or ended.get("finishedAt")) or time.time()
+        )
+        how = "was disrupted" if disrupted else f"exited {code}"
+        return when, (
+            f"preempted: node 0 (pod {pod['metadata']['name']}) {how}; it hosts the group's rendezvous "
+            "store, so the other nodes cannot go on without it: the group is relaunched as a whole"
+        )
+    return None
+
+
+def failure_time(failed: dict[str, Any], pods: list[dict[str, Any]], now: float) -> float:
+    """When the pod that failed the Job ended (the FailJob rule names it), else when the Job failed."""
+    match = group_status._FAILJOB_MESSAGE.search(failed.get("message", ""))
+    pod = next((p for p in pods if match and p["metadata"]["name"] == match.group("pod")), None)
+    return (
+        parse_time((terminated(pod) or {}).get("finishedAt") if pod else None)
+        or parse_time(failed.get("lastTransitionTime"))
+        or now
+    )
 
 
 def running_message(job: dict[str, Any], pods: list[dict[str, Any]], needed: int) -> str:

@@ -5,7 +5,7 @@ exits 75 (preempted) or anything else non-zero, and ignores disruptions. What Ku
 cannot express is decided here, and the launcher writes it on the Job:
 
 * a disrupted pod (``DisruptionTarget``), or one the controller replaced, ends the whole
-  group as *preempted*;
+  group as *preempted* (an all-or-nothing group; an elastic one is judged by ``elastic_status``);
 * a group not running after its pending timeout fails with "no capacity";
 * a Job that ran into the activeDeadlineSeconds derived from its budget stopped *at the budget*
   (the operator ends there, as when the trainer stops itself at the cap), not failed;

@@ -176,6 +176,23 @@ def test_a_non_resumable_exit_fails_the_elastic_group(fake, tmp_path):
     assert "node 1" in seen.message and "exited 1" in seen.message and "bad dataset row" in seen.message
 
 
+def test_losing_node_0_which_hosts_the_rendezvous_store_relaunches_the_whole_group(fake, tmp_path):
+    launcher = KubernetesLauncher()
+    launcher.launch("el-r0", _spec(tmp_path))
+    fake.run("el-r0")
+    fake.exit("el-r0", 0, 143, disruption="TerminationByKubelet")
+    fake.exit("el-r0", 1, 1)  # a peer that lost the store fails: collateral, not the cause
+
+    seen = launcher.status("el-r0")
+    assert seen.state == GroupState.PREEMPTED, seen
+    assert "node 0" in seen.message and "rendezvous store" in seen.message
+    fake.tick()
+    alive = [
+        p for p in fake.names("pods") if fake.get("pods", p)["status"]["phase"] in ("Pending", "Running")
+    ]
+    assert alive == [], "every pod of the group ends: no replacement of node 0 joins a broken group"
+
+
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_elastic_manifests_validate_against_the_kubernetes_schema(tmp_path, version):
     objects = render_group(
