@@ -7,9 +7,10 @@ Retry-After). The hook is built on first use: constructing this class calls noth
 (importing it imports the kubernetes client: ``factory.get_launcher`` does so only when
 a Kubernetes launcher is asked for).
 
-The Job controller does most of the work (see ``objects.pod_failure_policy``); what it
-cannot express -- a disrupted pod ends the whole group as preempted, a group pending too
-long fails with "no capacity" -- is decided by ``status`` and written on the Job
+The Job controller does most of the work (see ``objects.pod_failure_policy``; an elastic group's Job
+re-creates only a lost index, ``elastic_job``); what it cannot express -- a disrupted pod ends an
+all-or-nothing group as preempted, an elastic group below min_nodes too long is preempted, a group pending
+too long fails with "no capacity" -- is decided by ``status`` (``elastic_status``) and written on the Job
 (annotation ``airflow-dtrain/outcome``), so any later look -- a restarted worker, the
 triggerer -- sees the same outcome. Ending a group's pods runs its Job into its deadline (``_settle``).
 
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
+from airflow_dtrain.kubernetes import elastic_status
 from airflow_dtrain.kubernetes import status as group_status
 from airflow_dtrain.kubernetes.api import _MERGE_PATCH, Conflict
 from airflow_dtrain.kubernetes.checkpoint_now import CheckpointNow
@@ -36,6 +38,7 @@ from airflow_dtrain.kubernetes.memory import GroupMemory
 from airflow_dtrain.kubernetes.names import (
     ANNOTATION_DEADLINE,
     ANNOTATION_EARLIER,
+    ANNOTATION_NODE_TIMES,
     ANNOTATION_OUTCOME,
     LABEL_GROUP,
     LABEL_MANAGED_BY,
@@ -205,11 +208,41 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         if recorded is not None:
             return recorded
         pods = self._pods(f"{LABEL_GROUP}={name}")
-        seen = group_status.observe(name, job, pods, self._log_tail)
+        elastic = elastic_status.settings(job) is not None
+        observe = elastic_status.observe if elastic else group_status.observe
+        seen = observe(name, job, pods, self._log_tail)
         self._record_placement(name, job, pods, ended=seen.settle or seen.status.state.terminal)
+        if elastic:
+            self._record_node_times(name, job, pods)
         if seen.settle:
             return self._settle(name, job, seen.status, end_pods=seen.end_pods)
         return seen.status
+
+    def node_changes(self, name: str) -> list[tuple[float, int]]:
+        """(wall time, pods running from then on) of group ``name``, for billing: an elastic group's from when
+        each pod started and ended (ends with 0 once all ended), an all-or-nothing group's one entry at its
+        Job's start with num_nodes; [] when unknown (not started, or its Job is gone: bill num_nodes)."""
+        job = self._job(name)
+        if job is None:
+            return []
+        if elastic_status.settings(job) is None:
+            started = group_status.parse_time((job.get("status") or {}).get("startTime"))
+            return [] if started is None else [(started, job["spec"].get("completions") or 1)]
+        times = self._record_node_times(name, job, self._pods(f"{LABEL_GROUP}={name}"))
+        return elastic_status.node_timeline(times)
+
+    def _record_node_times(
+        self, name: str, job: dict[str, Any], pods: list[dict[str, Any]]
+    ) -> elastic_status.Times:
+        """Bring the pods' run times written on the Job up to date (a patch only when they changed): the
+        pods go (replaced, ended, TTL), the node count over time stays."""
+        recorded = elastic_status.recorded_times(job)
+        times = elastic_status.pod_times(recorded, pods, time.time())
+        if times != recorded and not job["metadata"].get("deletionTimestamp"):
+            patch = {"metadata": {"annotations": {ANNOTATION_NODE_TIMES: json.dumps(times, sort_keys=True)}}}
+            self._api(self._batch.patch_namespaced_job, name, self.namespace, patch,
+                      _content_type=_MERGE_PATCH, missing_ok=True)  # fmt: skip
+        return times
 
     def _settle(self, name: str, job: dict[str, Any], status: GroupStatus, *, end_pods: bool) -> GroupStatus:
         """Write the verdict on the Job; with ``end_pods`` also end its pods.

@@ -59,3 +59,11 @@ def config_map_name(name: str) -> str:
 def rendezvous_endpoint(name: str, port: int) -> str:
     """Pod 0's stable DNS name: the Job names it ``<job>-0``, the headless Service adds ``.<service>``."""
     return f"{name}-0.{name}:{port}"
+
+
+ANNOTATION_ELASTIC = "airflow-dtrain/elastic"
+"""On an elastic group's Job: its ``min_nodes``, ``min_nodes_timeout_s`` and ``max_preemptions`` (JSON), which
+``elastic_status`` reads; absent on an all-or-nothing group."""
+ANNOTATION_NODE_TIMES = "airflow-dtrain/node-times"
+"""When each pod of an elastic group ran, ``{pod: [start, end or null]}`` in epoch seconds (JSON, written by
+the launcher): its node count over time survives the pods."""

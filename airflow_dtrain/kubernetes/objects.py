@@ -26,6 +26,7 @@ from airflow_dtrain.kubernetes.container import (
     node_command,
     node_resources,
 )
+from airflow_dtrain.kubernetes.elastic_job import elastic_annotation, elastic_job_fields
 from airflow_dtrain.kubernetes.names import (
     ANNOTATION_CHECKPOINT_DELIVERY,
     ANNOTATION_DEADLINE,
@@ -173,13 +174,18 @@ def pod_failure_policy() -> dict[str, Any]:
 
 
 def _job_spec(name: str, spec: JobSpec) -> dict[str, Any]:
-    """The Indexed Job's spec without its deadline: one pod per node, no retries, no overlapping pods."""
+    """The Indexed Job's spec without its deadline: one pod per node, no overlapping pods; no retries for an
+    all-or-nothing group, a replacement of the lost index only for an elastic one (``elastic_job``)."""
+    failures = (
+        elastic_job_fields(spec)
+        if spec.elastic
+        else {"backoffLimit": 0, "podFailurePolicy": pod_failure_policy()}
+    )
     return {
         "completionMode": "Indexed",
         "completions": spec.num_nodes,
         "parallelism": spec.num_nodes,
-        "backoffLimit": 0,
-        "podFailurePolicy": pod_failure_policy(),
+        **failures,
         # A replacement pod starts only once the old one is gone: two pods never share a hostname.
         "podReplacementPolicy": "Failed",
         "template": render_pod_template(name, spec),
@@ -195,6 +201,8 @@ def render_job(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0
         # Kueue admits the whole group at once (gang admission) by unsuspending the Job.
         job_spec["suspend"] = True
     annotations = {ANNOTATION_PENDING_TIMEOUT: str(k8s.pending_timeout_s)}
+    if spec.elastic:
+        annotations.update(elastic_annotation(spec))
     deadline = budget_deadline(spec, spent_usd)
     if deadline is not None:
         # The cluster stops the group at the budget even with nobody watching (status: "at_budget").

@@ -5,7 +5,7 @@ exits 75 (preempted) or anything else non-zero, and ignores disruptions. What Ku
 cannot express is decided here, and the launcher writes it on the Job:
 
 * a disrupted pod (``DisruptionTarget``), or one the controller replaced, ends the whole
-  group as *preempted*;
+  group as *preempted* (an all-or-nothing group; an elastic one is judged by ``elastic_status``);
 * a group not running after its pending timeout fails with "no capacity";
 * a Job that ran into the activeDeadlineSeconds derived from its budget stopped *at the budget*
   (the operator ends there, as when the trainer stops itself at the cap), not failed;
@@ -239,16 +239,27 @@ def failure_message(
     return f"{headline}; its last log lines:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-def pending_or_running(
-    name: str, job: dict[str, Any], pods: list[dict[str, Any]], codes: dict[int, int | None]
-) -> Observation:
-    nodes = job["spec"].get("completions") or 1
-    up = {
+def nodes_up(pods: list[dict[str, Any]]) -> set[int]:
+    """The node indexes whose pod runs (or has finished its work), not being deleted."""
+    return {
         pod_index(p) for p in pods
         if p["status"].get("phase") in ("Running", "Succeeded") and not p["metadata"].get("deletionTimestamp")
     }  # fmt: skip
-    if len(up) >= nodes:
-        return Observation(GroupStatus(name, GroupState.RUNNING, f"{nodes}/{nodes} node(s) running", codes))
+
+
+def pending_or_running(
+    name: str,
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    codes: dict[int, int | None],
+    needed: int | None = None,
+) -> Observation:
+    """Running once ``needed`` nodes are up (default: all of them; an elastic group: its min_nodes), else
+    pending, and failed with "no capacity" after the Job's pending timeout."""
+    nodes = job["spec"].get("completions") or 1
+    up = nodes_up(pods)
+    if len(up) >= (needed or nodes):
+        return Observation(GroupStatus(name, GroupState.RUNNING, f"{len(up)}/{nodes} node(s) running", codes))
     reasons = pending_reasons(job, pods, nodes, up)
     created = parse_time(job["metadata"].get("creationTimestamp")) or time.time()
     waited = time.time() - created

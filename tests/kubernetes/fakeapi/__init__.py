@@ -11,7 +11,10 @@ It also plays a small Job controller: an Indexed Job gets one Pod per completion
 tests then drive the pods (``run``, ``log``, ``exit``, ``disrupt``, ``unschedulable``) and
 the nodes they run on (``add_node``, ``taint``)
 and the fake applies the Job's ``podFailurePolicy`` rules, completion, suspension and
-replacement pods the way the real controller does for the fields the launcher uses.
+replacement pods the way the real controller does for the fields the launcher uses, including an elastic
+group's per-index ones (``backoffLimitPerIndex`` with its failure backoff before a replacement,
+``maxFailedIndexes``, ``FailIndex``, ``successPolicy``); it refuses (422) the combinations of those fields
+that a real API server refuses.
 
 It acts on its own, as a cluster does with nobody calling it (a thread, and before every
 request): a Job past its ``activeDeadlineSeconds`` since its ``startTime`` fails with reason

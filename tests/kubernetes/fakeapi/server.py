@@ -76,6 +76,7 @@ class FakeKubernetesApiServer(ApiStore, JobController, TestDriver, PodExec):
         self.exec_handler = None  # (namespace, pod, container, command) -> (stdout, stderr, exit_code)
         self.faults: list[dict[str, Any]] = []  # see fail_next
         self._accounted: dict[str, set[str]] = {}  # failed pods the Job controller has counted, per Job uid
+        self._indexes: dict[str, dict[str, Any]] = {}  # per-index failures and backoffs, per Job uid
         self._version = 0
         self._server: ThreadingHTTPServer | None = None
         self.clock_offset = 0.0  # seconds the fake's controllers run ahead of the wall clock (advance)
@@ -128,5 +129,6 @@ class FakeKubernetesApiServer(ApiStore, JobController, TestDriver, PodExec):
             self.exec_handler = None
             self.faults.clear()
             self._accounted.clear()
+            self._indexes.clear()
             self.clock_offset = 0.0
             self._create("namespaces", "", {"metadata": {"name": "default"}})

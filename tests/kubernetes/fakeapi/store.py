@@ -113,6 +113,8 @@ class ApiStore:
         name = meta.get("name")
         if not name:
             raise ApiError(422, "Invalid", "metadata.name: Required value")
+        if kind == "jobs":
+            self._check_job(obj)
         if (kind, ns, name) in self.objects:
             raise ApiError(409, "AlreadyExists", f'{kind} "{name}" already exists')
         self._version += 1
