@@ -269,6 +269,7 @@ class _Watch:
             # peers of a crashed node hang in a collective until we end them.
             self.first_bad_exit = now
         if self.elastic is not None and self.stop_deadline is None and self.first_bad_exit is None:
+            self.elastic.note(len(running))  # a loss, then its replacement: two lines, even in one tick
             self.elastic.note(len(running) + self.elastic.replace(len(running)))
         expired = (self.first_bad_exit is not None and now - self.first_bad_exit > self.peer_grace) or (
             self.stop_deadline is not None and now > self.stop_deadline
