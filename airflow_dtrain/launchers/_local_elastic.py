@@ -130,9 +130,10 @@ class ElasticNodes:
         return started
 
     def note(self, running: int) -> None:
-        """A line of ``nodes.jsonl`` when the running-agent count changed since the last one."""
-        if running != self.nodes:
-            append_node_change(self.group_dir, running, "; ".join(self.why) or "agents ended")
+        """A line of ``nodes.jsonl`` when a loss or a replacement changed the running-agent count (not the
+        group's own end: its agents exit 0 one after the other)."""
+        if running != self.nodes and self.why:
+            append_node_change(self.group_dir, running, "; ".join(self.why))
             self.nodes = running
         self.why = []
 
