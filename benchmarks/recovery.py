@@ -152,10 +152,11 @@ def elastic_round(at_step: int, flavor: str) -> dict:
     agent re-rendezvouses with it. The clock stops at the first step after the preempted one."""
     from airflow_dtrain.launchers.local import LocalLauncher
 
+    os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
     root = tempfile.mkdtemp(prefix="dtrain-recovery-elastic-")
     launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "elastic-r0"
     launcher.launch(name, _elastic_spec(root, flavor))
-    stream, resume, world = _group_events(launcher, name), None, None
+    stream, resume, world, t1 = _group_events(launcher, name), None, None, None
     for e in stream:
         if e["event"] == "train" and e["step"] >= at_step:
             t0 = time.perf_counter()
@@ -170,7 +171,9 @@ def elastic_round(at_step: int, flavor: str) -> dict:
         if e["event"] == "train" and resume is not None:
             t1, first_step = time.perf_counter(), e["step"]
             break
-    launcher.stop(name, grace_period_s=30)
+    status = launcher.stop(name, grace_period_s=30)
+    if t1 is None:
+        raise RuntimeError(f"the elastic group ended before a step after the loss: {status}; see {root}")
     shutil.rmtree(root, ignore_errors=True)
     return {
         "recovery_s": t1 - t0,
