@@ -15,6 +15,11 @@ progress.json through the trainer's reader (``CheckpointDir``). ``--flavor`` and
 ``--set`` (the trainer's) change the job, e.g. on a GPU the 1B model with an async save in flight
 when SIGTERM comes (``benchmarks/gpu_check.sh preempt``).
 
+Beside it, in the same run, "one of two nodes lost, elastic" (``elastic_round``): a local elastic group of
+2 nodes x 1 process (min_nodes 1, the same job), SIGTERM to node 1's agent only; the supervisor starts its
+replacement and node 0's agent re-rendezvouses without a relaunch. Clock: SIGTERM to the first step after
+it. ``--no-elastic`` leaves it out.
+
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
 
@@ -119,6 +124,68 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     }
 
 
+def _elastic_spec(root: str, flavor: str):
+    """The job of ``one_round`` as an elastic group of 2 nodes x 1 process (min_nodes 1), the same sizes."""
+    from airflow_dtrain.spec import JobSpec
+
+    return JobSpec.from_arguments(
+        flavor=flavor, seq_len=32, global_batch_size=8, micro_batch_size=4, log_every=1, steps=1000,
+        num_nodes=2, procs_per_node=1, min_nodes=1, checkpoint_uri=os.path.join(root, "ckpt"),
+    )  # fmt: skip
+
+
+def _group_events(launcher, name: str):
+    """A running local group's events as its ranks write them (polled), until it has ended."""
+    cursor = None
+    while True:
+        ended = launcher.status(name).state.terminal
+        new, cursor = launcher.events(name, cursor)
+        yield from new
+        if ended:
+            return
+        time.sleep(POLL_S)
+
+
+def elastic_round(at_step: int, flavor: str) -> dict:
+    """One of two nodes lost, elastic: a local group (LocalLauncher) of 2 nodes, SIGTERM to node 1's agent
+    only once step ``at_step`` is logged; its supervisor starts a replacement at once (capacity 2), node 0's
+    agent re-rendezvouses with it. The clock stops at the first step after the preempted one."""
+    from airflow_dtrain.launchers.local import LocalLauncher
+
+    os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
+    root = tempfile.mkdtemp(prefix="dtrain-recovery-elastic-")
+    launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "elastic-r0"
+    launcher.launch(name, _elastic_spec(root, flavor))
+    stream, resume, world, t1 = _group_events(launcher, name), None, None, None
+    for e in stream:
+        if e["event"] == "train" and e["step"] >= at_step:
+            t0 = time.perf_counter()
+            nodes = json.loads(open(os.path.join(root, "groups", name, "nodes.json")).read())
+            os.kill(nodes["1"]["pid"], signal.SIGTERM)
+            break
+    for e in stream:
+        if e["event"] == "preempted":
+            preempted = e
+        resume = e if e["event"] == "resume" else resume
+        world = e if e["event"] == "world" else world
+        if e["event"] == "train" and resume is not None:
+            t1, first_step = time.perf_counter(), e["step"]
+            break
+    status = launcher.stop(name, grace_period_s=30)
+    if t1 is None:
+        raise RuntimeError(f"the elastic group ended before a step after the loss: {status}; see {root}")
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        "recovery_s": t1 - t0,
+        "save_s": preempted["seconds_to_save"],
+        "preempted_step": preempted["step"],
+        "resumed_from": resume["from_step"],
+        "first_step": first_step,
+        "steps_lost": preempted["step"] - resume["from_step"],
+        "nodes_after": world["nodes"],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
@@ -132,6 +199,7 @@ def main() -> None:
         "--stderr", metavar="FILE", help="append the trainers' stderr to FILE (default: discarded)"
     )
     p.add_argument("--quick", action="store_true", help="--rounds 1")
+    p.add_argument("--no-elastic", action="store_true", help="without the elastic row (2 local nodes)")
     args = p.parse_args()
     if args.quick:
         args.rounds = 1
@@ -150,10 +218,24 @@ def main() -> None:
     }
     lost = max(row["steps_lost"] for row in rows)
     print(
-        f"\nSIGTERM -> first step after resume: median {med['recovery_s']:.2f} s "
+        f"\nwhole-group relaunch: SIGTERM -> first step after resume: median {med['recovery_s']:.2f} s "
         f"(save {med['save_s']:.2f} s, SIGTERM -> exit 75 {med['sigterm_to_exit_s']:.2f} s, "
         f"restart -> first step {med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  "
         f"[target <= 10 s, 0 steps]"
+    )
+    if args.no_elastic:
+        return
+    elastic = []
+    for r in range(args.rounds):
+        elastic.append(elastic_round(args.at_step, args.flavor))
+        figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in elastic[-1].items()}
+        print(f"elastic round {r}: {json.dumps(figures)}", flush=True)
+    print(
+        f"one of two nodes lost, elastic: SIGTERM -> first step after it: median "
+        f"{statistics.median(row['recovery_s'] for row in elastic):.2f} s (save "
+        f"{statistics.median(row['save_s'] for row in elastic):.2f} s; resumed at "
+        f"{sorted({row['nodes_after'] for row in elastic})} node(s)); steps lost: max "
+        f"{max(row['steps_lost'] for row in elastic)}"
     )
 
 

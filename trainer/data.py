@@ -30,8 +30,11 @@ from trainer.builtin_text import (
     generate_builtin_text,
 )
 from trainer.config import ConfigError, DataConfig
+from trainer.events import emit
 from trainer.token_store import cache_remote, is_remote, open_split
 
+TRACE_SAMPLES_ENV = "DTRAIN_TRACE_SAMPLES"
+"""``1``: every rank emits a "samples" event per step (``TrainBatches._trace``): tests of the data order."""
 FORMAT_VERSION = 1  # of the built-in corpus; trainer.token_store reads v1 and v2
 
 
@@ -180,6 +183,8 @@ class TrainBatches:
                     "enough or says how much text is missing"
                 )
         self.samples_seen = 0  # global samples consumed; the loader's whole state
+        # tests: each rank's "samples" event per step (its events file), the data order made visible
+        self.trace = os.environ.get(TRACE_SAMPLES_ENV, "") == "1"
         self._perm_epoch, self._perm = -1, (1, 0)
 
     @property
@@ -204,9 +209,24 @@ class TrainBatches:
         int64."""
         first = self.samples_seen + self.rank * self.per_rank
         rows = np.stack([self._sequence(first + j) for j in range(self.per_rank)]).astype(np.int64)
+        if self.trace:
+            self._trace(first)
         self.samples_seen += self.global_batch_size
         rows = torch.from_numpy(rows).to(self.device)  # (per_rank, seq_len + 1)
         return [(mb[:, :-1], mb[:, 1:]) for mb in rows.split(self.micro_batch_size)]
+
+    def _trace(self, first: int) -> None:
+        """A "samples" event of this rank (its own events file): the step, the world size, and the sequences
+        it consumes for it, as their places in the training split (the shuffle applied), so that a test can
+        check a resumed or resized run's data order against an uninterrupted one's."""
+        places = []
+        for g in range(first, first + self.per_rank):
+            epoch, i = divmod(g, self.n_seq)
+            a, b = _affine_permutation(self.n_seq, self.seed, epoch)
+            places.append((a * i + b) % self.n_seq)
+        step = self.samples_seen // self.global_batch_size + 1
+        emit("samples", step=step, rank=self.rank, world_size=self.global_batch_size // self.per_rank,
+             samples=places)  # fmt: skip
 
     def state_dict(self) -> dict:
         return {"samples_seen": self.samples_seen, "seq_len": self.seq_len, "seed": self.seed}

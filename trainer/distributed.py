@@ -29,6 +29,18 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def world_fields(world_size: int) -> dict[str, int]:
+    """The size of the group this attempt trains in, for its "world" event: ranks, nodes (torchrun's
+    ``GROUP_WORLD_SIZE``; one plain process: 1) and the agent's restart count (an elastic group's agents
+    restart their workers at every resize)."""
+    return {
+        "world_size": world_size,
+        "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+        "procs_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    }
+
+
 def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
     if "RANK" not in os.environ:  # a plain process: become rank 0 of 1
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")

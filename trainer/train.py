@@ -20,7 +20,7 @@ from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, TrainConfig
 from trainer.contract import JobEnv, simulate_preemption
 from trainer.cost import CostLedger
 from trainer.data import TrainBatches, eval_batches
-from trainer.distributed import Dist, StopRequests, log, setup_distributed, world_size_from_env
+from trainer.distributed import Dist, StopRequests, log, setup_distributed, world_fields, world_size_from_env
 from trainer.job_reports import CheckpointReports
 from trainer.metrics import Metrics, SaveOverlap
 from trainer.model import Llama
@@ -129,6 +129,7 @@ class Job(CheckpointReports):
         step, self.resumed_from = self.resume()
         if self.resumed_from is None and self.cfg.model.init_from:
             self.evaluate_start()
+        self.metrics.emit("world", step=step, **world_fields(self.d.world_size))
         self.metrics.start_window()
         self._last_step_end = time.perf_counter()
         return step

@@ -31,9 +31,12 @@ from pathlib import Path
 
 import psutil
 
-from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState, deadline_words
+from airflow_dtrain.launchers._local_elastic import ElasticNodes, append_node_change
+from airflow_dtrain.launchers._local_outcome import classify, outcome
+from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local_memory import OUT_OF_MEMORY, MemoryLimit
-from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE
+
+__all__ = ["classify", "kill_tree", "main", "write_json_atomic"]  # classify: its old home
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
@@ -99,49 +102,6 @@ def _pump(stream, prefix: bytes, sink, lock: threading.Lock, said: dict[int, tup
     stream.close()
 
 
-def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tuple[GroupState, str]:
-    """Turn node exit codes into a group state.
-
-    ``collateral`` are nodes this supervisor killed because a peer had already
-    ended: their exit codes say nothing about the cause.
-    """
-    if stopped:
-        return GroupState.STOPPED, "stopped on request"
-    if all(code == 0 for code in codes.values()):
-        return GroupState.SUCCEEDED, "all nodes exited 0"
-    own = {i: c for i, c in codes.items() if i not in collateral and c != 0}
-    for i, code in sorted(own.items()):
-        if code == FENCED_EXIT_CODE:
-            return GroupState.FAILED, (
-                f"node {i} exited {code}: another group took over the checkpoint directory "
-                "(a newer writer lease); this group stopped without committing"
-            )
-    for i, code in sorted(own.items()):
-        if code == STORAGE_EXIT_CODE:
-            return GroupState.FAILED, (
-                f"node {i} exited {code}: a checkpoint could not be written (a full disk, no "
-                "permission or a read-only location; the [trainer] line in the log names the "
-                "path and the cause); the older checkpoints are intact"
-            )
-    for i, code in sorted(own.items()):
-        if code == PREEMPTED_EXIT_CODE:
-            return GroupState.PREEMPTED, f"node {i} exited {code} (preempted, resumable)"
-    for i, code in sorted(own.items()):
-        if code < 0:
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-            return GroupState.PREEMPTED, f"node {i} was killed by {name} (node lost; resumable)"
-    for i, code in sorted(own.items()):
-        if code == BUDGET_EXIT_CODE:
-            return (
-                GroupState.FAILED,
-                f"node {i} exited {code} (stopped at the job's dollar cap, checkpoint saved)",
-            )
-    if own:
-        i, code = sorted(own.items())[0]
-        return GroupState.FAILED, f"node {i} exited {code}"
-    return GroupState.FAILED, "nodes were stopped after a peer ended"
-
-
 def _node_env(env: dict[str, str], group: dict, index: int) -> dict[str, str]:
     per_node = group.get("node_env") or []
     return {**env, **(per_node[index] if index < len(per_node) else {})}
@@ -180,15 +140,12 @@ def _run(
 ) -> int:
     """Start the nodes, watch them to their end, write ``result.json``."""
     said: dict[int, tuple[float, str]] = {}  # per node: its first line that says an allocation failed
-    nodes, pumps = _start_nodes(group, env, sink, lock, memory, said)
-    write_json_atomic(
-        group_dir / "nodes.json",
-        {
-            str(i): {"pid": n.pid, "create_time": psutil.Process(n.pid).create_time()}
-            for i, n in enumerate(nodes)
-        },
-    )
-    watch = _Watch(group_dir, group, nodes, stop_requested)
+    starter = _Starter(group_dir, group, env, sink, lock, memory, said)
+    nodes = [starter.start(index) for index in range(len(group["node_commands"]))]
+    starter.record(nodes)
+    if group.get("elastic"):
+        append_node_change(group_dir, len(nodes), "launch")
+    watch = _Watch(group_dir, group, nodes, stop_requested, starter)
     while watch.tick(time.monotonic()):
         time.sleep(0.2)
 
@@ -197,61 +154,83 @@ def _run(
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    for pump in pumps:
+    for pump in starter.pumps:
         pump.join(timeout=5)
     sink.close()
     codes = {i: n.returncode for i, n in enumerate(nodes)}
-    state, message = _outcome(watch, codes, memory.ran_out(said) if memory else None)
-    write_json_atomic(
-        group_dir / "result.json",
-        {
-            "state": state.value,
-            "message": message,
-            "node_exit_codes": {str(i): c for i, c in codes.items()},
-            "finished_at": time.time(),
-        },
-    )
+    state, message = outcome(watch, codes, memory.ran_out(said) if memory else None)
+    result = {
+        "state": state.value,
+        "message": message,
+        "node_exit_codes": {str(i): c for i, c in codes.items()},
+        "finished_at": time.time(),
+    }
+    if watch.elastic is not None:
+        result["replacements"] = watch.elastic.replacements
+    write_json_atomic(group_dir / "result.json", result)
     return 0
 
 
-def _start_nodes(
-    group: dict,
-    env: dict[str, str],
-    sink,
-    lock: threading.Lock,
-    memory: MemoryLimit | None,
-    said: dict[int, tuple[float, str]],
-) -> tuple[list[subprocess.Popen], list[threading.Thread]]:
-    """One torchrun agent per node, in a session of its own, its output pumped into the group's log."""
-    nodes: list[subprocess.Popen] = []
-    pumps: list[threading.Thread] = []
-    for index, command in enumerate(group["node_commands"]):
+class _Starter:
+    """Starts one node's torchrun agent (in a session of its own, its output pumped into the group's log),
+    at launch and, in an elastic group, again as the replacement of a lost node."""
+
+    def __init__(self, group_dir: Path, group: dict, env: dict[str, str], sink, lock: threading.Lock,
+                 memory: MemoryLimit | None, said: dict[int, tuple[float, str]]) -> None:  # fmt: skip
+        self.group_dir, self.group, self.env, self.sink, self.lock = group_dir, group, env, sink, lock
+        self.memory, self.said = memory, said
+        self.pumps: list[threading.Thread] = []
+
+    def start(self, index: int) -> subprocess.Popen:
+        memory = self.memory
         node = subprocess.Popen(
-            command,
+            self.group["node_commands"][index],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=_node_env(env, group, index),
-            cwd=group.get("cwd") or None,
+            env=_node_env(self.env, self.group, index),
+            cwd=self.group.get("cwd") or None,
             start_new_session=True,
             preexec_fn=_die_with(os.getpid(), partial(memory.enter, index) if memory else None),
         )
         prefix = f"[node{index}]".encode()
-        pump = threading.Thread(target=_pump, args=(node.stdout, prefix, sink, lock, said, index))
+        args = (node.stdout, prefix, self.sink, self.lock, self.said, index)
+        pump = threading.Thread(target=_pump, args=args)
         pump.start()
-        nodes.append(node)
-        pumps.append(pump)
-    return nodes, pumps
+        self.pumps.append(pump)
+        return node
+
+    def record(self, nodes: list[subprocess.Popen]) -> None:
+        """``nodes.json``: each node's current agent (pid and start time), rewritten at every replacement."""
+        records = {}
+        for i, n in enumerate(nodes):
+            try:
+                records[str(i)] = {"pid": n.pid, "create_time": psutil.Process(n.pid).create_time()}
+            except psutil.NoSuchProcess:  # ended already: its record can match no live process
+                records[str(i)] = {"pid": n.pid, "create_time": 0.0}
+        write_json_atomic(self.group_dir / "nodes.json", records)
+
+    def say(self, line: str) -> None:
+        """A line of the supervisor's own in the group's log."""
+        with self.lock:
+            self.sink.write(f"[supervisor] {line}\n".encode())
 
 
 class _Watch:
     """The supervisor's watch over a running group, one ``tick`` every 0.2 s: the budget deadline (and an
     earlier one written since), a stop request, and a node that ended badly, each ending the rest in time."""
 
-    def __init__(
-        self, group_dir: Path, group: dict, nodes: list[subprocess.Popen], stop_requested: threading.Event
-    ) -> None:
-        self.group_dir, self.nodes, self.stop_requested = group_dir, nodes, stop_requested
+    def __init__(self, group_dir: Path, group: dict, nodes: list[subprocess.Popen],
+                 stop_requested: threading.Event, starter: _Starter | None = None) -> None:  # fmt: skip
+        self.group_dir, self.nodes, self.stop_requested, self.starter = (
+            group_dir,
+            nodes,
+            stop_requested,
+            starter,
+        )
+        self.elastic = None  # an elastic group: its peers go on without a lost node, which is replaced
+        if group.get("elastic") and starter is not None:
+            self.elastic = ElasticNodes(group_dir, group["elastic"], self._replace, starter.say)
         self.peer_grace = float(group.get("peer_exit_grace_s", 30.0))
         self.budget = group.get("budget_deadline")  # launchers.base.budget_deadline, with "at" (wall clock)
         # LocalLauncher.shorten_deadline writes an earlier one here when the spot price rose
@@ -284,10 +263,14 @@ class _Watch:
             request = self.group_dir / "stop_request.json"
             grace = json.loads(request.read_text())["grace_period_s"] if request.exists() else 30.0
             self._terminate(running, now + grace)  # the agent forwards SIGTERM to its workers, which save
-        if self.first_bad_exit is None and any(c not in (None, 0) for c in codes.values()):
+        if self.first_bad_exit is None and any(c not in (None, 0) and not self._absorbed(i, c)
+                                               for i, c in codes.items()):  # fmt: skip
             # Peers of a preempted node are saving the same checkpoint and exit on their own;
             # peers of a crashed node hang in a collective until we end them.
             self.first_bad_exit = now
+        if self.elastic is not None and self.stop_deadline is None and self.first_bad_exit is None:
+            self.elastic.note(len(running))  # a loss, then its replacement: two lines, even in one tick
+            self.elastic.note(len(running) + self.elastic.replace(len(running)))
         expired = (self.first_bad_exit is not None and now - self.first_bad_exit > self.peer_grace) or (
             self.stop_deadline is not None and now > self.stop_deadline
         )
@@ -296,6 +279,20 @@ class _Watch:
                 self.collateral.add(i)
                 kill_tree(self.nodes[i].pid)
         return True
+
+    def _absorbed(self, index: int, code: int) -> bool:
+        """Whether an elastic group goes on without node ``index``, whose agent ended with ``code`` (never
+        once the group is being stopped or has a node that ended badly)."""
+        if self.elastic is None:
+            return False
+        if index in self.elastic.absorbed:
+            return True
+        return self.stop_deadline is None and self.first_bad_exit is None and self.elastic.absorb(index, code)
+
+    def _replace(self, index: int) -> None:
+        """Start node ``index``'s agent again (an elastic group's replacement of a lost node)."""
+        self.nodes[index] = self.starter.start(index)
+        self.starter.record(self.nodes)
 
     def _reprice(self, now: float) -> None:
         """Every second: take an earlier budget deadline written since (``budget_deadline.json``)."""
@@ -314,31 +311,6 @@ class _Watch:
         self.stop_deadline = deadline
         for i in running:
             self.nodes[i].send_signal(signal.SIGTERM)
-
-
-def _outcome(watch: _Watch, codes: dict[int, int], ran_out: str | None) -> tuple[GroupState, str]:
-    """The group's end state and message: from its exit codes (``classify``), then what explains them better:
-    a node that ran out of its memory limit, the budget deadline the supervisor stopped it at."""
-    stopped = watch.stop_requested.is_set()
-    state, message = classify(codes, watch.collateral, stopped)
-    if (ran_out and not stopped and not watch.at_budget
-            and state in (GroupState.FAILED, GroupState.PREEMPTED)
-            and not {FENCED_EXIT_CODE, STORAGE_EXIT_CODE} & set(codes.values())):  # fmt: skip
-        # its peers then failed in a collective, were stopped by their agent or by us: not the cause
-        state, message = GroupState.FAILED, ran_out
-    if not watch.at_budget or stopped or state == GroupState.SUCCEEDED:
-        return state, message
-    budget = watch.budget
-    if watch.collateral:  # still running at the end of the grace period (a hung trainer): SIGKILL
-        how = (f"SIGTERM, then SIGKILL after the {budget['grace_s']}s grace period to node(s) "
-               f"{', '.join(map(str, sorted(watch.collateral)))}, still running: what they trained since "
-               f"their last checkpoint is lost")  # fmt: skip
-    else:
-        how = "SIGTERM: each rank saved its step within the grace period"
-    return GroupState.AT_BUDGET, (
-        f"stopped at the job's dollar cap by its supervisor: the group reached its "
-        f"{deadline_words(budget, 'deadline')} ({how}); {message}"
-    )
 
 
 def _daemonize_and_run(group_dir: Path) -> int:

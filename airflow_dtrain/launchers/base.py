@@ -128,6 +128,12 @@ class PodGroupLauncher(abc.ABC):
         seconds it had, or None when it was not changed (already as early, the group gone, no deadline)."""
         return None
 
+    def node_changes(self, name: str) -> list[tuple[float, int]]:
+        """The nodes group ``name`` ran over time: (wall-clock time, nodes billed from then on), the first at
+        its launch with ``num_nodes``; an elastic group has one more at every resize. [] when the backend does
+        not know: bill ``num_nodes`` throughout."""
+        return []
+
     def placement(self, name: str) -> list[dict[str, Any]] | None:
         """Where the group's nodes ran, one dict per node index (``node``, ``zone``, ``instance_type``,
         ``capacity_type``); None when the backend does not know (the local backend: this machine)."""

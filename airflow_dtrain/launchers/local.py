@@ -9,6 +9,7 @@ triggerer -- can find, watch and stop a group by name.
 
 Group directory ``<state_dir>/<name>/``: ``group.json`` (what to run),
 ``train_config.json``, ``supervisor.json`` and ``nodes.json`` (pids),
+``capacity.json`` and ``nodes.jsonl`` (an elastic group's capacity and node count over time),
 ``group.log`` (every process's output, ``[nodeN][rankR]:`` prefixed, for people to read),
 ``events/rank-<R>.jsonl`` (each rank's events, what programs read: ``trainer/events.py``, ``events()``)
 and ``result.json`` (written last: the group has ended).
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from airflow_dtrain.launchers._local_elastic import CAPACITY_FILE, elastic_terms, read_node_changes
 from airflow_dtrain.launchers._local_supervisor import write_json_atomic
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, budget_deadline
 from airflow_dtrain.launchers.local_memory import (  # noqa: F401 - re-exported: importers use this module's names
@@ -172,6 +174,8 @@ class LocalLauncher(PodGroupLauncher):
             "peer_exit_grace_s": self.peer_exit_grace_s,
             "created_at": time.time(),
         }
+        if spec.elastic:  # the supervisor goes on without a lost node and replaces it (_local_elastic)
+            group["elastic"] = elastic_terms(spec)
         if gpus:
             # one GPU per process, consecutive ranges per node
             group["node_env"] = [
@@ -260,6 +264,24 @@ class LocalLauncher(PodGroupLauncher):
             group_dir / "budget_deadline.json", {**deadline, "at": group["created_at"] + deadline["seconds"]}
         )
         return int(current["seconds"])
+
+    def set_capacity(self, name: str, nodes: int) -> None:
+        """The nodes group ``name`` may run from now on: the local stand-in for the spot market. Its
+        supervisor starts a lost node's replacement only while fewer agents than this run (a running agent
+        is never stopped for it); without a call, ``num_nodes``."""
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0:
+            raise ValueError(f"nodes: a whole number of nodes, at least 0, got {nodes!r}")
+        write_json_atomic(self._dir(name) / CAPACITY_FILE, {"nodes": nodes})
+
+    def node_changes(self, name: str) -> list[tuple[float, int]]:
+        """(wall-clock time, agents running from then on) of an elastic group, from its ``nodes.jsonl``;
+        an all-or-nothing group: its launch with ``num_nodes``; [] for no such group."""
+        group_dir = self._dir(name)
+        changes = read_node_changes(group_dir)
+        if changes:
+            return changes
+        group = _read_json(group_dir / "group.json")
+        return [] if group is None else [(group["created_at"], len(group["node_commands"]))]
 
     def find(self, prefix: str) -> list[str]:
         if not self.state_dir.is_dir():

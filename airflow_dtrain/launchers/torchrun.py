@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 LAUNCH_MODULE = "trainer.launch"
 """torchrun with exit codes that say "preempted" (see trainer/launch.py)."""
 
+SHARED_STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torch's switch off of the rendezvous store shared with the workers (dynamic_rendezvous.py)."""
+
 
 @dataclass(frozen=True)
 class NodeCommand:
@@ -57,6 +60,11 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
         "DTRAIN_CHECKPOINT_EVERY": str(train.checkpoint.every),
         "DTRAIN_GRACE_PERIOD_S": f"{train.checkpoint.grace_period_s:g}",
     }
+    if spec.elastic:
+        # torch shares rank 0's first TCP store with its workers and publishes its address once, in the first
+        # round's keys: a replacement node joining a later round waits for that address forever (and its
+        # peers for it). Without the sharing, each round's rank 0 publishes a fresh address.
+        env[SHARED_STORE_OPT_OUT] = "1"
     if train.simulate_preemption_at_step:
         env["DTRAIN_SIMULATE_PREEMPTION_AT_STEP"] = str(train.simulate_preemption_at_step)
     if (
