@@ -15,10 +15,11 @@ progress.json through the trainer's reader (``CheckpointDir``). ``--flavor`` and
 ``--set`` (the trainer's) change the job, e.g. on a GPU the 1B model with an async save in flight
 when SIGTERM comes (``benchmarks/gpu_check.sh preempt``).
 
-Beside it, in the same run, "one of two nodes lost, elastic" (``elastic_round``): a local elastic group of
-2 nodes x 1 process (min_nodes 1, the same job), SIGTERM to node 1's agent only; the supervisor starts its
-replacement and node 0's agent re-rendezvouses without a relaunch. Clock: SIGTERM to the first step after
-it. ``--no-elastic`` leaves it out.
+Beside it, in the same run, "one of two nodes lost" (``node_lost_round``), twice: a local group of 2 nodes x
+1 process (the same job), SIGTERM to node 1's agent only. All or nothing: the group ends and is launched
+again (the operator's relaunch). Elastic (min_nodes 1): the supervisor starts node 1's replacement and node
+0's agent re-rendezvouses without a relaunch. Clock: SIGTERM to the first step after it. ``--no-elastic``
+leaves both out.
 
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
@@ -124,13 +125,15 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     }
 
 
-def _elastic_spec(root: str, flavor: str):
-    """The job of ``one_round`` as an elastic group of 2 nodes x 1 process (min_nodes 1), the same sizes."""
+def _two_node_spec(root: str, flavor: str, elastic: bool):
+    """The job of ``one_round`` as a group of 2 nodes x 1 process, the same sizes: elastic (min_nodes 1) or
+    all or nothing."""
     from airflow_dtrain.spec import JobSpec
 
     return JobSpec.from_arguments(
         flavor=flavor, seq_len=32, global_batch_size=8, micro_batch_size=4, log_every=1, steps=1000,
-        num_nodes=2, procs_per_node=1, min_nodes=1, checkpoint_uri=os.path.join(root, "ckpt"),
+        num_nodes=2, procs_per_node=1, min_nodes=1 if elastic else None,
+        checkpoint_uri=os.path.join(root, "ckpt"),
     )  # fmt: skip
 
 
@@ -146,16 +149,18 @@ def _group_events(launcher, name: str):
         time.sleep(POLL_S)
 
 
-def elastic_round(at_step: int, flavor: str) -> dict:
-    """One of two nodes lost, elastic: a local group (LocalLauncher) of 2 nodes, SIGTERM to node 1's agent
-    only once step ``at_step`` is logged; its supervisor starts a replacement at once (capacity 2), node 0's
-    agent re-rendezvouses with it. The clock stops at the first step after the preempted one."""
+def node_lost_round(at_step: int, flavor: str, elastic: bool) -> dict:
+    """One of two nodes lost: a local group (LocalLauncher) of 2 nodes, SIGTERM to node 1's agent only once
+    step ``at_step`` is logged. Elastic: its supervisor starts a replacement at once (capacity 2) and node 0's
+    agent re-rendezvouses with it. All or nothing: the group ends preempted and is launched again, as the
+    operator does. The clock stops at the first step after the preempted one."""
     from airflow_dtrain.launchers.local import LocalLauncher
 
     os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
-    root = tempfile.mkdtemp(prefix="dtrain-recovery-elastic-")
-    launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "elastic-r0"
-    launcher.launch(name, _elastic_spec(root, flavor))
+    root = tempfile.mkdtemp(prefix="dtrain-recovery-2nodes-")
+    launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "lost-r0"
+    spec = _two_node_spec(root, flavor, elastic)
+    launcher.launch(name, spec)
     stream, resume, world, t1 = _group_events(launcher, name), None, None, None
     for e in stream:
         if e["event"] == "train" and e["step"] >= at_step:
@@ -164,8 +169,16 @@ def elastic_round(at_step: int, flavor: str) -> dict:
             os.kill(nodes["1"]["pid"], signal.SIGTERM)
             break
     for e in stream:
-        if e["event"] == "preempted":
-            preempted = e
+        preempted = e if e["event"] == "preempted" else None
+        if preempted:
+            break
+    if not elastic:  # the whole group ends; the operator launches the next one from the checkpoint
+        while not launcher.status(name).state.terminal:
+            time.sleep(POLL_S)
+        name = "lost-r1"
+        launcher.launch(name, spec)
+        stream = _group_events(launcher, name)
+    for e in stream:
         resume = e if e["event"] == "resume" else resume
         world = e if e["event"] == "world" else world
         if e["event"] == "train" and resume is not None:
@@ -173,7 +186,7 @@ def elastic_round(at_step: int, flavor: str) -> dict:
             break
     status = launcher.stop(name, grace_period_s=30)
     if t1 is None:
-        raise RuntimeError(f"the elastic group ended before a step after the loss: {status}; see {root}")
+        raise RuntimeError(f"the group ended before a step after the loss: {status}; see {root}")
     shutil.rmtree(root, ignore_errors=True)
     return {
         "recovery_s": t1 - t0,
@@ -184,6 +197,25 @@ def elastic_round(at_step: int, flavor: str) -> dict:
         "steps_lost": preempted["step"] - resume["from_step"],
         "nodes_after": world["nodes"],
     }
+
+
+def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
+    """The 2-node rows, side by side in this run: all or nothing (relaunch), then elastic (replace one)."""
+    for elastic, label in ((False, "2 nodes, all or nothing: whole-group relaunch"),
+                           (True, "2 nodes, elastic: one node replaced")):  # fmt: skip
+        rows = []
+        for r in range(rounds):
+            rows.append(node_lost_round(at_step, flavor, elastic))
+            figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
+            print(f"{label}, round {r}: {json.dumps(figures)}", flush=True)
+        print(
+            f"{label}: SIGTERM to node 1 -> first step after it: median "
+            f"{statistics.median(row['recovery_s'] for row in rows):.2f} s (save "
+            f"{statistics.median(row['save_s'] for row in rows):.2f} s; resumed at "
+            f"{sorted({row['nodes_after'] for row in rows})} node(s)); steps lost: max "
+            f"{max(row['steps_lost'] for row in rows)}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -199,7 +231,9 @@ def main() -> None:
         "--stderr", metavar="FILE", help="append the trainers' stderr to FILE (default: discarded)"
     )
     p.add_argument("--quick", action="store_true", help="--rounds 1")
-    p.add_argument("--no-elastic", action="store_true", help="without the elastic row (2 local nodes)")
+    p.add_argument(
+        "--no-elastic", action="store_true", help="without the 2-node rows (elastic and all or nothing)"
+    )
     args = p.parse_args()
     if args.quick:
         args.rounds = 1
@@ -225,18 +259,7 @@ def main() -> None:
     )
     if args.no_elastic:
         return
-    elastic = []
-    for r in range(args.rounds):
-        elastic.append(elastic_round(args.at_step, args.flavor))
-        figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in elastic[-1].items()}
-        print(f"elastic round {r}: {json.dumps(figures)}", flush=True)
-    print(
-        f"one of two nodes lost, elastic: SIGTERM -> first step after it: median "
-        f"{statistics.median(row['recovery_s'] for row in elastic):.2f} s (save "
-        f"{statistics.median(row['save_s'] for row in elastic):.2f} s; resumed at "
-        f"{sorted({row['nodes_after'] for row in elastic})} node(s)); steps lost: max "
-        f"{max(row['steps_lost'] for row in elastic)}"
-    )
+    _node_lost_rows(args.rounds, args.at_step, args.flavor)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,45 @@ def restart_only_the_resumable() -> None:
     LocalElasticAgent._monitor_workers = monitor_and_keep_restarts_for_the_resumable
 
 
+def leave_the_rendezvous_on_a_signal() -> None:
+    """Make a node's agent that got SIGTERM (a preemption) leave the rendezvous once its workers have saved.
+
+    torchrun keeps a signalled agent's rendezvous open for the peers (an elastic group goes on), but the
+    agent stays listed as a participant until its heartbeats are missed for ``keep_alive_interval`` ×
+    ``keep_alive_max_attempt`` (15 s by default): its peers' next round waits that long before it starts.
+    Leaving it at once lets them meet again in the time they take to restart their workers. Best effort, on
+    torch's private rendezvous handler: where it differs, the heartbeat timeout still applies."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    run = getattr(SimpleElasticAgent.run, "__wrapped__", SimpleElasticAgent.run)
+
+    def run_and_leave_on_a_signal(self, *args, **kwargs):
+        try:
+            return run(self, *args, **kwargs)
+        except SignalException:
+            _leave(self._worker_group.spec.rdzv_handler)
+            raise
+
+    run_and_leave_on_a_signal.__wrapped__ = run
+    SimpleElasticAgent.run = run_and_leave_on_a_signal
+
+
+def _leave(handler) -> None:
+    """Take this node out of the current rendezvous round (``_RendezvousExitOp``), without closing it."""
+    import time
+
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
+        print("[trainer.launch] left the rendezvous: the peers meet again without this node", file=sys.stderr,
+              flush=True)  # fmt: skip
+    except Exception as err:  # noqa: BLE001 - an older or newer torch: the peers wait for the heartbeat
+        print(f"[trainer.launch] could not leave the rendezvous ({type(err).__name__}: {err}); the peers "
+              "notice this node's end when its heartbeats stop", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def _failed_workers(e: ChildFailedError) -> tuple[int, str]:
     """The node's exit code and its reason when workers failed: the workers' own agreed code where they
     agree (fenced, storage, preempted, budget), a lost worker (resumable), else 1."""
@@ -227,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, "120")
     watch_the_agents_close()
     restart_only_the_resumable()
+    leave_the_rendezvous_on_a_signal()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec
         watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])

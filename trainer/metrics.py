@@ -15,6 +15,8 @@ Events (each a single line starting with "{") go to rank 0's events file, ``$DTR
     {"event": "resume", "from_step", "path"}
     {"event": "preempted", "step", "seconds_to_save", "grace_period_s"}
     {"event": "done", "step", "loss", "tokens_seen"}
+    {"event": "world", "step", "world_size", "nodes", "procs_per_node", "restart"}   (each attempt's start:
+                       an elastic group's size after a resize)
 
 "train" values are over the log interval: tokens_per_s for the whole group, "mfu" null
 where the accelerator's peak FLOP/s is unknown (CPU), peak_mem_mb this rank's peak (CUDA
