@@ -137,14 +137,14 @@ def _deadline_guard(f: Facts) -> bool:
     return (
         i.deadline_guard and f.tracked and i.current != Choice.SPOT and i.deadline_s is not None
         and f.hours is not None and f.preempt_risk > GUARD_RISK and f.od_cost_ok and f.od_in_time
-        and i.deadline_s / 3600.0 - f.hours < f.guard_h
+        and f.spare_h < f.guard_h
     )  # fmt: skip
 
 
 def _on_demand_by_guard(f: Facts) -> Decision:
     return f.made(
         Choice.ON_DEMAND,
-        f"on-demand to the deadline (deadline guard): {f.i.deadline_s / 3600.0 - f.hours:.2f} h to spare "
+        f"on-demand to the deadline (deadline guard): {f.spare_h:.2f} h to spare "
         f"after {f.est} of work, less than a spot (re)launch and one preemption ({f.guard_h:.2f} h), "
         f"which is likelier than not ({f.preempt_risk:.0%}); on-demand ${f.od_cost:.2f} finishes in time "
         f"within {f.money}",
@@ -189,8 +189,14 @@ def _spot(f: Facts) -> Decision:
     i, chance = f.i, f.chance
     return f.made(
         Choice.SPOT,
-        f"spot: {f.est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {spot_overhead(i):.3f} "
-        "interruption overhead)"
+        f"spot: {f.est} × {i.num_nodes} node(s)"
+        + (
+            f" (on {i.spot_nodes} of them now: {f.hours * i.slowdown:.2f} h, then a "
+            f"{i.resize_overhead_s:.0f} s resize to grow back, billed on all)"
+            if i.spot_nodes != i.num_nodes
+            else ""
+        )
+        + f" × ${i.spot_price:.4f}/h × (1 + {spot_overhead(i):.3f} interruption overhead)"
         + (f" + {f.spot_start:.2f} h start-up" if f.spot_start else "")
         + f" = ${f.spot_cost or 0:.2f}"
         + (
