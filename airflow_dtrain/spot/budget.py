@@ -41,7 +41,7 @@ Decision, first row that applies:
     than the switch's start-up)
 6   waiting allowed, and after ``wait_interval_s`` spot at the        wait
     hoped-for price or on-demand could still finish in time within
-    budget
+    budget (on on-demand: spot at the hoped-for price)
 7   on-demand cost ≤ budget and on-demand in time                     on_demand
 8   ``allow_late``, spot or on-demand within budget (late): on-      that one
     demand only if it finishes before spot would even with no

@@ -234,10 +234,13 @@ class Facts:
     @property
     def wait_pays(self) -> bool:
         """After the wait, spot at the hoped-for price or on-demand could still finish in time within
-        budget."""
+        budget. A job on on-demand waits only for spot: on-demand after the wait is what it has now, at the
+        price of a second start-up."""
         i = self.i
         if self.hours is None:
             return True
+        if i.current == Choice.ON_DEMAND:
+            return self.target_fit[0] and self.target_fit[1]
         later_od_h = self.hours + self.later_start
         later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if i.on_demand_price else None
         target_ok, target_in_time, _ = self.target_fit

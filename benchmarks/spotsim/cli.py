@@ -180,6 +180,10 @@ def run_seeds(report: Report, sc, sizes: list[int], args: argparse.Namespace) ->
                 run_size(worlds, jobs, [*ours, Naive(True), Naive(False), UniformProgress()], mech)
             )
             report.runs.append((seed, sc.name, n, cells[n][-1]))
+            if len(report.seeds) > 1:  # as it goes: a long pooled run shows each seed's figures
+                print(f"- seed {seed}, {n} node(s): " + "; ".join(
+                    f"{r.strategy} {r.cost / r.od_cost:.1%} / {r.kept}" for r in cells[n][-1][1:len(ours) + 1]
+                ), flush=True)  # fmt: skip
     return cells
 
 
