@@ -18,6 +18,11 @@ The model, beside the all-or-nothing group of ``strategies.simulate`` (same worl
 - billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
   cap is checked before every tick (so at every size change), as for the all-or-nothing policy. With
   ``record`` set, each outcome carries its ledger: (tick, nodes, cost) per billed tick.
+- the policy: ``decide()`` itself, told ``min_nodes``, the offer's capacity (``spot_nodes_available``) and the
+  resize's cost (``resize_overhead_s`` = ``Mechanics.rerendezvous_s``); it chooses spot on k of the N nodes
+  with their time (N/k as long), the resize to grow back and the cap at every size (``ElasticPolicy``). Its
+  parameters are the all-or-nothing setting's of the same user and size, or with ``--tune-elastic`` its own,
+  chosen on the first half the same way.
 """
 
 from __future__ import annotations
