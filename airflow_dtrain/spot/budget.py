@@ -18,6 +18,14 @@ Estimates::
                        ``max_late_risk``, a preemption right after the start-up still leaves time to finish
                        on on-demand (hours + lost work + start-up)
 
+An elastic group (``min_nodes`` < ``num_nodes``) offered k spot nodes, ``min_nodes`` <= k < ``num_nodes``,
+trains on k: its spot hours are ``hours`` × num_nodes / k with the overhead, plus its start-up and one resize
+(``resize_overhead_s``) to grow back; a lost node costs it a resize, not a relaunch (the overhead and the
+deadline guard's preemption use ``resize_overhead_s`` in place of ``restart_overhead_s``); its spot cost is
+the work's node-hours (the same at any size: the global batch is fixed) and every overhead billed on all
+``num_nodes``, the most any size it may change to can bill, so the cap holds at every size. The decision
+records the node count it trains on (``Decision.nodes``).
+
 Decision, first row that applies:
 
 ==  ================================================================  =========
@@ -32,8 +40,9 @@ Decision, first row that applies:
     ``lost_work_s``), a first preemption before spot is done
     likelier than ``GUARD_RISK`` (0.5), on-demand within budget and
     in time
-5   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
-    spot cost ≤ budget, spot in time (with ``min_finish_chance``:
+5   spot offered for all ``num_nodes`` at once (an elastic group:     spot
+    at least ``min_nodes``, trained on the k offered), acceptable
+    risk, spot cost ≤ budget, spot in time (with ``min_finish_chance``:
     the chance of each is at least that) -- unless
     on-demand also fits (budget and deadline) and costs no more,
     start-ups included:
