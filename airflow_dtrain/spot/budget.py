@@ -42,8 +42,9 @@ Decision, first row that applies:
     in time
 5   spot offered for all ``num_nodes`` at once (an elastic group:     spot
     at least ``min_nodes``, trained on the k offered), acceptable
-    risk, spot cost ≤ budget, spot in time (with ``min_finish_chance``:
-    the chance of each is at least that) -- unless
+    risk, spot cost ≤ budget, spot in time (with
+    ``min_finish_chance``: the chance of each is at least that) --
+    unless
     on-demand also fits (budget and deadline) and costs no more,
     start-ups included:
     then on-demand (a job on on-demand stays for a saving smaller
