@@ -49,6 +49,11 @@ Decision, first row that applies:
     start-ups included:
     then on-demand (a job on on-demand stays for a saving smaller
     than the switch's start-up)
+5b  an elastic group on spot within budget but, on its k nodes, not  spot
+    in time: on-demand begun after one more ``wait_interval_s``
+    (its start-up, no progress counted) still in time within the
+    budget left after that interval on spot (its time at k is an
+    upper bound: it grows back when the nodes return)
 6   waiting allowed, and after ``wait_interval_s`` spot at the        wait
     hoped-for price or on-demand could still finish in time within
     budget (on on-demand: spot at the hoped-for price)
@@ -219,6 +224,27 @@ def _spot(f: Facts) -> Decision:
     )
 
 
+def _elastic_keeps_spot(f: Facts) -> bool:
+    """An elastic group on spot, too slow on the k nodes it has to be sure of the deadline, but within budget,
+    stays while on-demand after one more interval would still be in time within budget: its time at k is an
+    upper bound (it grows back when the nodes return), and on-demand is kept as the fallback."""
+    i = f.i
+    return (
+        i.elastic and i.current == Choice.SPOT and f.spot_offered and not f.risky and f.spot_cost_ok
+        and not f.spot_time_ok and f.fallback_later_ok
+    )  # fmt: skip
+
+
+def _keep_spot(f: Facts) -> Decision:
+    i = f.i
+    return f.made(
+        Choice.SPOT,
+        f"stay on spot on {i.spot_nodes} of {i.num_nodes} node(s) for {i.wait_interval_s:.0f} s "
+        f"({f.spot_reason}): an elastic group grows back when the nodes return, and on-demand begun after "
+        f"that still finishes in time within {f.money}",
+    )
+
+
 # -- 6-7: wait for spot, else on-demand in time ----------------------------------------------------
 def _wait_pays(f: Facts) -> bool:
     return f.may_wait and f.wait_pays
@@ -326,6 +352,7 @@ RULES: tuple[Rule, ...] = (
     Rule("stay on on-demand", _stays_on_demand, _stay_on_demand),
     Rule("on-demand no dearer", _both_fit_on_demand_no_dearer, _on_demand_no_dearer),
     Rule("spot fits", _spot_fits, _spot),
+    Rule("elastic keeps spot", _elastic_keeps_spot, _keep_spot),
     Rule("wait", _wait_pays, _wait),
     Rule("on-demand fits", _on_demand_fits, _on_demand),
     Rule("late on-demand", _late_on_demand_first, _late_on_demand),

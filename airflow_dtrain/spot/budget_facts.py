@@ -250,6 +250,18 @@ class Facts:
         return (target_ok and target_in_time) or od_ok
 
     @property
+    def fallback_later_ok(self) -> bool:
+        """On-demand begun after one more ``wait_interval_s`` (with its start-up, no progress counted) still
+        finishes in time within the budget left after that interval on spot (billed on all ``num_nodes``)."""
+        i = self.i
+        if self.hours is None or i.on_demand_price is None or i.spot_price is None:
+            return False
+        later_od_h = self.hours + self.start_h
+        spend = i.wait_interval_s / 3600.0 * i.num_nodes * i.spot_price
+        cost = later_od_h * i.num_nodes * i.on_demand_price + spend
+        return fits(cost, i.remaining_budget) and in_time(later_od_h, i.deadline_s, after_s=i.wait_interval_s)
+
+    @property
     def spot_late(self) -> bool:
         return self.spot_offered and not self.risky and self.spot_cost_ok and self.hours is not None
 

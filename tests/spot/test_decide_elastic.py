@@ -136,3 +136,21 @@ def test_a_rendered_min_nodes_above_num_nodes_is_refused_naming_both(tmp_path):
     op.num_nodes, op.min_nodes = "2", "3"  # as the templates render
     with pytest.raises(ValueError, match="min_nodes: must be <= num_nodes 2, got 3"):
         op.choose_branch({"ti": _TI()})
+
+
+def test_an_elastic_group_on_spot_stays_on_its_k_nodes_while_on_demand_can_still_take_over_in_time():
+    # on 2 of 4 nodes the hour of work takes 2 h, past a deadline 1.6 h away; on-demand begun after one more
+    # 15 min interval (with its 600 s start-up) takes 1.42 h from now: in time, so the group stays on spot,
+    # which grows back when the nodes return
+    running = dict(spot_nodes_available=2, min_nodes=2, current=Choice.SPOT, wait_interval_s=900.0)
+    stays = decide(_inputs(**running, deadline_s=1.6 * 3600))
+    assert stays.choice == Choice.SPOT and stays.nodes == 2, stays.reason
+    assert "stay on spot on 2 of 4 node(s) for 900 s" in stays.reason
+    # 1.3 h away, on-demand after the interval would be late: on-demand now (1.17 h with its start-up)
+    moves = decide(_inputs(**running, deadline_s=1.3 * 3600))
+    assert moves.choice == Choice.ON_DEMAND and moves.nodes == 4, moves.reason
+    # the budget must pay for the interval on spot and on-demand after it: $1 + $14 is not within $14.50
+    poor = decide(_inputs(**running, deadline_s=1.6 * 3600, remaining_budget=14.5))
+    assert poor.choice == Choice.ON_DEMAND, poor.reason
+    # an all-or-nothing group cannot train on 2 of its 4 nodes at all
+    assert decide(_inputs(**{**running, "min_nodes": None}, deadline_s=1.6 * 3600)).choice == Choice.ON_DEMAND
