@@ -14,7 +14,7 @@ from airflow_dtrain.spec import JobSpec
 from trainer.budget import FIRST_SAVE_GUESS_S
 from trainer.config import CheckpointConfig, CostConfig, TrainConfig
 from trainer.cost import stop_reserve_s
-from trainer.fields import REQUIRED, borrow, check, setting
+from trainer.fields import REQUIRED, ConfigError, borrow, check, setting
 
 DEFAULT_STOP_RESERVE_S = stop_reserve_s(
     FIRST_SAVE_GUESS_S, CheckpointConfig().grace_period_s, CostConfig().stop_margin_s
@@ -41,6 +41,7 @@ class BudgetBranchInputs:
         None, ge=0, help="Seconds per step before one has been measured."
     )
     num_nodes: int = borrow(JobSpec, "num_nodes")
+    min_nodes: int | None = borrow(JobSpec, "min_nodes")
     spot_price: float | None = setting(None, ge=0, help="Spot $/node-hour (wins over ``price_task_id``).")
     on_demand_price: float | None = setting(
         None, ge=0, help="On-demand $/node-hour (wins over ``price_task_id``)."
@@ -70,7 +71,12 @@ class BudgetBranchInputs:
     spot_nodes_available: int | None = setting(
         None, ge=0,
         help="Spot nodes of the offer that can be had at once (None: as many as the group needs; fewer than "
-        "``num_nodes`` is no spot at all).",
+        "``num_nodes`` is no spot at all, unless the group is elastic: then spot on at least ``min_nodes``).",
+    )  # fmt: skip
+    resize_overhead_s: float = setting(
+        90.0, ge=0,
+        help="Time an elastic group's resize costs (a checkpoint and the re-rendezvous): what a lost node "
+        "costs it in place of ``restart_overhead_s``, and its growing back to ``num_nodes``.",
     )  # fmt: skip
     max_late_risk: float = _chance(
         "The chance of a preemption before the spot run is done (over its start-up and its work) up to which "
@@ -103,6 +109,8 @@ class BudgetBranchInputs:
 
     def __post_init__(self) -> None:
         check(self, "")
+        if self.min_nodes is not None and self.min_nodes > self.num_nodes:
+            raise ConfigError(f"min_nodes: must be <= num_nodes {self.num_nodes}, got {self.min_nodes}")
 
 
 _OWN = (
@@ -295,6 +303,8 @@ class BudgetBranchOperator(BaseBranchOperator):
             wait_interval_s=x.wait_interval_s or 900.0,
             wait_target_price=next((p for p in targets if p is not None), None),
             spot_nodes_available=x.spot_nodes_available,
+            min_nodes=x.min_nodes,
+            resize_overhead_s=x.resize_overhead_s,
             max_late_risk=x.max_late_risk,
             min_finish_chance=x.min_finish_chance,
             allow_late=x.allow_late,

@@ -18,6 +18,14 @@ Estimates::
                        ``max_late_risk``, a preemption right after the start-up still leaves time to finish
                        on on-demand (hours + lost work + start-up)
 
+An elastic group (``min_nodes`` < ``num_nodes``) offered k spot nodes, ``min_nodes`` <= k < ``num_nodes``,
+trains on k: its spot hours are ``hours`` × num_nodes / k with the overhead, plus its start-up and one resize
+(``resize_overhead_s``) to grow back; a lost node costs it a resize, not a relaunch (the overhead and the
+deadline guard's preemption use ``resize_overhead_s`` in place of ``restart_overhead_s``); its spot cost is
+the work's node-hours (the same at any size: the global batch is fixed) and every overhead billed on all
+``num_nodes``, the most any size it may change to can bill, so the cap holds at every size. The decision
+records the node count it trains on (``Decision.nodes``).
+
 Decision, first row that applies:
 
 ==  ================================================================  =========
@@ -32,16 +40,23 @@ Decision, first row that applies:
     ``lost_work_s``), a first preemption before spot is done
     likelier than ``GUARD_RISK`` (0.5), on-demand within budget and
     in time
-5   spot offered for all ``num_nodes`` at once, acceptable risk,      spot
-    spot cost ≤ budget, spot in time (with ``min_finish_chance``:
-    the chance of each is at least that) -- unless
+5   spot offered for all ``num_nodes`` at once (an elastic group:     spot
+    at least ``min_nodes``, trained on the k offered), acceptable
+    risk, spot cost ≤ budget, spot in time (with
+    ``min_finish_chance``: the chance of each is at least that) --
+    unless
     on-demand also fits (budget and deadline) and costs no more,
     start-ups included:
     then on-demand (a job on on-demand stays for a saving smaller
     than the switch's start-up)
+5b  an elastic group on spot within budget but, on its k nodes, not  spot
+    in time: on-demand begun after one more ``wait_interval_s``
+    (its start-up, no progress counted) still in time within the
+    budget left after that interval on spot (its time at k is an
+    upper bound: it grows back when the nodes return)
 6   waiting allowed, and after ``wait_interval_s`` spot at the        wait
     hoped-for price or on-demand could still finish in time within
-    budget
+    budget (on on-demand: spot at the hoped-for price)
 7   on-demand cost ≤ budget and on-demand in time                     on_demand
 8   ``allow_late``, spot or on-demand within budget (late): on-      that one
     demand only if it finishes before spot would even with no
@@ -137,14 +152,14 @@ def _deadline_guard(f: Facts) -> bool:
     return (
         i.deadline_guard and f.tracked and i.current != Choice.SPOT and i.deadline_s is not None
         and f.hours is not None and f.preempt_risk > GUARD_RISK and f.od_cost_ok and f.od_in_time
-        and i.deadline_s / 3600.0 - f.hours < f.guard_h
+        and f.spare_h < f.guard_h
     )  # fmt: skip
 
 
 def _on_demand_by_guard(f: Facts) -> Decision:
     return f.made(
         Choice.ON_DEMAND,
-        f"on-demand to the deadline (deadline guard): {f.i.deadline_s / 3600.0 - f.hours:.2f} h to spare "
+        f"on-demand to the deadline (deadline guard): {f.spare_h:.2f} h to spare "
         f"after {f.est} of work, less than a spot (re)launch and one preemption ({f.guard_h:.2f} h), "
         f"which is likelier than not ({f.preempt_risk:.0%}); on-demand ${f.od_cost:.2f} finishes in time "
         f"within {f.money}",
@@ -189,8 +204,14 @@ def _spot(f: Facts) -> Decision:
     i, chance = f.i, f.chance
     return f.made(
         Choice.SPOT,
-        f"spot: {f.est} × {i.num_nodes} node(s) × ${i.spot_price:.4f}/h × (1 + {spot_overhead(i):.3f} "
-        "interruption overhead)"
+        f"spot: {f.est} × {i.num_nodes} node(s)"
+        + (
+            f" (on {i.spot_nodes} of them now: {f.hours * i.slowdown:.2f} h, then a "
+            f"{i.resize_overhead_s:.0f} s resize to grow back, billed on all)"
+            if i.spot_nodes != i.num_nodes
+            else ""
+        )
+        + f" × ${i.spot_price:.4f}/h × (1 + {spot_overhead(i):.3f} interruption overhead)"
         + (f" + {f.spot_start:.2f} h start-up" if f.spot_start else "")
         + f" = ${f.spot_cost or 0:.2f}"
         + (
@@ -200,6 +221,27 @@ def _spot(f: Facts) -> Decision:
             else f" within {f.money}"
         )
         + (f" (on-demand would cost ${f.od_cost:.2f})" if f.od_cost is not None else ""),
+    )
+
+
+def _elastic_keeps_spot(f: Facts) -> bool:
+    """An elastic group on spot, too slow on the k nodes it has to be sure of the deadline, but within budget,
+    stays while on-demand after one more interval would still be in time within budget: its time at k is an
+    upper bound (it grows back when the nodes return), and on-demand is kept as the fallback."""
+    i = f.i
+    return (
+        i.elastic and i.current == Choice.SPOT and f.spot_offered and not f.risky and f.spot_cost_ok
+        and not f.spot_time_ok and f.fallback_later_ok
+    )  # fmt: skip
+
+
+def _keep_spot(f: Facts) -> Decision:
+    i = f.i
+    return f.made(
+        Choice.SPOT,
+        f"stay on spot on {i.spot_nodes} of {i.num_nodes} node(s) for {i.wait_interval_s:.0f} s "
+        f"({f.spot_reason}): an elastic group grows back when the nodes return, and on-demand begun after "
+        f"that still finishes in time within {f.money}",
     )
 
 
@@ -310,6 +352,7 @@ RULES: tuple[Rule, ...] = (
     Rule("stay on on-demand", _stays_on_demand, _stay_on_demand),
     Rule("on-demand no dearer", _both_fit_on_demand_no_dearer, _on_demand_no_dearer),
     Rule("spot fits", _spot_fits, _spot),
+    Rule("elastic keeps spot", _elastic_keeps_spot, _keep_spot),
     Rule("wait", _wait_pays, _wait),
     Rule("on-demand fits", _on_demand_fits, _on_demand),
     Rule("late on-demand", _late_on_demand_first, _late_on_demand),

@@ -17,8 +17,10 @@ from airflow_dtrain.spot.estimates import (
     chance_ok,
     fits,
     in_time,
+    loss_s,
     spot_fits,
     spot_hours,
+    spot_node_hours,
 )
 
 
@@ -66,8 +68,17 @@ class Facts:
 
     @cached_property
     def unpreempted_h(self) -> float | None:
-        """Spot's hours if it is never preempted."""
-        return self.spot_start + self.hours if self.hours is not None else None
+        """Spot's hours if it is never preempted (an elastic group's at the k nodes on offer, with its resize
+        to grow back)."""
+        i = self.i
+        return self.spot_start + self.hours * i.slowdown + i.resize_h if self.hours is not None else None
+
+    @property
+    def spare_h(self) -> float:
+        """Hours to spare before the deadline after spot's work, never preempted (at the k nodes on offer,
+        with the resize to grow back)."""
+        i = self.i
+        return i.deadline_s / 3600.0 - self.hours * i.slowdown - i.resize_h
 
     @cached_property
     def od_hours(self) -> float | None:
@@ -75,10 +86,10 @@ class Facts:
 
     @cached_property
     def spot_cost(self) -> float | None:
-        i, spot_h = self.i, self.spot_h
-        return (
-            spot_h * i.num_nodes * i.spot_price if spot_h is not None and i.spot_price is not None else None
-        )
+        i = self.i
+        if self.hours is None or i.spot_price is None:
+            return None
+        return spot_node_hours(i, self.hours, self.spot_start) * i.spot_price
 
     @cached_property
     def od_cost(self) -> float | None:
@@ -104,7 +115,7 @@ class Facts:
         if spot_time_ok and i.on_demand_price is not None and od_cost_ok and preempt_risk > i.max_late_risk:
             # a preemption right after the start-up must still leave time to finish on on-demand (when the
             # budget pays for on-demand at all, and a preemption is likelier than the lateness risk accepted)
-            fallback = self.unpreempted_h + (i.lost_work_s + i.restart_overhead_s) / 3600.0
+            fallback = self.spot_start + hours + (i.lost_work_s + i.restart_overhead_s) / 3600.0
             spot_time_ok = in_time(fallback, i.deadline_s)
         return spot_cost_ok, spot_time_ok, od_cost_ok, chance, time_chance, preempt_risk
 
@@ -121,11 +132,8 @@ class Facts:
 
     @property
     def spot_offered(self) -> bool:
-        """An offer for all of the group's nodes at once."""
-        i = self.i
-        return i.spot_price is not None and not (
-            i.spot_nodes_available is not None and i.spot_nodes_available < i.num_nodes
-        )
+        """An offer for all of the group's nodes at once, or for an elastic group at least ``min_nodes``."""
+        return self.i.spot_price is not None and self.i.spot_nodes is not None
 
     @cached_property
     def spot_why(self) -> list[str]:
@@ -133,6 +141,9 @@ class Facts:
         i = self.i
         if i.spot_price is None:
             return ["no acceptable spot offer"]
+        if not self.spot_offered and i.elastic:
+            return [f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes: spot_nodes_available "
+                    f"{i.spot_nodes_available} is below min_nodes {i.min_nodes}"]  # fmt: skip
         if not self.spot_offered:
             return [f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once"]
         why = []
@@ -185,8 +196,9 @@ class Facts:
 
     @property
     def guard_h(self) -> float:
-        """A (re)launch's start-up, one preemption's restart and loss."""
-        return 2 * self.start_h + self.i.lost_work_s / 3600.0
+        """A (re)launch's start-up, one preemption's restart and loss (of an elastic group: a resize, the
+        survivors go on)."""
+        return self.start_h + loss_s(self.i) / 3600.0
 
     # -- waiting: after one wait, spot at the hoped-for price, or on-demand ----------------------------------
     @property
@@ -210,12 +222,9 @@ class Facts:
 
     @property
     def target_cost(self) -> float | None:
-        later_spot_h = spot_hours(self.i, self.hours, self.later_start) if self.hours is not None else None
-        return (
-            later_spot_h * self.i.num_nodes * self.target
-            if later_spot_h is not None and self.target is not None
-            else None
-        )
+        if self.hours is None or self.target is None:
+            return None
+        return spot_node_hours(self.i, self.hours, self.later_start) * self.target
 
     @property
     def may_wait(self) -> bool:
@@ -225,10 +234,13 @@ class Facts:
     @property
     def wait_pays(self) -> bool:
         """After the wait, spot at the hoped-for price or on-demand could still finish in time within
-        budget."""
+        budget. A job on on-demand waits only for spot: on-demand after the wait is what it has now, at the
+        price of a second start-up."""
         i = self.i
         if self.hours is None:
             return True
+        if i.current == Choice.ON_DEMAND:
+            return self.target_fit[0] and self.target_fit[1]
         later_od_h = self.hours + self.later_start
         later_od_cost = later_od_h * i.num_nodes * i.on_demand_price if i.on_demand_price else None
         target_ok, target_in_time, _ = self.target_fit
@@ -236,6 +248,18 @@ class Facts:
             later_od_h, i.deadline_s, after_s=i.wait_interval_s
         )
         return (target_ok and target_in_time) or od_ok
+
+    @property
+    def fallback_later_ok(self) -> bool:
+        """On-demand begun after one more ``wait_interval_s`` (with its start-up, no progress counted) still
+        finishes in time within the budget left after that interval on spot (billed on all ``num_nodes``)."""
+        i = self.i
+        if self.hours is None or i.on_demand_price is None or i.spot_price is None:
+            return False
+        later_od_h = self.hours + self.start_h
+        spend = i.wait_interval_s / 3600.0 * i.num_nodes * i.spot_price
+        cost = later_od_h * i.num_nodes * i.on_demand_price + spend
+        return fits(cost, i.remaining_budget) and in_time(later_od_h, i.deadline_s, after_s=i.wait_interval_s)
 
     @property
     def spot_late(self) -> bool:
@@ -246,7 +270,15 @@ class Facts:
         return self.i.on_demand_price is not None and self.od_cost_ok and self.hours is not None
 
     def made(self, choice: Choice, reason: str) -> Decision:
-        """A decision carrying the estimates."""
+        """A decision carrying the estimates and the nodes it trains on."""
+        nodes = {Choice.SPOT: self.i.spot_nodes, Choice.ON_DEMAND: self.i.num_nodes}.get(choice)
         return Decision(
-            choice, reason, self.hours, self.spot_cost, self.od_cost, self.spot_h, self.i.remaining_budget
+            choice,
+            reason,
+            self.hours,
+            self.spot_cost,
+            self.od_cost,
+            self.spot_h,
+            self.i.remaining_budget,
+            nodes,
         )

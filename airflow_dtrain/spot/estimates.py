@@ -69,7 +69,17 @@ class BudgetInputs:
     """The spot price hoped for when waiting (default: the spot limit, else on-demand)."""
     spot_nodes_available: int | None = None
     """Spot nodes of the offer that can be had at once (a capacity count); None: as many as the job needs.
-    A group needs all of its nodes at once: fewer is no spot at all."""
+    An all-or-nothing group needs all of its nodes at once: fewer is no spot at all; an elastic group
+    (``min_nodes``) trains on k of them, ``min_nodes`` <= k < ``num_nodes``."""
+    min_nodes: int | None = None
+    """The fewest nodes the group trains on (an elastic group): on spot it starts on the k nodes on offer, its
+    steps take ``num_nodes`` / k as long (the global batch is fixed), it grows back to ``num_nodes`` at a
+    checkpoint (one resize), and a lost node costs a resize, not a relaunch. None: ``num_nodes`` (all or
+    nothing)."""
+    resize_overhead_s: float = 90.0
+    """Time an elastic group's resize costs (the checkpoint saved at the boundary and the survivors'
+    re-rendezvous), billed on all ``num_nodes`` in the worst case; in place of ``restart_overhead_s`` for a
+    lost node of an elastic group."""
     current: Choice | None = None
     """What the job runs on now (a decision taken again while it trains): a switch from on-demand to spot
     must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving.
@@ -108,12 +118,41 @@ class BudgetInputs:
             "wait_interval_s": self.wait_interval_s > 0,
             "max_wait_s": self.max_wait_s >= 0,
             "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
+            "min_nodes": self.min_nodes is None or 1 <= self.min_nodes <= self.num_nodes,
+            "resize_overhead_s": self.resize_overhead_s >= 0,
             "max_late_risk": 0 <= self.max_late_risk <= 1,
             "min_finish_chance": self.min_finish_chance is None or 0 <= self.min_finish_chance <= 1,
         }
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+                bound = f" (num_nodes {self.num_nodes})" if name == "min_nodes" else ""
+                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}{bound}")
+
+    @property
+    def elastic(self) -> bool:
+        """The group may train on fewer than ``num_nodes`` nodes."""
+        return self.min_nodes is not None and self.min_nodes < self.num_nodes
+
+    @property
+    def spot_nodes(self) -> int | None:
+        """The nodes spot trains on: all ``num_nodes``, or for an elastic group the k on offer (``min_nodes``
+        <= k < ``num_nodes``); None: fewer on offer than the group needs."""
+        have = self.spot_nodes_available
+        if have is None or have >= self.num_nodes:
+            return self.num_nodes
+        return have if self.elastic and have >= self.min_nodes else None
+
+    @property
+    def slowdown(self) -> float:
+        """How much longer a step takes on spot's nodes than on all of them (the global batch is fixed)."""
+        k = self.spot_nodes
+        return self.num_nodes / k if k else 1.0
+
+    @property
+    def resize_h(self) -> float:
+        """The one resize a group started below ``num_nodes`` pays to grow back."""
+        k = self.spot_nodes
+        return self.resize_overhead_s / 3600.0 if k and k < self.num_nodes else 0.0
 
 
 @dataclass(frozen=True)
@@ -126,6 +165,8 @@ class Decision:
     on_demand_cost: float | None = None
     spot_hours: float | None = None
     remaining_budget: float | None = None
+    nodes: int | None = None
+    """The nodes the choice trains on: an elastic group's k on spot, else ``num_nodes``; None: wait, stop."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "choice": self.choice.value}
@@ -151,8 +192,10 @@ def losses_fit(inputs: BudgetInputs, hours: float, start_h: float, room_h: float
     slack."""
     if room_h < -1e-9:
         return 0.0
-    per_loss_h = (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
-    lam = inputs.interruption_rate_per_hour * (hours * (1 + spot_overhead(inputs)) + start_h)
+    per_loss_h = loss_s(inputs) / 3600.0
+    lam = inputs.interruption_rate_per_hour * (
+        hours * inputs.slowdown * (1 + spot_overhead(inputs)) + start_h
+    )
     if per_loss_h <= 0 or lam <= 0:
         return 1.0
     k_max = math.floor(max(0.0, room_h) / per_loss_h + 1e-9)
@@ -176,7 +219,8 @@ def budget_chance(inputs: BudgetInputs, hours: float, price: float, start_h: flo
     i = inputs
     if i.remaining_budget is None or price <= 0:
         return 1.0
-    return losses_fit(i, hours, start_h, i.remaining_budget / (i.num_nodes * price) - hours - start_h)
+    room_h = i.remaining_budget / (i.num_nodes * price) - hours - start_h - i.resize_h
+    return losses_fit(i, hours, start_h, room_h)
 
 
 def deadline_chance(inputs: BudgetInputs, hours: float, start_h: float, after_s: float = 0.0) -> float:
@@ -184,7 +228,8 @@ def deadline_chance(inputs: BudgetInputs, hours: float, start_h: float, after_s:
     now, finishes by the deadline."""
     if inputs.deadline_s is None:
         return 1.0
-    return losses_fit(inputs, hours, start_h, (inputs.deadline_s - after_s) / 3600.0 - hours - start_h)
+    work_h = hours * inputs.slowdown + inputs.resize_h
+    return losses_fit(inputs, hours, start_h, (inputs.deadline_s - after_s) / 3600.0 - work_h - start_h)
 
 
 def spot_fits(
@@ -196,7 +241,7 @@ def spot_fits(
     i = inputs
     if i.min_finish_chance is None:
         spot_h = spot_hours(i, hours, start_h)
-        cost = spot_h * i.num_nodes * price if price is not None else None
+        cost = spot_node_hours(i, hours, start_h) * price if price is not None else None
         return fits(cost, i.remaining_budget), in_time(spot_h, i.deadline_s, after_s), None, None
     chance = budget_chance(i, hours, price, start_h) if price is not None else None
     time_chance = deadline_chance(i, hours, start_h, after_s)
@@ -204,12 +249,27 @@ def spot_fits(
     return within, chance_ok(time_chance, i.min_finish_chance), chance, time_chance
 
 
+def loss_s(inputs: BudgetInputs) -> float:
+    """Time one interruption costs: a relaunch and the lost work; of an elastic group, a resize (the
+    survivors go on) and the lost work."""
+    i = inputs
+    return (i.resize_overhead_s if i.elastic else i.restart_overhead_s) + i.lost_work_s
+
+
 def spot_overhead(inputs: BudgetInputs) -> float:
     """Fraction of extra time spot costs through interruptions."""
-    return inputs.interruption_rate_per_hour * (inputs.restart_overhead_s + inputs.lost_work_s) / 3600.0
+    return inputs.interruption_rate_per_hour * loss_s(inputs) / 3600.0
 
 
 def spot_hours(inputs: BudgetInputs, hours: float, start_h: float) -> float:
-    """Expected hours on spot: ``hours`` of work with the interruption overhead, plus ``start_h`` of
-    start-up."""
-    return hours * (1 + spot_overhead(inputs)) + start_h
+    """Expected hours on spot: ``hours`` of work (at all ``num_nodes``; on an elastic group's k nodes
+    ``num_nodes`` / k as long) with the interruption overhead, plus ``start_h`` of start-up and, started below
+    ``num_nodes``, one resize to grow back."""
+    return hours * inputs.slowdown * (1 + spot_overhead(inputs)) + start_h + inputs.resize_h
+
+
+def spot_node_hours(inputs: BudgetInputs, hours: float, start_h: float) -> float:
+    """The node-hours spot bills at most: the work's (``hours`` on ``num_nodes``, whatever the size it runs
+    at: the global batch is fixed), and every overhead (start-up, resizes, interruptions) on all
+    ``num_nodes``: the worst case over the sizes an elastic group may change to, which the cap is held to."""
+    return inputs.num_nodes * (spot_hours(inputs, hours, start_h) - hours * (inputs.slowdown - 1.0))

@@ -15,7 +15,7 @@ from .strategies import Naive, Policy, UniformProgress
 from .tables import HEAD, Row, make_jobs, run_size
 from .tuning import tune
 from .verdicts import below_every, frontier, seed_by_seed, verdict
-from .world import INPUTS, OURS, SIZES, Mechanics, World
+from .world import ELASTIC, INPUTS, OURS, SIZES, Mechanics, World
 
 DEFAULT_TRACES = REPO.parent / "shared" / "data" / "spot"
 LEVELS = {"cells": "per scenario and size", "scenarios": "per scenario, all sizes",
@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     )
     ap.add_argument(
         "--rerendezvous-s", type=float, default=60.0, help="elastic groups: the cost of a resize, in seconds"
+    )
+    ap.add_argument(
+        "--tune-elastic",
+        action="store_true",
+        help="elastic groups: choose their own parameters on the first half, as for all-or-nothing groups "
+        "(about twice the tuning time); default: the all-or-nothing setting's parameters of the same user "
+        "and size",
     )
     ap.add_argument("--quick", action="store_true", help="--jobs 8 --tune-jobs 8: every part, on few jobs")
     args = ap.parse_args(argv)
@@ -154,9 +161,10 @@ def describe_scenario(sc, sizes: list[int]) -> None:
 
 def print_choice(best: dict, at: str, tune_jobs: int) -> None:
     """The parameters chosen on the first half, per user and size."""
-    for (late, n), (below, score, z, ratio, risk, late_risk, chance) in best.items():
+    for (late, n, *kind), (below, score, z, ratio, risk, late_risk, chance) in best.items():
         chance_text = "- (expected cost and time)" if chance is None else chance
-        print(f"- {at}{OURS[late]}, {n} node(s), chosen on the first half ({tune_jobs} jobs): "
+        name = (ELASTIC if kind else OURS)[late]
+        print(f"- {at}{name}, {n} node(s), chosen on the first half ({tune_jobs} jobs): "
               f"max spot price {ratio:.2f} x on-demand, max interruption rate {risk:g}/h, "
               f"max late risk {late_risk:g}, min finish chance {chance_text} "
               f"(smallest paired t against a baseline {z:+.2f}; score {score:.3f}; "
@@ -169,17 +177,23 @@ def run_seeds(report: Report, sc, sizes: list[int], args: argparse.Namespace) ->
     mech = report.mech
     for seed in report.seeds:
         worlds = [World(m, mech, seed) for m in sc.markets]
-        best = tune(worlds, sizes, args.tune_jobs, seed, mech, args.inputs)
+        elastic = args.min_nodes_fraction if args.tune_elastic else None
+        best = tune(worlds, sizes, args.tune_jobs, seed, mech, args.inputs, elastic=elastic)
         print_choice(best, f"seed {seed}, " if len(report.seeds) > 1 else "", args.tune_jobs)
         for n in sizes:
             ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
-            ours += [ElasticPolicy(*best[late, n][3:], allow_late=late, inputs=args.inputs,
-                                   min_fraction=args.min_nodes_fraction) for late in OURS]  # fmt: skip
+            ours += [ElasticPolicy(*best.get((late, n, "elastic"), best[late, n])[3:], allow_late=late,
+                                   inputs=args.inputs, min_fraction=args.min_nodes_fraction)
+                     for late in OURS]  # fmt: skip
             jobs = make_jobs(sc.markets, args.jobs, n, 1, seed, mech)
             cells[n].append(
                 run_size(worlds, jobs, [*ours, Naive(True), Naive(False), UniformProgress()], mech)
             )
             report.runs.append((seed, sc.name, n, cells[n][-1]))
+            if len(report.seeds) > 1:  # as it goes: a long pooled run shows each seed's figures
+                print(f"- seed {seed}, {n} node(s): " + "; ".join(
+                    f"{r.strategy} {r.cost / r.od_cost:.1%} / {r.kept}" for r in cells[n][-1][1:len(ours) + 1]
+                ), flush=True)  # fmt: skip
     return cells
 
 

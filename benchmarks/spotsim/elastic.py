@@ -18,6 +18,11 @@ The model, beside the all-or-nothing group of ``strategies.simulate`` (same worl
 - billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
   cap is checked before every tick (so at every size change), as for the all-or-nothing policy. With
   ``record`` set, each outcome carries its ledger: (tick, nodes, cost) per billed tick.
+- the policy: ``decide()`` itself, told ``min_nodes``, the offer's capacity (``spot_nodes_available``) and the
+  resize's cost (``resize_overhead_s`` = ``Mechanics.rerendezvous_s``); it chooses spot on k of the N nodes
+  with their time (N/k as long), the resize to grow back and the cap at every size (``ElasticPolicy``). Its
+  parameters are the all-or-nothing setting's of the same user and size, or with ``--tune-elastic`` its own,
+  chosen on the first half the same way.
 """
 
 from __future__ import annotations
@@ -71,12 +76,9 @@ class ElasticOutcome(Outcome):
 
 class ElasticPolicy(Policy):
     """Our policy on an elastic group: a zone with at least min_nodes of the N at or below the price limit is
-    an offer, with its time at k nodes in the estimate.
-
-    decide() takes one node count and one step time for spot and on-demand both, so an offer of k < N nodes
-    is told as a group of k nodes whose steps take N/k as long (``num_nodes`` = k, ``step_time_s`` x N/k): the
-    spot time and both costs are then exact, the on-demand time is N/k too long (a pessimistic on-demand);
-    with all N it is told exactly as the all-or-nothing policy. The interruption rate is that of a group of k.
+    an offer, and decide() is told the group's ``min_nodes``, the offer's ``spot_nodes_available`` and the
+    resize's cost (``Mechanics.rerendezvous_s``): it knows elastic groups itself (the time at k nodes, the
+    resize, the cap at every size). The interruption rate is that of a group of the k nodes it would run on.
     """
 
     def __init__(self, *params, min_fraction: float = 0.5, record: bool = False, **kw) -> None:
@@ -106,15 +108,13 @@ class ElasticPolicy(Policy):
 
     def budget_inputs(self, world, job, k, elapsed, s, cost, cand) -> BudgetInputs:
         inputs = super().budget_inputs(world, job, k, elapsed, s, cost, cand)
-        n = job.nodes
+        n, lowest = job.nodes, min_nodes(job.nodes, self.min_fraction)
+        inputs = dataclasses.replace(inputs, min_nodes=lowest, resize_overhead_s=world.mech.rerendezvous_s)
         have = min(n, world.market.zones[cand].capacity[k]) if cand is not None else 0
-        if cand is None or have >= n or have < min_nodes(n, self.min_fraction):
+        if cand is None or have >= n or have < lowest:
             return inputs
         rate = world.rate(have)[cand][k] if self.inputs == "measured" else world.prior_rate(have)
-        return dataclasses.replace(
-            inputs, num_nodes=have, spot_nodes_available=have, step_time_s=inputs.step_time_s * n / have,
-            lost_work_s=inputs.lost_work_s * n / have, interruption_rate_per_hour=rate,
-        )  # fmt: skip
+        return dataclasses.replace(inputs, interruption_rate_per_hour=rate)
 
 
 def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, lowest: int) -> None:

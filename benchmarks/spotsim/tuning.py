@@ -7,6 +7,7 @@ import math
 import multiprocessing
 import os
 
+from .elastic import ElasticPolicy
 from .strategies import Naive, Policy, UniformProgress
 from .tables import Row, distinct_sets, make_jobs, run_size
 from .world import OURS, Mechanics, World
@@ -54,24 +55,39 @@ def surest(mine: list[tuple[float, bool]], bases: list[list[tuple[float, bool]]]
     return out
 
 
-_TUNING: tuple = ()  # (worlds, jobs per size, mech, inputs) of the tuning under way, for the worker processes
+_TUNING: tuple = ()  # (worlds, jobs per size, mech, inputs, elastic) of the tuning under way, for the workers
 
 
-def _tune_set(task: tuple[bool, tuple]) -> dict[int, list[tuple[float, bool]]]:
+def _tune_set(task: tuple[bool, tuple]) -> dict:
+    """Per size n, the per-job outcomes of one parameter set on all-or-nothing groups (key n) and, with an
+    elastic min_nodes fraction, on elastic groups of more than one node (key (n, "elastic"))."""
     late, params = task
-    worlds, jobs, mech, inputs = _TUNING
-    return {n: per_job(run_size(worlds, js, [Policy(*params, allow_late=late, inputs=inputs)], mech)[1])
-            for n, js in jobs.items()}  # fmt: skip
+    worlds, jobs, mech, inputs, fraction = _TUNING
+    out: dict = {n: per_job(run_size(worlds, js, [Policy(*params, allow_late=late, inputs=inputs)], mech)[1])
+                 for n, js in jobs.items()}  # fmt: skip
+    for n, js in jobs.items():
+        if fraction is not None and n > 1:
+            policy = ElasticPolicy(*params, allow_late=late, inputs=inputs, min_fraction=fraction)
+            out[n, "elastic"] = per_job(run_size(worlds, js, [policy], mech)[1])
+    return out
 
 
 def tune(
-    worlds: list[World], sizes: list[int], n_jobs: int, seed: int, mech: Mechanics, inputs: str = "measured"
+    worlds: list[World],
+    sizes: list[int],
+    n_jobs: int,
+    seed: int,
+    mech: Mechanics,
+    inputs: str = "measured",
+    elastic: float | None = None,
 ):
     """Per user (``allow_late`` on and off) and job size (known when a job is submitted), on ``n_jobs`` jobs
     of the first half simulated on that half: the parameter set most surely at or below every baseline there,
     that is with the largest ``surest`` (cost, and jobs kept on time within budget, against each baseline); of
     equals, the lowest cost + a full on-demand job's cost per job not kept. Every set runs in a process pool
-    (fork, one process per CPU). Returns {(allow_late, size): (below, score, surest, *parameters)}."""
+    (fork, one process per CPU). Returns {(allow_late, size): (below, score, surest, *parameters)}; with
+    ``elastic`` (a min_nodes fraction) also {(allow_late, size, "elastic"): ...} for elastic groups of more
+    than one node, chosen the same way against the same baselines (a group of 1 is all-or-nothing)."""
     global _TUNING
     halves = [
         World(w.market.window(0, w.market.ticks // 2, "(first half)"), mech, seed, w.prior_ticks)
@@ -85,7 +101,7 @@ def tune(
             w.rate(n)
             w.prior_rate(n)
     tasks = list(itertools.product(OURS, distinct_sets([w.market for w in halves], inputs)))
-    _TUNING = (halves, jobs, mech, inputs)
+    _TUNING = (halves, jobs, mech, inputs, elastic)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     procs = min(cpus, len(tasks))
     try:
@@ -101,11 +117,12 @@ def tune(
     }
     best: dict[tuple[bool, int], tuple] = {}
     for (late, params), outcome in zip(tasks, results):
-        for n in sizes:
-            mine = outcome[n]
+        for key, mine in outcome.items():
+            n = key[0] if isinstance(key, tuple) else key
             points = score(mine, od[n])
             below = all(at_or_below(totals(mine), totals(b)) for b in bases[n])
             z = surest(mine, bases[n])
-            if (late, n) not in best or (-z, points) < best[late, n][0]:
-                best[late, n] = ((-z, points), below, points, z, *params)
+            at = (late, *key) if isinstance(key, tuple) else (late, key)
+            if at not in best or (-z, points) < best[at][0]:
+                best[at] = ((-z, points), below, points, z, *params)
     return {key: value[1:] for key, value in best.items()}

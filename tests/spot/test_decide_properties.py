@@ -278,3 +278,17 @@ def test_with_min_finish_chance_a_late_choice_states_its_chance_not_an_estimate_
         BudgetInputs(**{**inputs.__dict__, "spot_price": None, "max_wait_s": 3600, "wait_target_price": 1.0})
     )
     assert wait.choice == Choice.WAIT and "allow_late: a 32% chance within $4.50" in wait.reason, wait.reason
+
+
+def test_a_job_on_on_demand_does_not_stop_it_to_wait_for_spot_that_would_be_late():
+    # 1 h left, 1.5 h to the deadline, no spot offer now; spot at the hoped-for price after a 15 min wait
+    # would take 1.75 h with its start-up and 2 preemptions an hour: late. On-demand after the wait would
+    # still be in time, but a job on on-demand has that now: it stays, rather than pay a second start-up. An
+    # idle job loses nothing by the wait, and waits.
+    inputs = BudgetInputs(**{**BASE, "interruption_rate_per_hour": 2.0}, num_nodes=2, spot_price=None,
+                          on_demand_price=3.0, remaining_budget=100.0, wait_target_price=1.0, max_wait_s=3600,
+                          deadline_s=1.5 * 3600, current=Choice.ON_DEMAND)  # fmt: skip
+    stays = decide(inputs)
+    assert stays.choice == Choice.ON_DEMAND and "no acceptable spot offer" in stays.reason, stays.reason
+    idle = decide(BudgetInputs(**{**inputs.__dict__, "current": Choice.WAIT}))
+    assert idle.choice == Choice.WAIT, idle.reason

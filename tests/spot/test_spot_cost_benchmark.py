@@ -358,3 +358,20 @@ def test_a_one_node_elastic_group_is_an_all_or_nothing_group():
         whole.time_s,
         whole.preemptions,
     )
+
+
+def test_the_elastic_simulator_asks_decide_itself_about_k_of_n_nodes():
+    """No translation of its own: decide() is told the group's N, min_nodes, the capacity and the resize's
+    cost, and the node count it chooses is the one the group runs on."""
+    from airflow_dtrain.spot.budget import Choice, decide
+
+    sc, world = _losing_one_node(drop_at=5)
+    policy = sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)
+    job = sc.Job(0, 10, 200, 7200.0, 4, 50000.0, 60.0)
+    inputs = policy.budget_inputs(world, job, 10, 0.0, sc.State(), 0.0, 0)
+    assert (inputs.num_nodes, inputs.min_nodes, inputs.spot_nodes_available) == (4, 2, 3)
+    assert inputs.step_time_s == world.mech.step_s and inputs.resize_overhead_s == world.mech.rerendezvous_s
+    decision = decide(inputs)
+    assert decision.choice == Choice.SPOT and decision.nodes == 3, decision.reason
+    out = sc.simulate_elastic(world, job, policy)
+    assert out.finished and {n for _, n, _ in out.ledger} == {3}  # it started on the 3 it could get
