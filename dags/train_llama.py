@@ -20,13 +20,12 @@ spot market. `simulate_preemption_at_step` sends the group a SIGTERM once at tha
 spot reclaim would: every rank saves a checkpoint of that step, and the group is relaunched
 from it, losing no steps.
 
-On Kubernetes/AWS: `backend=kubernetes`, the `kubernetes` param (image, namespace, volumes...),
-`instance_types` and `availability_zones` to watch, connections `aws_default` and
-`kubernetes_default`, and an `s3://` (or shared volume) `checkpoint_uri`.
+On Kubernetes/AWS: `backend=kubernetes`, the `kubernetes` param (image, namespace, volumes...), the
+`instance_types` and `availability_zones` to watch, connections `aws_default` and `kubernetes_default`, and an
+`s3://` (or shared volume) `checkpoint_uri`. `min_nodes` < `num_nodes`: an elastic group (the nodes it gets).
 
-The train task returns a summary (XCom `return_value`): final step, tokens seen, final loss,
-latest checkpoint, wall time, preemptions, steps lost and dollars; the same summary is written
-as `summary.json` next to the checkpoints, beside `report.png` (train and held-out loss curves).
+The train task returns a summary (XCom `return_value`: final step, tokens, loss, latest checkpoint, wall time,
+preemptions, steps lost, dollars), also written as `summary.json` beside `report.png` and the checkpoints.
 """
 
 from __future__ import annotations
@@ -218,6 +217,7 @@ with DAG(
         budget_usd="{{ params.budget_usd }}",
         step_time_estimate_s="{{ params.step_time_estimate_s }}",
         num_nodes="{{ params.num_nodes }}",
+        min_nodes="{{ params.min_nodes }}",
         max_spot_price="{{ params.max_price }}",
         max_wait_s="{{ params.max_wait_s }}",
         **({} if INTERRUPTION_RATE is None else {"interruption_rate_per_hour": INTERRUPTION_RATE}),
