@@ -71,7 +71,7 @@ def run_trials(args: argparse.Namespace, rng: random.Random, work: Path) -> dict
     """Every selected fault's trials, in the table's order: {fault: [row per trial]}."""
     only = args.only or (QUICK if args.quick else None)
     results: dict[str, list[dict]] = {}
-    for name, fn, default, _ in FAULTS:
+    for name, fn, default, *_ in FAULTS:
         if only and name not in only:
             continue
         trials = 1 if args.quick else (args.trials or default)
