@@ -5,7 +5,9 @@ one rank's files of one save take seconds longer to sync. Expected: training goe
 save's point), the save commits late, and the run finishes bitwise equal.
 
 The clock is moved with libfaketime (``apt-get install faketime``), preloaded into every process of one run
-(``FAKETIME=+5m`` or ``-5m``; the monotonic clock left alone, as a node's wrong wall clock leaves it).
+(``FAKETIME=+300`` or ``-300``). libfaketime moves the monotonic clock by the same constant, which changes
+no interval; leaving it alone (``FAKETIME_DONT_FAKE_MONOTONIC=1``) breaks Python's ``time.sleep`` under
+libfaketime 0.9.10 (EINVAL from clock_nanosleep), and with it torchrun's rendezvous.
 Expected: leases are ordered by token, not by time, so a writer whose clock is ahead or behind neither
 fences the rightful (newest) writer nor commits once fenced; and a run whose clock is off still stops at its
 spend cap, the spend (billed by this process's clock) within it.
@@ -34,11 +36,7 @@ def skewed(offset_s: int) -> dict:
     lib = next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
     if lib is None:
         raise RuntimeError(f"libfaketime not found in {FAKETIME_LIBS}: apt-get install faketime")
-    return {
-        "LD_PRELOAD": lib,
-        "FAKETIME": f"{offset_s:+d}",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
+    return {"LD_PRELOAD": lib, "FAKETIME": f"{offset_s:+d}"}
 
 
 def f_slow_disk(rng, ckpt, work):
