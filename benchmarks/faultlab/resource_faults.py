@@ -61,6 +61,7 @@ def budget_trial(rng, ckpt, work, env: dict | None = None, label: str = ""):
         rng.uniform(14.0, 20.0), 2
     )  # the job needs ~30 s = $30 here: admitted on a 100x too small estimate
     attempt = f"budget-{uuid.uuid4().hex[:6]}"
+    launched = time.time()  # this process's clock: what the run really cost is (its exit - this) x price
     root = CheckpointDir(str(ckpt))
     root.storage.makedirs()
     # Opened at the launch, as GroupSession does: the bill runs from the start of the process, not of
@@ -72,7 +73,7 @@ def budget_trial(rng, ckpt, work, env: dict | None = None, label: str = ""):
             "nodes": 1,
             "price_per_node_hour": PRICE,
             "gpus_per_node": 0,
-            "launched_at": time.time(),
+            "launched_at": launched,
             "billed_s": 0.0,
             "node_hours": 0.0,
             "gpu_hours": 0.0,
@@ -94,6 +95,7 @@ def budget_trial(rng, ckpt, work, env: dict | None = None, label: str = ""):
         ],
     )
     rc = run.wait()
+    true_cost = (time.time() - launched) * PRICE / 3600
     entry = root.spend_entry(attempt)
     root.record_spend(
         attempt, {**billed(entry, until=time.time()), "ended": True}
@@ -104,7 +106,7 @@ def budget_trial(rng, ckpt, work, env: dict | None = None, label: str = ""):
         finished="cap" if rc == 77 else rc == 0,
         spend_ratio=spent / cap,
         note=f"{label}cap ${cap}: exit {rc}, spent ${spent:.2f} (billed to the exit), last checkpoint "
-        f"{latest.step if latest else None}",
+        f"{latest.step if latest else None}; by this process's clock ${true_cost:.2f}",
     )
 
 
