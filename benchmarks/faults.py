@@ -8,10 +8,19 @@ Every run is ``python -m trainer.launch --standalone --nproc-per-node 2 -m train
 trainer's exit codes), debug flavour, 40 steps, a checkpoint every 5. An uninterrupted reference run is
 made once; after each faulted trial the final checkpoint's tensors (model and optimizer state, unsharded)
 are compared with the reference's, bit for bit. The step each fault lands on is drawn from a seeded RNG
-(the seed is printed). This is a benchmark, not a test: it prints what it saw, including what did not hold.
+(the seed is printed): every fault's step (or the save it hits, or the checkpoint it corrupts) is drawn
+from it. This is a benchmark, not a test: it prints what it saw, including what did not hold.
+
+The faults: signals and kills (faultlab/process_faults.py), corrupted checkpoints (corruption.py), a full
+disk, a spend cap and a second writer (resource_faults.py), S3 answering 500 and 503 SlowDown on checkpoint,
+spend-ledger and lease writes (s3_faults.py: moto behind a fault front, s3_server.py), and a slow disk under
+an async save and a clock 5 minutes off (time_faults.py; the clock needs libfaketime: apt-get install
+faketime). Each fault's expected outcome is printed under the table; the new ones check theirs ("outcome
+held").
 
 Default trials per fault: 2 for the quick ones, 1 for the slow ones (kill -9 of a rank, of the agent, of
-the supervisor, a full disk, a second writer), so the whole run stays under 15 minutes on 2 CPU cores;
+the supervisor, a full disk, a second writer, an S3 outage), so the whole run stays about 15 minutes on 2
+CPU cores;
 ``--trials N`` sets every fault's count. ``--quick`` runs the reference and one trial of two faults, a
 signal (``sigterm-agent``) and a corruption (``flipped-byte-shard``): a check that the benchmark runs, in
 about a minute (``--trials 1`` is one trial of every fault). Exit 1 when a property does not hold (a trial
@@ -34,7 +43,7 @@ from _common import REPO
 from faultlab import runs
 from faultlab.checkpoints import load_tensors, row
 from faultlab.report import FAULTS, QUICK, print_table, print_verdicts
-from faultlab.runs import STEPS, Run, kill_leftovers
+from faultlab.runs import EVERY, STEPS, Run, kill_leftovers
 
 
 def parse_args() -> argparse.Namespace:
@@ -57,7 +66,7 @@ def set_up(seed: int, started: float) -> Path:
 
     print(f"seed {seed}; torch {torch.__version__}; {os.cpu_count()} CPUs; work dir {work}", flush=True)
     runs.REFERENCE_DIR = work / "reference"
-    ref = Run(runs.REFERENCE_DIR, work)
+    ref = Run(runs.REFERENCE_DIR, work, args=["--set", f"checkpoint.keep={STEPS // EVERY}"])  # all kept
     rc = ref.wait()
     runs.REFERENCE = load_tensors(runs.REFERENCE_DIR / f"step-{STEPS:08d}", work)
     print(
@@ -71,7 +80,7 @@ def run_trials(args: argparse.Namespace, rng: random.Random, work: Path) -> dict
     """Every selected fault's trials, in the table's order: {fault: [row per trial]}."""
     only = args.only or (QUICK if args.quick else None)
     results: dict[str, list[dict]] = {}
-    for name, fn, default, _ in FAULTS:
+    for name, fn, default, *_ in FAULTS:
         if only and name not in only:
             continue
         trials = 1 if args.quick else (args.trials or default)

@@ -86,6 +86,7 @@ def row(**kw) -> dict:
         "writers": None,
         "fenced": None,
         "detected": None,
+        "held": None,
         "note": "",
     }
     return {**base, **kw}

@@ -1,5 +1,6 @@
-"""Corrupted checkpoints: a copy of the reference's with its final step damaged (a flipped byte in a
-shard, a truncated manifest, a NaN in the manifest); the resume must detect it and use the one before."""
+"""Corrupted checkpoints: a copy of the reference's cut after a step drawn at random (as if the run had
+died right after committing it), that step damaged (a flipped byte in a shard, a truncated manifest, a NaN
+in the manifest); the resume must detect it, use the one before and train on to the reference's weights."""
 
 from __future__ import annotations
 
@@ -13,22 +14,28 @@ from .checkpoints import bitwise_equal, row
 from .runs import EVERY, STEPS, Run
 
 
-def _corrupt_copy(ckpt: Path, corrupt) -> None:
+def _corrupt_copy(rng, ckpt: Path, corrupt) -> int:
+    """The reference's directory copied to ``ckpt`` up to a step drawn from ``rng``, that step corrupted;
+    returns the step. (The reference keeps every checkpoint: faults.py's ``set_up``.)"""
+    k = rng.choice(range(2 * EVERY, STEPS + 1, EVERY))
     shutil.copytree(runs.REFERENCE_DIR, ckpt)
-    corrupt(ckpt / f"step-{STEPS:08d}")
+    for later in range(k + EVERY, STEPS + 1, EVERY):
+        shutil.rmtree(ckpt / f"step-{later:08d}")
+    corrupt(ckpt / f"step-{k:08d}")
+    return k
 
 
-def _resume_corrupted(ckpt, work, note):
+def _resume_corrupted(ckpt, work, k, note):
     run = Run(ckpt, work)
     rc = run.wait()
     res = run.of("resume")
-    fell_back = bool(res) and res[0]["from_step"] == STEPS - EVERY and "fails verification" in run.stderr()
+    fell_back = bool(res) and res[0]["from_step"] == k - EVERY and "fails verification" in run.stderr()
     return row(
         finished=rc == 0,
-        steps_lost=(STEPS - res[0]["from_step"]) if res else None,
+        steps_lost=(k - res[0]["from_step"]) if res else None,
         detected=fell_back,
         bitwise=bitwise_equal(ckpt, work),
-        note=f"{note}; resumed from {res[0]['from_step'] if res else None}",
+        note=f"step {k}: {note}; resumed from {res[0]['from_step'] if res else None}",
     )
 
 
@@ -43,8 +50,8 @@ def f_flip_byte(rng, ckpt, work):
         shard.write_bytes(bytes(data))
         where.update(file=shard.name, offset=i)
 
-    _corrupt_copy(ckpt, corrupt)
-    return _resume_corrupted(ckpt, work, f"flipped byte {where['offset']} of {where['file']}")
+    k = _corrupt_copy(rng, ckpt, corrupt)
+    return _resume_corrupted(ckpt, work, k, f"flipped byte {where['offset']} of {where['file']}")
 
 
 def f_truncate_manifest(rng, ckpt, work):
@@ -56,8 +63,8 @@ def f_truncate_manifest(rng, ckpt, work):
         (step_dir / "manifest.json").write_text(text[:cut])
         where.update(cut=cut, of=len(text))
 
-    _corrupt_copy(ckpt, corrupt)
-    return _resume_corrupted(ckpt, work, f"manifest cut to {where['cut']} of {where['of']} bytes")
+    k = _corrupt_copy(rng, ckpt, corrupt)
+    return _resume_corrupted(ckpt, work, k, f"manifest cut to {where['cut']} of {where['of']} bytes")
 
 
 def f_nan_manifest(rng, ckpt, work):
@@ -71,5 +78,5 @@ def f_nan_manifest(rng, ckpt, work):
         node[keys[-1]] = math.nan
         (step_dir / "manifest.json").write_text(json.dumps(m))
 
-    _corrupt_copy(ckpt, corrupt)
-    return _resume_corrupted(ckpt, work, f"{field} = NaN")
+    k = _corrupt_copy(rng, ckpt, corrupt)
+    return _resume_corrupted(ckpt, work, k, f"{field} = NaN")

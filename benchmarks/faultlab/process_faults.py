@@ -12,6 +12,7 @@ import uuid
 
 import psutil
 
+from . import runs
 from .checkpoints import bitwise_equal, fenced_commits, lease_of, progress, row
 from .runs import EVERY, NPROC, STEPS, Run, train_event
 
@@ -135,7 +136,7 @@ def f_supervisor(rng, ckpt, work):
     k = rng.randint(6, STEPS - 10)
     spec = supervisor_spec(ckpt)
     launcher = LocalLauncher(work / f"groups-{uuid.uuid4().hex[:6]}")
-    base = f"faults-{uuid.uuid4().hex[:6]}"
+    base = f"faults-{runs.BENCH_ID}-{uuid.uuid4().hex[:6]}"  # kill_leftovers ends this run's groups only
     samples: list[set] = []
     stop = threading.Event()
     sampler = threading.Thread(target=sample_groups, args=(base, samples, stop), daemon=True)

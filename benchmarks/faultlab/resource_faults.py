@@ -10,7 +10,7 @@ import uuid
 
 from trainer.testing.faults import activate
 
-from .checkpoints import bitwise_equal, fenced_commits, lease_of, manifests, progress, row
+from .checkpoints import bitwise_equal, lease_of, manifests, progress, row
 from .runs import EVERY, NPROC, PRICE, STEPS, Run, train_event
 
 
@@ -47,6 +47,13 @@ def f_full_disk(rng, ckpt, work):
 
 
 def f_budget(rng, ckpt, work):
+    return budget_trial(rng, ckpt, work)
+
+
+def budget_trial(rng, ckpt, work, env: dict | None = None, label: str = ""):
+    """A run admitted under a cap it cannot fit in (``env``: more of its environment, ``label``: what that
+    is, for the note): it must stop at the cap, the spend (billed to its exit by this process's clock)
+    within it."""
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.cost import billed
 
@@ -54,6 +61,7 @@ def f_budget(rng, ckpt, work):
         rng.uniform(14.0, 20.0), 2
     )  # the job needs ~30 s = $30 here: admitted on a 100x too small estimate
     attempt = f"budget-{uuid.uuid4().hex[:6]}"
+    launched = time.time()  # this process's clock: what the run really cost is (its exit - this) x price
     root = CheckpointDir(str(ckpt))
     root.storage.makedirs()
     # Opened at the launch, as GroupSession does: the bill runs from the start of the process, not of
@@ -65,7 +73,7 @@ def f_budget(rng, ckpt, work):
             "nodes": 1,
             "price_per_node_hour": PRICE,
             "gpus_per_node": 0,
-            "launched_at": time.time(),
+            "launched_at": launched,
             "billed_s": 0.0,
             "node_hours": 0.0,
             "gpu_hours": 0.0,
@@ -76,7 +84,7 @@ def f_budget(rng, ckpt, work):
     run = Run(
         ckpt,
         work,
-        env={"DTRAIN_GROUP_NAME": attempt},
+        env={**(env or {}), "DTRAIN_GROUP_NAME": attempt},
         args=[
             "--set",
             f"cost.budget_usd={cap}",
@@ -87,6 +95,7 @@ def f_budget(rng, ckpt, work):
         ],
     )
     rc = run.wait()
+    true_cost = (time.time() - launched) * PRICE / 3600
     entry = root.spend_entry(attempt)
     root.record_spend(
         attempt, {**billed(entry, until=time.time()), "ended": True}
@@ -96,34 +105,50 @@ def f_budget(rng, ckpt, work):
     return row(
         finished="cap" if rc == 77 else rc == 0,
         spend_ratio=spent / cap,
-        note=f"cap ${cap}: exit {rc}, spent ${spent:.2f} (billed to the exit), last checkpoint "
-        f"{latest.step if latest else None}",
+        note=f"{label}cap ${cap}: exit {rc}, spent ${spent:.2f} (billed to the exit), last checkpoint "
+        f"{latest.step if latest else None}; by this process's clock ${true_cost:.2f}",
     )
 
 
 def f_second_writer(rng, ckpt, work):
+    return second_writer_trial(rng, ckpt, work)
+
+
+def second_writer_trial(rng, ckpt, work, envs: tuple[dict, dict] = ({}, {}), skews=(0.0, 0.0), label=""):
+    """A writer stalled while a second one takes its directory over: the first must be fenced (exit 78),
+    the second finish. ``envs``: more of each one's environment; ``skews``: how far each one's clock is
+    off (seconds), which the times they write are corrected by; ``label``: what that is, for the note."""
     k = rng.randint(6, 20)
-    first = Run(ckpt, work, env={"DTRAIN_GROUP_NAME": "writer-a"})
+    first = Run(ckpt, work, env={**envs[0], "DTRAIN_GROUP_NAME": "writer-a"})
     first.wait_for(train_event(k))
     # The first writer stalls (a GC pause, a partitioned node) while a second one starts on the same directory
     # and takes its lease; then the first wakes up and goes on. Without the stall the second one's start-up
     # (imports, rendezvous) can outlast the first's remaining steps, and the two never overlap.
     first.signal_all(signal.SIGSTOP)
-    second = Run(ckpt, work, env={"DTRAIN_GROUP_NAME": "writer-b"})
+    second = Run(ckpt, work, env={**envs[1], "DTRAIN_GROUP_NAME": "writer-b"})
     second.wait_for(lambda e: e.get("event") in ("resume", "train"))
     first.signal_all(signal.SIGCONT)
     rc1, rc2 = first.wait(), second.wait()
     old, new = lease_of(ckpt, "writer-a"), lease_of(ckpt, "writer-b")
-    fenced = fenced_commits(ckpt, old.token, new.info["acquired_at"]) if old and new else None
-    after = {
-        m.get("lease") for m in manifests(ckpt) if new and m.get("created_at", 0) >= new.info["acquired_at"]
-    }
+    fenced, after = commits_after(ckpt, old, new, skews)
     res = second.of("resume")
     return row(
         finished=rc1 == 78 and rc2 == 0,
         bitwise=bitwise_equal(ckpt, work),
         fenced=fenced,
-        writers=len(after),
-        note=f"first writer stalled after step {k}, a second one started: first exit {rc1}, "
+        writers=after,
+        held=rc1 == 78 and rc2 == 0 and fenced == 0 and after == 1 if any(skews) else None,
+        note=f"{label}first writer stalled after step {k}, a second one started: first exit {rc1}, "
         f"second exit {rc2} (resumed from {res[0]['from_step'] if res else None})",
     )
+
+
+def commits_after(ckpt, old, new, skews=(0.0, 0.0)) -> tuple[int | None, int]:
+    """(commits of the older lease's writer after the newer lease was taken, how many writers committed
+    from then on), on the true clock: each manifest's and lease's time less its writer's ``skews``."""
+    if not (old and new):
+        return None, 0
+    skew_of = {old.token: skews[0], new.token: skews[1]}
+    taken = new.info["acquired_at"] - skews[1]
+    late = [m for m in manifests(ckpt) if m.get("created_at", 0) - skew_of.get(m.get("lease"), 0.0) >= taken]
+    return sum(m.get("lease") == old.token for m in late), len({m.get("lease") for m in late})

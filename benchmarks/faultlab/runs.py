@@ -35,6 +35,11 @@ ARGS = [
 NPROC = 2
 PRICE = 3600.0  # $/node-hour: a dollar a second, so the budget fault's cap is in seconds of this machine
 
+BENCH_ID = uuid.uuid4().hex[:8]
+"""This benchmark run's: every trainer run it starts is tagged ``DTRAIN_BENCH_RUN=<BENCH_ID>-...`` and every
+local-launcher group it starts is named ``faults-<BENCH_ID>-...``, so that ``kill_leftovers`` ends its own
+processes and never those of another benchmark run on this machine (CI's ``--quick`` beside a full run)."""
+
 # Set once by faults.py before the first trial: the processes' environment, and the reference run's
 # directory and final tensors (model and optimizer state, unsharded).
 BASE_ENV: dict = {}
@@ -49,7 +54,7 @@ class Run:
     ``trainer.events.EventCursor``; stdout and stderr to files; its workers tagged."""
 
     def __init__(self, ckpt: Path, work: Path, env: dict | None = None, args: list[str] = ()):
-        self.tag = uuid.uuid4().hex
+        self.tag = f"{BENCH_ID}-{uuid.uuid4().hex}"
         self.out, self.err = work / f"{self.tag}.out", work / f"{self.tag}.err"
         self.events_dir = work / f"{self.tag}.events"
         full_env = events_env({**BASE_ENV, **(env or {}), "DTRAIN_BENCH_RUN": self.tag}, self.events_dir)
@@ -139,12 +144,13 @@ def train_event(at: int):
 
 
 def kill_leftovers() -> None:
-    """Nothing of a trial may outlive it: every process of a benchmark run or of a faults group."""
+    """Nothing of a trial may outlive it: every process of this benchmark's runs and faults groups."""
     for leftover in psutil.process_iter():
         try:
-            if "DTRAIN_BENCH_RUN" in leftover.environ() or leftover.environ().get(
+            env = leftover.environ()
+            if env.get("DTRAIN_BENCH_RUN", "").startswith(f"{BENCH_ID}-") or env.get(
                 "DTRAIN_GROUP_NAME", ""
-            ).startswith("faults-"):
+            ).startswith(f"faults-{BENCH_ID}-"):
                 leftover.kill()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue

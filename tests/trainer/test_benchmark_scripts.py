@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.trainer.conftest import REPO, trainer_env
 
 
@@ -133,3 +135,37 @@ def test_recovery_reads_a_runs_events_from_its_own_directory(tmp_path, monkeypat
     rest = list(stream)
     assert first["step"] == 2 and [e.get("step") for e in rest] == [3, 4, 5, 5], rest
     assert rest[-1]["event"] == "preempted" and proc.wait() == 0
+
+
+def test_the_faulty_s3_fails_the_chosen_writes_and_passes_the_rest(monkeypatch):
+    # the fault lab's S3 (moto behind a fault front): a burst of 503 SlowDown on matching PUTs is retried by
+    # the client and the object lands once; reads and other keys go through; a persistent 500 fails the
+    # write with the OSError the trainer reports (exit 74), and nothing of it is stored
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from faultlab.s3_server import BUCKET, FaultyS3
+
+    s3 = FaultyS3()
+    try:
+        s3.create_bucket()
+        for k, v in s3.env.items():
+            monkeypatch.setenv(k, v)
+        import fsspec
+
+        fs = fsspec.filesystem("s3", use_listings_cache=False, skip_instance_cache=True)
+        s3.faults.fail(r"/step-\d+/", 503, count=2)
+        fs.pipe_file(f"{BUCKET}/run/progress.json", b"{}")  # not a checkpoint key: untouched
+        fs.pipe_file(f"{BUCKET}/run/step-00000005/manifest.json", b'{"step": 5}')
+        assert fs.cat(f"{BUCKET}/run/step-00000005/manifest.json") == b'{"step": 5}'
+        assert [(m, p, s) for m, p, s in s3.faults.injected] == [
+            ("PUT", f"/{BUCKET}/run/step-00000005/manifest.json", 503)
+        ] * 2
+        s3.faults.fail(r"/step-00000010/", 500)
+        with pytest.raises(OSError, match="internal error"):
+            fs.pipe_file(f"{BUCKET}/run/step-00000010/manifest.json", b"{}")
+        assert not fs.exists(f"{BUCKET}/run/step-00000010/manifest.json")
+        s3.faults.clear()
+        fs.pipe_file(f"{BUCKET}/run/step-00000010/manifest.json", b"{}")  # S3 is back
+        with pytest.raises(ValueError, match="status: expected one of \\[500, 503\\], got 404"):
+            s3.faults.fail("x", 404)
+    finally:
+        s3.stop()

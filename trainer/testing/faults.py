@@ -8,6 +8,10 @@ deterministically; with FILE, only until FILE exists.
 ``DTRAIN_TEST_ENOSPC_AT_STEP="STEP[:RANK]"`` (rank 0 by default) makes that rank's storage writer fail the
 write of that step with ENOSPC after leaving a partial shard file behind, as a disk filling up mid-save does.
 
+``DTRAIN_TEST_SLOW_FSYNC="STEP:SECONDS[:RANK]"`` (every rank by default) makes that rank's files of that step
+take SECONDS longer to reach the disk: its storage writer sleeps after writing and fsyncing them, in the
+save's own thread, as a throttled disk's fsync would (under an async save, training goes on meanwhile).
+
 ``DTRAIN_TEST_STEP_SLEEP=SECONDS``: every step also sleeps SECONDS (as a slower machine's step would take),
 so that the tests' long-running and time-capped groups leave the CPU to the tests running beside them
 (tests/conftest.py's slow_steps).
@@ -28,6 +32,7 @@ from trainer.checkpointing.faults import FAULTS_ENV, Faults
 COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
 ENOSPC_ENV = "DTRAIN_TEST_ENOSPC_AT_STEP"
 STEP_SLEEP_ENV = "DTRAIN_TEST_STEP_SLEEP"
+SLOW_FSYNC_ENV = "DTRAIN_TEST_SLOW_FSYNC"
 FROM_ENV = f"{__name__}:from_env"
 """What ``DTRAIN_FAULTS`` is set to for these faults."""
 
@@ -48,6 +53,40 @@ class NoSpaceWriter(dcp.FileSystemWriter):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
 
 
+class SlowDiskWriter(dcp.FileSystemWriter):
+    """A disk whose fsync takes ``delay_s`` longer (``DTRAIN_TEST_SLOW_FSYNC``): the files are written and
+    synced as usual, then the writer holds the save that long before reporting them written."""
+
+    def __init__(self, path: str, delay_s: float, **kw):
+        super().__init__(path, **kw)
+        self.delay_s = delay_s
+
+    def write_data(self, plan, planner):
+        written = super().write_data(plan, planner)
+        print(
+            f"[trainer] test hook: {SLOW_FSYNC_ENV}: {self.path} takes {self.delay_s}s more to sync",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(self.delay_s)
+        return written
+
+
+def slow_fsync(spec: str, step: int, rank: int) -> float | None:
+    """The extra seconds ``DTRAIN_TEST_SLOW_FSYNC`` (``STEP:SECONDS[:RANK]``) asks of this rank's save of
+    ``step``; None when it asks none."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    try:
+        at, seconds, at_rank = int(parts[0]), float(parts[1]), (int(parts[2]) if len(parts) > 2 else None)
+    except (ValueError, IndexError):
+        raise ValueError(f"{SLOW_FSYNC_ENV}: expected STEP:SECONDS[:RANK], got {spec!r}") from None
+    if len(parts) > 3 or seconds < 0:
+        raise ValueError(f"{SLOW_FSYNC_ENV}: expected STEP:SECONDS[:RANK], got {spec!r}")
+    return seconds if at == step and at_rank in (None, rank) else None
+
+
 class EnvFaults(Faults):
     """The faults the DTRAIN_TEST_* variables ask for (read at each hook, so a test may change them)."""
 
@@ -56,6 +95,9 @@ class EnvFaults(Faults):
         at, _, at_rank = spec.partition(":")
         if spec and int(at) == step and int(at_rank or 0) == rank:
             return NoSpaceWriter(write_dir, thread_count=thread_count)
+        delay = slow_fsync(os.environ.get(SLOW_FSYNC_ENV, ""), step, rank)
+        if delay is not None:
+            return SlowDiskWriter(write_dir, delay, thread_count=thread_count)
         return None
 
     def before_manifest(self, step: int, rank: int) -> None:
