@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 TORCH_MIN ?= torch==2.11.0
 VENV_MIN ?= .venv-torch-min
 
-.PHONY: venv chromium lint test test-faults test-fast test-torch-min bench-smoke demo clean
+.PHONY: venv chromium lint test test-faults test-fast test-torch-min bench-smoke demo clean faults
 
 venv: $(VENV)/.installed
 
@@ -56,6 +56,11 @@ test: venv chromium
 # writer, a 34 s preemption save. .ci/run runs them after `make test`; `benchmarks/faults.py` repeats such faults.
 test-faults: venv
 	$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal --durations=10 -m fault_trial $(PYTEST_ARGS)
+
+# Every fault of benchmarks/faults.py at seeded random steps, TRIALS per fault (issue #41: TRIALS=10); not in CI.
+# The clock faults need libfaketime (apt-get install faketime).
+faults: venv
+	$(PY) benchmarks/faults.py $(if $(TRIALS),--trials $(TRIALS))
 
 # Every benchmark in its --quick mode (small sizes, one trial, the same code as the full run), each
 # printing its table: a check that they still run against the current code, not a measurement. About

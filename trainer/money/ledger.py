@@ -64,7 +64,9 @@ class CostLedger:
             gpus_per_node,
             nodes,
         )
-        self.launched_at = launched_at() if since is None else min(since, launched_at())
+        # The provider's record of the launch, on the provider's clock: this node's clock may be off (a spot
+        # node's clock minutes behind would otherwise move the launch earlier in the spend file it writes).
+        self.launched_at = launched_at() if since is None else min(since, launched_at(now=since))
         self.prior = empty_cost()
         self.prices_in_effect: list[tuple[float, float]] = []
         """``[(since, usd_per_node_hour), ...]``: the spot prices in effect since the launch, as the provider
