@@ -141,6 +141,19 @@ def airflow_home() -> Path:
     return _HOME
 
 
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """A moto server (EC2, SQS, S3, ...) in a thread on 127.0.0.1 for the session: its URL. The tests'
+    credentials and connection point at it one test at a time (tests/spot/conftest.py ``moto_server``)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
 class RecordingTI:
     """Stand-in for the task instance in operator tests: ids and the XComs pushed."""
 
