@@ -16,7 +16,7 @@ TEST_WORKERS ?= 2
 TORCH_MIN ?= torch==2.11.0
 VENV_MIN ?= .venv-torch-min
 
-.PHONY: venv chromium lint test test-faults test-fast test-torch-min bench-smoke demo clean faults
+.PHONY: venv chromium lint test test-faults test-repeat test-fast test-torch-min bench-smoke demo clean faults
 
 venv: $(VENV)/.installed
 
@@ -79,6 +79,20 @@ bench-smoke: venv
 	done; \
 	if [ -n "$$failed" ]; then echo "bench-smoke FAILED:$$failed"; exit 1; fi; \
 	echo "bench-smoke: every benchmark ran"
+
+# The fast half of the suite (every test not marked slow: tests/conftest.py says which are) REPEAT times in a
+# row, each run with its own work stealing: a test that fails by chance, or only after another one in the same
+# worker, shows here. Every run is made; it fails if any did, naming them. See docs/testing.md.
+REPEAT ?= 3
+
+test-repeat: venv
+	@failed=; for i in $$(seq 1 $(REPEAT)); do \
+		echo "== test-repeat: run $$i of $(REPEAT)"; \
+		$(PY) -m pytest tests -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS) \
+			|| failed="$$failed $$i"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-repeat FAILED in run(s):$$failed of $(REPEAT)"; exit 1; fi; \
+	echo "test-repeat: $(REPEAT) clean runs of the fast half"
 
 # Everything except the tests that start a real Airflow scheduler, and the fault trials.
 test-fast: venv

@@ -87,7 +87,7 @@ def test_a_step_time_estimate_100x_too_small_stops_at_the_cap_not_past_it(dags, 
 
 def test_a_job_that_waited_is_continued_by_its_next_run_with_its_ledger(dags, tmp_path):
     job = f"wait-{uuid.uuid4().hex[:8]}"
-    # (every run names the prices: dag.test() on one DAG object keeps the previous run's conf as params;
+    # (every run names its prices; each run starts from the DAG's declared params, tests/pipeline/conftest.py;
     # 32-token sequences: a quarter of the default step, enough for what is checked here)
     common = {
         "job": job,

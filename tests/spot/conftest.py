@@ -10,7 +10,6 @@ way EC2 does.
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -20,35 +19,24 @@ import pytest
 REGION = "us-east-1"
 
 
-@pytest.fixture(scope="session")
-def moto_server():
-    """A moto server in a thread on 127.0.0.1, and ``aws_default`` pointing at it."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    saved = {
-        k: os.environ.get(k)
-        for k in ("AIRFLOW_CONN_AWS_DEFAULT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-    }
-    os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
-        {
-            "conn_type": "aws",
-            "login": "testing",
-            "password": "testing",
-            "extra": {"endpoint_url": url, "region_name": REGION},
-        }
+@pytest.fixture
+def moto_server(moto_endpoint, monkeypatch):
+    """The session's moto server (tests/conftest.py ``moto_endpoint``), and ``aws_default`` pointing at it
+    for this test only: set for the whole session, it reached every later test of the worker."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "testing",
+                "password": "testing",
+                "extra": {"endpoint_url": moto_endpoint, "region_name": REGION},
+            }
+        ),
     )
-    os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
-    yield url
-    server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    return moto_endpoint
 
 
 class FakeSpotMarket:
