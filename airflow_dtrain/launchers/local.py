@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import psutil
 
 from airflow_dtrain.launchers._local_elastic import CAPACITY_FILE, elastic_terms, read_node_changes
 from airflow_dtrain.launchers._local_supervisor import write_json_atomic
+from airflow_dtrain.launchers.ports import free_port as _free_port
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, budget_deadline
 from airflow_dtrain.launchers.local_memory import (  # noqa: F401 - re-exported: importers use this module's names
     DEFAULT_MEMORY_GI_PER_PROCESS,
@@ -76,12 +76,6 @@ def _threads_per_process(processes: int) -> int:
     if not explicit.isdigit() or int(explicit) < 1:
         raise ValueError(f"OMP_NUM_THREADS: a whole number of threads, at least 1, got {explicit!r}")
     return int(explicit)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LocalLauncher(PodGroupLauncher):
