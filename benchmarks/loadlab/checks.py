@@ -68,9 +68,10 @@ def ended_well(runs: list[Run]) -> list[str]:
     return problems
 
 
-def ledger_problems(home: Path, runs: list[Run]) -> tuple[list[str], dict[str, float]]:
+def ledger_problems(home: Path, runs: list[Run]) -> tuple[list[str], dict[str, tuple[float, float]]]:
     """Each job's ledger (``CheckpointDir.ledger``) against the sum of its attempts' spend files, each
-    billed again here as billed seconds x nodes x price: equal to the cent. Also {run_id: dollars}."""
+    billed again here as billed seconds x nodes x price: equal to the cent. Also {run_id: (dollars, group
+    seconds billed)}."""
     problems, dollars = [], {}
     for run in runs:
         root = CheckpointDir(checkpoint_dir(home, run))
@@ -84,7 +85,8 @@ def ledger_problems(home: Path, runs: list[Run]) -> tuple[list[str], dict[str, f
             start = float(e["launched_at"])
             expected += dollars_at(start, start + float(e["billed_s"]), int(e["nodes"]),
                                    float(e["price_per_node_hour"]), e.get("node_changes"))  # fmt: skip
-        dollars[run.run_id] = ledger.total_dollars
+        seconds = sum(float(e["billed_s"]) for e in spend.attempts.values())
+        dollars[run.run_id] = (ledger.total_dollars, seconds)
         if not spend.attempts:
             problems.append(f"{run.run_id}: no spend file in {root.root}")
         elif abs(round(ledger.total_dollars, 2) - round(expected, 2)) > 0.0:
