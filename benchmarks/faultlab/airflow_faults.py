@@ -18,15 +18,17 @@ import shutil
 import threading
 import time
 import uuid
+from pathlib import Path
 
-from airflow_dtrain.naming import group_base_name
+import psutil
+
+from airflow_dtrain.launchers.local_processes import GROUP_DIR_ENV
 from loadlab.checks import checkpoint_dir
 from loadlab.cluster import Cluster
 from loadlab.database import Database
 from loadlab.runs import TRAIN, Run, dags_folder, observe, trigger
 
 from .checkpoints import row
-from .process_faults import sample_groups
 
 STEPS = 40
 SLOW_STEPS = {"DTRAIN_TEST_STEP_SLEEP": "0.3", "DTRAIN_FAULTS": "trainer.testing.faults:from_env"}
@@ -43,8 +45,30 @@ def _progress(cluster: Cluster, run: Run) -> dict:
 
 
 def _train_state(cluster: Cluster, run: Run) -> str:
-    got = cluster.get(f"/api/v2/dags/{run.dag_id}/dagRuns/{run.run_id}/taskInstances/train_spot") or {}
-    return got.get("state") or ""
+    """The state of the train task the budget chose (train_spot or train_on_demand: the other is skipped)."""
+    states = []
+    for task in ("train_spot", "train_on_demand"):
+        got = cluster.get(f"/api/v2/dags/{run.dag_id}/dagRuns/{run.run_id}/taskInstances/{task}") or {}
+        states.append(got.get("state") or "")
+    return next((s for s in states if s not in ("", "skipped", "scheduled", "none")), "")
+
+
+def sample_groups(groups: Path, samples: list[set], stop: threading.Event) -> None:
+    """Every 0.2 s until ``stop``: the groups of this Airflow (their processes tagged with a directory
+    under ``groups``) that have a training rank alive."""
+    where = str(groups.resolve())
+    while not stop.is_set():
+        alive = set()
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+                if env.get(GROUP_DIR_ENV, "").startswith(where) and "RANK" in env:
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        alive.add(env.get("DTRAIN_GROUP_NAME"))
+            except (psutil.Error, OSError):
+                continue
+        samples.append(alive)
+        time.sleep(0.2)
 
 
 def _until(what: str, cluster: Cluster, run: Run, probe, timeout: float = 600) -> None:
@@ -68,8 +92,7 @@ def _trial(rng, work, fault, name: str):
     )
     samples: list[set] = []
     stop = threading.Event()
-    base = group_base_name("train_llama", run.run_id, "train_spot")
-    sampler = threading.Thread(target=sample_groups, args=(base, samples, stop), daemon=True)
+    sampler = threading.Thread(target=sample_groups, args=(home / "groups", samples, stop), daemon=True)
     k = rng.randint(8, STEPS - 15)
     try:
         cluster.migrate()
@@ -107,7 +130,7 @@ def _lost(summary: dict) -> int | None:
 
 
 def _restart_triggerer(cluster: Cluster, db: Database, run: Run) -> str:
-    _until("train_spot deferred", cluster, run, lambda: _train_state(cluster, run) == "deferred")
+    _until("the train task deferred", cluster, run, lambda: _train_state(cluster, run) == "deferred")
     cluster.restart("triggerer", down_s=5)
     return "triggerer restarted while train_spot deferred"
 

@@ -34,7 +34,7 @@ def environment(home: Path, work: Path, db: Database, port: int, dags: Path, ext
     env.update(
         {
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-            "PYTHONPATH": os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": os.pathsep.join(p for p in (repo, *db.pythonpath, env.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
             "NO_COLOR": "1",
             "AIRFLOW_HOME": str(home),
@@ -138,15 +138,23 @@ class Cluster:
             psutil.wait_procs(leftovers, timeout=10)
 
     def processes(self) -> list[psutil.Process]:
-        """Every live process of this Airflow home: components, workers and the pod groups they started."""
-        found, me = [], os.getpid()
+        """Every live process of this Airflow home: components, workers and the pod groups they started
+        (by ``AIRFLOW_HOME`` in their environment, and the components' trees: the api-server's process
+        title overwrites what /proc shows of its environment)."""
+        found, me = {}, os.getpid()
         for proc in psutil.process_iter(["pid"]):
             try:
                 if proc.pid != me and proc.environ().get("AIRFLOW_HOME") == str(self.home):
-                    found.append(proc)
+                    found[proc.pid] = proc
             except (psutil.Error, OSError):
                 continue
-        return found
+        for popen in self.procs.values():
+            try:
+                root = psutil.Process(popen.pid)
+                found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+            except psutil.Error:
+                continue
+        return list(found.values())
 
     # -- talking to it --------------------------------------------------------------------------
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -42,6 +42,19 @@ def _postgres_missing() -> str | None:
     return None
 
 
+def driver_paths() -> list[str]:
+    """Where this interpreter found the Postgres drivers: Airflow's processes get them on PYTHONPATH (a
+    caller such as faults.py may have replaced the PYTHONPATH that brought them here)."""
+    import importlib.util
+
+    paths = []
+    for module in ("psycopg2", "asyncpg"):
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.origin:
+            paths.append(str(Path(spec.origin).parents[1]))
+    return sorted(set(paths))
+
+
 class Database:
     """``url`` for ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; ``kind`` is "postgres" or "sqlite"."""
 
@@ -51,6 +64,7 @@ class Database:
         self.data_dir: Path | None = None
         self._as: list[str] = []
         self._start: list[str] = []
+        self.pythonpath: list[str] = []
         missing = _postgres_missing() if want != "sqlite" else "sqlite asked for"
         if missing is None:
             try:
@@ -88,6 +102,7 @@ class Database:
         ]
         self._run(*self._start)
         self.kind, self.note = "postgres", f"Postgres (throwaway cluster, {self.data_dir})"
+        self.pythonpath = driver_paths()
         self.url = f"postgresql+psycopg2://airflow@127.0.0.1:{port}/postgres"
 
     def stop_for(self, seconds: float) -> None:
