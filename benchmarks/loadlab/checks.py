@@ -13,7 +13,7 @@ from airflow_dtrain.naming import default_checkpoint_uri
 from airflow_dtrain.ownership import run_key
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.money.bill import dollars_at
-from trainer.statsd import parse_line
+from trainer.statsd import UNKNOWN, parse_line
 
 from .runs import Run
 
@@ -99,7 +99,8 @@ def ledger_problems(home: Path, runs: list[Run]) -> tuple[list[str], dict[str, t
 
 def metric_problems(lines: list[str], runs: list[Run]) -> list[str]:
     """Every datagram tagged with one of our runs names that run's job (train_llama: the job of its conf;
-    a sweep's member: one job per member, none shared with another run)."""
+    a sweep's member: one job per member, none shared with another run). A datagram whose sender knows no
+    job (``trainer.statsd.UNKNOWN``: a sweep's budget task, its members without a ``job``) names none."""
     ours = {r.run_id: r for r in runs}
     jobs: dict[tuple[str, str], set[str]] = {}
     for line in lines:
@@ -108,7 +109,7 @@ def metric_problems(lines: list[str], runs: list[Run]) -> list[str]:
         except (ValueError, IndexError):
             continue
         run = ours.get(tags.get("run_id", ""))
-        if run is None or "job" not in tags:
+        if run is None or tags.get("job", UNKNOWN) == UNKNOWN:
             continue
         jobs.setdefault((run.run_id, tags.get("map_index", "-1")), set()).add(tags["job"])
     problems = [f"{key}: datagrams of jobs {sorted(j)}" for key, j in jobs.items() if len(j) != 1]
@@ -128,7 +129,7 @@ def metric_problems(lines: list[str], runs: list[Run]) -> list[str]:
 
 def checkpoint_problems(home: Path, runs: list[Run]) -> list[str]:
     """Every committed checkpoint of a train_llama job's directory is that job's; every member directory
-    of a sweep holds one job's checkpoints, a job no other directory holds."""
+    of a sweep holds one job's checkpoints (or none's), a named job no other directory holds."""
     problems, holders = [], {}
     for run in runs:
         root = Path(checkpoint_dir(home, run))
@@ -144,7 +145,8 @@ def checkpoint_problems(home: Path, runs: list[Run]) -> list[str]:
                 problems.append(f"{run.run_id}: {d} holds checkpoints of {sorted(found)}")
             for job in found:
                 holders.setdefault(job, set()).add(str(d))
-    problems += [f"job {job}: checkpoints in {sorted(d)}" for job, d in holders.items() if len(d) > 1]
+    # a job of "" (a sweep's member: no job of its own) is no one's: its directory is its identity
+    problems += [f"job {job}: checkpoints in {sorted(d)}" for job, d in holders.items() if job and len(d) > 1]
     return problems
 
 

@@ -44,7 +44,9 @@ def test_a_datagram_of_another_job_under_a_run_is_named():
     tags = "dag_id:train_llama,task_id:train_spot,map_index:-1"
     lines = [f"dtrain.train.loss:1.5|g|#{tags},run_id:{a.run_id},job:load-j0",
              f"dtrain.train.loss:1.4|g|#{tags},run_id:{b.run_id},job:load-j1"]  # fmt: skip
-    assert checks.metric_problems(lines, [a, b]) == []
+    # a sender that knows no job (a sweep's budget task) tags it "none": no job's, under any run
+    unknown = [f"dtrain.budget.decision:1|c|#{tags},run_id:{r.run_id},job:none" for r in (a, b)]
+    assert checks.metric_problems([*lines, *unknown], [a, b]) == []
     crossed = [*lines, f"dtrain.train.loss:1.3|g|#{tags},run_id:{b.run_id},job:load-j0"]
     problems = checks.metric_problems(crossed, [a, b])
     assert any("load-j0" in p and b.run_id in p for p in problems), problems
