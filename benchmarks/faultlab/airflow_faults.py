@@ -132,7 +132,7 @@ def _lost(summary: dict) -> int | None:
 def _restart_triggerer(cluster: Cluster, db: Database, run: Run) -> str:
     _until("the train task deferred", cluster, run, lambda: _train_state(cluster, run) == "deferred")
     cluster.restart("triggerer", down_s=5)
-    return "triggerer restarted while train_spot deferred"
+    return "triggerer restarted while the train task deferred"
 
 
 def _restart_scheduler(cluster: Cluster, db: Database, run: Run) -> str:
