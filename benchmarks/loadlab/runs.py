@@ -72,10 +72,6 @@ class Run:
     ended_at: float | None = None
     summaries: list[dict] = field(default_factory=list)
 
-    @property
-    def training_s(self) -> float:
-        return sum(float(s.get("wall_time_s") or 0.0) for s in self.summaries)
-
 
 def plan(train_runs: int, sweeps: int, steps: int) -> list[Run]:
     """``train_runs`` train_llama runs of jobs of their own, and ``sweeps`` sweep_llama runs."""
