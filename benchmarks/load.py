@@ -81,6 +81,7 @@ def table(runs: list[Run], peak: dict[str, int], billed: dict[str, tuple[float, 
         print(f"{r.run_id:28} {r.job:8} {r.state:8} {f(to_schedule):>10} {f(wall):>7} {training:7.1f} "
               f"{f(overhead):>10} {relaunches:8d} {dollars:9.2f}")  # fmt: skip
     med = lambda xs: f"{statistics.median(xs):.1f}" if xs else "-"  # noqa: E731
+    print("(a sweep's members train side by side: their billed seconds add up past its wall time)")
     print(f"\ntime to schedule: median {med(sched)} s, max {max(sched, default=0):.1f} s")
     print(f"overhead per run (wall - training): median {med(over)} s, max {max(over, default=0):.1f} s")
     print(
