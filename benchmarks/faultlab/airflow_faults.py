@@ -80,6 +80,15 @@ def _until(what: str, cluster: Cluster, run: Run, probe, timeout: float = 600) -
         time.sleep(1)
 
 
+def _wait_end(cluster: Cluster, run: Run, timeout: float = 900) -> None:
+    """Until the run ended (``observe`` then holds its state and summaries)."""
+    deadline = time.monotonic() + timeout
+    while not observe(cluster, run):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the run did not end in {timeout:.0f} s (state {run.state or 'none'})")
+        time.sleep(2)
+
+
 def _trial(rng, work, fault, name: str):
     """One run under ``fault(cluster, db, run)`` (called once the group trains at a random step): the
     faults table's row."""
@@ -104,7 +113,7 @@ def _trial(rng, work, fault, name: str):
         cluster.http.patch("/api/v2/dags/train_llama", json={"is_paused": False})
         _until(f"step {k}", cluster, run, lambda: _progress(cluster, run).get("step", 0) >= k)
         what = fault(cluster, db, run)
-        _until("the end of the run", cluster, run, lambda: observe(cluster, run), timeout=900)
+        _wait_end(cluster, run)
     except (RuntimeError, OSError) as err:
         return row(note=f"{name}: {err}"[:2000])
     finally:
