@@ -150,8 +150,15 @@ def _restart_scheduler(cluster: Cluster, db: Database, run: Run) -> str:
 
 
 def _database_down(cluster: Cluster, db: Database, run: Run) -> str:
+    """The database away for DB_DOWN_S. A component that exits meanwhile (the scheduler does, on its
+    first failed query) is started again once the database is back, as systemd or a Deployment would:
+    the note names it."""
     db.stop_for(DB_DOWN_S)
-    return f"metadata database unavailable {DB_DOWN_S:.0f} s"
+    time.sleep(15)  # the components notice the outage at their next query
+    died = [name for name, proc in list(cluster.procs.items()) if proc.poll() is not None]
+    for name in died:
+        cluster.restart(name)
+    return f"metadata database unavailable {DB_DOWN_S:.0f} s (exited, restarted: {died or 'none'})"
 
 
 def f_triggerer_restart(rng, ckpt, work):
