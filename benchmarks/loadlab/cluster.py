@@ -1,0 +1,217 @@
+"""A real Airflow started component by component (api-server, scheduler, dag-processor, triggerer), each a
+process group of its own in one throwaway Airflow home, so that one of them can be stopped and started
+again while the others (and the pod groups) run on: what ``airflow standalone`` cannot do.
+
+The environment is tests/airflow_server.py's (LocalExecutor, deferrable operators, the api-server on a free
+port with the workers' execution API there), plus the database of ``loadlab.database``, a statsd target and
+a DAGs folder of the load test's own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from .database import Database, free_port
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+def environment(home: Path, work: Path, db: Database, port: int, dags: Path, extra: dict) -> dict[str, str]:
+    """Every component's environment: nothing of the caller's own Airflow set-up leaks in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DTRAIN_"))}
+    repo = str(Path(__file__).resolve().parents[2])
+    url = f"http://127.0.0.1:{port}"
+    env.update(
+        {
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+            "PYTHONPATH": os.pathsep.join(p for p in (repo, *db.pythonpath, env.get("PYTHONPATH", "")) if p),
+            "PYTHONUNBUFFERED": "1",
+            "NO_COLOR": "1",
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db.url,
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__BASE_URL": url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "DTRAIN_LOCAL_STATE_DIR": str(work / "groups"),
+            "DTRAIN_DATA_DIR": str(work / "data"),
+            **extra,
+        }
+    )
+    return env
+
+
+class Cluster:
+    """Airflow's components in ``work/airflow``; ``procs`` holds the running ones by name."""
+
+    def __init__(self, work: Path, db: Database, dags: Path, extra_env: dict | None = None) -> None:
+        self.work, self.db = work, db
+        self.home = work / "airflow"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.env = environment(self.home, work, db, self.port, dags, extra_env or {})
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.restarts: dict[str, int] = {}
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def migrate(self) -> None:
+        """``airflow db migrate``: the components do not create their database themselves."""
+        self.cli("db", "migrate", timeout=600)
+
+    def start(self, *names: str) -> None:
+        for name in names or COMPONENTS:
+            log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", name], cwd=self.work, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            log.close()
+
+    def stop_component(self, name: str, grace_s: float = 60) -> int | None:
+        """SIGTERM to the component (as systemd or a pod's stop would: it shuts its executor down, letting
+        running tasks end), SIGKILL to its process group after ``grace_s``; its exit status."""
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return None
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+            try:
+                os.kill(proc.pid, sig) if sig == signal.SIGTERM else os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # what it started in its group (a LocalExecutor worker) goes with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.poll()
+
+    def restart(self, name: str, down_s: float = 0.0) -> int | None:
+        """Stop ``name``, wait ``down_s``, start it again: its exit status."""
+        rc = self.stop_component(name)
+        time.sleep(down_s)
+        self.start(name)
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        return rc
+
+    def stop(self) -> None:
+        self.http.close()
+        for name in list(self.procs):
+            self.stop_component(name, grace_s=15)
+        for _ in range(3):  # the groups' supervisors, agents and ranks, LocalExecutor workers
+            leftovers = self.processes()
+            if not leftovers:
+                break
+            for proc in leftovers:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(leftovers, timeout=10)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this Airflow home: components, workers and the pod groups they started
+        (by ``AIRFLOW_HOME`` in their environment, and the components' trees: the api-server's process
+        title overwrites what /proc shows of its environment)."""
+        found, me = {}, os.getpid()
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.pid != me and proc.environ().get("AIRFLOW_HOME") == str(self.home):
+                    found[proc.pid] = proc
+            except (psutil.Error, OSError):
+                continue
+        for popen in self.procs.values():
+            try:
+                root = psutil.Process(popen.pid)
+                found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+            except psutil.Error:
+                continue
+        return list(found.values())
+
+    # -- talking to it --------------------------------------------------------------------------
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [sys.executable, "-m", "airflow", *args], cwd=self.work, env=self.env,
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"`airflow {' '.join(args)}` exited {result.returncode}: {result.stderr[-2000:]}"
+            )
+        return result
+
+    def get(self, path: str, **params: Any) -> dict | None:
+        """The JSON of a 200 answer, else None (the api-server restarting, a run not there yet)."""
+        try:
+            response = self.http.get(path, params=params or None)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def post(self, path: str, body: dict) -> dict:
+        response = self.http.post(path, json=body)
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:2000]}")
+        return response.json()
+
+    def wait_for(self, what: str, timeout: float, probe, interval: float = 2.0) -> Any:
+        """``probe()`` until truthy; after ``timeout``, RuntimeError naming ``what`` with the logs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if result := probe():
+                return result
+            time.sleep(interval)
+        raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.diagnostics()}")
+
+    def wait_healthy(self, timeout: float = 300) -> None:
+        parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+
+        def healthy() -> bool:
+            health = self.get("/api/v2/monitor/health") or {}
+            return all((health.get(c) or {}).get("status") == "healthy" for c in parts)
+
+        self.wait_for("every component healthy", timeout, healthy)
+
+    def wait_parsed(self, *dag_ids: str, timeout: float = 300) -> dict[str, dict]:
+        """Each DAG as the api-server knows it, once the dag-processor has parsed it."""
+        return {
+            d: self.wait_for(f"{d} parsed", timeout, lambda d=d: self.get(f"/api/v2/dags/{d}"))
+            for d in dag_ids
+        }
+
+    def diagnostics(self, lines: int = 40) -> str:
+        out = []
+        for name in COMPONENTS:
+            path = self.work / f"{name}.log"
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out += [f"--- {path} ---", *tail]
+        return "\n".join(out)
