@@ -125,8 +125,10 @@ def _trial(rng, work, fault, name: str):
     finished = run.state == "success" and summary.get("final_step") == STEPS
     groups = summary.get("relaunches"), summary.get("preemptions")
     shutil.rmtree(home, ignore_errors=True)
+    held = finished and groups == (0, 0) and writers == 1
     return row(
-        finished=finished and groups == (0, 0) and writers == 1,
+        finished=held,
+        held=held,
         steps_lost=_lost(summary),
         writers=writers,
         note=f"{what} at step >= {k} ({db.kind}): run {run.state}, final step {summary.get('final_step')}, "

@@ -3,6 +3,7 @@ per fault, then whether each property held."""
 
 from __future__ import annotations
 
+from .airflow_faults import f_database_down, f_scheduler_restart, f_triggerer_restart
 from .corruption import f_flip_byte, f_nan_manifest, f_truncate_manifest
 from .process_faults import f_kill_agent, f_kill_rank, f_sigterm, f_sigusr1, f_supervisor
 from .resource_faults import f_budget, f_full_disk, f_second_writer
@@ -35,6 +36,10 @@ NEW_FAULTS = [  # issue #41's storage and time faults: their "outcome held" is c
         False,
         "the trainer's clock +-5 min: stops at the cap, spend <= cap",
     ),
+    # a real Airflow (scheduler, triggerer; Postgres, else sqlite) around train_llama
+    ("triggerer-restart-deferred", f_triggerer_restart, 1, False, "run succeeds, 1 group, 0 steps lost"),
+    ("scheduler-restart", f_scheduler_restart, 1, False, "run succeeds, 1 group, 0 steps lost"),
+    ("metadata-db-down-30s", f_database_down, 1, False, "run succeeds, 1 group, no second writer"),
 ]
 
 QUICK = ("sigterm-agent", "flipped-byte-shard")  # --quick: a signal-based fault and a corruption
