@@ -55,12 +55,12 @@ from typing import Any, NamedTuple
 try:
     from trainer.contract_files import (  # noqa: F401 - re-exported
         LEASE_FILE, LEASES, SPEND, Fenced, files_of, local_path, newer_lease, progress_state, read_json,
-        record_spend, sha256, take_lease, write_json,
+        record_spend, sha256, storage_now, take_lease, write_json,
     )  # fmt: skip
 except ImportError:  # copied next to your program: contract.py and contract_files.py side by side
     from contract_files import (  # noqa: F401 - re-exported
         LEASE_FILE, LEASES, SPEND, Fenced, files_of, local_path, newer_lease, progress_state, read_json,
-        record_spend, sha256, take_lease, write_json,
+        record_spend, sha256, storage_now, take_lease, write_json,
     )  # fmt: skip
 
 __all__ = [
@@ -387,7 +387,7 @@ def progress(
     root = os.path.abspath(local_path(env.checkpoint_uri))
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, PROGRESS)
-    now = time.time()
+    now = storage_now(root)  # the operator's clock, which its spend file is on, whatever this node's says
     state, changed = progress_state(
         read_json(path), env, step, status, now, loss=loss, tokens_seen=tokens_seen,
         latest_checkpoint=latest_checkpoint, history_points=_HISTORY_POINTS,

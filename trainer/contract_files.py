@@ -196,6 +196,29 @@ def _node_hours(entry: dict[str, Any], now: float) -> float:
     return total / 3600
 
 
+_SKEW: dict[str, float] = {}  # root -> this node's clock minus its filesystem's
+
+
+def storage_now(root: str) -> float:
+    """Now on the clock of the filesystem holding ``root`` (its files' modification times), which the
+    operator's spend files share: this node's clock less its difference from the filesystem's, where that
+    is more than 2 s, measured once per root with a probe file (``trainer.money.clock``'s rule: a node
+    whose clock is minutes off must not bill minutes that never ran)."""
+    if root not in _SKEW:
+        probe = os.path.join(root, SPEND, f".clock-{socket.gethostname()}-{os.getpid()}")
+        try:
+            os.makedirs(os.path.dirname(probe), exist_ok=True)
+            before = time.time()
+            with open(probe, "w"):
+                pass
+            skew = (before + time.time()) / 2 - os.stat(probe).st_mtime
+            os.remove(probe)
+        except OSError:
+            skew = 0.0
+        _SKEW[root] = skew if abs(skew) > 2.0 else 0.0
+    return time.time() - _SKEW[root]
+
+
 def record_spend(root: str, attempt: str, now: float, *, force: bool, step_time_s: float | None) -> None:
     """Bill this attempt's spend file up to ``now`` (as the operator does when the group ends): only a file
     the operator opened, never one it closed; never less than it already says."""

@@ -13,12 +13,13 @@ from trainer import hf
 from trainer.auto_batch import fit_micro_batch_size
 from trainer.budget import BudgetGuard, attempt_name
 from trainer.checkpoint import Checkpointer
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint_dir import SPEND, CheckpointDir
 from trainer.config import ConfigError, TrainConfig
 from trainer.cost import CostLedger, nodes_in_group
 from trainer.data import TrainBatches, default_data_dir, resolve_dataset
 from trainer.distributed import Dist, log
 from trainer.metrics import Metrics, flops_per_token
+from trainer.money import clock
 from trainer.model import Llama
 from trainer.train_step import build_model
 
@@ -124,6 +125,7 @@ def cost(cfg: TrainConfig, d: Dist) -> tuple[CostLedger, BudgetGuard | None]:
         gpus_per_node=cfg.cost.gpus_per_node,
         nodes=nodes_in_group(d.world_size),
         since=opened.get("launched_at"),
+        clock=clock.measured(spend_dir.storage, spend_dir.path(SPEND)) if spend_dir else clock.Clock(),
     )
     guard = None
     if d.rank == 0:

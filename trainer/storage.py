@@ -133,6 +133,14 @@ class Storage:
         except FileNotFoundError:
             return None
 
+    def modified_at(self, path: str) -> float:
+        """Unix time of a file's last change on the storage's own clock (a local file's mtime, an S3
+        object's LastModified): the clock every writer of the job shares (``trainer.money.clock``)."""
+        if not self.remote:
+            return os.stat(path).st_mtime
+        modified = self.fs.info(path)["LastModified"]
+        return modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
+
     def open(self, path: str, mode: str = "rb"):
         return self.fs.open(path, mode) if self.remote else open(path, mode)
 

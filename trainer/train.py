@@ -180,7 +180,7 @@ class Job(CheckpointReports):
             if (
                 not self.budget.recent
             ):  # the first step of this attempt: what a relaunch costs before training
-                self.budget.startup_s = time.time() - self.cost.launched_at
+                self.budget.startup_s = self.cost.clock() - self.cost.launched_at
             self.budget.observe_step(now - self._last_step_end)
             self.budget.record(step=step)
             self.stops.budget = self.stops.budget or self._over_budget(step) is not None

@@ -86,7 +86,7 @@ class BudgetGuard:
             self._others_at = now
             self._read_node_changes(spend.attempts.get(self.attempt) or {})
             self._read_prices()
-        wall = time.time()
+        wall = self.cost.clock()
         total = 0.0
         for e in self._others_entries:
             total += float(e.get("dollars", 0.0))

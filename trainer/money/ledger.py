@@ -12,6 +12,7 @@ Standard library only.
 
 import os
 import time
+from collections.abc import Callable
 
 from trainer.capacity import CAPACITIES, Capacity
 from trainer.money.bill import billed, dollars_at, dollars_at_prices, node_hours
@@ -56,8 +57,11 @@ class CostLedger:
         gpus_per_node: int,
         nodes: int,
         since: float | None = None,
+        clock: Callable[[], float] = time.time,
     ):
-        """since: when billing started (the launch the provider recorded in this attempt's spend file)."""
+        """since: when billing started (the launch the provider recorded in this attempt's spend file);
+        clock: the time billing runs on (``trainer.money.clock``: the storage's, where this node's is off)."""
+        self.clock = clock
         self.price, self.capacity, self.gpus_per_node, self.nodes = (
             price_per_node_hour,
             capacity_type,
@@ -66,7 +70,7 @@ class CostLedger:
         )
         # The provider's record of the launch, on the provider's clock: this node's clock may be off (a spot
         # node's clock minutes behind would otherwise move the launch earlier in the spend file it writes).
-        self.launched_at = launched_at() if since is None else min(since, launched_at(now=since))
+        self.launched_at = launched_at(now=clock()) if since is None else min(since, launched_at(now=since))
         self.prior = empty_cost()
         self.prices_in_effect: list[tuple[float, float]] = []
         """``[(since, usd_per_node_hour), ...]``: the spot prices in effect since the launch, as the provider
@@ -107,7 +111,7 @@ class CostLedger:
 
     def snapshot(self) -> dict:
         """The cumulative ledger as of now, in the manifest's shape."""
-        now = time.time()
+        now = self.clock()
         hours = node_hours(self.launched_at, now, self.nodes, self.node_changes)
         out = {c: dict(v) for c, v in self.prior.items() if c in CAPACITY_TYPES}
         mine = out[Capacity(self.capacity).value]
@@ -123,7 +127,7 @@ class CostLedger:
     def attempt_entry(self, **extra) -> dict:
         """This attempt's spend file as of now (``trainer.checkpoint_dir.SPEND``): at the launch price, or at
         the prices in effect where that is more."""
-        now = time.time()
+        now = self.clock()
         entry = {
             "capacity": Capacity(self.capacity).value,
             "nodes": self.nodes,
