@@ -26,7 +26,19 @@ TRIGGER_KEYS = ("image", "namespace")
 _K8S_NAME = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
 """A Kubernetes object name (DNS subdomain: at most 253 characters)."""
 _NAME_RULE = "not a Kubernetes object name (lowercase letters, digits, '-', '.')"
-_IMAGE = r"\S+"
+_DOMAIN = (
+    r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+)
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = rf"(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*"
+_IMAGE = (
+    rf"{_REPOSITORY}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+"""An image reference as registries parse it (the distribution/reference grammar): [registry[:port]/]path
+[:tag][@digest]; nothing a shell or a template would read."""
+_IMAGE_OR_PREFIX = rf"{_IMAGE}|(?:{_DOMAIN}/)(?:{_PATH}/)*|{_REPOSITORY}[:@]"
+"""An image, or a prefix of allowed images: a registry or repository ending in '/', ':' or '@'."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Plain env values are visible to anyone who can read the Job: these names belong in secret_env.
 _SECRET_LOOKING = re.compile(r"SECRET|PASSWORD|TOKEN|PRIVATE_KEY|ACCESS_KEY|API_KEY|CREDENTIAL", re.I)
@@ -37,7 +49,7 @@ def image_allowed(image: str, patterns: tuple[str, ...] | list[str]) -> bool:
     or repository prefix: ``"ghcr.io/acme/"``, ``"ghcr.io/acme/dtrain:"``, ``"ghcr.io/acme/dtrain@"``).
     A prefix without that separator matches exactly only, so ``ghcr.io/acme`` never admits
     ``ghcr.io/acme-evil/x``."""
-    if not image or any(c.isspace() for c in image) or ".." in image:
+    if not image or not re.fullmatch(_IMAGE, image):
         return False
     return any(
         image == p or (p.endswith(("/", ":", "@")) and image.startswith(p) and len(image) > len(p))
@@ -59,7 +71,7 @@ class KubernetesSpec:
 
     image: str | None = setting(
         None, help="Trainer image (docker/Dockerfile); required for the kubernetes backend.",
-        pattern=_IMAGE, rule="not an image reference",
+        pattern=_IMAGE, rule="not an image reference ([registry[:port]/]path[:tag][@digest], path lowercase)",
     )  # fmt: skip
     image_pull_policy: str = setting(
         "IfNotPresent", help="Always, IfNotPresent or Never.",
@@ -133,7 +145,7 @@ class KubernetesSpec:
         "up to about a minute) or exec (SIGUSR1 through pods/exec at once; the Role needs pods/exec).",
     )  # fmt: skip
     allowed_images: tuple[str, ...] = setting(
-        (), pattern=_IMAGE, rule="not an image reference or prefix",
+        (), pattern=_IMAGE_OR_PREFIX, rule="not an image reference or prefix",
         help="Images a run may choose instead of image (TRIGGER_KEYS): exact references, or prefixes ending "
         'in /, : or @ ("ghcr.io/acme/dtrain:": any tag of that repository).',
     )  # fmt: skip

@@ -44,9 +44,11 @@ purpose."""
 VARIANTS = ("$(HF_TOKEN)", "a$(HF_TOKEN)b", "$$(HF_TOKEN)", "$$$(HF_TOKEN)", "$(HF_TOKEN")
 ALL_VARIANTS = "_".join(VARIANTS)  # the unclosed one last: a later ")" would close it
 WRITES = ("POST", "PUT", "PATCH")
-REACHING_THE_PODS = {"checkpoint_uri", "registry_uri", "init_from", "dataset", "kubernetes.image"}
-"""Fields that reach the pods (args, env, image, ConfigMap) with a value the form accepts: the test launches
-them."""
+REACHING_THE_PODS = {"checkpoint_uri", "registry_uri", "init_from", "dataset"}
+"""Fields that reach the pods (args, env, ConfigMap) with a value the form accepts: the test launches them."""
+REFUSED_WHOLE = {"kubernetes.image"}
+"""Fields that reach the pods but whose grammar has no '$' (an image reference): every variant is refused,
+naming the field, before anything is written."""
 
 
 # -- the kubelet's expansion ---------------------------------------------------------------------------------
@@ -268,7 +270,7 @@ def test_no_trigger_string_is_expanded_by_the_kubelet(deployed, fake, tmp_path, 
 
     monkeypatch.setattr(fake, "handle", recording)
     fields = _string_fields(deployed)
-    assert REACHING_THE_PODS <= set(fields), fields
+    assert REACHING_THE_PODS | REFUSED_WHOLE <= set(fields), fields
     base = {**deployed.params.dump(), "backend": "kubernetes", "checkpoint_uri": str(tmp_path / "ckpt"),
             "registry_uri": str(tmp_path / "registry")}  # fmt: skip
     problems, launched, refused = [], [], []
@@ -296,6 +298,8 @@ def test_no_trigger_string_is_expanded_by_the_kubelet(deployed, fake, tmp_path, 
             problems += [f"{field}: {p}" for p in found]
     assert problems == [], "\n".join(problems)
     assert REACHING_THE_PODS <= set(launched), f"launched only {launched}; refused {refused}"
+    assert not REFUSED_WHOLE & set(launched), f"launched {launched}"
+    assert REFUSED_WHOLE <= {r.split("=", 1)[0] for r in refused}, refused
 
 
 # -- what the provider and the DAG's author may still expand -------------------------------------------------
