@@ -23,7 +23,7 @@ from trainer.capacity import Capacity
 from trainer.config import BUDGET_AND_SPOT, ConfigError, TrainConfig  # noqa: F401  (re-exported)
 from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
 
-from airflow_dtrain.spec_checks import check_elastic, check_kubernetes
+from airflow_dtrain.spec_checks import check_elastic, check_kubernetes, uneven_batch
 from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
 from airflow_dtrain.errors import SpecError, checked
 from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity, kubernetes_for_run
@@ -208,6 +208,8 @@ class JobSpec:
                 f"procs_per_node: {self.procs_per_node} processes per node, but "
                 f"resources.gpus_per_node is {self.resources.gpus_per_node}: run one process per GPU"
             )
+        if self.elastic and not self.own_program:  # every size it may train at splits the batch, unevenly
+            object.__setattr__(self, "train", uneven_batch(self.train))
         try:
             if not self.own_program:  # a program of your own owns its config (and its batch arithmetic)
                 self.train.validate_world_size(self.world_size)

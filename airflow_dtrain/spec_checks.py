@@ -4,6 +4,7 @@ Stdlib only."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from trainer.config import ConfigError
@@ -16,9 +17,17 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The well-known node label of a node's instance type (``JobSpec.instance_type``)."""
 
 
+def uneven_batch(train: Any) -> Any:
+    """``train`` (a ``TrainConfig``) with ``parallel.uneven_batch`` on: an elastic group's sizes need not
+    divide the global batch (its shares differ by at most one sequence; the gradient is the same mean)."""
+    if train.parallel.uneven_batch:
+        return train
+    return dataclasses.replace(train, parallel=dataclasses.replace(train.parallel, uneven_batch=True))
+
+
 def check_elastic(spec: Any) -> None:
-    """``min_nodes`` is at most ``num_nodes``, and the global batch splits evenly at every size the group may
-    train at (it stays the same across a resize: gradient accumulation absorbs the change)."""
+    """``min_nodes`` is at most ``num_nodes``, and the group can train at every size from it (the global batch
+    stays the same across a resize, split unevenly where the size does not divide it: ``uneven_batch``)."""
     if spec.min_nodes is None:
         return
     if spec.min_nodes > spec.num_nodes:
@@ -31,8 +40,8 @@ def check_elastic(spec: Any) -> None:
         except ConfigError as err:
             raise SpecError(
                 f"min_nodes: {spec.min_nodes} lets the group train on {nodes} node(s) × procs_per_node "
-                f"{spec.procs_per_node}, and there {err}: choose a min_nodes from which every size up to "
-                "num_nodes divides the global batch"
+                f"{spec.procs_per_node}, and there {err}: choose a min_nodes at which every size up to "
+                "num_nodes can train"
             ) from None
 
 

@@ -175,10 +175,17 @@ class TrainConfig:
     # ------------------------------------------------------------------ world size
 
     def validate_world_size(self, world_size: int) -> None:
-        """Raise ConfigError unless the global batch splits evenly into micro-batches on every rank."""
+        """Raise ConfigError unless the global batch splits evenly into micro-batches on every rank (with
+        ``parallel.uneven_batch``: unless some rank would have no sequence)."""
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ConfigError(f"world_size: must be a positive integer, got {world_size!r}")
-        if self.global_batch_size % (world_size * self.micro_batch_size):
+        if self.parallel.uneven_batch:
+            if world_size > self.global_batch_size:
+                raise ConfigError(
+                    f"global_batch_size {self.global_batch_size} is less than world size {world_size}: "
+                    "parallel.uneven_batch still needs one sequence per rank"
+                )
+        elif self.global_batch_size % (world_size * self.micro_batch_size):
             raise ConfigError(
                 f"global_batch_size {self.global_batch_size} is not divisible by "
                 f"world size {world_size} × micro_batch_size {self.micro_batch_size}"
@@ -190,9 +197,10 @@ class TrainConfig:
             )
 
     def grad_accum_steps(self, world_size: int) -> int:
-        """Micro-steps per optimizer step on each rank."""
+        """Micro-steps per optimizer step on each rank (uneven shares: the largest share's)."""
         self.validate_world_size(world_size)
-        return self.global_batch_size // (world_size * self.micro_batch_size)
+        largest_share = -(-self.global_batch_size // world_size)  # ceil: the even case's share exactly
+        return -(-largest_share // self.micro_batch_size)
 
     # ------------------------------------------------------------------ (de)serialisation
 

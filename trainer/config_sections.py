@@ -344,6 +344,12 @@ class ParallelConfig:
         help="Before training, find the largest micro_batch_size that fits in GPU memory (a divisor of "
         "global_batch_size / world size) and use it; gradient accumulation absorbs the rest. Skipped on CPU.",
     )  # fmt: skip
+    uneven_batch: bool = setting(
+        False,
+        help="Let the global batch split unevenly over the ranks (an elastic group at a size that does not "
+        "divide it): shares differ by at most one sequence, a short rank adds zero-weight micro-steps, and "
+        "the gradient is still the global batch's mean. The provider sets it for elastic groups.",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check(self, self._section)

@@ -145,12 +145,22 @@ def _affine_permutation(n: int, seed: int, epoch: int) -> tuple[int, int]:
             return a, rng.randrange(n)
 
 
+class MicroBatches(list):
+    """One optimizer step's micro-batches of a rank, ``[(inputs, targets)]``. ``weights`` is None when every
+    rank's share splits into equal micro-batches (each micro-batch's mean loss is divided by their count);
+    else each micro-batch's factor, its rows x world size / global batch, so that the ranks' mean gradient is
+    still the global batch's mean, and 0 for the repeated micro-batches that keep a short rank in step with
+    the others' collectives (parallel.uneven_batch)."""
+
+    weights: list[float] | None = None
+
+
 class TrainBatches:
     """This rank's micro-batches of the training split.
 
     Global sample g of the run (g = step * global_batch_size + j) is the sequence
     starting at token seq_len * perm(g mod n_seq). In each global batch, rank r takes
-    the contiguous block j in [r * B/W, (r+1) * B/W) and cuts it into micro-batches, so
+    the contiguous block j in [floor(r B/W), floor((r+1) B/W)) and cuts it into micro-batches, so
     ranks read disjoint slices and the union over ranks does not depend on the world size.
     """
 
@@ -168,8 +178,11 @@ class TrainBatches:
         self.tokens, self.meta = open_split(directory, "train")  # a TokenStream over the shards
         self.seq_len, self.seed, self.device = seq_len, seed, device
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
-        self.per_rank = global_batch_size // world_size
-        self.rank = rank
+        self.rank, self.world_size = rank, world_size
+        # this rank's block of every global batch: the even split's when the world divides the batch, else
+        # shares that differ by at most one sequence (parallel.uneven_batch)
+        self.start = rank * global_batch_size // world_size
+        self.share = (rank + 1) * global_batch_size // world_size - self.start
         # Each sequence needs seq_len + 1 tokens (inputs and next-token targets).
         self.n_seq = (len(self.tokens) - 1) // seq_len
         # The held-out split too: checked at start, not by the first evaluation (step 0, or after the spend).
@@ -204,28 +217,36 @@ class TrainBatches:
         start = ((a * i + b) % self.n_seq) * self.seq_len
         return self.tokens[start : start + self.seq_len + 1]
 
-    def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def next_batch(self) -> MicroBatches:
         """One optimizer step's micro-batches for this rank: [(inputs, targets)], each (micro_batch, seq_len)
-        int64."""
-        first = self.samples_seen + self.rank * self.per_rank
-        rows = np.stack([self._sequence(first + j) for j in range(self.per_rank)]).astype(np.int64)
+        int64; where the global batch does not split evenly into micro-batches on every rank, with their
+        ``weights`` and as many as the largest share's (``MicroBatches``)."""
+        first = self.samples_seen + self.start
+        rows = np.stack([self._sequence(first + j) for j in range(self.share)]).astype(np.int64)
         if self.trace:
             self._trace(first)
         self.samples_seen += self.global_batch_size
-        rows = torch.from_numpy(rows).to(self.device)  # (per_rank, seq_len + 1)
-        return [(mb[:, :-1], mb[:, 1:]) for mb in rows.split(self.micro_batch_size)]
+        rows = torch.from_numpy(rows).to(self.device)  # (share, seq_len + 1)
+        out = MicroBatches((mb[:, :-1], mb[:, 1:]) for mb in rows.split(self.micro_batch_size))
+        if self.global_batch_size % (self.world_size * self.micro_batch_size):
+            largest_share = -(-self.global_batch_size // self.world_size)
+            steps = -(-largest_share // self.micro_batch_size)  # every rank's count of micro-steps
+            scale = self.world_size / self.global_batch_size
+            out.weights = [len(x) * scale for x, _ in out] + [0.0] * (steps - len(out))
+            out.extend([out[0]] * (steps - len(out)))
+        return out
 
     def _trace(self, first: int) -> None:
         """A "samples" event of this rank (its own events file): the step, the world size, and the sequences
         it consumes for it, as their places in the training split (the shuffle applied), so that a test can
         check a resumed or resized run's data order against an uninterrupted one's."""
         places = []
-        for g in range(first, first + self.per_rank):
+        for g in range(first, first + self.share):
             epoch, i = divmod(g, self.n_seq)
             a, b = _affine_permutation(self.n_seq, self.seed, epoch)
             places.append((a * i + b) % self.n_seq)
         step = self.samples_seen // self.global_batch_size + 1
-        emit("samples", step=step, rank=self.rank, world_size=self.global_batch_size // self.per_rank,
+        emit("samples", step=step, rank=self.rank, world_size=self.world_size,
              samples=places)  # fmt: skip
 
     def state_dict(self) -> dict:

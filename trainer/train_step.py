@@ -43,19 +43,28 @@ def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, bef
     before_optimizer_step: called right before the parameters and the optimizer state change
     (an async checkpoint's copy of them, which overlapped forward/backward, is joined there).
     """
+    weights = getattr(micro_batches, "weights", None)  # uneven shares (trainer.data.MicroBatches)
     loss_sum = torch.zeros((), device=micro_batches[0][0].device)
     for i, (inputs, targets) in enumerate(micro_batches):  # each (micro_batch, seq_len)
         if len(micro_batches) > 1:  # (sync is on after every step: the last micro-step turns it on)
             set_grad_sync(model, i == len(micro_batches) - 1)
         # the mean loss over (micro_batch, seq_len) tokens; the logits are never whole (trainer/loss.py)
         loss = model(inputs, targets, loss_chunk_tokens=cfg.parallel.loss_chunk_tokens)
-        # Every micro-batch holds the same number of tokens, so dividing by the count here
-        # and FSDP's mean over ranks give the gradient of the global mean loss.
-        (loss / len(micro_batches)).backward()
-        loss_sum += loss.detach()
+        if weights is None:
+            # Every micro-batch holds the same number of tokens, so dividing by the count here
+            # and FSDP's mean over ranks give the gradient of the global mean loss.
+            (loss / len(micro_batches)).backward()
+            loss_sum += loss.detach()
+        else:  # its rows x world size / global batch: FSDP's mean over ranks makes it the global mean's
+            (loss * weights[i]).backward()
+            loss_sum += loss.detach() * weights[i]
     grad_norm = clip_grads(model, cfg.optim.grad_clip)
-    loss = loss_sum / len(micro_batches)
-    dist.all_reduce(loss, op=dist.ReduceOp.AVG)  # the logged loss is the global batch's
+    if weights is None:
+        loss = loss_sum / len(micro_batches)
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)  # the logged loss is the global batch's
+    else:
+        loss = loss_sum  # each rank's rows x world size / global batch: their mean is the global batch's
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
     if before_optimizer_step is not None:
         before_optimizer_step()
     optimizer.step()

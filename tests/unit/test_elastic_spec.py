@@ -26,15 +26,28 @@ def test_an_elastic_group_trains_at_every_size_from_min_nodes_with_the_same_glob
     ("arguments", "refusal"),
     [
         ({"num_nodes": 2, "min_nodes": 3}, r"^min_nodes: 3 is more than num_nodes 2$"),
-        ({"num_nodes": 4, "min_nodes": 2, "global_batch_size": 8, "micro_batch_size": 1},
+        ({"num_nodes": 4, "min_nodes": 2, "global_batch_size": 4, "micro_batch_size": 1,
+          "config": {"parallel": {"replicate_degree": 2}}},
          r"^min_nodes: 2 lets the group train on 3 node\(s\) × procs_per_node 1, and there "
-         r"global_batch_size 8 is not divisible by world size 3 × micro_batch_size 1"),
+         r"parallel.replicate_degree: 2 replica groups do not divide world size 3"),
         ({"num_nodes": 2, "min_nodes": 0}, r"min_nodes"),
     ],
 )  # fmt: skip
 def test_a_min_nodes_the_group_could_not_train_at_is_refused_before_anything_runs(arguments, refusal):
     with pytest.raises(SpecError, match=refusal):
         JobSpec.from_arguments(**arguments)
+
+
+def test_an_elastic_group_trains_at_sizes_that_do_not_divide_its_global_batch():
+    """16 nodes down to 8 would need a global batch divisible by lcm(8..16) = 720,720 sequences per process:
+    instead the shares are uneven (``parallel.uneven_batch``), a fixed group's stay refused."""
+    spec = JobSpec.from_arguments(num_nodes=16, min_nodes=8, procs_per_node=8, global_batch_size=1024,
+                                  micro_batch_size=2)  # fmt: skip
+    assert spec.train.parallel.uneven_batch
+    assert [spec.train.grad_accum_steps(n * 8) for n in (8, 9, 15, 16)] == [8, 8, 5, 4]
+    assert not JobSpec.from_arguments(num_nodes=2, global_batch_size=8).train.parallel.uneven_batch
+    with pytest.raises(SpecError, match=r"global_batch_size 1024 is not divisible by world size 72"):
+        JobSpec.from_arguments(num_nodes=9, procs_per_node=8, global_batch_size=1024, micro_batch_size=2)
 
 
 def test_min_nodes_equal_to_num_nodes_is_all_or_nothing():
