@@ -11,7 +11,7 @@ import uuid
 from trainer.testing.faults import activate
 
 from .checkpoints import bitwise_equal, lease_of, manifests, progress, row
-from .runs import EVERY, NPROC, PRICE, STEPS, Run, train_event
+from .runs import EVERY, NPROC, PRICE, STEPS, Run, open_spend, train_event
 
 
 def f_full_disk(rng, ckpt, work):
@@ -61,26 +61,11 @@ def budget_trial(rng, ckpt, work, env: dict | None = None, label: str = ""):
         rng.uniform(14.0, 20.0), 2
     )  # the job needs ~30 s = $30 here: admitted on a 100x too small estimate
     attempt = f"budget-{uuid.uuid4().hex[:6]}"
-    launched = time.time()  # this process's clock: what the run really cost is (its exit - this) x price
     root = CheckpointDir(str(ckpt))
     root.storage.makedirs()
     # Opened at the launch, as GroupSession does: the bill runs from the start of the process, not of
-    # training.
-    root.record_spend(
-        attempt,
-        {
-            "capacity": "any",
-            "nodes": 1,
-            "price_per_node_hour": PRICE,
-            "gpus_per_node": 0,
-            "launched_at": launched,
-            "billed_s": 0.0,
-            "node_hours": 0.0,
-            "gpu_hours": 0.0,
-            "dollars": 0.0,
-            "budget_usd": cap,
-        },
-    )
+    # training. This process's clock: what the run really cost is (its exit - the launch) x price.
+    launched = open_spend(root, attempt, cap)
     run = Run(
         ckpt,
         work,

@@ -154,3 +154,15 @@ def kill_leftovers() -> None:
                 leftover.kill()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
+
+
+def open_spend(root, attempt: str, cap: float) -> float:
+    """The attempt's spend file, opened at the launch as the operator does (``opening_entry``: billing runs
+    from now, at ``PRICE`` under the cap ``cap``); returns the launch time."""
+    from trainer.config_sections import CostConfig
+    from trainer.money.ledger import opening_entry
+
+    launched = time.time()
+    cost = CostConfig(capacity_type="any", price_per_node_hour=PRICE, gpus_per_node=0, budget_usd=cap)
+    root.record_spend(attempt, opening_entry(cost, nodes=1, at=launched))
+    return launched

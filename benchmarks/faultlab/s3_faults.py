@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from trainer.checkpoint_dir import CheckpointDir
 
 from . import runs
 from .checkpoints import load_tensors, row
-from .runs import EVERY, PRICE, STEPS, Run, train_event
+from .runs import EVERY, PRICE, STEPS, Run, open_spend, train_event
 from .s3_server import BUCKET, FaultyS3
 
 CHECKPOINT_KEYS, SPEND_KEYS, LEASE_KEYS = r"/step-\d+/", r"/spend/", r"/lease/"
@@ -87,25 +86,6 @@ def f_s3_checkpoint(rng, ckpt, work):
         held=rc == 0 and hit == count,
         note=f"{count} x {status} on checkpoint writes after step {k}: injected "
         f"{injected_since(s3, before)}; exit {rc}",
-    )
-
-
-def open_spend(root: CheckpointDir, attempt: str, cap: float) -> None:
-    """The attempt's spend file, opened at the launch as the operator does (billing runs from now)."""
-    root.record_spend(
-        attempt,
-        {
-            "capacity": "any",
-            "nodes": 1,
-            "price_per_node_hour": PRICE,
-            "gpus_per_node": 0,
-            "launched_at": time.time(),
-            "billed_s": 0.0,
-            "node_hours": 0.0,
-            "gpu_hours": 0.0,
-            "dollars": 0.0,
-            "budget_usd": cap,
-        },
     )
 
 
