@@ -119,13 +119,15 @@ def cost(cfg: TrainConfig, d: Dist) -> tuple[CostLedger, BudgetGuard | None]:
     ledger_uri = cfg.cost.ledger_uri or cfg.checkpoint.uri
     spend_dir = CheckpointDir(ledger_uri) if ledger_uri else None
     opened = (spend_dir.spend_entry(attempt_name()) or {}) if spend_dir is not None else {}
+    # rank 0 alone writes the spend file and the manifests' ledger: it alone probes the storage's clock
+    probe = spend_dir is not None and d.rank == 0
     ledger = CostLedger(
         price_per_node_hour=cfg.cost.price_per_node_hour,
         capacity_type=cfg.cost.capacity_type,
         gpus_per_node=cfg.cost.gpus_per_node,
         nodes=nodes_in_group(d.world_size),
         since=opened.get("launched_at"),
-        clock=clock.measured(spend_dir.storage, spend_dir.path(SPEND)) if spend_dir else clock.Clock(),
+        clock=clock.measured(spend_dir.storage, spend_dir.path(SPEND)) if probe else clock.Clock(),
     )
     guard = None
     if d.rank == 0:
