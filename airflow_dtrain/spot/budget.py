@@ -26,6 +26,13 @@ the work's node-hours (the same at any size: the global batch is fixed) and ever
 ``num_nodes``, the most any size it may change to can bill, so the cap holds at every size. The decision
 records the node count it trains on (``Decision.nodes``).
 
+Topped up (``top_up_on_demand``): where rule 4 or 7 would take on-demand on all the nodes (or 7 could not,
+that being beyond the budget), an elastic group offered k spot nodes (1 <= k < ``num_nodes``) trains on those
+k and ``num_nodes`` - k on-demand ones instead, at full speed, when that is in time within budget and cheaper:
+hours with the interruption overhead of the k (a lost one costs a resize) plus a start-up (a resize when the
+group runs already, the joining nodes' boot billed at their price), cost at k × spot + (``num_nodes`` - k) ×
+on-demand per hour. The decision is spot with ``Decision.on_demand_nodes`` = ``num_nodes`` - k.
+
 Decision, first row that applies:
 
 ==  ================================================================  =========
@@ -35,9 +42,9 @@ Decision, first row that applies:
 2   no step time (none measured, no estimate) and a budget is set     stop
 3   no price at all (spot nor on-demand)                              stop
 4   deadline guard (``deadline_guard``, ``current`` given, not on     on_demand
-    spot): less time to spare after the hours left than a spot
-    (re)launch and one preemption (2 × ``restart_overhead_s`` +
-    ``lost_work_s``), a first preemption before spot is done
+    spot; topped up: above): less time to spare after the hours
+    left than a spot (re)launch and one preemption (2 ×
+    ``restart_overhead_s`` + ``lost_work_s``), a first preemption before spot is done
     likelier than ``GUARD_RISK`` (0.5), on-demand within budget and
     in time
 5   spot offered for all ``num_nodes`` at once (an elastic group:     spot
@@ -57,7 +64,8 @@ Decision, first row that applies:
 6   waiting allowed, and after ``wait_interval_s`` spot at the        wait
     hoped-for price or on-demand could still finish in time within
     budget (on on-demand: spot at the hoped-for price)
-7   on-demand cost ≤ budget and on-demand in time                     on_demand
+7   on-demand cost ≤ budget and on-demand in time (topped up, above:  on_demand
+    also where on-demand on all is beyond the budget)
 8   ``allow_late``, spot or on-demand within budget (late): on-      that one
     demand only if it finishes before spot would even with no
     preemption (start-ups included), else spot
@@ -163,6 +171,23 @@ def _on_demand_by_guard(f: Facts) -> Decision:
         f"after {f.est} of work, less than a spot (re)launch and one preemption ({f.guard_h:.2f} h), "
         f"which is likelier than not ({f.preempt_risk:.0%}); on-demand ${f.od_cost:.2f} finishes in time "
         f"within {f.money}",
+    )
+
+
+# -- 4b, 7b: an elastic group topped up with on-demand, in place of on-demand on all its nodes -------------
+def _guard_topped_up(f: Facts) -> bool:
+    return _deadline_guard(f) and f.top_up_fits
+
+
+def _top_up(f: Facts) -> Decision:
+    i, (k, hours, cost) = f.i, f.top_up
+    return f.made(
+        Choice.SPOT,
+        f"spot on {k} and on-demand on {i.num_nodes - k} of {i.num_nodes} node(s) "
+        f"({f.spot_reason or 'deadline guard'}): "
+        f"{hours:.2f} h × ({k} × ${i.spot_price:.4f} + {i.num_nodes - k} × ${i.on_demand_price:.4f})/h"
+        f" = ${cost:.2f} within {f.money}, on-demand on all would cost ${f.od_cost:.2f}",
+        top_up=True,
     )
 
 
@@ -348,12 +373,14 @@ RULES: tuple[Rule, ...] = (
     Rule("complete", _complete, _stop_complete),
     Rule("no step time", _no_step_time, _stop_no_step_time),
     Rule("no price", _no_price, _stop_no_price),
+    Rule("deadline guard, topped up", _guard_topped_up, _top_up),
     Rule("deadline guard", _deadline_guard, _on_demand_by_guard),
     Rule("stay on on-demand", _stays_on_demand, _stay_on_demand),
     Rule("on-demand no dearer", _both_fit_on_demand_no_dearer, _on_demand_no_dearer),
     Rule("spot fits", _spot_fits, _spot),
     Rule("elastic keeps spot", _elastic_keeps_spot, _keep_spot),
     Rule("wait", _wait_pays, _wait),
+    Rule("topped up with on-demand", Facts.top_up_fits.fget, _top_up),
     Rule("on-demand fits", _on_demand_fits, _on_demand),
     Rule("late on-demand", _late_on_demand_first, _late_on_demand),
     Rule("late spot", _late_within_budget, _late_spot),

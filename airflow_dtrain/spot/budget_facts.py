@@ -21,6 +21,7 @@ from airflow_dtrain.spot.estimates import (
     spot_fits,
     spot_hours,
     spot_node_hours,
+    spot_overhead,
 )
 
 
@@ -269,16 +270,48 @@ class Facts:
     def od_late(self) -> bool:
         return self.i.on_demand_price is not None and self.od_cost_ok and self.hours is not None
 
-    def made(self, choice: Choice, reason: str) -> Decision:
-        """A decision carrying the estimates and the nodes it trains on."""
+    # -- an elastic group topped up with on-demand (``top_up_on_demand``) -----------------------------------
+    @cached_property
+    def top_up(self) -> tuple[int, float, float] | None:
+        """(spot nodes k, hours, cost) of the group on the k spot nodes on offer and ``num_nodes`` - k
+        on-demand ones, at full speed: the work with the interruption overhead of the k (a lost one costs a
+        resize, and the next decision tops up again), plus a start-up -- the whole group's from nothing, a
+        resize when it runs already, with the joining nodes' boot billed at their price. None: no top-up."""
+        i, k = self.i, self.i.top_up_spot_nodes
+        if k is None or self.hours is None:
+            return None
+        n, resize = i.num_nodes, i.resize_overhead_s / 3600.0
+        running = self.tracked and i.current in (Choice.SPOT, Choice.ON_DEMAND)
+        start = resize if running else (self.start_h if self.tracked else 0.0)
+        hours = self.hours * (1 + spot_overhead(i)) + start
+        joining = {Choice.SPOT: (n - k) * i.on_demand_price, Choice.ON_DEMAND: k * i.spot_price}
+        boot = self.start_h * joining.get(i.current, 0.0) if running else 0.0
+        return k, hours, hours * (k * i.spot_price + (n - k) * i.on_demand_price) + boot
+
+    @property
+    def top_up_fits(self) -> bool:
+        """The top-up is in time within budget, and cheaper than on-demand on all the nodes."""
+        t = self.top_up
+        return (
+            t is not None and not self.risky and fits(t[2], self.i.remaining_budget)
+            and in_time(t[1], self.i.deadline_s) and self.od_cost is not None and t[2] < self.od_cost
+        )  # fmt: skip
+
+    def made(self, choice: Choice, reason: str, top_up: bool = False) -> Decision:
+        """A decision with the estimates and the nodes it trains on (``top_up``: the topped-up group's)."""
         nodes = {Choice.SPOT: self.i.spot_nodes, Choice.ON_DEMAND: self.i.num_nodes}.get(choice)
+        spot_cost, spot_h, on_demand = self.spot_cost, self.spot_h, 0
+        if top_up:
+            k, spot_h, spot_cost = self.top_up
+            nodes, on_demand = self.i.num_nodes, self.i.num_nodes - k
         return Decision(
             choice,
             reason,
             self.hours,
-            self.spot_cost,
+            spot_cost,
             self.od_cost,
-            self.spot_h,
+            spot_h,
             self.i.remaining_budget,
             nodes,
+            on_demand,
         )

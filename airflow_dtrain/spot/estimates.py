@@ -80,6 +80,11 @@ class BudgetInputs:
     """Time an elastic group's resize costs (the checkpoint saved at the boundary and the survivors'
     re-rendezvous), billed on all ``num_nodes`` in the worst case; in place of ``restart_overhead_s`` for a
     lost node of an elastic group."""
+    top_up_on_demand: bool = False
+    """An elastic group offered fewer spot nodes than ``num_nodes`` may train on all ``num_nodes`` at once:
+    the k spot nodes on offer (at least one) and ``num_nodes`` - k on-demand ones, at full speed, each billed
+    at its own price. Taken in place of on-demand on all the nodes (the deadline guard's or the fallback's),
+    when it is cheaper and in time within budget. Off: a group is on one capacity."""
     current: Choice | None = None
     """What the job runs on now (a decision taken again while it trains): a switch from on-demand to spot
     must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving.
@@ -149,6 +154,17 @@ class BudgetInputs:
         return self.num_nodes / k if k else 1.0
 
     @property
+    def top_up_spot_nodes(self) -> int | None:
+        """The spot nodes of a group topped up with on-demand (``top_up_on_demand``): the k on offer, 1 <= k <
+        ``num_nodes``; None: no top-up (not elastic, not allowed, all nodes or none on offer, no prices)."""
+        have = self.spot_nodes_available
+        if not (self.top_up_on_demand and self.elastic) or have is None or not 1 <= have < self.num_nodes:
+            return None
+        if self.spot_price is None or self.on_demand_price is None or self.spot_price >= self.on_demand_price:
+            return None
+        return have
+
+    @property
     def resize_h(self) -> float:
         """The one resize a group started below ``num_nodes`` pays to grow back."""
         k = self.spot_nodes
@@ -167,6 +183,8 @@ class Decision:
     remaining_budget: float | None = None
     nodes: int | None = None
     """The nodes the choice trains on: an elastic group's k on spot, else ``num_nodes``; None: wait, stop."""
+    on_demand_nodes: int = 0
+    """Of ``nodes`` on spot, how many are on-demand (a group topped up: ``top_up_on_demand``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "choice": self.choice.value}
