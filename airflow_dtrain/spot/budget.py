@@ -31,7 +31,9 @@ that being beyond the budget), an elastic group offered k spot nodes (1 <= k < `
 k and ``num_nodes`` - k on-demand ones instead, at full speed, when that is in time within budget and cheaper:
 hours with the interruption overhead of the k (a lost one costs a resize) plus a start-up (a resize when the
 group runs already, the joining nodes' boot billed at their price), cost at k × spot + (``num_nodes`` - k) ×
-on-demand per hour. The decision is spot with ``Decision.on_demand_nodes`` = ``num_nodes`` - k.
+on-demand per hour. The decision is spot with ``Decision.on_demand_nodes`` = ``num_nodes`` - k. A group
+topped up already (``topped_up``) stays so while that fits (after rule 5b, which it skips), until spot alone
+fits (rule 5).
 
 Decision, first row that applies:
 
@@ -255,8 +257,8 @@ def _elastic_keeps_spot(f: Facts) -> bool:
     upper bound (it grows back when the nodes return), and on-demand is kept as the fallback."""
     i = f.i
     return (
-        i.elastic and i.current == Choice.SPOT and f.spot_offered and not f.risky and f.spot_cost_ok
-        and not f.spot_time_ok and f.fallback_later_ok
+        i.elastic and i.current == Choice.SPOT and not i.topped_up and f.spot_offered and not f.risky
+        and f.spot_cost_ok and not f.spot_time_ok and f.fallback_later_ok
     )  # fmt: skip
 
 
@@ -379,6 +381,7 @@ RULES: tuple[Rule, ...] = (
     Rule("on-demand no dearer", _both_fit_on_demand_no_dearer, _on_demand_no_dearer),
     Rule("spot fits", _spot_fits, _spot),
     Rule("elastic keeps spot", _elastic_keeps_spot, _keep_spot),
+    Rule("stays topped up", lambda f: f.i.topped_up > 0 and f.top_up_fits, _top_up),
     Rule("wait", _wait_pays, _wait),
     Rule("topped up with on-demand", Facts.top_up_fits.fget, _top_up),
     Rule("on-demand fits", _on_demand_fits, _on_demand),

@@ -283,8 +283,13 @@ class Facts:
         n, resize = i.num_nodes, i.resize_overhead_s / 3600.0
         running = self.tracked and i.current in (Choice.SPOT, Choice.ON_DEMAND)
         start = resize if running else (self.start_h if self.tracked else 0.0)
+        if running and i.current == Choice.SPOT and i.topped_up == n - k:
+            start = 0.0  # topped up so already
         hours = self.hours * (1 + spot_overhead(i)) + start
-        joining = {Choice.SPOT: (n - k) * i.on_demand_price, Choice.ON_DEMAND: k * i.spot_price}
+        joining = {
+            Choice.SPOT: max(0, n - k - i.topped_up) * i.on_demand_price,
+            Choice.ON_DEMAND: k * i.spot_price,
+        }
         boot = self.start_h * joining.get(i.current, 0.0) if running else 0.0
         return k, hours, hours * (k * i.spot_price + (n - k) * i.on_demand_price) + boot
 

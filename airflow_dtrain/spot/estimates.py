@@ -85,6 +85,8 @@ class BudgetInputs:
     the k spot nodes on offer (at least one) and ``num_nodes`` - k on-demand ones, at full speed, each billed
     at its own price. Taken in place of on-demand on all the nodes (the deadline guard's or the fallback's),
     when it is cheaper and in time within budget. Off: a group is on one capacity."""
+    topped_up: int = 0
+    """Of a group on spot now (``current``), the on-demand nodes it is topped up with."""
     current: Choice | None = None
     """What the job runs on now (a decision taken again while it trains): a switch from on-demand to spot
     must pay for its start-up (``restart_overhead_s`` of the group at the spot price) out of its saving.
@@ -125,12 +127,13 @@ class BudgetInputs:
             "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
             "min_nodes": self.min_nodes is None or 1 <= self.min_nodes <= self.num_nodes,
             "resize_overhead_s": self.resize_overhead_s >= 0,
+            "topped_up": 0 <= self.topped_up < self.num_nodes,
             "max_late_risk": 0 <= self.max_late_risk <= 1,
             "min_finish_chance": self.min_finish_chance is None or 0 <= self.min_finish_chance <= 1,
         }
         for name, ok in checks.items():
             if not ok:
-                bound = f" (num_nodes {self.num_nodes})" if name == "min_nodes" else ""
+                bound = f" (num_nodes {self.num_nodes})" if name in ("min_nodes", "topped_up") else ""
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}{bound}")
 
     @property

@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         "(about twice the tuning time); default: the all-or-nothing setting's parameters of the same user "
         "and size",
     )
+    ap.add_argument(
+        "--top-up",
+        action="store_true",
+        help="elastic groups: where decide() would move one to on-demand on all its nodes, keep the spot "
+        "nodes on offer and add on-demand ones (decide()'s top_up_on_demand; the launchers cannot yet)",
+    )
     ap.add_argument("--quick", action="store_true", help="--jobs 8 --tune-jobs 8: every part, on few jobs")
     args = ap.parse_args(argv)
     if args.quick:
@@ -183,7 +189,8 @@ def run_seeds(report: Report, sc, sizes: list[int], args: argparse.Namespace) ->
         for n in sizes:
             ours = [Policy(*best[late, n][3:], allow_late=late, inputs=args.inputs) for late in OURS]
             ours += [ElasticPolicy(*best.get((late, n, "elastic"), best[late, n])[3:], allow_late=late,
-                                   inputs=args.inputs, min_fraction=args.min_nodes_fraction)
+                                   inputs=args.inputs, min_fraction=args.min_nodes_fraction,
+                                   top_up=args.top_up)
                      for late in OURS]  # fmt: skip
             jobs = make_jobs(sc.markets, args.jobs, n, 1, seed, mech)
             cells[n].append(

@@ -18,6 +18,12 @@ The model, beside the all-or-nothing group of ``strategies.simulate`` (same worl
 - billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
   cap is checked before every tick (so at every size change), as for the all-or-nothing policy. With
   ``record`` set, each outcome carries its ledger: (tick, nodes, cost) per billed tick.
+- topped up (``top_up``, ``--top-up``; off by default, as the launchers cannot place such a group yet): where
+  ``decide()`` would move the group to on-demand on all N, it may keep the k spot nodes and add N - k
+  on-demand ones (``top_up_on_demand``), at full speed. Nodes added join at once (the survivors train on while
+  they boot: their start-up is billed, the group pays a re-rendezvous); on-demand nodes leave, or spot nodes
+  take their place, at the tick after a checkpoint (a resize). Only the spot nodes can be lost; the on-demand
+  ones count towards min_nodes.
 - the policy: ``decide()`` itself, told ``min_nodes``, the offer's capacity (``spot_nodes_available``) and the
   resize's cost (``resize_overhead_s`` = ``Mechanics.rerendezvous_s``); it chooses spot on k of the N nodes
   with their time (N/k as long), the resize to grow back and the cap at every size (``ElasticPolicy``). Its
@@ -64,13 +70,15 @@ def nodes_lost(c_prev: int, c_now: int, k: int, u: float) -> int:
 
 @dataclass
 class ElasticState(State):
-    nodes: int = 0  # the nodes the group runs on now
+    nodes: int = 0  # the spot nodes the group runs on now (on on-demand: all its nodes)
+    od: int = 0  # on spot, the on-demand nodes it is topped up with
     grow: bool = False  # a checkpoint was saved in the last tick: the group may grow back now
 
 
 @dataclass
 class ElasticOutcome(Outcome):
     resizes: int = 0
+    od_dollars: float = 0.0  # of ``cost``, what the on-demand nodes billed
     ledger: list[tuple[int, int, float]] = field(default_factory=list)  # (tick, nodes, cost), with record
 
 
@@ -81,9 +89,11 @@ class ElasticPolicy(Policy):
     resize, the cap at every size). The interruption rate is that of a group of the k nodes it would run on.
     """
 
-    def __init__(self, *params, min_fraction: float = 0.5, record: bool = False, **kw) -> None:
+    def __init__(
+        self, *params, min_fraction: float = 0.5, record: bool = False, top_up: bool = False, **kw
+    ) -> None:
         super().__init__(*params, **kw)
-        self.min_fraction, self.record = min_fraction, record
+        self.min_fraction, self.record, self.top_up = min_fraction, record, top_up
         self.name = ELASTIC[self.allow_late]
 
     def run(self, world: World, job: Job) -> ElasticOutcome:
@@ -109,7 +119,11 @@ class ElasticPolicy(Policy):
     def budget_inputs(self, world, job, k, elapsed, s, cost, cand) -> BudgetInputs:
         inputs = super().budget_inputs(world, job, k, elapsed, s, cost, cand)
         n, lowest = job.nodes, min_nodes(job.nodes, self.min_fraction)
-        inputs = dataclasses.replace(inputs, min_nodes=lowest, resize_overhead_s=world.mech.rerendezvous_s)
+        resize_s = world.mech.rerendezvous_s
+        inputs = dataclasses.replace(
+            inputs, min_nodes=lowest, resize_overhead_s=resize_s, top_up_on_demand=self.top_up,
+            topped_up=getattr(s, "od", 0) if s.mode == "spot" else 0,
+        )  # fmt: skip
         have = min(n, world.market.zones[cand].capacity[k]) if cand is not None else 0
         if cand is None or have >= n or have < lowest:
             return inputs
@@ -118,8 +132,9 @@ class ElasticPolicy(Policy):
 
 
 def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, lowest: int) -> None:
-    """The capacity drop of tick ``k``: the nodes lost. While the survivors are ``lowest`` or more, the group
-    re-rendezvous on them and the replacements the zone still has (up to N); else it stops."""
+    """The capacity drop of tick ``k``: the spot nodes lost. While the survivors and the on-demand nodes are
+    ``lowest`` or more, the group re-rendezvous on them and the replacements the zone still has (up to N);
+    else it stops."""
     cap = world.market.zones[s.zone].capacity
     lost = nodes_lost(cap[k - 1], cap[k], s.nodes, world.draws[s.zone][k]) if k > 0 else 0
     if not lost:
@@ -127,31 +142,52 @@ def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOut
     out.preemptions += 1
     s.done = max(s.saved, s.done - world.mech.step_s)  # warned: saves, loses at most one step
     s.saved = s.done
-    if s.nodes - lost >= lowest:  # the survivors go on; the zone's free nodes replace the lost, up to N
-        s.nodes, s.startup_left = min(job.nodes, cap[k]), world.mech.rerendezvous_s
+    if s.nodes - lost + s.od >= lowest:  # the survivors go on; the zone's free nodes replace the lost
+        s.nodes, s.startup_left = min(job.nodes - s.od, cap[k]), world.mech.rerendezvous_s
         out.resizes += 1
     else:
-        s.mode, s.zone, s.nodes, s.startup_left = None, None, 0, 0.0
+        s.mode, s.zone, s.nodes, s.od, s.startup_left = None, None, 0, 0, 0.0
 
 
-def _apply(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, choice, zone) -> None:
-    """The strategy's choice: a switch or launch (full start-up, save first), or, staying on spot, a grow
-    back to what the zone has at the tick after a checkpoint (a re-rendezvous)."""
-    want = {Choice.SPOT: "spot", Choice.ON_DEMAND: "od"}.get(choice)
+def _resize(world: World, s: ElasticState, out: ElasticOutcome, spot: int, od: int, prices: tuple) -> float:
+    """The group becomes ``spot`` spot and ``od`` on-demand nodes (a re-rendezvous, saved first); returns the
+    boot of the nodes that join, billed at their prices ``(spot, on-demand)``: they start while the others
+    train."""
+    boot = world.mech.startup_s / 3600 * (max(0, spot - s.nodes) * prices[0] + max(0, od - s.od) * prices[1])
+    s.nodes, s.od, s.saved = spot, od, s.done
+    s.startup_left = max(s.startup_left, world.mech.rerendezvous_s)
+    out.resizes += 1
+    return boot
+
+
+def _apply(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, decision, zone) -> float:
+    """The strategy's decision: a switch or launch (full start-up, save first); or, staying on spot, a top-up
+    with on-demand nodes (at once), their leave or a grow back to what the zone has (at the tick after a
+    checkpoint), each a resize. Returns the boot billed for nodes that join a running group."""
+    m, n = world.market, job.nodes
+    want = {Choice.SPOT: "spot", Choice.ON_DEMAND: "od"}.get(decision.choice)
+    od = decision.on_demand_nodes if want == "spot" else 0
+    have = m.zones[zone].capacity[k] if want == "spot" else 0
+    prices = (m.zones[zone].price[k] if want == "spot" else 0.0, m.on_demand_price)
+    if want == "spot" and od and s.mode == "od":  # on-demand on all: k of them give way to spot nodes
+        s.mode, s.zone, s.nodes, s.od = "spot", zone, 0, n
+        return _resize(world, s, out, min(n - od, have), od, prices)
     if want != s.mode or (want == "spot" and zone != s.zone):
         if s.mode is not None:
             s.saved = s.done
             out.switches += want is not None
-        s.mode, s.zone, s.nodes = want, zone, 0
+        s.mode, s.zone, s.nodes, s.od = want, zone, 0, 0
         if want is not None:
             s.startup_left = world.mech.startup_s
-            s.nodes = job.nodes if want == "od" else min(job.nodes, world.market.zones[zone].capacity[k])
+            s.nodes, s.od = (n, 0) if want == "od" else (min(n - od, have), od)
             out.launches += 1
-    elif s.mode == "spot" and s.grow and min(job.nodes, world.market.zones[s.zone].capacity[k]) > s.nodes:
-        s.nodes = min(job.nodes, world.market.zones[s.zone].capacity[k])
-        s.startup_left = max(s.startup_left, world.mech.rerendezvous_s)
-        s.saved = s.done
-        out.resizes += 1
+        return 0.0
+    if s.mode != "spot":
+        return 0.0
+    spot = min(n - od, have)
+    if od > s.od or (s.grow and (spot, od) != (s.nodes, s.od)):
+        return _resize(world, s, out, spot, od, prices)  # a top-up now; a grow, leave or swap at a checkpoint
+    return 0.0
 
 
 def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> ElasticOutcome:
@@ -167,23 +203,24 @@ def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> Elastic
         if choice == Choice.STOP:
             out.stopped = True
             return out
-        _apply(world, job, k, s, out, choice, zone)
+        boot = _apply(world, job, k, s, out, strategy.last, zone)
         s.grow = False
         if s.mode is None:
             continue
         price = m.zones[s.zone].price[k] if s.mode == "spot" else m.on_demand_price
         useful = max(0.0, dt - s.startup_left)
-        rate = s.nodes / n  # fixed global batch: k nodes make k/N of the full progress
+        rate = (s.nodes + s.od) / n  # fixed global batch: k nodes make k/N of the full progress
         over = max(0.0, s.done + useful * rate - job.work_s) / rate  # wall seconds past the finish
-        tick_cost = (dt - over) / 3600 * s.nodes * price
+        tick_cost = (dt - over) / 3600 * (s.nodes * price + s.od * m.on_demand_price) + boot
         if out.cost + tick_cost > job.budget + 1e-9:
             out.stopped = True  # the trainer saves and exits before the spend passes the cap
             return out
         s.startup_left = max(0.0, s.startup_left - dt)
         out.cost += tick_cost
+        out.od_dollars += (dt - over) / 3600 * (n if s.mode == "od" else s.od) * m.on_demand_price
         out.started = True
         if strategy.record:
-            out.ledger.append((k, s.nodes, tick_cost))
+            out.ledger.append((k, s.nodes + s.od, tick_cost))
         s.done += useful * rate
         if s.done - s.saved >= mech.checkpoint_s:
             s.saved = s.done - (s.done - s.saved) % mech.checkpoint_s

@@ -93,6 +93,7 @@ class Policy:
         self.inputs = inputs
         self.name = OURS[allow_late]
         self.decisions: dict[str, int] = {}
+        self.last = None  # the latest decision (an elastic group reads its top-up)
 
     def limit(self, market: Market) -> float:
         """The highest spot price accepted, $/node-hour."""
@@ -116,7 +117,7 @@ class Policy:
 
     def choose(self, world: World, job: Job, k: int, elapsed: float, s: State, cost: float):
         cand = self.offer(world, k, job.nodes, s)
-        d = decide(self.budget_inputs(world, job, k, elapsed, s, cost, cand))
+        d = self.last = decide(self.budget_inputs(world, job, k, elapsed, s, cost, cand))
         self.decisions[d.choice.value] = self.decisions.get(d.choice.value, 0) + 1
         return d.choice, cand if d.choice == Choice.SPOT else None
 

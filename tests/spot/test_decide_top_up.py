@@ -76,3 +76,19 @@ def test_the_deadline_guard_tops_up_too():
     topped = decide(_inputs(**{**RUNNING, "current": Choice.WAIT}, **risky))
     assert (topped.choice, topped.on_demand_nodes) == (Choice.SPOT, 1), topped.reason
     assert topped.spot_hours == pytest.approx(1 * (1 + 2 * 90 / 3600) + 600 / 3600)
+
+
+def test_a_topped_up_group_stays_so_without_a_new_resize_until_spot_alone_fits():
+    # on 2 spot + 2 on-demand already: no start-up, no boot; not rule 5b's shedding of the on-demand nodes
+    stays = decide(_inputs(**RUNNING, topped_up=2, spot_nodes_available=2, deadline_s=1.6 * 3600))
+    assert (stays.choice, stays.on_demand_nodes) == (Choice.SPOT, 2), stays.reason
+    assert stays.spot_cost == pytest.approx(1.0 * (2 * 1.0 + 2 * 3.0))
+    # the other 2 spot nodes are back: spot alone on all 4 fits, and the on-demand nodes may go
+    back = decide(_inputs(**RUNNING, topped_up=2, spot_nodes_available=4, deadline_s=1.6 * 3600))
+    assert (back.choice, back.nodes, back.on_demand_nodes) == (Choice.SPOT, 4, 0), back.reason
+
+
+@pytest.mark.parametrize("topped_up", [-1, 4])
+def test_a_top_up_of_no_spot_node_at_all_is_refused_naming_the_field(topped_up):
+    with pytest.raises(ValueError, match=rf"topped_up: invalid value {topped_up} \(num_nodes 4\)"):
+        _inputs(topped_up=topped_up)
