@@ -22,6 +22,32 @@ LEVELS = {"cells": "per scenario and size", "scenarios": "per scenario, all size
           "sizes": "per size, all scenarios", "all": "all jobs together"}  # fmt: skip
 
 
+def _elastic_args(ap: argparse.ArgumentParser) -> None:
+    """The options of elastic groups."""
+    ap.add_argument(
+        "--min-nodes-fraction",
+        type=float,
+        default=0.5,
+        help="elastic groups: the fewest nodes a group of N runs on, ceil(fraction x N)",
+    )
+    ap.add_argument(
+        "--rerendezvous-s", type=float, default=60.0, help="elastic groups: the cost of a resize, in seconds"
+    )
+    ap.add_argument(
+        "--tune-elastic",
+        action="store_true",
+        help="elastic groups: choose their own parameters on the first half, as for all-or-nothing groups "
+        "(about twice the tuning time); default: the all-or-nothing setting's parameters of the same user "
+        "and size",
+    )
+    ap.add_argument(
+        "--top-up",
+        action="store_true",
+        help="elastic groups: where decide() would move one to on-demand on all its nodes, keep the spot "
+        "nodes on offer and add on-demand ones (decide()'s top_up_on_demand; the launchers cannot yet)",
+    )
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The options; ``--quick`` sets few jobs and the quick traces."""
     from . import __doc__ as doc
@@ -59,28 +85,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         help="simulate only this scenario (aws-9az, aws-4node, groups, or one of yours; "
         "repeatable); default: every scenario in TRACE_DIR",
     )
-    ap.add_argument(
-        "--min-nodes-fraction",
-        type=float,
-        default=0.5,
-        help="elastic groups: the fewest nodes a group of N runs on, ceil(fraction x N)",
-    )
-    ap.add_argument(
-        "--rerendezvous-s", type=float, default=60.0, help="elastic groups: the cost of a resize, in seconds"
-    )
-    ap.add_argument(
-        "--tune-elastic",
-        action="store_true",
-        help="elastic groups: choose their own parameters on the first half, as for all-or-nothing groups "
-        "(about twice the tuning time); default: the all-or-nothing setting's parameters of the same user "
-        "and size",
-    )
-    ap.add_argument(
-        "--top-up",
-        action="store_true",
-        help="elastic groups: where decide() would move one to on-demand on all its nodes, keep the spot "
-        "nodes on offer and add on-demand ones (decide()'s top_up_on_demand; the launchers cannot yet)",
-    )
+    _elastic_args(ap)
     ap.add_argument("--quick", action="store_true", help="--jobs 8 --tune-jobs 8: every part, on few jobs")
     args = ap.parse_args(argv)
     if args.quick:
