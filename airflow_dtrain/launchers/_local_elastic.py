@@ -13,9 +13,11 @@ by ``LocalLauncher.set_capacity``); replacements start only while fewer than ``k
 ``num_nodes``). Each change of the running-agent count is a line of ``GROUP_DIR/nodes.jsonl``
 (``{"at", "nodes", "why"}``), what billing and metrics read (``LocalLauncher.node_changes``).
 
-Node 0 hosts the rendezvous store: its loss is still the whole group's (a relaunch), as in an
-all-or-nothing group. Below ``min_nodes`` the survivors wait ``min_nodes_timeout_s`` for a replacement in
-their rendezvous, then exit 75 on their own (the group ends preempted).
+No node hosts the rendezvous store: it is a process of its own (``rdzv_store``, started by the supervisor
+before the agents), so node 0's loss is absorbed and replaced as any other's (a ``group.json`` written before,
+without ``standalone_store``, still has node 0 host it: its loss is the whole group's). Below ``min_nodes``
+the survivors wait ``min_nodes_timeout_s`` for a replacement in their rendezvous, then exit 75 on their own
+(the group ends preempted).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from trainer.config import PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
 CAPACITY_FILE = "capacity.json"
 NODE_CHANGES_FILE = "nodes.jsonl"
 HOST_INDEX = 0
-"""The node that hosts the c10d store (``is_host=1``): losing it loses the rendezvous."""
+"""The node that hosts the c10d store (``is_host=1``) of a group without a store of its own: losing it loses
+the rendezvous."""
 
 
 def resumable(code: int | None) -> bool:
@@ -47,6 +50,7 @@ def elastic_terms(spec: Any) -> dict[str, int] | None:
         "min_nodes": spec.fewest_nodes,
         "num_nodes": spec.num_nodes,
         "max_replacements": spec.max_preemptions,
+        "standalone_store": True,  # no node hosts the rendezvous store (rdzv_store): node 0 is no different
     }
 
 
@@ -99,7 +103,7 @@ class ElasticNodes:
 
     def absorb(self, index: int, code: int | None) -> bool:
         """Whether the group goes on without node ``index``'s agent, which ended with ``code``."""
-        if index == HOST_INDEX or not resumable(code):
+        if (index == HOST_INDEX and not self.terms.get("standalone_store")) or not resumable(code):
             return False
         if index not in self.absorbed:
             self.absorbed.add(index)

@@ -141,6 +141,8 @@ def _run(
     """Start the nodes, watch them to their end, write ``result.json``."""
     said: dict[int, tuple[float, str]] = {}  # per node: its first line that says an allocation failed
     starter = _Starter(group_dir, group, env, sink, lock, memory, said)
+    if group.get("rdzv_store"):  # an elastic group's store, outside every node (rdzv_store); ended below
+        starter.start_store(group["rdzv_store"])
     nodes = [starter.start(index) for index in range(len(group["node_commands"]))]
     starter.record(nodes)
     if group.get("elastic"):
@@ -199,6 +201,16 @@ class _Starter:
         pump.start()
         self.pumps.append(pump)
         return node
+
+    def start_store(self, argv: list[str]) -> None:
+        """Start the group's rendezvous store (its output in the group's log as ``[rdzv]``); the agents, its
+        clients, wait for it to listen. It ends with the supervisor's other children."""
+        store = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, env=self.env, cwd=self.group.get("cwd") or None,
+                                 start_new_session=True, preexec_fn=_die_with(os.getpid()))  # fmt: skip
+        pump = threading.Thread(target=_pump, args=(store.stdout, b"[rdzv]", self.sink, self.lock, {}, -1))
+        pump.start()
+        self.pumps.append(pump)
 
     def record(self, nodes: list[subprocess.Popen]) -> None:
         """``nodes.json``: each node's current agent (pid and start time), rewritten at every replacement."""

@@ -142,8 +142,9 @@ class LocalLauncher(PodGroupLauncher):
                 rdzv_endpoint=f"127.0.0.1:{port}",
                 config_path=str(config_path),
                 python=self.python,
-                # node 0 hosts the rendezvous store, as pod 0 does on Kubernetes
-                is_host=node == 0,
+                # all or nothing: node 0 hosts the rendezvous store, as pod 0 does on Kubernetes; an elastic
+                # group's store is a process of its own (rdzv_store), which outlives any node's loss
+                is_host=node == 0 and not spec.elastic,
                 log_dir=str(group_dir / "torchelastic" / f"node{node}"),
             ).argv
             for node in range(num_nodes)
@@ -170,6 +171,13 @@ class LocalLauncher(PodGroupLauncher):
         }
         if spec.elastic:  # the supervisor goes on without a lost node and replaces it (_local_elastic)
             group["elastic"] = elastic_terms(spec)
+            group["rdzv_store"] = [
+                self.python,
+                "-m",
+                "airflow_dtrain.launchers.rdzv_store",
+                "127.0.0.1",
+                str(port),
+            ]
         if gpus:
             # one GPU per process, consecutive ranges per node
             group["node_env"] = [

@@ -68,11 +68,11 @@ def _started_at_one_node(launcher: LocalLauncher, name: str) -> int | None:
     return next((e["step"] for e in events if e["event"] == "world" and e["nodes"] == 1), None)
 
 
-def _lose_node_1(launcher: LocalLauncher, state_dir: Path, name: str) -> int:
-    """SIGTERM to node 1's agent only (as a spot reclaim of that node); returns node 0's agent pid."""
+def _lose_node(launcher: LocalLauncher, state_dir: Path, name: str, lost: int = 1) -> int:
+    """SIGTERM to node ``lost``'s agent only (a spot reclaim of that node); returns its peer's agent pid."""
     pids = node_pids(state_dir, name)
-    os.kill(pids[1], signal.SIGTERM)
-    return pids[0]
+    os.kill(pids[lost], signal.SIGTERM)
+    return pids[1 - lost]
 
 
 def _reference(tmp_path: Path, monkeypatch) -> tuple[dict[int, float], dict[int, list[int]]]:
@@ -91,7 +91,7 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     launcher.launch("resize-r0", _spec(tmp_path, "resize"))
     wait_for_step(tmp_path / "resize" / "ckpt", 3)
     launcher.set_capacity("resize-r0", 1)  # no spot node to replace it with
-    _lose_node_1(launcher, state_dir, "resize-r0")
+    _lose_node(launcher, state_dir, "resize-r0")
     at_one = wait_for(lambda: _started_at_one_node(launcher, "resize-r0"), 120, "training at 1 node")
     wait_for_step(tmp_path / "resize" / "ckpt", at_one + 3)  # some steps at 1 node
     launcher.set_capacity("resize-r0", 2)  # capacity is back: the replacement joins
@@ -117,19 +117,21 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     assert all(losses[s] == reference_losses[s] for s in range(1, attempts[1][0] + 1))
 
 
-def test_one_of_two_nodes_preempted_is_replaced_and_its_peer_trains_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lost", [1, 0], ids=["node-1", "node-0"])
+def test_one_of_two_nodes_preempted_is_replaced_and_its_peer_trains_on(tmp_path, monkeypatch, lost):
+    """Node 0 too: the group's rendezvous store is a process of its own, not node 0's agent."""
     monkeypatch.setenv(TRACE_SAMPLES_ENV, "1")
     slow_steps_env(monkeypatch)
     state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
     launcher.launch("replace-r0", _spec(tmp_path, "replace", steps=10))
     wait_for_step(tmp_path / "replace" / "ckpt", 3)
-    node0 = _lose_node_1(launcher, state_dir, "replace-r0")  # capacity stays 2: replaced at once
+    peer = _lose_node(launcher, state_dir, "replace-r0", lost)  # capacity stays 2: replaced at once
 
     status = wait_terminal(launcher, "replace-r0")
     assert status.state == GroupState.SUCCEEDED, status
     result = json.loads((state_dir / "replace-r0" / "result.json").read_text())
     assert result["replacements"] == 1, result
-    assert node_pids(state_dir, "replace-r0")[0] == node0  # node 0's agent was never relaunched
+    assert node_pids(state_dir, "replace-r0")[1 - lost] == peer  # the peer's agent was never relaunched
     ups = [b for a, b in zip(launcher.node_changes("replace-r0"), launcher.node_changes("replace-r0")[1:])
            if b[1] > a[1]]  # fmt: skip
     assert len(ups) == 1, launcher.node_changes("replace-r0")
