@@ -17,6 +17,7 @@ from airflow_dtrain.kubernetes.names import (
     REQUESTS_FILE_ENV,
     config_map_name,
     rendezvous_endpoint,
+    store_endpoint,
 )
 from airflow_dtrain.launchers import torchrun
 from airflow_dtrain.launchers.torchrun import NodeCommand
@@ -54,10 +55,11 @@ def literal(value: str) -> str:
 
 
 def node_command(name: str, spec: JobSpec) -> NodeCommand:
-    """The torchrun agent of every pod: rendezvous with pod 0 through the headless Service.
+    """The torchrun agent of every pod: rendezvous with pod 0 through the headless Service (an elastic
+    group: with its store pod, ``is_host=0``).
 
-    No ``is_host``: c10d makes the pod whose address the endpoint resolves to the store host. The
-    arguments as the program receives them: the container's ``args`` are ``literal`` of each.
+    All or nothing, no ``is_host``: c10d makes the pod whose address the endpoint resolves to the store
+    host. The arguments as the program receives them: the container's ``args`` are ``literal`` of each.
     """
     trainer_args: list[str] = []
     if spec.kubernetes.statsd_host:
@@ -65,9 +67,12 @@ def node_command(name: str, spec: JobSpec) -> NodeCommand:
         # references, kept apart from every other argument (EnvRef), which ``literal`` escapes
         trainer_args = ["--set", EnvRef("metrics.statsd_host=$(DTRAIN_STATSD_HOST)"),
                         "--set", EnvRef("metrics.statsd_port=$(DTRAIN_STATSD_PORT)")]  # fmt: skip
+    port = spec.kubernetes.rdzv_port
     return torchrun.node_command(
         name, spec,
-        rdzv_endpoint=rendezvous_endpoint(name, spec.kubernetes.rdzv_port),
+        # an elastic group's store is a pod of its own (kubernetes.store), which outlives any node's loss
+        rdzv_endpoint=store_endpoint(name, port) if spec.elastic else rendezvous_endpoint(name, port),
+        is_host=False if spec.elastic else None,
         config_path=f"{CONFIG_DIR}/{CONFIG_FILE}",
         trainer_args=trainer_args,
     )  # fmt: skip

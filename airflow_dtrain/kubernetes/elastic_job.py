@@ -17,8 +17,8 @@ default):
   training finished, so a replacement still waiting to join is not waited for.
 
 ``podReplacementPolicy: Failed`` (the only value a podFailurePolicy allows) keeps a replacement from starting
-before the lost pod is gone: two pods never share a hostname. Pod 0 hosts the c10d store (see ``objects``):
-losing index 0 loses the store, and every agent then fails its rendezvous: still a whole-group relaunch.
+before the lost pod is gone: two pods never share a hostname. No pod of the Job hosts the c10d store: it is a
+pod of its own (``store``), so losing index 0 is like losing any other index.
 
 Pure functions, no kubernetes client.
 """
@@ -82,5 +82,6 @@ def elastic_annotation(spec: JobSpec) -> dict[str, str]:
         "min_nodes": spec.fewest_nodes,
         "min_nodes_timeout_s": spec.min_nodes_timeout_s,
         "max_preemptions": spec.max_preemptions,
+        "standalone_store": True,  # the store is a pod of its own (a Job without this: pod 0 hosts it)
     }
     return {ANNOTATION_ELASTIC: json.dumps(settings, sort_keys=True)}

@@ -23,8 +23,9 @@ from typing import Any
 
 from airflow_dtrain.kubernetes import status as group_status
 from airflow_dtrain.kubernetes.elastic_job import NOT_RESUMABLE
-from airflow_dtrain.kubernetes.names import ANNOTATION_ELASTIC, ANNOTATION_NODE_TIMES
+from airflow_dtrain.kubernetes.names import ANNOTATION_ELASTIC, ANNOTATION_NODE_TIMES, store_name
 from airflow_dtrain.kubernetes.status import Observation, condition, parse_time, pod_index, terminated
+from airflow_dtrain.kubernetes.store import store_lost_at, store_pod_lost
 from airflow_dtrain.launchers.base import GroupState, GroupStatus
 
 Times = dict[str, list[float | None]]
@@ -107,8 +108,10 @@ def observe(
     pods: list[dict[str, Any]],
     log_tail: Callable[[str], str | None],
     now: float | None = None,
+    store_pod: dict[str, Any] | None = None,
 ) -> Observation:
-    """The elastic group's state from its Job and pods (as ``status.observe`` for an all-or-nothing one)."""
+    """The elastic group's state from its Job and pods (as ``status.observe`` for an all-or-nothing one), and
+    its store pod (``store_pod``, when the Job has one: ``standalone_store``)."""
     now = time.time() if now is None else now
     elastic = settings(job) or {}
     needed = int(elastic.get("min_nodes", 1))
@@ -122,7 +125,7 @@ def observe(
     at_budget = group_status.budget_deadline_passed(job, failed)
     if at_budget is not None:
         return Observation(GroupStatus(name, GroupState.AT_BUDGET, at_budget, codes), settle=True)
-    store = store_lost(pods)
+    store = store_pod_gone(name, store_pod, now) if elastic.get("standalone_store") else store_lost(pods)
     if store is not None and (not failed or store[0] <= failure_time(failed, pods, now)):
         return Observation(
             GroupStatus(name, GroupState.PREEMPTED, store[1], codes), settle=True, end_pods=not failed
@@ -152,8 +155,22 @@ def observe(
     return Observation(GroupStatus(name, GroupState.PENDING, message, codes))
 
 
+def store_pod_gone(name: str, pod: dict[str, Any] | None, now: float) -> tuple[float, str] | None:
+    """(when, why) the group's store pod was lost (``store``): the nodes cannot re-form the group without it,
+    and a node's later failure is collateral. None while it serves."""
+    why = store_pod_lost(pod)
+    if why is None:
+        return None
+    when = store_lost_at(pod) or now
+    return when, (
+        f"preempted: the group's rendezvous store (pod {store_name(name)}) {why}; the nodes cannot re-form "
+        "the group without it: the group is relaunched as a whole"
+    )
+
+
 def store_lost(pods: list[dict[str, Any]]) -> tuple[float, str] | None:
-    """(when, why) node 0 was lost (disrupted, or a resumable exit): it hosts the c10d store, so the others
+    """(when, why) node 0 was lost (disrupted, or a resumable exit) of a Job without a store pod of its own
+    (created before ``standalone_store``): node 0 hosts the c10d store, so the others
     cannot re-form the group without it and a peer's later failure is collateral. A known limit: the group
     ends as preempted and is relaunched as a whole. None while node 0 runs, or when it failed by itself."""
     for pod in pods:

@@ -45,6 +45,7 @@ from airflow_dtrain.kubernetes.names import (
     LABEL_TASK,
     MANAGED_BY,
     config_map_name,
+    store_name,
     task_name,
 )
 from airflow_dtrain.kubernetes.objects import render_group
@@ -107,7 +108,8 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         if self._job(name) is not None:
             raise ValueError(f"group {name!r} already exists in namespace {self.namespace}")
         self._wait_for_predecessors(name)
-        config_map, service, job = render_group(name, spec, namespace=self.namespace, spent_usd=spent_usd)
+        objects = render_group(name, spec, namespace=self.namespace, spent_usd=spent_usd)
+        (config_map, service), store, job = objects[:2], objects[2:-1], objects[-1]
         earlier = self._earlier_outcomes(name)
         if earlier:
             job["metadata"]["annotations"][ANNOTATION_EARLIER] = json.dumps(earlier, sort_keys=True)
@@ -126,6 +128,10 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
             created.append((self._core.delete_namespaced_config_map, config_map["metadata"]["name"]))
             self._api(self._core.create_namespaced_service, self.namespace, service)
             created.append((self._core.delete_namespaced_service, name))
+            for obj in store:  # an elastic group's rendezvous store, up before its nodes (kubernetes.store)
+                create, delete = self._verbs(obj)
+                self._api(create, self.namespace, obj)
+                created.append((delete, obj["metadata"]["name"]))
             job = self._api(self._batch.create_namespaced_job, self.namespace, job)
         except (ApiException, Conflict) as err:
             for delete, object_name in created:  # leave nothing half-made behind
@@ -143,7 +149,18 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         self._api(
             self._core.patch_namespaced_service, name, self.namespace, owner, _content_type=_MERGE_PATCH
         )
+        for obj in store:
+            patch = {"Pod": self._core.patch_namespaced_pod}.get(
+                obj["kind"], self._core.patch_namespaced_service
+            )
+            self._api(patch, obj["metadata"]["name"], self.namespace, owner, _content_type=_MERGE_PATCH)
         return self.status(name)
+
+    def _verbs(self, obj: dict[str, Any]) -> tuple[Any, Any]:
+        """(create, delete) of a store object, a Service or a Pod."""
+        if obj["kind"] == "Pod":
+            return self._core.create_namespaced_pod, self._core.delete_namespaced_pod
+        return self._core.create_namespaced_service, self._core.delete_namespaced_service
 
     def _wait_for_predecessors(self, name: str) -> None:
         """Earlier groups of this task must be gone: two groups never write one checkpoint at once.
@@ -209,8 +226,14 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
             return recorded
         pods = self._pods(f"{LABEL_GROUP}={name}")
         elastic = elastic_status.settings(job) is not None
-        observe = elastic_status.observe if elastic else group_status.observe
-        seen = observe(name, job, pods, self._log_tail)
+        if elastic and elastic_status.settings(job).get("standalone_store"):
+            store = self._api(
+                self._core.read_namespaced_pod, store_name(name), self.namespace, missing_ok=True
+            )
+            seen = elastic_status.observe(name, job, pods, self._log_tail, store_pod=store)
+        else:
+            observe = elastic_status.observe if elastic else group_status.observe
+            seen = observe(name, job, pods, self._log_tail)
         self._record_placement(name, job, pods, ended=seen.settle or seen.status.state.terminal)
         if elastic:
             self._record_node_times(name, job, pods)
@@ -266,7 +289,14 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         self.log.info("Group %s is %s: %s", name, status.state.value, status.message.splitlines()[0])
         self._api(self._batch.patch_namespaced_job, name, self.namespace, patch, _content_type=_MERGE_PATCH,
                   missing_ok=True)  # fmt: skip
+        if (elastic_status.settings(job) or {}).get("standalone_store"):
+            self._end_store(name)  # nothing left to rendezvous: not kept until the Job's TTL
         return status
+
+    def _end_store(self, name: str) -> None:
+        """Delete an elastic group's store pod and Service (absent ones are fine)."""
+        self._api(self._core.delete_namespaced_pod, store_name(name), self.namespace, missing_ok=True)
+        self._api(self._core.delete_namespaced_service, store_name(name), self.namespace, missing_ok=True)
 
     def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
         """Patch the running Job's activeDeadlineSeconds (a field a Job may change while it runs) and its
@@ -293,7 +323,8 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         The pods get SIGTERM and their terminationGracePeriodSeconds to save a checkpoint;
         this waits up to ``grace_period_s`` (+ a margin) for them to be gone.
         """
-        if self._job(name) is None:
+        job = self._job(name)
+        if job is None:
             return GroupStatus(name, GroupState.NOT_FOUND, f"no Job {name!r} in namespace {self.namespace}")
         self.log.info("Deleting group %s (Job, Service, ConfigMap) in namespace %s", name, self.namespace)
         foreground = {"propagationPolicy": "Foreground"}
@@ -304,6 +335,8 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         self._api(
             self._core.delete_namespaced_config_map, config_map_name(name), self.namespace, missing_ok=True
         )
+        if (elastic_status.settings(job) or {}).get("standalone_store"):
+            self._end_store(name)
         deadline = time.monotonic() + grace_period_s + 15
         while self._job(name) is not None:
             if time.monotonic() > deadline:

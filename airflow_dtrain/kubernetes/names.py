@@ -10,6 +10,9 @@ LABEL_GROUP = "airflow-dtrain/group"
 """The group's name: selects its Job, Service, ConfigMap and pods."""
 LABEL_TASK = "airflow-dtrain/task"
 """The group's name without the relaunch suffix: every group of one task instance."""
+LABEL_STORE = "airflow-dtrain/rendezvous-of"
+"""On an elastic group's store pod and Service (``store``): the group's name (not ``LABEL_GROUP``: no
+node)."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "airflow-dtrain"
 ANNOTATION_PENDING_TIMEOUT = "airflow-dtrain/pending-timeout-s"
@@ -59,6 +62,16 @@ def config_map_name(name: str) -> str:
 def rendezvous_endpoint(name: str, port: int) -> str:
     """Pod 0's stable DNS name: the Job names it ``<job>-0``, the headless Service adds ``.<service>``."""
     return f"{name}-0.{name}:{port}"
+
+
+def store_name(name: str) -> str:
+    """An elastic group's store pod and Service (a group name has at most 52 characters: a DNS label)."""
+    return f"{name}-rdzv"
+
+
+def store_endpoint(name: str, port: int) -> str:
+    """Where every node of an elastic group finds its store: the Service, in the group's namespace."""
+    return f"{store_name(name)}:{port}"
 
 
 ANNOTATION_ELASTIC = "airflow-dtrain/elastic"

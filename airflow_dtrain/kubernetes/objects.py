@@ -5,7 +5,8 @@ an Indexed Job with ``parallelism = completions = num_nodes``. Pod ``i`` is node
 ``i``: its hostname is ``<job>-<i>``, the Service gives it the stable DNS name
 ``<job>-<i>.<service>``, and every node rendezvous with pod 0 there. torch's c10d
 rendezvous makes the pod whose address the endpoint resolves to the store host, so
-no pod needs to know whether it is node 0.
+no pod needs to know whether it is node 0. An elastic group's store is a pod of its
+own instead, with a Service of its own (``store``): it outlives any node's loss.
 
 Pure functions, no kubernetes client: ``python -m airflow_dtrain render`` prints
 exactly what the launcher creates. The vocabulary (labels, annotations) lives in ``names``, the trainer
@@ -49,6 +50,7 @@ from airflow_dtrain.kubernetes.names import (
     rendezvous_endpoint,
     task_name,
 )
+from airflow_dtrain.kubernetes.store import render_store_pod, render_store_service
 from airflow_dtrain.kubernetes.pod_template import (
     merge_pod_template,
     render_pod_template,
@@ -97,16 +99,27 @@ __all__ = [
 
 
 def render_group(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0.0) -> list[dict[str, Any]]:
-    """The ConfigMap, headless Service and Indexed Job of group ``name``, in creation order.
+    """The ConfigMap, headless Service and Indexed Job of group ``name`` (an elastic group's store Service and
+    pod before the Job), in creation order.
 
     :param spent_usd: what the job has spent before this group, for the Job's deadline
         (``launchers.base.budget_deadline``).
     """
     if len(name) > 52:  # "<name>-<index>" is the pods' hostname, a 63-character DNS label
         raise ValueError(f"name: group names must be at most 52 characters, got {name!r}")
+    # an elastic group's rendezvous store: a pod of its own, up before the nodes (kubernetes.store)
+    store = (
+        [
+            render_store_service(name, spec, namespace=namespace),
+            render_store_pod(name, spec, namespace=namespace),
+        ]
+        if spec.elastic
+        else []
+    )
     return [
         render_config_map(name, spec, namespace=namespace),
         render_service(name, spec, namespace=namespace),
+        *store,
         render_job(name, spec, namespace=namespace, spent_usd=spent_usd),
     ]
 

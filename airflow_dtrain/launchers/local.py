@@ -174,7 +174,7 @@ class LocalLauncher(PodGroupLauncher):
             group["rdzv_store"] = [
                 self.python,
                 "-m",
-                "airflow_dtrain.launchers.rdzv_store",
+                "trainer.rdzv_store",
                 "127.0.0.1",
                 str(port),
             ]

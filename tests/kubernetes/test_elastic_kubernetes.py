@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_dtrain.kubernetes.elastic_status import node_timeline, pod_times
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
-from airflow_dtrain.kubernetes.names import ANNOTATION_OUTCOME
+from airflow_dtrain.kubernetes.names import ANNOTATION_OUTCOME, LABEL_GROUP, LABEL_STORE
 from airflow_dtrain.kubernetes.objects import render_group
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.spec import JobSpec
@@ -176,21 +176,51 @@ def test_a_non_resumable_exit_fails_the_elastic_group(fake, tmp_path):
     assert "node 1" in seen.message and "exited 1" in seen.message and "bad dataset row" in seen.message
 
 
-def test_losing_node_0_which_hosts_the_rendezvous_store_relaunches_the_whole_group(fake, tmp_path):
+def test_losing_node_0_replaces_index_0_only_as_the_store_is_a_pod_of_its_own(fake, tmp_path):
+    launcher = KubernetesLauncher()
+    launcher.launch("el-r0", _spec(tmp_path))
+    store = fake.get("pods", "el-r0-rdzv")
+    assert store is not None and LABEL_GROUP not in store["metadata"]["labels"], "the store is no node"
+    assert store["spec"]["containers"][0]["command"][:3] == ["python", "-m", "trainer.rdzv_store"]
+    assert fake.get("services", "el-r0-rdzv")["spec"]["selector"] == {LABEL_STORE: "el-r0"}
+    args = fake.get("jobs", "el-r0")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--rdzv-endpoint") + 1] == "el-r0-rdzv:29400"
+    assert args[args.index("--rdzv-conf") + 1].startswith("is_host=0,")
+    fake.run("el-r0")
+    survivors = _uids(fake, "el-r0", (1, 2))
+
+    fake.exit("el-r0", 0, 143, disruption="TerminationByKubelet")  # node 0's spot node is reclaimed
+
+    seen = launcher.status("el-r0")
+    assert seen.state == GroupState.RUNNING and "2/3 node(s) running" in seen.message, seen
+    assert fake.pod("el-r0", 0)["status"]["phase"] == "Pending", "index 0 is re-created"
+    assert _uids(fake, "el-r0", (1, 2)) == survivors, "nodes 1 and 2 keep their pods"
+    assert ANNOTATION_OUTCOME not in fake.get("jobs", "el-r0")["metadata"]["annotations"]
+
+
+def test_losing_the_store_pod_relaunches_the_whole_group_and_ends_its_pods(fake, tmp_path):
     launcher = KubernetesLauncher()
     launcher.launch("el-r0", _spec(tmp_path))
     fake.run("el-r0")
-    fake.exit("el-r0", 0, 143, disruption="TerminationByKubelet")
-    fake.exit("el-r0", 1, 1)  # a peer that lost the store fails: collateral, not the cause
+    fake.disrupt("el-r0-rdzv")
+    fake.exit("el-r0", 1, 1)  # a node that lost the store fails: collateral, not the cause
 
     seen = launcher.status("el-r0")
     assert seen.state == GroupState.PREEMPTED, seen
-    assert "node 0" in seen.message and "rendezvous store" in seen.message
+    assert "rendezvous store (pod el-r0-rdzv) was disrupted" in seen.message
     fake.tick()
     alive = [
-        p for p in fake.names("pods") if fake.get("pods", p)["status"]["phase"] in ("Pending", "Running")
+        p for p in fake.names("pods") if fake.get("pods", p)["status"].get("phase") in ("Pending", "Running")
     ]
-    assert alive == [], "every pod of the group ends: no replacement of node 0 joins a broken group"
+    assert alive == [], "every pod of the group ends: none waits for a store that is gone"
+    assert "el-r0-rdzv" not in fake.names("services")
+
+
+def test_stopping_an_elastic_group_deletes_its_store(fake, tmp_path):
+    launcher = KubernetesLauncher()
+    launcher.launch("el-r0", _spec(tmp_path))
+    launcher.stop("el-r0", grace_period_s=0)
+    assert "el-r0-rdzv" not in fake.names("pods") and "el-r0-rdzv" not in fake.names("services")
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)

@@ -293,3 +293,18 @@ def test_the_image_runs_as_the_user_the_pods_ask_for():
     pod = _job(_spec())["spec"]["template"]["spec"]["securityContext"]
     uid, gid = pod["runAsUser"], pod["runAsGroup"]
     assert f"USER {uid}:{gid}" in dockerfile and f"--uid {uid}" in dockerfile and f"--gid {gid}" in dockerfile
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_an_elastic_groups_store_pod_is_restricted_sized_and_asks_for_no_gpu(version):
+    spec = _spec(
+        num_nodes=4, min_nodes=2, global_batch_size=64, procs_per_node=8, resources={"gpus_per_node": 8}
+    )
+    [store] = [o for o in render_group("g-r0", spec, namespace="dtrain") if o["kind"] == "Pod"]
+    kubernetes_validate.validate(store, version, strict=True)
+    assert restricted(store) == []
+    [container] = store["spec"]["containers"]
+    resources = container["resources"]
+    assert resources["requests"] == resources["limits"] and set(SIZES) <= set(resources["limits"])
+    assert "nvidia.com/gpu" not in resources["limits"]
+    assert "affinity" not in store["spec"], "not bound to the group's spot capacity, zone or instance type"

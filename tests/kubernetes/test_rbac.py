@@ -57,6 +57,14 @@ def test_the_role_grants_exactly_what_a_group_lifecycle_uses(fake):
     fake.exit("life-r1", 1, 137, disruption="EvictionByEvictionAPI")
     launcher.status("life-r1")  # suspends the Job
     launcher.stop("life-r1")
+    elastic = JobSpec.from_arguments(
+        backend="kubernetes", num_nodes=2, min_nodes=1, global_batch_size=2,
+        checkpoint_uri="s3://bucket/run", kubernetes={"image": "img:1"},
+    )  # fmt: skip
+    launcher.launch("life-r2", elastic)  # its rendezvous store: a pod and a Service of its own
+    fake.run("life-r2")
+    launcher.status("life-r2")  # reads the store pod
+    launcher.stop("life-r2")  # deletes it
 
     needed = _needed([r for r in fake.requests if "/nodes/" not in r[1]])
     granted = _granted()

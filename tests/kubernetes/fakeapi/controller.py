@@ -102,14 +102,17 @@ class JobController:
 
     def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
         uid = job["metadata"]["uid"]
+        # its controller's pods only, as the real Job controller (controller: true), not a pod merely owned
         pods = [o for (k, n, _), o in self.objects.items() if k == "pods" and n == ns
-                and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]  # fmt: skip
+                and any(r.get("uid") == uid and r.get("controller")
+                        for r in o["metadata"].get("ownerReferences") or [])]  # fmt: skip
         return sorted(pods, key=lambda p: p["metadata"]["resourceVersion"])
 
     def _sync_owner(self, pod: dict[str, Any]) -> None:
         for ref in pod["metadata"].get("ownerReferences") or []:
             if (
                 ref.get("kind") == "Job"
+                and ref.get("controller")
                 and ("jobs", pod["metadata"]["namespace"], ref["name"]) in self.objects
             ):
                 self._sync_job(pod["metadata"]["namespace"], ref["name"])

@@ -40,6 +40,16 @@ class TestDriver:
                 raise KeyError(f"no pod of index {index} of Job {job}")
             return max(pods, key=lambda p: int(p["metadata"]["resourceVersion"]))
 
+    def disrupt(self, pod_name: str, namespace: str = "default") -> None:
+        """Pod ``pod_name`` (a Job's or a bare one) is lost with its node: Failed, DisruptionTarget."""
+        with self.lock:
+            pod = self.objects[("pods", namespace, pod_name)]
+            pod.setdefault("status", {}).update(phase="Failed", conditions=[{
+                "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                "message": "the node is being reclaimed", "lastTransitionTime": _now()}])  # fmt: skip
+            self._version += 1
+            pod["metadata"]["resourceVersion"] = str(self._version)
+
     def _update_pod(self, job: str, index: int, namespace: str, change) -> None:
         with self.lock:
             pod = self.pod(job, index, namespace)

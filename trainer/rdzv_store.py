@@ -2,9 +2,10 @@
 
 In an all-or-nothing group node 0's agent hosts the store, and that is harmless: any lost node ends the group.
 An elastic group goes on without a lost node, so the store must outlive every one of them, node 0 included:
-``python -m airflow_dtrain.launchers.rdzv_store HOST PORT`` serves it (torch's ``TCPStore``) until SIGTERM,
-and every agent connects to it as a client (``--rdzv-conf is_host=0``). The local supervisor starts it
-before the agents and ends it with the group; on Kubernetes it is the group's store pod.
+``python -m trainer.rdzv_store HOST PORT`` serves it (torch's ``TCPStore``) until SIGTERM, and every agent
+connects to it as a client (``--rdzv-conf is_host=0``). The local supervisor starts it before the agents and
+ends it with the group; on Kubernetes it is the group's store pod (``airflow_dtrain.kubernetes.store``). It
+lives here, beside ``trainer.launch``, because every training image has this package (torch only).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def serve(host: str, port: int, stop: threading.Event) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
-        print("usage: python -m airflow_dtrain.launchers.rdzv_store HOST PORT", file=sys.stderr)
+        print("usage: python -m trainer.rdzv_store HOST PORT", file=sys.stderr)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

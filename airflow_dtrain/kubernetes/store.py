@@ -1,0 +1,135 @@
+"""The rendezvous store of an elastic group on Kubernetes: a pod of its own, so that no node's loss loses it.
+
+An all-or-nothing group rendezvous with pod 0, whose agent hosts the c10d store: harmless there, since any
+lost pod ends the group. An elastic group goes on without a lost pod, index 0 included, so its store runs in
+a small pod ``<group>-rdzv`` (``python -m trainer.rdzv_store``: torch's TCPStore, from the group's image),
+behind a headless Service of the same name; every node's agent is its client (``is_host=0``). Both are
+created before the Job, owned by it once it exists, and deleted with it. A lost store pod is a lost
+rendezvous: the group ends as preempted and is relaunched as a whole (``elastic_status``).
+
+The pod asks for little (no GPU) and is scheduled by the author's ``node_selector`` and ``tolerations``
+only: not on the group's spot capacity, zone or instance type, whose loss it is there to outlive.
+Pure functions, no kubernetes client.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from airflow_dtrain.kubernetes.container import _CONTAINER_SECURITY
+from airflow_dtrain.kubernetes.names import (
+    LABEL_MANAGED_BY,
+    LABEL_STORE,
+    LABEL_TASK,
+    MANAGED_BY,
+    store_name,
+    task_name,
+)
+from airflow_dtrain.kubernetes.status import parse_time
+from airflow_dtrain.spec import JobSpec
+
+STORE_CONTAINER = "rdzv"
+STORE_RESOURCES = {"cpu": "250m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
+"""Enough for python, torch's import and a TCPStore; requests equal limits (Guaranteed)."""
+
+
+def store_labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "airflow-dtrain",
+        "app.kubernetes.io/component": "rendezvous",
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_STORE: name,
+        LABEL_TASK: task_name(name),
+    }
+
+
+def render_store_service(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
+    port = spec.kubernetes.rdzv_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": store_name(name), "namespace": namespace, "labels": store_labels(name)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # resolvable as soon as it has an IP, as the group's Service
+            "selector": {LABEL_STORE: name},
+            "ports": [{"name": "rdzv", "port": port, "targetPort": port}],
+        },
+    }
+
+
+def render_store_pod(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
+    k8s = spec.kubernetes
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # a restarted store has lost the rendezvous: the group is relaunched
+        "serviceAccountName": k8s.service_account,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{
+            "name": STORE_CONTAINER,
+            "image": k8s.image,
+            "imagePullPolicy": k8s.image_pull_policy,
+            "command": ["python", "-m", "trainer.rdzv_store", "0.0.0.0", str(k8s.rdzv_port)],
+            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
+            "ports": [{"name": "rdzv", "containerPort": k8s.rdzv_port, "protocol": "TCP"}],
+            "securityContext": {**copy.deepcopy(_CONTAINER_SECURITY), "readOnlyRootFilesystem": True},
+            "resources": {"requests": dict(STORE_RESOURCES), "limits": dict(STORE_RESOURCES)},
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        }],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "512Mi"}}],
+    }  # fmt: skip
+    if k8s.node_selector:
+        pod_spec["nodeSelector"] = dict(k8s.node_selector)
+    # where the author's node_selector sends it, a GPU node's taint must not keep it out (it takes no GPU)
+    gpu = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    gpu *= bool(spec.resources.gpus_per_node)
+    if gpu or k8s.tolerations:
+        pod_spec["tolerations"] = [*gpu, *(dict(t) for t in k8s.tolerations)]
+    if k8s.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in k8s.image_pull_secrets]
+    if k8s.priority_class:
+        pod_spec["priorityClassName"] = k8s.priority_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": store_name(name), "namespace": namespace, "labels": store_labels(name)},
+        "spec": pod_spec,
+    }
+
+
+def store_lost_at(pod: dict[str, Any] | None) -> float | None:
+    """When the store pod ended (its container's end, the disruption, the deletion); None: not known."""
+    status = (pod or {}).get("status") or {}
+    ended = [((c.get("state") or {}).get("terminated") or {}).get("finishedAt")
+             for c in status.get("containerStatuses") or []]  # fmt: skip
+    disrupted = [c.get("lastTransitionTime") for c in status.get("conditions") or []
+                 if c.get("type") == "DisruptionTarget" and c.get("status") == "True"]  # fmt: skip
+    deleted = [((pod or {}).get("metadata") or {}).get("deletionTimestamp")]
+    times = [t for t in map(parse_time, [*ended, *disrupted, *deleted]) if t is not None]
+    return min(times, default=None)
+
+
+def store_pod_lost(pod: dict[str, Any] | None) -> str | None:
+    """Why the store pod is lost (gone, failed, disrupted, or ended while the group trains); None while it is
+    there to serve."""
+    if pod is None:
+        return "is gone"
+    phase = (pod.get("status") or {}).get("phase")
+    disrupted = any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+    if disrupted:
+        return "was disrupted"
+    if phase in ("Failed", "Succeeded"):
+        return f"ended ({phase})"
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "is being deleted"
+    return None
