@@ -15,11 +15,12 @@ progress.json through the trainer's reader (``CheckpointDir``). ``--flavor`` and
 ``--set`` (the trainer's) change the job, e.g. on a GPU the 1B model with an async save in flight
 when SIGTERM comes (``benchmarks/gpu_check.sh preempt``).
 
-Beside it, in the same run, "one of two nodes lost" (``node_lost_round``), twice: a local group of 2 nodes x
+Beside it, in the same run, "one of two nodes lost" (``node_lost_round``), three times: a group of 2 nodes x
 1 process (the same job), SIGTERM to node 1's agent only. All or nothing: the group ends and is launched
 again (the operator's relaunch). Elastic (min_nodes 1): the supervisor starts node 1's replacement and node
-0's agent re-rendezvouses without a relaunch. Clock: SIGTERM to the first step after it. ``--no-elastic``
-leaves both out.
+0's agent re-rendezvouses without a relaunch; and the same with node 0 lost (the group's rendezvous store is
+a process of its own). Clock: SIGTERM to the first step after it. ``--no-elastic``
+leaves them out.
 
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
@@ -149,11 +150,12 @@ def _group_events(launcher, name: str):
         time.sleep(POLL_S)
 
 
-def node_lost_round(at_step: int, flavor: str, elastic: bool) -> dict:
-    """One of two nodes lost: a local group (LocalLauncher) of 2 nodes, SIGTERM to node 1's agent only once
-    step ``at_step`` is logged. Elastic: its supervisor starts a replacement at once (capacity 2) and node 0's
-    agent re-rendezvouses with it. All or nothing: the group ends preempted and is launched again, as the
-    operator does. The clock stops at the first step after the preempted one."""
+def node_lost_round(at_step: int, flavor: str, elastic: bool, lost: int = 1) -> dict:
+    """One of two nodes lost: a local group (LocalLauncher) of 2 nodes, SIGTERM to node ``lost``'s agent only
+    once step ``at_step`` is logged. Elastic: its supervisor starts a replacement at once (capacity 2) and the
+    other node's agent re-rendezvouses with it (node 0 too: the store is a process of its own). All or
+    nothing: the group ends preempted and is launched again, as the operator does. The clock stops at the
+    first step after the preempted one."""
     from airflow_dtrain.launchers.local import LocalLauncher
 
     os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
@@ -166,7 +168,7 @@ def node_lost_round(at_step: int, flavor: str, elastic: bool) -> dict:
         if e["event"] == "train" and e["step"] >= at_step:
             t0 = time.perf_counter()
             nodes = json.loads(open(os.path.join(root, "groups", name, "nodes.json")).read())
-            os.kill(nodes["1"]["pid"], signal.SIGTERM)
+            os.kill(nodes[str(lost)]["pid"], signal.SIGTERM)
             break
     for e in stream:
         preempted = e if e["event"] == "preempted" else None
@@ -201,15 +203,16 @@ def node_lost_round(at_step: int, flavor: str, elastic: bool) -> dict:
 
 def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
     """The 2-node rows, side by side in this run: all or nothing (relaunch), then elastic (replace one)."""
-    for elastic, label in ((False, "2 nodes, all or nothing: whole-group relaunch"),
-                           (True, "2 nodes, elastic: one node replaced")):  # fmt: skip
+    for elastic, lost, label in ((False, 1, "2 nodes, all or nothing: whole-group relaunch"),
+                                 (True, 1, "2 nodes, elastic: one node replaced"),
+                                 (True, 0, "2 nodes, elastic: node 0 replaced")):  # fmt: skip
         rows = []
         for r in range(rounds):
-            rows.append(node_lost_round(at_step, flavor, elastic))
+            rows.append(node_lost_round(at_step, flavor, elastic, lost))
             figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
             print(f"{label}, round {r}: {json.dumps(figures)}", flush=True)
         print(
-            f"{label}: SIGTERM to node 1 -> first step after it: median "
+            f"{label}: SIGTERM to node {lost} -> first step after it: median "
             f"{statistics.median(row['recovery_s'] for row in rows):.2f} s (save "
             f"{statistics.median(row['save_s'] for row in rows):.2f} s; resumed at "
             f"{sorted({row['nodes_after'] for row in rows})} node(s)); steps lost: max "
