@@ -18,14 +18,7 @@ import copy
 from typing import Any
 
 from airflow_dtrain.kubernetes.container import _CONTAINER_SECURITY
-from airflow_dtrain.kubernetes.names import (
-    LABEL_MANAGED_BY,
-    LABEL_STORE,
-    LABEL_TASK,
-    MANAGED_BY,
-    store_name,
-    task_name,
-)
+from airflow_dtrain.kubernetes.names import LABEL_GROUP, LABEL_STORE, group_labels, store_name
 from airflow_dtrain.kubernetes.status import parse_time
 from airflow_dtrain.spec import JobSpec
 
@@ -35,13 +28,9 @@ STORE_RESOURCES = {"cpu": "250m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
 
 
 def store_labels(name: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "airflow-dtrain",
-        "app.kubernetes.io/component": "rendezvous",
-        LABEL_MANAGED_BY: MANAGED_BY,
-        LABEL_STORE: name,
-        LABEL_TASK: task_name(name),
-    }
+    """The group's labels but its node selector (``LABEL_GROUP``): the store's own instead."""
+    labels = {key: value for key, value in group_labels(name).items() if key != LABEL_GROUP}
+    return {**labels, "app.kubernetes.io/component": "rendezvous", LABEL_STORE: name}
 
 
 def render_store_service(name: str, spec: JobSpec, *, namespace: str) -> dict[str, Any]:
