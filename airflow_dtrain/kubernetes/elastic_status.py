@@ -25,7 +25,6 @@ from airflow_dtrain.kubernetes import status as group_status
 from airflow_dtrain.kubernetes.elastic_job import NOT_RESUMABLE
 from airflow_dtrain.kubernetes.names import ANNOTATION_ELASTIC, ANNOTATION_NODE_TIMES, store_name
 from airflow_dtrain.kubernetes.status import Observation, condition, parse_time, pod_index, terminated
-from airflow_dtrain.kubernetes.store import store_lost_at, store_pod_lost
 from airflow_dtrain.launchers.base import GroupState, GroupStatus
 
 Times = dict[str, list[float | None]]
@@ -156,13 +155,30 @@ def observe(
 
 
 def store_pod_gone(name: str, pod: dict[str, Any] | None, now: float) -> tuple[float, str] | None:
-    """(when, why) the group's store pod was lost (``store``): the nodes cannot re-form the group without it,
-    and a node's later failure is collateral. None while it serves."""
-    why = store_pod_lost(pod)
-    if why is None:
+    """(when, why) the group's store pod (``store``) was lost: gone, disrupted, ended or being deleted. The
+    nodes cannot re-form the group without it, and a node's later failure is collateral. None while it
+    serves."""
+    if pod is None:
+        return now, _store_words(name, "is gone")
+    status, meta = pod.get("status") or {}, pod.get("metadata") or {}
+    disrupted, phase = condition(pod, "DisruptionTarget"), status.get("phase")
+    if disrupted:
+        why = "was disrupted"
+    elif phase in ("Failed", "Succeeded"):
+        why = f"ended ({phase})"
+    elif meta.get("deletionTimestamp"):
+        why = "is being deleted"
+    else:
         return None
-    when = store_lost_at(pod) or now
-    return when, (
+    ended = [((c.get("state") or {}).get("terminated") or {}).get("finishedAt")
+             for c in status.get("containerStatuses") or []]  # fmt: skip
+    times = [parse_time(t) for t in [*ended, (disrupted or {}).get("lastTransitionTime"),
+                                     meta.get("deletionTimestamp")]]  # fmt: skip
+    return min((t for t in times if t is not None), default=now), _store_words(name, why)
+
+
+def _store_words(name: str, why: str) -> str:
+    return (
         f"preempted: the group's rendezvous store (pod {store_name(name)}) {why}; the nodes cannot re-form "
         "the group without it: the group is relaunched as a whole"
     )

@@ -129,7 +129,7 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
             self._api(self._core.create_namespaced_service, self.namespace, service)
             created.append((self._core.delete_namespaced_service, name))
             for obj in store:  # an elastic group's rendezvous store, up before its nodes (kubernetes.store)
-                create, delete = self._verbs(obj)
+                create, _, delete = self._verbs(obj["kind"])
                 self._api(create, self.namespace, obj)
                 created.append((delete, obj["metadata"]["name"]))
             job = self._api(self._batch.create_namespaced_job, self.namespace, job)
@@ -150,17 +150,16 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
             self._core.patch_namespaced_service, name, self.namespace, owner, _content_type=_MERGE_PATCH
         )
         for obj in store:
-            patch = {"Pod": self._core.patch_namespaced_pod}.get(
-                obj["kind"], self._core.patch_namespaced_service
-            )
+            _, patch, _ = self._verbs(obj["kind"])
             self._api(patch, obj["metadata"]["name"], self.namespace, owner, _content_type=_MERGE_PATCH)
         return self.status(name)
 
-    def _verbs(self, obj: dict[str, Any]) -> tuple[Any, Any]:
-        """(create, delete) of a store object, a Service or a Pod."""
-        if obj["kind"] == "Pod":
-            return self._core.create_namespaced_pod, self._core.delete_namespaced_pod
-        return self._core.create_namespaced_service, self._core.delete_namespaced_service
+    def _verbs(self, kind: str) -> tuple[Any, Any, Any]:
+        """(create, patch, delete) of a store object: a Service or a Pod."""
+        core = self._core
+        if kind == "Pod":
+            return core.create_namespaced_pod, core.patch_namespaced_pod, core.delete_namespaced_pod
+        return core.create_namespaced_service, core.patch_namespaced_service, core.delete_namespaced_service
 
     def _wait_for_predecessors(self, name: str) -> None:
         """Earlier groups of this task must be gone: two groups never write one checkpoint at once.
@@ -225,8 +224,9 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         if recorded is not None:
             return recorded
         pods = self._pods(f"{LABEL_GROUP}={name}")
-        elastic = elastic_status.settings(job) is not None
-        if elastic and elastic_status.settings(job).get("standalone_store"):
+        settings = elastic_status.settings(job)
+        elastic = settings is not None
+        if elastic and settings.get("standalone_store"):
             store = self._api(
                 self._core.read_namespaced_pod, store_name(name), self.namespace, missing_ok=True
             )
@@ -295,8 +295,8 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
 
     def _end_store(self, name: str) -> None:
         """Delete an elastic group's store pod and Service (absent ones are fine)."""
-        self._api(self._core.delete_namespaced_pod, store_name(name), self.namespace, missing_ok=True)
-        self._api(self._core.delete_namespaced_service, store_name(name), self.namespace, missing_ok=True)
+        for kind in ("Pod", "Service"):
+            self._api(self._verbs(kind)[2], store_name(name), self.namespace, missing_ok=True)
 
     def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
         """Patch the running Job's activeDeadlineSeconds (a field a Job may change while it runs) and its

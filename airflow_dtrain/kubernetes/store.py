@@ -19,7 +19,6 @@ from typing import Any
 
 from airflow_dtrain.kubernetes.container import _CONTAINER_SECURITY
 from airflow_dtrain.kubernetes.names import LABEL_GROUP, LABEL_STORE, group_labels, store_name
-from airflow_dtrain.kubernetes.status import parse_time
 from airflow_dtrain.spec import JobSpec
 
 STORE_CONTAINER = "rdzv"
@@ -91,34 +90,3 @@ def render_store_pod(name: str, spec: JobSpec, *, namespace: str) -> dict[str, A
         "metadata": {"name": store_name(name), "namespace": namespace, "labels": store_labels(name)},
         "spec": pod_spec,
     }
-
-
-def store_lost_at(pod: dict[str, Any] | None) -> float | None:
-    """When the store pod ended (its container's end, the disruption, the deletion); None: not known."""
-    status = (pod or {}).get("status") or {}
-    ended = [((c.get("state") or {}).get("terminated") or {}).get("finishedAt")
-             for c in status.get("containerStatuses") or []]  # fmt: skip
-    disrupted = [c.get("lastTransitionTime") for c in status.get("conditions") or []
-                 if c.get("type") == "DisruptionTarget" and c.get("status") == "True"]  # fmt: skip
-    deleted = [((pod or {}).get("metadata") or {}).get("deletionTimestamp")]
-    times = [t for t in map(parse_time, [*ended, *disrupted, *deleted]) if t is not None]
-    return min(times, default=None)
-
-
-def store_pod_lost(pod: dict[str, Any] | None) -> str | None:
-    """Why the store pod is lost (gone, failed, disrupted, or ended while the group trains); None while it is
-    there to serve."""
-    if pod is None:
-        return "is gone"
-    phase = (pod.get("status") or {}).get("phase")
-    disrupted = any(
-        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-    if disrupted:
-        return "was disrupted"
-    if phase in ("Failed", "Succeeded"):
-        return f"ended ({phase})"
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return "is being deleted"
-    return None

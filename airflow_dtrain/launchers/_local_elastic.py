@@ -15,7 +15,7 @@ by ``LocalLauncher.set_capacity``); replacements start only while fewer than ``k
 
 No node hosts the rendezvous store: it is a process of its own (``rdzv_store``, started by the supervisor
 before the agents), so node 0's loss is absorbed and replaced as any other's (a ``group.json`` written before,
-without ``standalone_store``, still has node 0 host it: its loss is the whole group's). Below ``min_nodes``
+without ``rdzv_store``, still has node 0 host it: its loss is the whole group's). Below ``min_nodes``
 the survivors wait ``min_nodes_timeout_s`` for a replacement in their rendezvous, then exit 75 on their own
 (the group ends preempted).
 """
@@ -50,7 +50,6 @@ def elastic_terms(spec: Any) -> dict[str, int] | None:
         "min_nodes": spec.fewest_nodes,
         "num_nodes": spec.num_nodes,
         "max_replacements": spec.max_preemptions,
-        "standalone_store": True,  # no node hosts the rendezvous store (rdzv_store): node 0 is no different
     }
 
 
@@ -93,8 +92,9 @@ class ElasticNodes:
     """
 
     def __init__(self, group_dir: Path, terms: dict[str, int], start: Callable[[int], None],
-                 say: Callable[[str], None]) -> None:  # fmt: skip
+                 say: Callable[[str], None], standalone_store: bool = False) -> None:  # fmt: skip
         self.group_dir, self.terms, self.start, self.say = group_dir, terms, start, say
+        self.standalone_store = standalone_store  # the store is a process of its own: node 0 is like any
         self.absorbed: set[int] = set()  # nodes whose last agent's loss the group absorbed (not replaced yet)
         self.pending: list[int] = []  # of those, the ones waiting for capacity to start a replacement
         self.replacements = 0
@@ -103,7 +103,7 @@ class ElasticNodes:
 
     def absorb(self, index: int, code: int | None) -> bool:
         """Whether the group goes on without node ``index``'s agent, which ended with ``code``."""
-        if (index == HOST_INDEX and not self.terms.get("standalone_store")) or not resumable(code):
+        if (index == HOST_INDEX and not self.standalone_store) or not resumable(code):
             return False
         if index not in self.absorbed:
             self.absorbed.add(index)

@@ -242,7 +242,8 @@ class _Watch:
         )
         self.elastic = None  # an elastic group: its peers go on without a lost node, which is replaced
         if group.get("elastic") and starter is not None:
-            self.elastic = ElasticNodes(group_dir, group["elastic"], self._replace, starter.say)
+            self.elastic = ElasticNodes(group_dir, group["elastic"], self._replace, starter.say,
+                                        standalone_store=bool(group.get("rdzv_store")))  # fmt: skip
         self.peer_grace = float(group.get("peer_exit_grace_s", 30.0))
         self.budget = group.get("budget_deadline")  # launchers.base.budget_deadline, with "at" (wall clock)
         # LocalLauncher.shorten_deadline writes an earlier one here when the spot price rose
