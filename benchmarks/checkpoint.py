@@ -17,6 +17,8 @@ Measured side by side in each round, on the same directory's filesystem:
 * sync save:   Checkpointer.save(blocking=True): write + fsync + xxh3 + manifest, with
                checkpoint.write_threads files per rank written and hashed in parallel
 * 1-stream:    the same with write_threads=1 (one file per rank: DCP's default)
+* with CRC32:  the sync save with torch.save's per-record CRC32, as before the trainer turned it off
+               (trainer/checkpointing/save.py: record_crc32)
 * DCP write:   the same save without our hashing and manifest (dcp.save alone)
 * load:        Checkpointer.load of that checkpoint
 * host copy:   DCP's DefaultStager copying the state to host memory synchronously
@@ -51,6 +53,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
 
 from trainer.checkpoint import Checkpointer  # noqa: E402
+from trainer.checkpointing.save import record_crc32  # noqa: E402
 from trainer.checkpointing.state import training_state  # noqa: E402
 from trainer.config import CheckpointConfig  # noqa: E402
 
@@ -171,6 +174,7 @@ class Bench:
         self.x = torch.randn(args.batch, 1024)
         self.sync, self.asy = self.checkpointer("sync", False), self.checkpointer("async", True)
         self.single = self.checkpointer("single", False, write_threads=1)
+        self.crc = self.checkpointer("crc", False)
 
     def state(self) -> tuple:
         return self.model, self.optimizer, self.scheduler, self.data
@@ -193,6 +197,7 @@ class Bench:
         self.asy.close()
         self.sync.close()
         self.single.close()
+        self.crc.close()
 
 
 def sync_saves(b: Bench, r: int, rows: list[dict]) -> tuple[str, dict]:
@@ -211,7 +216,12 @@ def sync_saves(b: Bench, r: int, rows: list[dict]) -> tuple[str, dict]:
     t = time.perf_counter()
     b.single.save(r + 1, *b.state(), manifest_fields=b.fields, reason="bench", blocking=True)
     single_s = time.perf_counter() - t
-    return path, dict(bytes=nbytes, sync=sync_s, shaped=shaped_s, single=single_s)
+    record_crc32(True)
+    t = time.perf_counter()
+    b.crc.save(r + 1, *b.state(), manifest_fields=b.fields, reason="bench", blocking=True)
+    crc_s = time.perf_counter() - t
+    record_crc32(False)
+    return path, dict(bytes=nbytes, sync=sync_s, shaped=shaped_s, single=single_s, crc=crc_s)
 
 
 def references(b: Bench, r: int, path: str, nbytes: int) -> tuple[list[str], dict]:
@@ -310,6 +320,10 @@ def print_saves(args: argparse.Namespace, rows: list[dict], base: str) -> dict:
     print(
         f"  one file per rank (write_threads=1): {gb / med['single']:.2f} GB/s = "
         f"{med['write'] / med['single']:.0%} of disk write"
+    )
+    print(
+        f"  with torch.save's per-record CRC32 (before): {gb / med['crc']:.2f} GB/s; the save without it "
+        f"takes {med['sync'] / med['crc']:.0%} of its time"
     )
     print(f"  DCP write alone: {gb / med['dcp']:.2f} GB/s = {med['write'] / med['dcp']:.0%} of disk write")
     print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
