@@ -8,6 +8,8 @@
 #                                        # exported model's loss under transformers on the same batches
 #   bash benchmarks/gpu_check.sh preempt # SIGTERM to trainer.launch at the fastest settings while an async save is in
 #                                        # flight: exit 75, the restart resumes from the step reached (recovery.py)
+#   bash benchmarks/gpu_check.sh preempt-warm # the same preemption without a save in flight, compiled, the restart
+#                                        # with the first run's compile cache (warm) and with an empty one (cold)
 #   bash benchmarks/gpu_check.sh --quick # `make bench-smoke`: mfu.py and recovery.py --quick on the GPU, exit 1
 #                                        # if either fails; without a GPU, says so and exits 0
 # Output goes to $OUT (or ./gpu-out) as one text file per part (--quick: to stdout only).
@@ -117,6 +119,16 @@ preempt)
             --set parallel.loss_chunk_tokens=0 --set checkpoint.every=40
     } 2>&1 | tee "$out/preempt.txt"
     ;;
+preempt-warm)
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+        RUN_TIMEOUT=${RUN_TIMEOUT:-540} TAIL=20 run preempt-warm-1b $py benchmarks/recovery.py --rounds 1 --nproc 1 \
+            --no-elastic --compile --at-step 10 --stderr "$out/preempt_warm_stderr.txt" --flavor ${FLAVOR:-llama3_1b} \
+            --set data.seq_len=${SEQ:-2048} --set micro_batch_size=${MB:-16} --set global_batch_size=${MB:-16} \
+            --set parallel.loss_chunk_tokens=0 --set checkpoint.every=1000
+    } 2>&1 | tee "$out/preempt_warm.txt"
+    ;;
 *)
-    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, --quick)" >&2; exit 2 ;;
+    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, --quick)" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ and the steps lost.
     python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug]
                                   [--set KEY=VALUE ...]
     python benchmarks/recovery.py --quick      # one round: a check that it runs
+    python benchmarks/recovery.py --compile --no-elastic   # compiled: the restart with a warm, a cold cache
 
 Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m trainer`` (torchrun
 with the trainer's exit codes: the launcher a local-backend node runs), debug flavour, sends
@@ -21,6 +22,10 @@ again (the operator's relaunch). Elastic (min_nodes 1): the supervisor starts no
 0's agent re-rendezvouses without a relaunch; and the same with node 0 lost (the group's rendezvous store is
 a process of its own). Clock: SIGTERM to the first step after it. ``--no-elastic``
 leaves them out.
+
+With ``--compile`` the 1-node rows run with ``parallel.compile=true`` instead, each round twice side by side:
+the restart given the first run's compile cache (``TORCHINDUCTOR_CACHE_DIR``: warm, as the local backend
+gives every attempt of a job its own cache) and an empty one (cold: a new machine or pod).
 
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
@@ -75,7 +80,9 @@ def events(proc: subprocess.Popen, events_dir: str):
         time.sleep(POLL_S)
 
 
-def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
+def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env: dict | None = None) -> dict:
+    """SIGTERM to a run once step ``at_step`` is logged, the same command again (with ``restart_env``, else
+    ``env``) once it exits 75; the figures of the recovery."""
     ckpt = tempfile.mkdtemp(prefix="dtrain-recovery-")
     runs_dir = tempfile.mkdtemp(prefix="dtrain-recovery-events-")
     first_events, second_events = os.path.join(runs_dir, "first"), os.path.join(runs_dir, "second")
@@ -98,7 +105,7 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     rc = first.wait()
     t_exit = time.perf_counter()
     assert rc == 75, rc
-    second = start(nproc, ckpt, env, extra, second_events)
+    second = start(nproc, ckpt, restart_env or env, extra, second_events)
     resume = None
     for e in events(second, second_events):
         if e["event"] == "resume":
@@ -201,6 +208,52 @@ def node_lost_round(at_step: int, flavor: str, elastic: bool, lost: int = 1) -> 
     }
 
 
+def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str]) -> None:
+    """The 1-node recovery, ``rounds`` times: each round's figures, then their medians."""
+    rows = []
+    for r in range(rounds):
+        rows.append(one_round(nproc, at_step, env, extra))
+        figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
+        print(f"round {r}: {json.dumps(figures)}", flush=True)
+    med = {
+        k: statistics.median(row[k] for row in rows)
+        for k in ("recovery_s", "sigterm_to_exit_s", "save_s", "restart_to_first_step_s")
+    }
+    lost = max(row["steps_lost"] for row in rows)
+    print(
+        f"\nwhole-group relaunch: SIGTERM -> first step after resume: median {med['recovery_s']:.2f} s "
+        f"(save {med['save_s']:.2f} s, SIGTERM -> exit 75 {med['sigterm_to_exit_s']:.2f} s, "
+        f"restart -> first step {med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  "
+        f"[target <= 10 s, 0 steps]"
+    )
+
+
+def compiled_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str]) -> None:
+    """The same recovery with ``parallel.compile=true``, the restart finding the first run's compile cache
+    (warm: as the local backend gives every attempt of a job its own cache) or an empty one (cold: a new
+    machine, or a replacement pod), side by side in each round."""
+    extra = [*extra, "--set", "parallel.compile=true"]
+    rows: dict[str, list[dict]] = {"warm": [], "cold": []}
+    for r in range(rounds):
+        for kind in ("warm", "cold") if r % 2 == 0 else ("cold", "warm"):
+            caches = tempfile.mkdtemp(prefix="dtrain-recovery-compile-")
+            first = {**env, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "job")}
+            restart = (
+                first if kind == "warm" else {**env, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "new")}
+            )
+            rows[kind].append(one_round(nproc, at_step, first, extra, restart))
+            shutil.rmtree(caches, ignore_errors=True)
+            figures = {k: round(v, 3) for k, v in rows[kind][-1].items() if isinstance(v, float)}
+            print(f"compiled, {kind} cache, round {r}: {json.dumps(figures)}", flush=True)
+    med = {kind: statistics.median(row["restart_to_first_step_s"] for row in rs) for kind, rs in rows.items()}
+    lost = max(row["steps_lost"] for rs in rows.values() for row in rs)
+    print(
+        f"compiled (parallel.compile=true): restart -> first step: median warm {med['warm']:.2f} s, cold "
+        f"{med['cold']:.2f} s (warm/cold {med['warm'] / med['cold']:.0%}); steps lost: max {lost}",
+        flush=True,
+    )
+
+
 def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
     """The 2-node rows, side by side in this run: all or nothing (relaunch), then elastic (replace one)."""
     for elastic, lost, label in ((False, 1, "2 nodes, all or nothing: whole-group relaunch"),
@@ -237,6 +290,12 @@ def main() -> None:
     p.add_argument(
         "--no-elastic", action="store_true", help="without the 2-node rows (elastic and all or nothing)"
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="the 1-node recovery with parallel.compile=true, restarted with a warm and with a cold compile "
+        "cache, side by side (in place of the plain one)",
+    )
     args = p.parse_args()
     if args.quick:
         args.rounds = 1
@@ -244,22 +303,10 @@ def main() -> None:
     STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
     extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    rows = []
-    for r in range(args.rounds):
-        rows.append(one_round(args.nproc, args.at_step, env, extra))
-        figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
-        print(f"round {r}: {json.dumps(figures)}", flush=True)
-    med = {
-        k: statistics.median(row[k] for row in rows)
-        for k in ("recovery_s", "sigterm_to_exit_s", "save_s", "restart_to_first_step_s")
-    }
-    lost = max(row["steps_lost"] for row in rows)
-    print(
-        f"\nwhole-group relaunch: SIGTERM -> first step after resume: median {med['recovery_s']:.2f} s "
-        f"(save {med['save_s']:.2f} s, SIGTERM -> exit 75 {med['sigterm_to_exit_s']:.2f} s, "
-        f"restart -> first step {med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  "
-        f"[target <= 10 s, 0 steps]"
-    )
+    if args.compile:
+        compiled_rows(args.rounds, args.nproc, args.at_step, env, extra)
+    else:
+        plain_rows(args.rounds, args.nproc, args.at_step, env, extra)
     if args.no_elastic:
         return
     _node_lost_rows(args.rounds, args.at_step, args.flavor)

@@ -51,7 +51,7 @@ from airflow_dtrain.launchers.local_processes import (
     signal_workers,
     sweep,
 )
-from airflow_dtrain.launchers.state_dir import default_state_dir
+from airflow_dtrain.launchers.state_dir import compile_cache_env, default_state_dir
 from airflow_dtrain.launchers.torchrun import agent_env, node_command
 from trainer.events import EVENTS_DIR_ENV, EventCursor
 
@@ -157,6 +157,7 @@ class LocalLauncher(PodGroupLauncher):
             # each rank appends its events to <group dir>/events/rank-<RANK>.jsonl (trainer/events.py)
             EVENTS_DIR_ENV: str((group_dir / EVENTS_SUBDIR).resolve()),
             "OMP_NUM_THREADS": str(threads),
+            **compile_cache_env(self.state_dir, spec.train.owner, spec.train.job),
             **agent_env(spec),
         }
         group = {

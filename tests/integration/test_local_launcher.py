@@ -35,6 +35,8 @@ def test_two_node_group_trains_and_every_node_reaches_the_log(tmp_path):
     # the worker's OMP_NUM_THREADS (tests/conftest.py sets 1) is what every process of the group gets
     group = json.loads((tmp_path / "groups" / "two-nodes-r0" / "group.json").read_text())
     assert group["env"]["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == "1"
+    # torch.compile's cache: the job's own, not /tmp/torchinductor_<user>, which every job would share
+    assert group["env"]["TORCHINDUCTOR_CACHE_DIR"].startswith(str((tmp_path / "groups").resolve()) + "/")
     with pytest.raises(ValueError, match="already exists"):
         launcher.launch("two-nodes-r0", _spec(tmp_path, steps=6))
 
