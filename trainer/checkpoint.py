@@ -162,6 +162,11 @@ class Checkpointer:
             blocking=blocking,
         )
 
+    def warm_up_staging(self, model, optimizer, scheduler, data, step: int) -> bool:
+        """Async saves: allocate the host buffers of every save now, in the background
+        (Saver.warm_up_staging); True if this started it. Every rank together, after an optimizer step."""
+        return self._saver.warm_up_staging(model, optimizer, scheduler, data, step) if self._saver else False
+
     def wait_for_staging(self) -> float:
         """Block until the async save's copy of the state is taken; returns the seconds waited.
 

@@ -171,6 +171,8 @@ class Job(CheckpointReports):
         )
         if self.step_hook is not None:
             self.step_hook(step)
+        if cfg.checkpoint.every:  # the first interval save then costs what the later ones do
+            self.ckpt.warm_up_staging(self.model, self.optimizer, self.scheduler, self.data, step)
         self.settle()  # the previous step's: the device finished it while this one was queued
         self._unsettled = (step, lr, loss, grad_norm)
         now = time.perf_counter()
