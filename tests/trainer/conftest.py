@@ -65,6 +65,21 @@ def s3(monkeypatch):
     server.stop()
 
 
+@pytest.fixture
+def gloo_group():
+    """A 1-rank gloo process group in this process (the default group), destroyed after the test."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> str:
     """A DTRAIN_DATA_DIR shared by the session: the built-in corpus is built once."""

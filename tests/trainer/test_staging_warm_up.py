@@ -3,11 +3,7 @@ of its own step, not the warm-up's."""
 
 from __future__ import annotations
 
-import socket
-
-import pytest
 import torch
-import torch.distributed as dist
 
 from trainer.checkpoint import Checkpointer
 from trainer.checkpointing.state import checkpoint_tensors
@@ -25,16 +21,6 @@ class _Position:
         self.position = state["position"]
 
 
-@pytest.fixture
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _step(model, optimizer) -> None:
     model(torch.randn(4, 64)).square().sum().backward()
     optimizer.step()
@@ -48,7 +34,7 @@ def _buffers(ckpt: Checkpointer) -> set[int]:
     return {id(b) for b in cached if b.nbytes() >= 16 * 1024}
 
 
-def test_the_first_save_reuses_buffers_allocated_ahead_and_saves_its_own_step(one_rank_group, tmp_path):
+def test_the_first_save_reuses_buffers_allocated_ahead_and_saves_its_own_step(gloo_group, tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)

@@ -6,11 +6,9 @@ mid-backward.
 """
 
 import math
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.auto_batch import candidates, fit_micro_batch_size, largest_fitting, probe
@@ -52,13 +50,8 @@ def test_cpu_keeps_the_configured_micro_batch_and_says_it_skipped():
 
 
 @pytest.fixture
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield build_mesh("cpu", 1, ParallelConfig())
-    dist.destroy_process_group()
+def one_rank_group(gloo_group):
+    return build_mesh("cpu", 1, ParallelConfig())
 
 
 def _fsdp_model(mesh):
