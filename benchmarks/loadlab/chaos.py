@@ -22,7 +22,10 @@ def training_groups(groups: Path) -> dict[str, psutil.Process]:
     """{group name: its agent} of the groups under ``groups`` whose agent has a live rank (training, not
     starting or ending)."""
     found = {}
-    for group in sorted(p for p in groups.iterdir() if p.is_dir()) if groups.is_dir() else []:
+    # a group's name never starts with a dot: those are the launcher's own (its jobs' .compile-cache)
+    for group in (
+        sorted(p for p in groups.iterdir() if p.is_dir() and p.name[0] != ".") if groups.is_dir() else []
+    ):
         for agent in agents(group_processes(group.name, group)):
             try:
                 if agent.children():

@@ -165,7 +165,8 @@ def log_problems(home: Path, groups: Path, runs: list[Run]) -> list[str]:
     sources: dict[str, list[Path]] = {r.run_id: [] for r in runs}
     for run in runs:
         sources[run.run_id] += _texts(home / "logs" / f"dag_id={run.dag_id}" / f"run_id={run.run_id}")
-    for group in (p for p in groups.iterdir() if p.is_dir()) if groups.is_dir() else []:
+    # a group's name never starts with a dot: those are the launcher's own (its jobs' .compile-cache)
+    for group in (p for p in groups.iterdir() if p.is_dir() and p.name[0] != ".") if groups.is_dir() else []:
         spec = (group / "group.json").read_text(errors="replace") if (group / "group.json").exists() else ""
         named = {run_id for run_id, d in own.items() if re.search(re.escape(d) + r"(?![\w.-])", spec)}
         if len(named) != 1:
