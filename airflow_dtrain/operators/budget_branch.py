@@ -50,7 +50,10 @@ class BudgetBranchInputs:
         0.05, ge=0, help="Expected interruptions of the group per hour on spot."
     )
     max_interruption_rate_per_hour: float | None = setting(
-        None, ge=0, help="Above this risk, spot is not used."
+        None,
+        ge=0,
+        help="Above this risk, spot is not used (an elastic group's lost node counts at the "
+        "share of a relaunch's time its resize costs).",
     )
     restart_overhead_s: float = setting(600.0, ge=0, help="Time one interruption costs besides lost work.")
     lost_work_s: float = setting(0.0, ge=0, help="Work lost per interruption.")

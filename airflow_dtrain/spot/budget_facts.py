@@ -128,8 +128,19 @@ class Facts:
     preempt_risk = property(lambda self: self.fit[5])
 
     @property
+    def weighed_rate(self) -> float:
+        """The interruption rate held to ``max_interruption_rate_per_hour``, in relaunches per hour: a lost
+        node of an elastic group is a resize, not a relaunch, and counts at the share of a relaunch's cost
+        that it costs (``loss_s`` over ``restart_overhead_s`` + ``lost_work_s``)."""
+        i = self.i
+        relaunch = i.restart_overhead_s + i.lost_work_s
+        if not i.elastic or relaunch <= 0:
+            return i.interruption_rate_per_hour
+        return i.interruption_rate_per_hour * min(1.0, loss_s(i) / relaunch)
+
+    @property
     def risky(self) -> bool:
-        return self.i.interruption_rate_per_hour > self.i.max_interruption_rate_per_hour
+        return self.weighed_rate > self.i.max_interruption_rate_per_hour
 
     @property
     def spot_offered(self) -> bool:
@@ -149,8 +160,13 @@ class Facts:
             return [f"only {i.spot_nodes_available} of the {i.num_nodes} spot nodes the group needs at once"]
         why = []
         if self.risky:
+            weighed = self.weighed_rate
+            as_relaunches = (
+                f" (a lost node costs a resize: {weighed:.3f} relaunches/h)"
+                if weighed != i.interruption_rate_per_hour else ""
+            )  # fmt: skip
             why.append(
-                f"interruption risk {i.interruption_rate_per_hour:.3f}/h "
+                f"interruption risk {i.interruption_rate_per_hour:.3f}/h{as_relaunches} "
                 f"above {i.max_interruption_rate_per_hour:.3f}/h"
             )
         why += self._spot_money_why() + self._spot_time_why()

@@ -51,7 +51,8 @@ class BudgetInputs:
     interruption_rate_per_hour: float = 0.05
     """Expected interruptions of the group per hour on spot (any node)."""
     max_interruption_rate_per_hour: float = math.inf
-    """Above this risk, spot is not used."""
+    """Above this risk, spot is not used. An elastic group's lost node is a resize, not a relaunch: its
+    rate counts at (``resize_overhead_s`` + ``lost_work_s``) / (``restart_overhead_s`` + ``lost_work_s``)."""
     restart_overhead_s: float = 600.0
     """Time an interruption costs besides lost work: new capacity, start-up, checkpoint load."""
     lost_work_s: float = 0.0

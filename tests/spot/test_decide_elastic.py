@@ -60,6 +60,22 @@ def test_a_lost_node_of_an_elastic_group_costs_a_resize_not_a_relaunch():
     assert elastic.spot_cost < plain.spot_cost
 
 
+def test_the_interruption_limit_counts_an_elastic_groups_lost_node_at_what_its_resize_costs():
+    # the DAG's limit: at most 0.5 relaunches an hour; 2 lost nodes an hour, each a 90 s resize and a 30 s
+    # step, are 2 x 120 / 630 = 0.38 relaunches' worth of time an hour
+    risky = dict(interruption_rate_per_hour=2.0, lost_work_s=30.0, max_interruption_rate_per_hour=0.5)
+    plain = decide(_inputs(**risky))
+    assert plain.choice == Choice.ON_DEMAND
+    assert "interruption risk 2.000/h above 0.500/h" in plain.reason, plain.reason
+    assert decide(_inputs(**risky, min_nodes=2)).choice == Choice.SPOT
+
+    frequent = decide(_inputs(**{**risky, "interruption_rate_per_hour": 3.0}, min_nodes=2))  # 0.57 an hour
+    assert frequent.choice == Choice.ON_DEMAND
+    assert "interruption risk 3.000/h (a lost node costs a resize: 0.571 relaunches/h) above 0.500/h" in (
+        frequent.reason
+    ), frequent.reason
+
+
 @pytest.mark.parametrize("have", [2, 3, 4, 5])
 @pytest.mark.parametrize("risk", [0.0, 1.5])
 def test_the_cap_holds_at_every_size_the_group_may_run_at(have, risk):
