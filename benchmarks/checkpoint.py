@@ -2,6 +2,7 @@
 
     python benchmarks/checkpoint.py [--mb 200] [--batch 64] [--dir DIR] [--rounds 6]
     python benchmarks/checkpoint.py --quick     # 16 MiB, 2 rounds: a check that it runs
+    python benchmarks/checkpoint.py --device cuda --mb 4700 --rounds 2 --lean   # gpu_check.sh save
 
 One process (a 1-rank gloo group), the trainer's real Checkpointer (get_state_dict, DCP
 FileSystemWriter with fsync, xxh3_128 of every file, manifest), on a model of stacked
@@ -69,12 +70,14 @@ class _Stateful:
         self.position = state["position"]
 
 
-def build(mb: int):
+def build(mb: int, device: str = "cpu"):
     width = 1024
     layers = max(1, mb * 2**20 // (width * width * 4))
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(
+        device
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, width)).sum().backward()
+    model(torch.randn(2, width, device=device)).sum().backward()
     optimizer.step()  # materialise both moments
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     return model, optimizer, scheduler, _Stateful()
@@ -154,6 +157,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--batch", type=int, default=64, help="rows per training step of the async-stall measurement"
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the state lives: cpu, or cuda (a save copies it to the host first)",
+    )
+    p.add_argument(
+        "--lean",
+        action="store_true",
+        help="only the sync save beside its same-shape write, the disk, the load and the async save (a GPU's "
+        "14 GB state: --device cuda --mb 4700 --rounds 2 --lean fits one device call)",
+    )
     p.add_argument("--quick", action="store_true", help="--mb 16 --rounds 2: every measurement, once warm")
     args = p.parse_args()
     if args.quick:
@@ -170,8 +184,8 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, base: str):
         self.args, self.base = args, base
-        self.model, self.optimizer, self.scheduler, self.data = build(args.mb)
-        self.x = torch.randn(args.batch, 1024)
+        self.model, self.optimizer, self.scheduler, self.data = build(args.mb, args.device)
+        self.x = torch.randn(args.batch, 1024, device=args.device)
         self.sync, self.asy = self.checkpointer("sync", False), self.checkpointer("async", True)
         self.single = self.checkpointer("single", False, write_threads=1)
         self.crc = self.checkpointer("crc", False)
@@ -191,7 +205,15 @@ class Bench:
         cfg = CheckpointConfig(
             uri=os.path.join(self.base, name), keep=1, async_save=async_save, write_threads=write_threads
         )
-        return Checkpointer(cfg, flavor="bench", config={}, config_hash="0", rank=0, world_size=1)
+        return Checkpointer(
+            cfg,
+            flavor="bench",
+            config={},
+            config_hash="0",
+            rank=0,
+            world_size=1,
+            device=torch.device(self.args.device),
+        )
 
     def close(self) -> None:
         self.asy.close()
@@ -213,6 +235,8 @@ def sync_saves(b: Bench, r: int, rows: list[dict]) -> tuple[str, dict]:
     if not r % 2:
         shaped_s = disk_write_files(shape_dir, nbytes, args.write_threads)
     shutil.rmtree(shape_dir, ignore_errors=True)
+    if args.lean:
+        return path, dict(bytes=nbytes, sync=sync_s, shaped=shaped_s)
     t = time.perf_counter()
     b.single.save(r + 1, *b.state(), manifest_fields=b.fields, reason="bench", blocking=True)
     single_s = time.perf_counter() - t
@@ -228,7 +252,8 @@ def references(b: Bench, r: int, path: str, nbytes: int) -> tuple[list[str], dic
     """DCP alone, the disk's write and read, the load and the host copy; the paths to remove after."""
     raw_dir = os.path.join(b.base, f"raw{r}")
     t = time.perf_counter()
-    dcp.save(training_state(*b.state(), 1, rank=0), checkpoint_id=raw_dir)
+    if not b.args.lean:
+        dcp.save(training_state(*b.state(), 1, rank=0), checkpoint_id=raw_dir)
     dcp_s = time.perf_counter() - t
 
     blob = os.path.join(b.base, f"disk{r}.bin")
@@ -286,6 +311,7 @@ def warm_first_save(b: Bench) -> dict:
     ckpt._saver.warm_up.result()  # as a run's first steps would have given it time to
     row = async_save(b, 0, ckpt)
     ckpt.close()
+    shutil.rmtree(os.path.join(b.base, "warm"), ignore_errors=True)  # a GPU's state is 14 GB a copy
     return {f"warm_{k}": v for k, v in row.items()}
 
 
@@ -296,8 +322,11 @@ def run_round(b: Bench, r: int, rows: list[dict]) -> dict:
     asy = async_save(b, r)
     if r == 0:
         asy.update(warm_first_save(b))
-    for d in leftovers:
-        shutil.rmtree(d, ignore_errors=True) if os.path.isdir(d) else os.remove(d)
+    for d in leftovers:  # the DCP-alone directory is not written with --lean
+        if os.path.isdir(d):
+            shutil.rmtree(d, ignore_errors=True)
+        elif os.path.exists(d):
+            os.remove(d)
     row = {**saves, **refs, **asy}
     print(
         f"round {r}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items() if k != "bytes"),
@@ -334,6 +363,9 @@ def print_saves(args: argparse.Namespace, rows: list[dict], base: str) -> dict:
         f"({gb / med['shaped']:.2f} GB/s), alternating first from round to round: per round median "
         f"{statistics.median(ratios):.0%} (min {min(ratios):.0%}, max {max(ratios):.0%}, {len(ratios)} pairs)"
     )
+    if args.lean:
+        print(f"load: {gb / med['load']:.2f} GB/s = {med['read'] / med['load']:.0%} of disk read")
+        return med
     print(
         f"  one file per rank (write_threads=1): {gb / med['single']:.2f} GB/s = "
         f"{med['write'] / med['single']:.0%} of disk write"

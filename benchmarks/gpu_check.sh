@@ -10,6 +10,9 @@
 #                                        # flight: exit 75, the restart resumes from the step reached (recovery.py)
 #   bash benchmarks/gpu_check.sh preempt-warm # the same preemption without a save in flight, compiled, the restart
 #                                        # with the first run's compile cache (warm) and with an empty one (cold)
+#   bash benchmarks/gpu_check.sh save    # a 14 GB state on the GPU (llama3_1b's size): the sync save against a
+#                                        # fsync'd write of the same bytes, the first async save (buffers allocated
+#                                        # ahead and not), the later ones; needs about 3 x 14 GB free in /tmp
 #   bash benchmarks/gpu_check.sh --quick # `make bench-smoke`: mfu.py and recovery.py --quick on the GPU, exit 1
 #                                        # if either fails; without a GPU, says so and exits 0
 # Output goes to $OUT (or ./gpu-out) as one text file per part (--quick: to stdout only).
@@ -119,6 +122,15 @@ preempt)
             --set parallel.loss_chunk_tokens=0 --set checkpoint.every=40
     } 2>&1 | tee "$out/preempt.txt"
     ;;
+save)
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+        df -h "${TMPDIR:-/tmp}"
+        RUN_TIMEOUT=${RUN_TIMEOUT:-560} TAIL=20 run save-14gb $py benchmarks/checkpoint.py --device cuda \
+            --mb ${STATE_MB:-4700} --rounds ${ROUNDS:-2} --lean
+    } 2>&1 | tee "$out/save.txt"
+    ;;
 preempt-warm)
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -130,5 +142,5 @@ preempt-warm)
     } 2>&1 | tee "$out/preempt_warm.txt"
     ;;
 *)
-    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, --quick)" >&2; exit 2 ;;
+    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, save, --quick)" >&2; exit 2 ;;
 esac
