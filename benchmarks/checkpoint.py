@@ -53,6 +53,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
 
+from ckptlab.disk import dir_bytes, disk_read, disk_write, disk_write_files  # noqa: E402
 from trainer.checkpoint import Checkpointer  # noqa: E402
 from trainer.checkpointing.save import record_crc32  # noqa: E402
 from trainer.checkpointing.state import training_state  # noqa: E402
@@ -81,55 +82,6 @@ def build(mb: int, device: str = "cpu"):
     optimizer.step()  # materialise both moments
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     return model, optimizer, scheduler, _Stateful()
-
-
-def disk_write(path: str, nbytes: int) -> float:
-    block = os.urandom(8 << 20)
-    start = time.perf_counter()
-    with open(path, "wb") as f:
-        written = 0
-        while written < nbytes:
-            f.write(block)
-            written += len(block)
-        f.flush()
-        os.fsync(f.fileno())
-    return time.perf_counter() - start
-
-
-def disk_write_files(directory: str, nbytes: int, files: int) -> float:
-    """``nbytes`` as ``files`` files written by as many threads, each fsync'd: a save's shape without DCP."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    os.makedirs(directory, exist_ok=True)
-    block = os.urandom(8 << 20)
-    per_file = -(-nbytes // files)
-
-    def one(i: int) -> None:
-        with open(os.path.join(directory, f"part{i}.bin"), "wb") as f:
-            written = 0
-            while written < per_file:
-                chunk = block[: min(len(block), per_file - written)]
-                f.write(chunk)
-                written += len(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(files) as pool:
-        list(pool.map(one, range(files)))
-    return time.perf_counter() - start
-
-
-def disk_read(path: str) -> float:
-    start = time.perf_counter()
-    with open(path, "rb") as f:
-        while f.read(8 << 20):
-            pass
-    return time.perf_counter() - start
-
-
-def dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
 
 
 def done_saving(checkpointer: Checkpointer) -> bool:
