@@ -32,18 +32,16 @@ def _records(step_dir) -> list[zipfile.ZipInfo]:
     return records
 
 
-def test_the_trainers_tensor_records_carry_no_crc_and_the_checkpoint_resumes(data_dir, tmp_path):
+def test_the_trainers_tensor_records_carry_no_crc(data_dir, tmp_path):
+    """(Every resume test of the suite resumes from such checkpoints.)"""
     ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2"]
-    first = run_trainer([*args, "--steps", "2"], data_dir)
-    assert first.returncode == 0, first
-    records = [r for r in _records(ckpt / "step-00000002") if r.filename.endswith(("/data/0", "data/0"))]
+    run = run_trainer(
+        [*FAST, "--checkpoint-uri", str(ckpt), "--checkpoint-every", "2", "--steps", "2"], data_dir
+    )
+    assert run.returncode == 0, run
+    records = [r for r in _records(ckpt / "step-00000002") if r.filename.endswith("data/0")]
     assert records, "no tensor data record found"
     assert {r.CRC for r in records} == {0}, "torch.save computed a CRC32 the manifest's xxh3 makes redundant"
-
-    again = run_trainer([*args, "--steps", "4"], data_dir)
-    assert again.returncode == 0, again
-    assert again.of("resume")[0]["from_step"] == 2, "the CRC-less checkpoint verified and resumed"
 
 
 @pytest.mark.parametrize("crc", [True, False], ids=["with-crc", "without-crc"])
