@@ -4,6 +4,7 @@ three workers: the trainer's init_from load, transformers' own load, and the mod
 import json
 import os
 import resource
+import sys
 import threading
 import time
 
@@ -42,6 +43,14 @@ class PeakSampler:
         for key, value in proc_status().items():
             self.peak[key] = max(self.peak[key], value)
         return self.peak
+
+
+def print_json_line(obj: dict) -> None:
+    """``obj`` as one JSON line in a single write: under PYTHONUNBUFFERED, ``print`` writes the text and its
+    newline apart, and the ranks sharing one stdout pipe could put another rank's line between them (a
+    line shorter than PIPE_BUF is written whole)."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
 
 
 def max_rss() -> int:
@@ -86,25 +95,22 @@ def worker_trainer_load(model_dir: str, seq_len: int) -> None:
     # DTensors on several ranks; plain tensors on one CPU process (trainer.parallelize.needs_fsdp)
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in params)
     full = sum(p.numel() * p.element_size() for p in params)
-    print(
-        json.dumps(
-            {
-                "rank": d.rank,
-                "world": d.world_size,
-                "tensors": n,
-                "baseline": baseline,
-                "peak_after_build": after_build,
-                "peak": peak,
-                "peak_anon": split["RssAnon"],
-                "peak_file": split["RssFile"],
-                "param_bytes": local,
-                "model_bytes": full,
-                "dtype": str(params[0].dtype),
-                "build_s": round(build_s, 2),
-                "load_s": round(load_s, 2),
-            }
-        ),
-        flush=True,
+    print_json_line(
+        {
+            "rank": d.rank,
+            "world": d.world_size,
+            "tensors": n,
+            "baseline": baseline,
+            "peak_after_build": after_build,
+            "peak": peak,
+            "peak_anon": split["RssAnon"],
+            "peak_file": split["RssFile"],
+            "param_bytes": local,
+            "model_bytes": full,
+            "dtype": str(params[0].dtype),
+            "build_s": round(build_s, 2),
+            "load_s": round(load_s, 2),
+        }
     )
     torch.distributed.destroy_process_group()
 
@@ -129,21 +135,18 @@ def worker_hf_load(model_dir: str, dtype: str) -> None:
     peak = max_rss()
     split = sampler.stop()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(
-        json.dumps(
-            {
-                "baseline": baseline,
-                "peak_load": peak_load,
-                "peak": peak,
-                "peak_anon": split["RssAnon"],
-                "peak_file": split["RssFile"],
-                "param_bytes": nbytes,
-                "model_bytes": nbytes,
-                "dtype": str(next(model.parameters()).dtype),
-                "load_s": round(load_s, 2),
-            }
-        ),
-        flush=True,
+    print_json_line(
+        {
+            "baseline": baseline,
+            "peak_load": peak_load,
+            "peak": peak,
+            "peak_anon": split["RssAnon"],
+            "peak_file": split["RssFile"],
+            "param_bytes": nbytes,
+            "model_bytes": nbytes,
+            "dtype": str(next(model.parameters()).dtype),
+            "load_s": round(load_s, 2),
+        }
     )
 
 
