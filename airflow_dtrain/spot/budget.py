@@ -20,8 +20,8 @@ Estimates::
 
 An elastic group (``min_nodes`` < ``num_nodes``) offered k spot nodes, ``min_nodes`` <= k < ``num_nodes``,
 trains on k: its spot hours are ``hours`` × num_nodes / k with the overhead, plus its start-up and one resize
-(``resize_overhead_s``) to grow back; a lost node costs it a resize, not a relaunch (the overhead and the
-deadline guard's preemption use ``resize_overhead_s`` in place of ``restart_overhead_s``); its spot cost is
+(``resize_overhead_s``) to grow back; a lost node costs it ``estimates.loss_s`` (two resizes and a node's
+start-up), not a relaunch, in the overhead and the deadline guard's preemption; its spot cost is
 the work's node-hours (the same at any size: the global batch is fixed) and every overhead billed on all
 ``num_nodes``, the most any size it may change to can bill, so the cap holds at every size. The decision
 records the node count it trains on (``Decision.nodes``).
@@ -29,11 +29,11 @@ records the node count it trains on (``Decision.nodes``).
 Topped up (``top_up_on_demand``): where rule 4 or 7 would take on-demand on all the nodes (or 7 could not,
 that being beyond the budget), an elastic group offered k spot nodes (1 <= k < ``num_nodes``) trains on those
 k and ``num_nodes`` - k on-demand ones instead, at full speed, when that is in time within budget and cheaper:
-hours with the interruption overhead of the k (a lost one costs a resize) plus a start-up (a resize when the
-group runs already, the joining nodes' boot billed at their price), cost at k × spot + (``num_nodes`` - k) ×
-on-demand per hour. The decision is spot with ``Decision.on_demand_nodes`` = ``num_nodes`` - k. A group
-topped up already (``topped_up``) stays so while that fits (after rule 5b, which it skips), until spot alone
-fits (rule 5).
+hours with the interruption overhead of the k (a lost one: ``estimates.loss_s``) plus a start-up (a resize
+when the group runs already, the joining nodes' boot billed at their price), cost at k × spot +
+(``num_nodes`` - k) × on-demand per hour. The decision is spot with ``Decision.on_demand_nodes`` =
+``num_nodes`` - k. A group topped up already (``topped_up``) stays so while that fits (after rule 5b, which
+it skips), until spot alone fits (rule 5).
 
 Decision, first row that applies:
 

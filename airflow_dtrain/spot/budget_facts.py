@@ -130,8 +130,8 @@ class Facts:
     @property
     def weighed_rate(self) -> float:
         """The interruption rate held to ``max_interruption_rate_per_hour``, in relaunches per hour: a lost
-        node of an elastic group is a resize, not a relaunch, and counts at the share of a relaunch's cost
-        that it costs (``loss_s`` over ``restart_overhead_s`` + ``lost_work_s``)."""
+        node of an elastic group is not a relaunch, and counts at the share of a relaunch's cost that it costs
+        (``loss_s`` over ``restart_overhead_s`` + ``lost_work_s``)."""
         i = self.i
         relaunch = i.restart_overhead_s + i.lost_work_s
         if not i.elastic or relaunch <= 0:
@@ -161,8 +161,9 @@ class Facts:
         why = []
         if self.risky:
             weighed = self.weighed_rate
+            share = weighed / i.interruption_rate_per_hour if i.interruption_rate_per_hour else 1.0
             as_relaunches = (
-                f" (a lost node costs a resize: {weighed:.3f} relaunches/h)"
+                f" (a lost node costs {share:.2f} of a relaunch: {weighed:.3f} relaunches/h)"
                 if weighed != i.interruption_rate_per_hour else ""
             )  # fmt: skip
             why.append(

@@ -51,8 +51,8 @@ class BudgetInputs:
     interruption_rate_per_hour: float = 0.05
     """Expected interruptions of the group per hour on spot (any node)."""
     max_interruption_rate_per_hour: float = math.inf
-    """Above this risk, spot is not used. An elastic group's lost node is a resize, not a relaunch: its
-    rate counts at (``resize_overhead_s`` + ``lost_work_s``) / (``restart_overhead_s`` + ``lost_work_s``)."""
+    """Above this risk, spot is not used. An elastic group's lost node is not a relaunch: its rate counts at
+    ``loss_s`` / (``restart_overhead_s`` + ``lost_work_s``), at most 1."""
     restart_overhead_s: float = 600.0
     """Time an interruption costs besides lost work: new capacity, start-up, checkpoint load."""
     lost_work_s: float = 0.0
@@ -75,7 +75,8 @@ class BudgetInputs:
     min_nodes: int | None = None
     """The fewest nodes the group trains on (an elastic group): on spot it starts on the k nodes on offer, its
     steps take ``num_nodes`` / k as long (the global batch is fixed), it grows back to ``num_nodes`` at a
-    checkpoint (one resize), and a lost node costs a resize, not a relaunch. None: ``num_nodes`` (all or
+    checkpoint (one resize), and a lost node costs two resizes and one node's start-up, not a relaunch
+    (``loss_s``). None: ``num_nodes`` (all or
     nothing)."""
     resize_overhead_s: float = 90.0
     """Time an elastic group's resize costs (the checkpoint saved at the boundary and the survivors'
@@ -272,10 +273,13 @@ def spot_fits(
 
 
 def loss_s(inputs: BudgetInputs) -> float:
-    """Time one interruption costs: a relaunch and the lost work; of an elastic group, a resize (the
-    survivors go on) and the lost work."""
+    """Time one interruption costs the whole group: a relaunch and the lost work. Of an elastic group: the
+    survivors' resize, the lost work, and the replacement the launcher starts at once: its start-up, billed
+    on one node of ``num_nodes`` (the others train on meanwhile), and a second resize when it joins."""
     i = inputs
-    return (i.resize_overhead_s if i.elastic else i.restart_overhead_s) + i.lost_work_s
+    if not i.elastic:
+        return i.restart_overhead_s + i.lost_work_s
+    return 2 * i.resize_overhead_s + i.restart_overhead_s / i.num_nodes + i.lost_work_s
 
 
 def spot_overhead(inputs: BudgetInputs) -> float:

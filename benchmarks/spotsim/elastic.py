@@ -8,11 +8,12 @@ The model, beside the all-or-nothing group of ``strategies.simulate`` (same worl
   progress is k/N of the full rate and a job's node-seconds do not depend on k.
 - when the zone's capacity drops, the number of the group's k nodes lost is drawn from the hypergeometric
   tail with the zone's shared draw, so that at least one is lost exactly when an all-or-nothing group of k
-  would be preempted. While min_nodes or more survive, the group goes on, on the survivors and the
-  replacements the zone still has (up to N): a re-rendezvous (``Mechanics.rerendezvous_s``, billed, no
-  progress) in place of the full relaunch, and, with the warning, at most one step lost. When fewer than
-  min_nodes survive it stops as an all-or-nothing group does (a later launch pays the full start-up): a
-  group of 1 is all-or-nothing.
+  would be preempted. While min_nodes or more survive, the group goes on, on the survivors: a re-rendezvous
+  (``Mechanics.rerendezvous_s``, billed, no progress) in place of the full relaunch, and, with the warning,
+  at most one step lost. Replacements for the lost (as many as the zone still has, up to N) are started at
+  once, as the launchers do: their start-up is billed, and they join once booted (``Mechanics.startup_s``
+  later), which is a second resize. When fewer than min_nodes survive it stops as an all-or-nothing group
+  does (a later launch pays the full start-up): a group of 1 is all-or-nothing.
 - it grows back towards N at the first tick after a checkpoint was saved, when the zone has the nodes; a
   resize costs the re-rendezvous too.
 - billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
@@ -73,6 +74,8 @@ class ElasticState(State):
     nodes: int = 0  # the spot nodes the group runs on now (on on-demand: all its nodes)
     od: int = 0  # on spot, the on-demand nodes it is topped up with
     grow: bool = False  # a checkpoint was saved in the last tick: the group may grow back now
+    joining: int = 0  # replacements for lost nodes, booting
+    join_left: float = 0.0  # seconds until they have booted and join
 
 
 @dataclass
@@ -131,22 +134,43 @@ class ElasticPolicy(Policy):
         return dataclasses.replace(inputs, interruption_rate_per_hour=rate)
 
 
-def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, lowest: int) -> None:
+def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome, lowest: int) -> float:
     """The capacity drop of tick ``k``: the spot nodes lost. While the survivors and the on-demand nodes are
-    ``lowest`` or more, the group re-rendezvous on them and the replacements the zone still has (up to N);
-    else it stops."""
+    ``lowest`` or more, the group re-rendezvous on them and starts replacements from the zone's free nodes (up
+    to N), which join when booted (``_join``); else it stops. Returns the replacements' boot, billed."""
     cap = world.market.zones[s.zone].capacity
     lost = nodes_lost(cap[k - 1], cap[k], s.nodes, world.draws[s.zone][k]) if k > 0 else 0
     if not lost:
-        return
+        return 0.0
     out.preemptions += 1
     s.done = max(s.saved, s.done - world.mech.step_s)  # warned: saves, loses at most one step
     s.saved = s.done
-    if s.nodes - lost + s.od >= lowest:  # the survivors go on; the zone's free nodes replace the lost
-        s.nodes, s.startup_left = min(job.nodes - s.od, cap[k]), world.mech.rerendezvous_s
+    if s.nodes - lost + s.od < lowest:
+        s.mode, s.zone, s.nodes, s.od, s.startup_left, s.joining = None, None, 0, 0, 0.0, 0
+        return 0.0
+    s.nodes, s.startup_left = s.nodes - lost, world.mech.rerendezvous_s  # the survivors go on
+    out.resizes += 1
+    asked = max(0, min(job.nodes - s.od, cap[k]) - s.nodes - s.joining)
+    s.joining += asked
+    s.join_left = world.mech.startup_s if asked else s.join_left
+    return world.mech.startup_s / 3600 * asked * world.market.zones[s.zone].price[k]
+
+
+def _join(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome) -> None:
+    """Tick ``k``: replacements that have booted join the group (a resize), as many as the zone still has."""
+    if not s.joining or s.mode != "spot":
+        s.joining = 0
+        return
+    s.join_left -= world.market.tick_s
+    if s.join_left > 1e-9:
+        return
+    free = min(world.market.zones[s.zone].capacity[k], job.nodes - s.od) - s.nodes
+    joins = max(0, min(s.joining, free))
+    s.joining = 0
+    if joins:
+        s.nodes, s.saved = s.nodes + joins, s.done
+        s.startup_left = max(s.startup_left, world.mech.rerendezvous_s)
         out.resizes += 1
-    else:
-        s.mode, s.zone, s.nodes, s.od, s.startup_left = None, None, 0, 0, 0.0
 
 
 def _resize(world: World, s: ElasticState, out: ElasticOutcome, spot: int, od: int, prices: tuple) -> float:
@@ -176,13 +200,13 @@ def _apply(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome,
         if s.mode is not None:
             s.saved = s.done
             out.switches += want is not None
-        s.mode, s.zone, s.nodes, s.od = want, zone, 0, 0
+        s.mode, s.zone, s.nodes, s.od, s.joining = want, zone, 0, 0, 0
         if want is not None:
             s.startup_left = world.mech.startup_s
             s.nodes, s.od = (n, 0) if want == "od" else (min(n - od, have), od)
             out.launches += 1
         return 0.0
-    if s.mode != "spot":
+    if s.mode != "spot" or s.joining:  # replacements booting: they are the group's growth
         return 0.0
     spot = min(n - od, have)
     if od > s.od or (s.grow and (spot, od) != (s.nodes, s.od)):
@@ -197,13 +221,15 @@ def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> Elastic
     s, out = ElasticState(), ElasticOutcome()
     for k in range(job.start, job.horizon):
         elapsed = (k - job.start) * dt
+        boot = 0.0
         if s.mode == "spot":
-            _lose_nodes(world, job, k, s, out, lowest)
+            _join(world, job, k, s, out)
+            boot = _lose_nodes(world, job, k, s, out, lowest)
         choice, zone = strategy.choose(world, job, k, elapsed, s, out.cost)
         if choice == Choice.STOP:
             out.stopped = True
             return out
-        boot = _apply(world, job, k, s, out, strategy.last, zone)
+        boot += _apply(world, job, k, s, out, strategy.last, zone)
         s.grow = False
         if s.mode is None:
             continue

@@ -1,0 +1,109 @@
+"""The spot-cost simulator's elastic groups (``benchmarks/spotsim/elastic.py``): k of N nodes, a lost node
+replaced, the budget cap at every size, and decide() asked about the k it can have."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.spot.test_spot_cost_benchmark import _benchmark_modules
+
+
+def _losing_one_node(ticks: int = 200, drop_at: int = 60):
+    """A one-zone market whose capacity falls from 4 to 3 at ``drop_at`` and stays there: a group of 4
+    certainly loses one node then and can never have 4 again."""
+    sc, spot_traces = _benchmark_modules()
+    cap = [4] * drop_at + [3] * (ticks - drop_at)
+    market = spot_traces.Market("m", 300.0, 4.0, [spot_traces.Zone("z", [1.0] * ticks, cap)])
+    return sc, sc.World(market, sc.Mechanics(), seed=0)
+
+
+def test_an_elastic_group_that_loses_one_of_four_nodes_goes_on_on_three_billed_per_node_interval():
+    sc, world = _losing_one_node()
+    job = sc.Job(0, 10, 200, 28800.0, 4, 50000.0, 60.0)
+    policy = sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)
+    out = sc.simulate_elastic(world, job, policy)
+    assert out.finished and out.preemptions == 1 and out.launches == 1 and out.resizes == 1  # no relaunch
+    nodes = {k: n for k, n, _ in out.ledger}
+    assert {n for k, n in nodes.items() if k < 60} == {4} and {n for k, n in nodes.items() if k >= 60} == {3}
+    for k, n, cost in out.ledger[:-1]:
+        assert cost == 300.0 / 3600 * n * 1.0  # every full tick: its nodes x its price
+    assert abs(sum(c for _, _, c in out.ledger) - out.cost) < 1e-9
+    # an all-or-nothing group on the same draws stops and relaunches: it never gets 4 spot nodes again
+    whole = sc.simulate(world, job, sc.Policy(0.5, float("inf"), 1.0, allow_late=True))
+    assert whole.preemptions == 1 and (whole.launches >= 2 or not whole.finished)
+    assert out.time_s < whole.time_s
+
+
+def test_a_lost_node_is_replaced_by_one_that_boots_billed_and_joins_with_a_second_resize():
+    """As the launchers do: the survivors go on at once without the lost node; its replacement is started at
+    once from the zone's free nodes, its start-up billed, and joins when booted (another re-rendezvous)."""
+    sc, spot_traces = _benchmark_modules()
+    cap = [6] * 20 + [5] * 180  # at tick 20 one of the zone's 6 nodes goes; 5 are left, 1 of them free
+    market = spot_traces.Market("m", 300.0, 4.0, [spot_traces.Zone("z", [1.0] * 200, cap)])
+    world = sc.World(market, sc.Mechanics(), seed=0)
+    world.draws[0][20] = 0.1  # the node that goes is one of the group's (one of 4 in 6: a chance of 2/3)
+    job = sc.Job(0, 10, 200, 28800.0, 4, 50000.0, 60.0)
+    out = sc.simulate_elastic(
+        world, job, sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)
+    )
+    assert out.finished and out.preemptions == 1 and out.launches == 1 and out.resizes == 2
+    nodes = {k: n for k, n, _ in out.ledger}
+    assert nodes[19] == 4 and nodes[20] == 3 and nodes[21] == 4  # booted in one 300 s tick (the start-up)
+    rendezvous = world.mech.rerendezvous_s
+    boot = world.mech.startup_s / 3600 * 1 * 1.0  # the replacement's start-up, billed when it is started
+    assert out.ledger[nodes_at(out, 20)][2] == pytest.approx(300.0 / 3600 * 3 + boot)
+    assert out.ledger[nodes_at(out, 21)][2] == pytest.approx(300.0 / 3600 * 4)
+    # no progress during either re-rendezvous: the job takes their time and the step lost longer than one
+    # without a loss would
+    assert out.time_s >= world.mech.startup_s + 28800.0 + 2 * rendezvous
+
+
+def nodes_at(out, tick: int) -> int:
+    """The index in ``out.ledger`` of tick ``tick``."""
+    return next(i for i, (k, _, _) in enumerate(out.ledger) if k == tick)
+
+
+def test_an_elastic_group_never_passes_its_budget_cap_at_any_size():
+    sc, world = _losing_one_node()
+    # the budget pays for the run on 4 with no loss, not for the re-rendezvous and the step the loss costs
+    budget = (28800.0 + world.mech.startup_s) / 3600 * 4 * 1.0 + 0.03
+    job = sc.Job(0, 30, 200, 28800.0, 4, 50000.0, budget)
+    out = sc.simulate_elastic(world, job, sc.ElasticPolicy(0.5, float("inf"), 1.0, record=True))
+    assert out.started and out.stopped and not out.finished and out.resizes == 1
+    assert out.preemptions == 1 and {n for _, n, _ in out.ledger} <= {4, 3}  # stopped at the resize or after
+    spent = 0.0
+    for _, _, cost in out.ledger:
+        spent += cost
+        assert spent <= job.budget + 1e-9
+
+
+def test_a_one_node_elastic_group_is_an_all_or_nothing_group():
+    sc, spot_traces = _benchmark_modules()
+    cap = [1, 1, 0, 1, 2, 1, 0, 0, 1] * 30
+    market = spot_traces.Market("m", 300.0, 4.0, [spot_traces.Zone("z", [1.0] * len(cap), cap)])
+    world = sc.World(market, sc.Mechanics(), seed=1)
+    job = sc.Job(0, 3, len(cap), 3600.0, 1, 20000.0, 10.0)
+    elastic = sc.simulate_elastic(world, job, sc.ElasticPolicy(0.5, float("inf"), 1.0))
+    whole = sc.simulate(world, job, sc.Policy(0.5, float("inf"), 1.0))
+    assert (elastic.cost, elastic.time_s, elastic.preemptions) == (
+        whole.cost,
+        whole.time_s,
+        whole.preemptions,
+    )
+
+
+def test_the_elastic_simulator_asks_decide_itself_about_k_of_n_nodes():
+    """No translation of its own: decide() is told the group's N, min_nodes, the capacity and the resize's
+    cost, and the node count it chooses is the one the group runs on."""
+    from airflow_dtrain.spot.budget import Choice, decide
+
+    sc, world = _losing_one_node(drop_at=5)
+    policy = sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)
+    job = sc.Job(0, 10, 200, 7200.0, 4, 50000.0, 60.0)
+    inputs = policy.budget_inputs(world, job, 10, 0.0, sc.State(), 0.0, 0)
+    assert (inputs.num_nodes, inputs.min_nodes, inputs.spot_nodes_available) == (4, 2, 3)
+    assert inputs.step_time_s == world.mech.step_s and inputs.resize_overhead_s == world.mech.rerendezvous_s
+    decision = decide(inputs)
+    assert decision.choice == Choice.SPOT and decision.nodes == 3, decision.reason
+    out = sc.simulate_elastic(world, job, policy)
+    assert out.finished and {n for _, n, _ in out.ledger} == {3}  # it started on the 3 it could get
