@@ -7,9 +7,11 @@ behind a headless Service of the same name; every node's agent is its client (``
 created before the Job, owned by it once it exists, and deleted with it. A lost store pod is a lost
 rendezvous: the group ends as preempted and is relaunched as a whole (``elastic_status``).
 
-The pod asks for little (no GPU) and is scheduled by the author's ``node_selector`` and ``tolerations``
-only: not on the group's spot capacity, zone or instance type, whose loss it is there to outlive.
-Pure functions, no kubernetes client.
+The pod asks for little (no GPU) and is scheduled by the author's ``node_selector`` and ``tolerations``:
+not on the group's spot capacity, zone or instance type, whose loss it is there to outlive. It prefers
+on-demand nodes (Karpenter's and EKS's capacity labels, ``Capacity.ON_DEMAND.node_labels``): a preference,
+so that a cluster without those labels, or without on-demand nodes, still schedules it; on a spot node a
+reclaim would end the whole group. Pure functions, no kubernetes client.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from airflow_dtrain.kubernetes.container import _CONTAINER_SECURITY
 from airflow_dtrain.kubernetes.names import LABEL_GROUP, LABEL_STORE, group_labels, store_name
 from airflow_dtrain.spec import JobSpec
+from trainer.capacity import Capacity
 
 STORE_CONTAINER = "rdzv"
 STORE_RESOURCES = {"cpu": "250m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
@@ -75,6 +78,11 @@ def render_store_pod(name: str, spec: JobSpec, *, namespace: str) -> dict[str, A
     }  # fmt: skip
     if k8s.node_selector:
         pod_spec["nodeSelector"] = dict(k8s.node_selector)
+    on_demand = [
+        {"key": key, "operator": "In", "values": [value]} for key, value in Capacity.ON_DEMAND.node_labels
+    ]
+    prefer = [{"weight": 100, "preference": {"matchExpressions": [term]}} for term in on_demand]
+    pod_spec["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": prefer}}
     # where the author's node_selector sends it, a GPU node's taint must not keep it out (it takes no GPU)
     gpu = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     gpu *= bool(spec.resources.gpus_per_node)

@@ -182,6 +182,18 @@ def test_losing_node_0_replaces_index_0_only_as_the_store_is_a_pod_of_its_own(fa
     store = fake.get("pods", "el-r0-rdzv")
     assert store is not None and LABEL_GROUP not in store["metadata"]["labels"], "the store is no node"
     assert store["spec"]["containers"][0]["command"][:3] == ["python", "-m", "trainer.rdzv_store"]
+    # it prefers on-demand nodes, Karpenter's or an EKS node group's, and requires none (the group's spot
+    # capacity, whose reclaim it outlives, is never required of it)
+    affinity = store["spec"]["affinity"]["nodeAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity
+    terms = [
+        t["preference"]["matchExpressions"][0]
+        for t in affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    ]
+    assert {(t["key"], t["operator"], *t["values"]) for t in terms} == {
+        ("karpenter.sh/capacity-type", "In", "on-demand"),
+        ("eks.amazonaws.com/capacityType", "In", "ON_DEMAND"),
+    }
     assert fake.get("services", "el-r0-rdzv")["spec"]["selector"] == {LABEL_STORE: "el-r0"}
     args = fake.get("jobs", "el-r0")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--rdzv-endpoint") + 1] == "el-r0-rdzv:29400"

@@ -307,4 +307,7 @@ def test_an_elastic_groups_store_pod_is_restricted_sized_and_asks_for_no_gpu(ver
     resources = container["resources"]
     assert resources["requests"] == resources["limits"] and set(SIZES) <= set(resources["limits"])
     assert "nvidia.com/gpu" not in resources["limits"]
-    assert "affinity" not in store["spec"], "not bound to the group's spot capacity, zone or instance type"
+    affinity = store["spec"]["affinity"]  # not bound to the group's spot capacity, zone or instance type
+    assert set(affinity) == {"nodeAffinity"} and set(affinity["nodeAffinity"]) == {
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    }, "on-demand nodes preferred, nothing required"

@@ -53,8 +53,8 @@ def record_crc32(enabled: bool) -> None:
 
 
 def _report_warm_up_failure(future: Future) -> None:
-    if future.exception() is not None:
-        err = future.exception()
+    err = None if future.cancelled() else future.exception()  # exception() raises on a cancelled future
+    if err is not None:
         print(f"[trainer] allocating the async save's host buffers failed: {err!r}", flush=True)
 
 
