@@ -7,10 +7,15 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
+import time
 from pathlib import Path
 
 COMPILE_CACHE_DIR = ".compile-cache"
 """Under the state directory: one directory per job (no group name starts with a dot)."""
+
+COMPILE_CACHE_MAX_AGE_S = 30 * 86400
+"""A job's compile cache not launched from for this long is removed at the next launch of any job."""
 
 
 def default_state_dir() -> Path:
@@ -34,4 +39,22 @@ def compile_cache_env(state_dir: Path, owner: str, job: str) -> dict[str, str]:
     cache = state_dir.resolve() / COMPILE_CACHE_DIR / f"{readable}-{key}"
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     cache.chmod(0o700)  # mkdir's mode is masked by the umask, and an existing directory keeps its own
+    os.utime(cache)  # launched from now: what prune_compile_caches reads
+    prune_compile_caches(cache.parent, keep=cache)
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+
+def prune_compile_caches(root: Path, *, keep: Path, max_age_s: float = COMPILE_CACHE_MAX_AGE_S) -> list[Path]:
+    """Remove the compile caches under ``root`` that no job has launched from for ``max_age_s`` (their
+    directory's mtime, which every launch of the job sets), never ``keep``; returns those removed. A cache
+    is only ever a speed-up, so removing one costs its job a compile; what cannot be removed is left."""
+    now, removed = time.time(), []
+    for entry in root.iterdir():
+        try:
+            stale = entry.is_dir() and not entry.is_symlink() and now - entry.stat().st_mtime > max_age_s
+        except OSError:
+            continue
+        if stale and entry != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import time
 
-from airflow_dtrain.launchers.state_dir import compile_cache_env
+from airflow_dtrain.launchers.state_dir import COMPILE_CACHE_MAX_AGE_S, compile_cache_env
 
 
 def test_a_jobs_attempts_share_its_compile_cache_and_no_other_job_or_owner_does(tmp_path):
@@ -29,3 +31,25 @@ def test_a_job_name_cannot_lead_its_cache_out_of_the_state_directory(tmp_path):
     path = env["TORCHINDUCTOR_CACHE_DIR"]
     assert path.startswith(str((tmp_path / "groups" / ".compile-cache").resolve()) + "/"), path
     assert "/../" not in path
+
+
+def test_a_cache_no_job_launched_from_for_a_month_is_removed_at_the_next_launch(tmp_path):
+    old = compile_cache_env(tmp_path, "team-a", "finished-long-ago")["TORCHINDUCTOR_CACHE_DIR"]
+    recent = compile_cache_env(tmp_path, "team-a", "ran-last-week")["TORCHINDUCTOR_CACHE_DIR"]
+    (tmp_path.resolve() / ".compile-cache" / "a-file").write_text("not a cache")
+    for path in (old, recent):
+        os.makedirs(os.path.join(path, "triton", "kernel"))  # what inductor writes below
+    now = time.time()
+    os.utime(old, (now, now - COMPILE_CACHE_MAX_AGE_S - 60))
+    os.utime(recent, (now, now - 7 * 86400))
+
+    mine = compile_cache_env(tmp_path, "team-b", "llama")["TORCHINDUCTOR_CACHE_DIR"]
+
+    assert not os.path.exists(old), "a month unused: removed"
+    assert os.path.isdir(os.path.join(recent, "triton", "kernel")) and os.path.isdir(mine)
+    assert (tmp_path.resolve() / ".compile-cache" / "a-file").exists(), "only directories are caches"
+    # launching a job again keeps its cache, however old, and makes it recent
+    os.utime(recent, (now, now - COMPILE_CACHE_MAX_AGE_S - 60))
+    again = compile_cache_env(tmp_path, "team-a", "ran-last-week")["TORCHINDUCTOR_CACHE_DIR"]
+    assert again == recent and os.path.isdir(os.path.join(recent, "triton", "kernel"))
+    assert time.time() - os.stat(recent).st_mtime < 60
