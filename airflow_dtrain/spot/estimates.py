@@ -76,8 +76,7 @@ class BudgetInputs:
     """The fewest nodes the group trains on (an elastic group): on spot it starts on the k nodes on offer, its
     steps take ``num_nodes`` / k as long (the global batch is fixed), it grows back to ``num_nodes`` at a
     checkpoint (one resize), and a lost node costs two resizes and one node's start-up, not a relaunch
-    (``loss_s``). None: ``num_nodes`` (all or
-    nothing)."""
+    (``loss_s``). None: ``num_nodes`` (all or nothing)."""
     resize_overhead_s: float = 90.0
     """Time an elastic group's resize costs (the checkpoint saved at the boundary and the survivors'
     re-rendezvous), billed on all ``num_nodes`` in the worst case; in place of ``restart_overhead_s`` for a

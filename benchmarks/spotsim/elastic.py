@@ -151,26 +151,23 @@ def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOut
     s.nodes, s.startup_left = s.nodes - lost, world.mech.rerendezvous_s  # the survivors go on
     out.resizes += 1
     asked = max(0, min(job.nodes - s.od, cap[k]) - s.nodes - s.joining)
-    s.joining += asked
-    s.join_left = world.mech.startup_s if asked else s.join_left
+    if asked:
+        s.joining, s.join_left = s.joining + asked, world.mech.startup_s
     return world.mech.startup_s / 3600 * asked * world.market.zones[s.zone].price[k]
 
 
 def _join(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome) -> None:
-    """Tick ``k``: replacements that have booted join the group (a resize), as many as the zone still has."""
-    if not s.joining or s.mode != "spot":
-        s.joining = 0
+    """Tick ``k`` of a group on spot: replacements that have booted join it (a resize; their boot was billed
+    when they were started), as many as the zone still has."""
+    if not s.joining:
         return
     s.join_left -= world.market.tick_s
     if s.join_left > 1e-9:
         return
     free = min(world.market.zones[s.zone].capacity[k], job.nodes - s.od) - s.nodes
-    joins = max(0, min(s.joining, free))
-    s.joining = 0
+    joins, s.joining = max(0, min(s.joining, free)), 0
     if joins:
-        s.nodes, s.saved = s.nodes + joins, s.done
-        s.startup_left = max(s.startup_left, world.mech.rerendezvous_s)
-        out.resizes += 1
+        _resize(world, s, out, s.nodes + joins, s.od, (0.0, 0.0))
 
 
 def _resize(world: World, s: ElasticState, out: ElasticOutcome, spot: int, od: int, prices: tuple) -> float:
