@@ -104,6 +104,12 @@ class GroupWatch(WatchPrices, WatchNodes):
     group ends, ``SessionMoney._close_spend``)."""
     nodes_seen: int = 0
     """How many of the group's node changes the metrics have had (``report_node_changes``)."""
+    deadline: dict[str, Any] | None = None
+    """The terms its budget deadline follows its spend by (``GroupSession.deadline_terms``; None: none)."""
+    deadline_every_s: float = 30.0
+    """How often a group that changed size has its budget deadline follow its spend (a spot group: at each
+    read of its prices)."""
+    _deadline_at: float = field(default=float("-inf"), repr=False)
 
     def poll(self) -> tuple[GroupStatus, list[str]]:
         """One look: the state, then the lines since the last look (complete once the state is terminal)."""
@@ -228,6 +234,7 @@ class GroupSession(SessionMoney):
             tags=self.tags,
             prices=self.price_watch(),
             ledger_uri=self.spend_uri(),
+            deadline=self.deadline_terms(),
         )
         status_line = self.status_line()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

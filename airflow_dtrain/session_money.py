@@ -4,8 +4,9 @@
 it inherits (``SessionMoney``): a group's spend file is opened at its launch and billed when its end is seen
 (again at the spot prices in effect while it ran, for a priced spot group), the job's spend so far is read
 for the next launch's deadline, and before a relaunch the go-on decision is taken again. While a spot group
-runs, ``WatchPrices`` (mixed into ``GroupWatch``) feeds the prices in effect to its trainer's cap and
-``reprice_deadline`` brings its budget deadline forward when the price rises. The arithmetic is
+runs, ``WatchPrices`` (mixed into ``GroupWatch``) feeds the prices in effect to its trainer's cap, and
+``follow_deadline`` moves its budget deadline with what it spent: earlier when the price rises, later when
+an elastic group ran on fewer nodes. The arithmetic is
 ``trainer.money``'s; the spend files are ``trainer.checkpoint_dir``'s.
 """
 
@@ -38,34 +39,44 @@ STARTUP_GUESS_S = 120.0
 """Seconds from a launch to the first step, before any attempt of the job has measured it."""
 
 
-def reprice_deadline(
+def follow_deadline(
     launcher: Any,
     name: str,
     terms: dict[str, Any],
     ledger: CheckpointDir,
     entry: dict[str, Any],
-    history: list,
     now: float,
+    history: list | None = None,
 ) -> None:
-    """Bring the platform's budget deadline of group ``name`` forward when the spot price rose: the money left
-    (every other attempt's spend, and this group's so far at the prices in effect) buys fewer seconds at the
-    price now. ``terms`` is the deadline set at its launch. The trainer's own cap reads the same prices; this
-    is the stop that holds without it (a program of your own, a hung trainer, nobody on the Airflow side
-    watching)."""
-    history = sorted(history)
-    price = ([p for t, p in history if t <= now] or [history[-1][1]])[-1]
+    """Move the platform's budget deadline of group ``name`` to what the money left buys now
+    (``repriced_deadline``; ``terms``: the deadline set at its launch). The money spent counts every other
+    attempt and this group's seconds as billed: its sizes (``node_changes``) and, with a price ``history``,
+    the prices in effect. The time ahead is priced on ``num_nodes`` at the dearer of the launch price and the
+    price now, so that the deadline holds as the launch's did with nobody watching (a group that grows back,
+    a price that rises after this look). It comes earlier when the spot price rose, later when the group
+    spent less than its launch deadline assumed (an elastic group on fewer nodes). The trainer's own cap
+    reads the same spend; this is the stop that holds without it (a program of your own, a hung trainer)."""
     launched = float(entry.get("price_per_node_hour") or 0.0)
-    if price <= launched:
-        return  # the deadline set at the launch price holds (and the ledger need not be read)
-    group = at_prices_in_effect(billed(entry, until=now), history, until=now)
+    group, price = billed(entry, until=now), launched
+    if history:
+        history = sorted(history)
+        price = max(launched, ([p for t, p in history if t <= now] or [history[-1][1]])[-1])
+        group = at_prices_in_effect(group, history, until=now)
     others = sum(float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != name)
     deadline = repriced_deadline(terms, spent_usd=others + float(group["dollars"]), price=price,
                                  elapsed_s=now - float(entry["launched_at"]))  # fmt: skip
-    before = launcher.shorten_deadline(name, deadline)
-    if before is not None:
-        log.warning("Group %s: the spot price is $%.4f/node-h, launched at $%.4f: its budget deadline moves "
-                    "from %ds to %s", name, price, launched, before,
-                    deadline_words(deadline, "deadline"))  # fmt: skip
+    before = launcher.move_deadline(name, deadline)
+    if before is None:
+        return
+    if deadline["seconds"] > before:
+        spent = float(group["dollars"])
+        why = f"it has cost ${spent:.4f} so far on the nodes it ran, less than its launch deadline assumed"
+    elif price > launched:
+        why = f"the spot price is ${price:.4f}/node-h, launched at ${launched:.4f}"
+    else:
+        why = f"the job's other attempts have spent ${others:.4f}"
+    log.warning("Group %s: %s: its budget deadline moves from %ds to %s", name, why, before,
+                deadline_words(deadline, "deadline"))  # fmt: skip
 
 
 def node_changes(launcher: Any, name: str) -> list[list]:
@@ -150,10 +161,9 @@ class WatchPrices:
                 ledger.record_prices(self.name, {"prices_in_effect": [[round(t, 3), p] for t, p in history],
                                                  "zone": feed.zone, "instance_type": feed.instance_type,
                                                  "updated_at": time.time()})  # fmt: skip
-                if self.prices.get("deadline"):
-                    reprice_deadline(
-                        self.launcher, self.name, self.prices["deadline"], ledger, entry, history, now
-                    )
+                terms = self.deadline or self.prices.get("deadline")  # a trigger of an earlier version: there
+                if terms:
+                    follow_deadline(self.launcher, self.name, terms, ledger, entry, now, history)
         except Exception as err:  # the group goes on; the trainer's cap keeps the prices it has
             log.warning("Group %s: could not read the spot prices in effect in %s, or act on them (%s); its "
                         "cap counts the prices read last (at first: its launch price)", self.name, feed.zone,
@@ -162,20 +172,36 @@ class WatchPrices:
 
 class WatchNodes:
     """``GroupWatch``'s view of an elastic group's size: it needs ``launcher``, ``name``, ``tags``,
-    ``prices``, ``ledger_uri`` and ``nodes_seen`` of the watch it is mixed into."""
+    ``prices``, ``ledger_uri``, ``deadline``, ``deadline_every_s``, ``_deadline_at`` and ``nodes_seen`` of
+    the watch it is mixed into."""
 
     def follow_nodes(self) -> None:
         """Each change of the group's size to the metrics, the changes into its spend file (billed over
-        them). A spend file that cannot be written now is written at a later poll, or when the group ends."""
+        them). A spend file that cannot be written now is written at a later poll, or when the group ends.
+        Every ``deadline_every_s``, a group that changed size has its budget deadline follow its spend
+        (``follow_deadline``; a spot group's price feed does it for a spot group)."""
         changes = node_changes(self.launcher, self.name)
         if not changes:
             return
         self.nodes_seen = report_node_changes(changes, self.nodes_seen, self.tags)
         uri = self.ledger_uri or (self.prices or {}).get("ledger_uri")
+        ledger = CheckpointDir(uri) if uri else None
         try:
-            record_node_changes(CheckpointDir(uri) if uri else None, self.name, changes)
+            record_node_changes(ledger, self.name, changes)
+            if ledger is not None and len(changes) > 1 and self.deadline and not self.prices:
+                self._follow_deadline(ledger, changes)
         except (OSError, ValueError) as err:
-            log.warning("Group %s: could not write its node changes into its spend file (%s)", self.name, err)
+            log.warning("Group %s: could not write its node changes into its spend file, or move its budget "
+                        "deadline (%s)", self.name, err)  # fmt: skip
+
+    def _follow_deadline(self, ledger: CheckpointDir, changes: list[list]) -> None:
+        if time.monotonic() - self._deadline_at < self.deadline_every_s:
+            return
+        self._deadline_at = time.monotonic()
+        entry = ledger.spend_entry(self.name)
+        if entry and not entry.get("ended"):
+            entry = {**entry, "node_changes": changes}
+            follow_deadline(self.launcher, self.name, self.deadline, ledger, entry, time.time())
 
 
 class SessionMoney:
@@ -183,8 +209,9 @@ class SessionMoney:
     ``spot_prices`` and ``stopped_at_budget`` of the session it is mixed into.
 
     An elastic group is billed over the sizes its launcher reports (``node_changes``), while it runs and
-    when it ends; its budget deadline is still set for ``num_nodes`` for the time ahead (``budget_deadline``:
-    a group that grows back must not find its cap already spent), so the cap holds at every size change."""
+    when it ends; its budget deadline prices the time ahead on ``num_nodes`` (``budget_deadline``: a group
+    that grows back must not find its cap already spent), so the cap holds at every size change, and follows
+    what it spent on fewer nodes (``follow_deadline``), so that it is not stopped with money left."""
 
     def _ledger_dir(self) -> CheckpointDir | None:
         """Where this job's spend files go (training groups only: an evaluation is not the job's spend)."""
@@ -234,12 +261,18 @@ class SessionMoney:
         ledger = self._ledger_dir()
         if self.spot_prices is None or self.spec.capacity != Capacity.SPOT or ledger is None:
             return None
-        # the deadline's terms (its spend is the ledger's when the price moves): reprice_deadline
-        return {
-            "feed": self.spot_prices.to_dict(),
-            "ledger_uri": ledger.storage.uri,
-            "deadline": budget_deadline(self.spec),
-        }
+        return {"feed": self.spot_prices.to_dict(), "ledger_uri": ledger.storage.uri}
+
+    def deadline_terms(self) -> dict[str, Any] | None:
+        """The terms a ``GroupWatch`` moves a training group's budget deadline by (``follow_deadline``): its
+        budget, num_nodes, grace and margin, and the job's ``max_runtime_s`` (None: no budget or ledger)."""
+        if self._ledger_dir() is None or self.spec.budget_usd is None:
+            return None
+        terms = budget_deadline(self.spec)
+        if terms is None or terms.get("budget_usd") is None:
+            return None
+        runtime = getattr(self.spec, "max_runtime_s", None)
+        return {**terms, **({"max_runtime_s": int(runtime)} if runtime is not None else {})}
 
     def _at_prices_in_effect(self, name: str, entry: dict[str, Any], until: float) -> dict[str, Any]:
         """A spot group's spend at the prices in effect while it ran (the larger figure is kept); at its

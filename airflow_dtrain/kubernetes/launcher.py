@@ -55,6 +55,7 @@ from airflow_dtrain.launchers.base import (
     GroupStatus,
     PodGroupLauncher,
     PredecessorStillRunning,
+    deadline_moves,
 )
 
 if TYPE_CHECKING:
@@ -298,16 +299,15 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         for kind in ("Pod", "Service"):
             self._api(self._verbs(kind)[2], store_name(name), self.namespace, missing_ok=True)
 
-    def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
+    def move_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
         """Patch the running Job's activeDeadlineSeconds (a field a Job may change while it runs) and its
-        deadline annotation, which the at-budget verdict quotes; only ever earlier, never on a Job that
-        ended."""
+        deadline annotation, which the at-budget verdict quotes; never on a Job that ended."""
         job = self._job(name)
         current = (job or {}).get("spec", {}).get("activeDeadlineSeconds")
         if (
             job is None
             or current is None
-            or deadline["seconds"] >= current
+            or not deadline_moves(current, deadline["seconds"])
             or group_status.recorded(name, job)
         ):
             return None

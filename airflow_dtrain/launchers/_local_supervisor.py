@@ -229,8 +229,8 @@ class _Starter:
 
 
 class _Watch:
-    """The supervisor's watch over a running group, one ``tick`` every 0.2 s: the budget deadline (and an
-    earlier one written since), a stop request, and a node that ended badly, each ending the rest in time."""
+    """The supervisor's watch over a running group, one ``tick`` every 0.2 s: the budget deadline (as moved
+    since), a stop request, and a node that ended badly, each ending the rest in time."""
 
     def __init__(self, group_dir: Path, group: dict, nodes: list[subprocess.Popen],
                  stop_requested: threading.Event, starter: _Starter | None = None) -> None:  # fmt: skip
@@ -246,9 +246,9 @@ class _Watch:
                                         standalone_store=bool(group.get("rdzv_store")))  # fmt: skip
         self.peer_grace = float(group.get("peer_exit_grace_s", 30.0))
         self.budget = group.get("budget_deadline")  # launchers.base.budget_deadline, with "at" (wall clock)
-        # LocalLauncher.shorten_deadline writes an earlier one here when the spot price rose
-        # (repriced_deadline)
-        self.earlier, self.earlier_seen = group_dir / "budget_deadline.json", 0.0
+        # LocalLauncher.move_deadline writes a moved one here (repriced_deadline): earlier when the spot price
+        # rose, later when the group spent less than its launch deadline assumed
+        self.moved, self.moved_seen = group_dir / "budget_deadline.json", 0.0
         self.at_budget = False
         self.collateral: set[int] = set()
         self.first_bad_exit: float | None = None
@@ -308,16 +308,16 @@ class _Watch:
         self.starter.record(self.nodes)
 
     def _reprice(self, now: float) -> None:
-        """Every second: take an earlier budget deadline written since (``budget_deadline.json``)."""
-        if not self.budget or self.at_budget or now - self.earlier_seen < 1.0:
+        """Every second: take the budget deadline moved since (``budget_deadline.json``)."""
+        if not self.budget or self.at_budget or now - self.moved_seen < 1.0:
             return
-        self.earlier_seen = now
+        self.moved_seen = now
         try:
-            repriced = json.loads(self.earlier.read_text())
-            if repriced["at"] < self.budget["at"]:
-                self.budget = repriced
-        except (FileNotFoundError, ValueError, KeyError):
-            pass
+            moved = json.loads(self.moved.read_text())
+            moved["at"] = float(moved["at"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return
+        self.budget = moved
 
     def _terminate(self, running: list[int], deadline: float) -> None:
         """SIGTERM to the running nodes; what still runs at ``deadline`` is killed."""

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 _deadline = deadline_terms  # the name it had here
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher",
-    "PredecessorStillRunning", "budget_deadline", "deadline_words", "poll_group", "repriced_deadline",
+    "DEADLINE_STEP_S", "PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher",
+    "PredecessorStillRunning", "budget_deadline", "deadline_moves", "deadline_words", "poll_group",
+    "repriced_deadline",
 ]  # fmt: skip
 
 
@@ -56,6 +57,9 @@ class GroupState(str, enum.Enum):
     def terminal(self) -> bool:
         return self in TERMINAL_STATES
 
+
+DEADLINE_STEP_S = 2
+"""The least a running group's budget deadline moves later by (``PodGroupLauncher.move_deadline``)."""
 
 TERMINAL_STATES = frozenset(
     {GroupState.SUCCEEDED, GroupState.PREEMPTED, GroupState.FAILED, GroupState.STOPPED, GroupState.AT_BUDGET}
@@ -122,10 +126,12 @@ class PodGroupLauncher(abc.ABC):
     def stop(self, name: str, grace_period_s: float = 30.0) -> GroupStatus:
         """Ask every process to checkpoint and exit, kill what is left after the grace period."""
 
-    def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
-        """Bring the platform's budget deadline of running group ``name`` forward to ``deadline``
-        (``repriced_deadline``: the spot price rose since its launch); never later than it is. Returns the
-        seconds it had, or None when it was not changed (already as early, the group gone, no deadline)."""
+    def move_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
+        """Set the platform's budget deadline of running group ``name`` to ``deadline``
+        (``repriced_deadline``: earlier when the spot price rose, later when the group spent less than its
+        launch deadline assumed). A later one is taken only when it is at least ``DEADLINE_STEP_S`` later
+        (``deadline_moves``). Returns the seconds it had, or None when it was not changed (about the same,
+        the group ended or gone, no deadline)."""
         return None
 
     def node_changes(self, name: str) -> list[tuple[float, int]]:
@@ -138,6 +144,12 @@ class PodGroupLauncher(abc.ABC):
         """Where the group's nodes ran, one dict per node index (``node``, ``zone``, ``instance_type``,
         ``capacity_type``); None when the backend does not know (the local backend: this machine)."""
         return None
+
+
+def deadline_moves(current: int | None, new: int) -> bool:
+    """Whether a running group's budget deadline of ``current`` seconds moves to ``new``: any earlier one, a
+    later one by ``DEADLINE_STEP_S`` or more (None: the group has none)."""
+    return current is not None and (new < current or new >= current + DEADLINE_STEP_S)
 
 
 def poll_group(launcher: PodGroupLauncher, name: str, cursor: Any) -> tuple[GroupStatus, LogChunk]:

@@ -37,7 +37,14 @@ import psutil
 from airflow_dtrain.launchers._local_elastic import CAPACITY_FILE, elastic_terms, read_node_changes
 from airflow_dtrain.launchers._local_supervisor import write_json_atomic
 from airflow_dtrain.launchers.ports import free_port as _free_port
-from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, budget_deadline
+from airflow_dtrain.launchers.base import (
+    GroupState,
+    GroupStatus,
+    LogChunk,
+    PodGroupLauncher,
+    budget_deadline,
+    deadline_moves,
+)
 from airflow_dtrain.launchers.local_memory import (  # noqa: F401 - re-exported: importers use this module's names
     DEFAULT_MEMORY_GI_PER_PROCESS,
     MEMORY_OPTION,
@@ -248,8 +255,8 @@ class LocalLauncher(PodGroupLauncher):
                 announced = True
             time.sleep(0.5)
 
-    def shorten_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
-        """Write the earlier deadline where the group's supervisor looks for it every second
+    def move_deadline(self, name: str, deadline: dict[str, Any]) -> int | None:
+        """Write the moved deadline where the group's supervisor looks for it every second
         (``budget_deadline.json`` beside ``group.json``)."""
         group_dir = self._dir(name)
         try:
@@ -260,7 +267,7 @@ class LocalLauncher(PodGroupLauncher):
         if (
             current is None
             or (group_dir / "result.json").exists()
-            or deadline["seconds"] >= current["seconds"]
+            or not deadline_moves(current["seconds"], deadline["seconds"])
         ):
             return None
         write_json_atomic(

@@ -205,6 +205,7 @@ class FSDPTrainOperator(BaseOperator):
                 tags=session.tags,
                 prices=session.price_watch(),
                 ledger_uri=session.spend_uri(),
+                deadline=session.deadline_terms(),
             ),
             method_name="execute_complete",
         )

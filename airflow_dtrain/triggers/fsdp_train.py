@@ -34,6 +34,8 @@ class FSDPTrainTrigger(BaseTrigger):
     :param tags: the job's statsd tags (``GroupSession.tags``) for the metrics sent from here.
     :param prices: a spot group's price feed (``GroupSession.price_watch``): the prices in effect are written
         for its trainer's cap while it runs (None: none).
+    :param ledger_uri: where the job's spend files are (``GroupSession.spend_uri``).
+    :param deadline: the terms its budget deadline follows its spend by (``GroupSession.deadline_terms``).
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class FSDPTrainTrigger(BaseTrigger):
         tags: dict[str, str] | None = None,
         prices: dict[str, Any] | None = None,
         ledger_uri: str | None = None,
+        deadline: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -61,6 +64,7 @@ class FSDPTrainTrigger(BaseTrigger):
         self.tags = tags
         self.prices = prices
         self.ledger_uri = ledger_uri  # where an elastic group's node changes are billed as they come
+        self.deadline = deadline  # what its budget deadline follows its spend by
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -76,6 +80,7 @@ class FSDPTrainTrigger(BaseTrigger):
                 "tags": self.tags,
                 "prices": self.prices,
                 "ledger_uri": self.ledger_uri,
+                "deadline": self.deadline,
             },
         )
 
@@ -91,6 +96,7 @@ class FSDPTrainTrigger(BaseTrigger):
             tags=self.tags,
             prices=self.prices,
             ledger_uri=self.ledger_uri,
+            deadline=self.deadline,
         )
         status_line = StatusLine.from_dict(self.status)
         try:

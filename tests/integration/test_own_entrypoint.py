@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from airflow_dtrain import FSDPTrainOperator
-from airflow_dtrain.launchers.base import GroupState
+from airflow_dtrain.launchers.base import GroupState, budget_deadline, repriced_deadline
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.spec import JobSpec
 from airflow_dtrain.spot.ledger import read_ledger
@@ -135,3 +135,31 @@ def test_checkpoint_now_and_stop_reach_every_process_of_your_program(tmp_path):
         assert launcher.processes(name) == []
     finally:
         launcher.stop(name, grace_period_s=5)
+
+
+def test_a_budget_deadline_moved_later_is_the_one_the_supervisor_stops_the_group_at(tmp_path):
+    """$36/node-h is a cent a second: $0.06 buys 6 s, so the launch deadline is 3 s (2 s grace, 1 s margin).
+    A later one written while the group runs (``move_deadline``: it spent less than its launch assumed) is
+    the one its supervisor keeps; an earlier one is still taken (a spot price rise)."""
+    spec = JobSpec.from_arguments(
+        entrypoint=[EXAMPLE, "--step-sleep", "0.3"], job="own-mlp", steps=100_000, num_nodes=1,
+        procs_per_node=1, checkpoint_uri=str(tmp_path / "ckpt"), price_per_node_hour=36.0, budget_usd=0.06,
+        config={"checkpoint": {"grace_period_s": 2}, "cost": {"stop_margin_s": 1}},
+    )  # fmt: skip
+    launcher = LocalLauncher(tmp_path / "groups")
+    launcher.launch("moved", spec)
+    launched = budget_deadline(spec)
+    assert launched["seconds"] == 3
+    later = repriced_deadline(launched, spent_usd=0.0, price=24.0, elapsed_s=0.0)  # 9 s, less 3: 6 s
+    assert launcher.move_deadline("moved", later) == 3
+    assert launcher.move_deadline("moved", {**later, "seconds": 7}) is None  # under DEADLINE_STEP_S later
+    status = wait_for(lambda: (s := launcher.status("moved")).state.terminal and s, 90, "its end")
+
+    assert status.state == GroupState.AT_BUDGET, status
+    assert "deadline=6 (set 0s after the launch" in status.message, status.message
+    group = json.loads((tmp_path / "groups" / "moved" / "group.json").read_text())
+    ran = (
+        json.loads((tmp_path / "groups" / "moved" / "result.json").read_text())["finished_at"]
+        - group["created_at"]
+    )
+    assert ran >= 6, ran  # not stopped at the launch deadline, 3 s

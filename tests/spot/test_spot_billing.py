@@ -283,9 +283,9 @@ def test_your_program_on_spot_whose_price_doubled_is_stopped_by_its_supervisor_w
 
     assert summary["stopped"] == "budget", summary
     reason = summary["budget_stop"]["reason"]
-    assert (
-        "dollar cap by its supervisor" in reason and "the spot price then in effect, $72.0000/h" in reason
-    ), reason
+    assert "dollar cap by its supervisor" in reason and "the price then in effect, $72.0000/h" in reason, (
+        reason
+    )
     seconds = int(reason.split("deadline=", 1)[1].split()[0])
     assert seconds in (29, 30), reason  # 45 s at $72 (less the fraction of a second billed), less 15 s
     [name] = LocalLauncher(tmp_path / "groups").find("")

@@ -156,7 +156,7 @@ def test_the_trainer_bills_the_recorded_sizes_and_keeps_them_when_it_rewrites_th
 
 
 def test_the_cap_counts_the_sizes_behind_and_num_nodes_ahead_when_the_price_moves(tmp_path):
-    from airflow_dtrain.session_money import reprice_deadline
+    from airflow_dtrain.session_money import follow_deadline
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.money.deadline import budget_deadline
 
@@ -177,14 +177,12 @@ def test_the_cap_counts_the_sizes_behind_and_num_nodes_ahead_when_the_price_move
     shortened = []
 
     class Launcher:
-        def shorten_deadline(self, name, deadline):
+        def move_deadline(self, name, deadline):
             shortened.append(deadline)
             return 999
 
     # the price doubled when the group went down to 1 node
-    reprice_deadline(
-        Launcher(), NAME, budget_deadline(spec), ledger, entry, [(t0, 3.6), (t0 + 100, 7.2)], now
-    )
+    follow_deadline(Launcher(), NAME, budget_deadline(spec), ledger, entry, now, [(t0, 3.6), (t0 + 100, 7.2)])
 
     (deadline,) = shortened
     assert deadline["spent_usd"] == pytest.approx(0.2 + 50 * 7.2 / 3600, abs=1e-6)  # 2 x 100 s, 1 x 50 s
@@ -192,3 +190,44 @@ def test_the_cap_counts_the_sizes_behind_and_num_nodes_ahead_when_the_price_move
         deadline["nodes"] == 2 and deadline["usd_per_hour"] == 2 * 7.2
     )  # a group that grows back is covered
     assert deadline["seconds"] <= 150 + (10.0 - deadline["spent_usd"]) / (2 * 7.2) * 3600
+
+
+@pytest.mark.parametrize("history", [None, "fell"])
+def test_a_group_that_ran_on_fewer_nodes_has_its_deadline_moved_later_by_what_it_did_not_spend(
+    tmp_path, history
+):
+    """$10 at $3.60/node-h on 2 nodes: the launch deadline is 5,000 s less 140. After 400 s on 2 nodes and
+    1,600 s on 1, $2.40 is spent; the $7.60 left buys 3,800 s of both nodes: 2,000 + 3,800 - 140 = 5,660 s.
+    A spot price that fell meanwhile buys no more time ahead (priced at the dearer of it and the launch's)."""
+    from airflow_dtrain.session_money import follow_deadline
+    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.money.deadline import budget_deadline
+
+    spec = JobSpec.from_arguments(
+        flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1, num_nodes=2, min_nodes=1,
+        price_per_node_hour=3.6, budget_usd=10.0, checkpoint_uri=str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    assert budget_deadline(spec)["seconds"] == 4860
+    now = time.time()
+    t0 = now - 2000
+    entry = {
+        "launched_at": t0,
+        "nodes": 2,
+        "price_per_node_hour": 3.6,
+        "node_changes": [[t0, 2], [t0 + 400, 1]],
+    }
+    ledger = CheckpointDir(str(tmp_path / "ckpt"))
+    ledger.record_spend(NAME, entry)
+    moved = []
+
+    class Launcher:
+        def move_deadline(self, name, deadline):
+            moved.append(deadline)
+            return 4860
+
+    prices = [(t0, 3.6), (t0 + 1000, 1.8)] if history else None
+    follow_deadline(Launcher(), NAME, budget_deadline(spec), ledger, entry, now, prices)
+
+    (deadline,) = moved
+    assert deadline["spent_usd"] == pytest.approx(2.4, abs=1e-6)
+    assert deadline["seconds"] in (5659, 5660) and deadline["usd_per_hour"] == 7.2 and deadline["nodes"] == 2

@@ -15,8 +15,8 @@ DAG-parse time. Nothing here calls a cloud; a price read from one comes in throu
   relaunch needs to reach its next checkpoint (the provider's go-on decision).
 - ``cap``: the budget itself (None is no budget), the reserve kept back to stop within
   it (``stop_reserve_s``), and rank 0's enforcement while it trains (``BudgetGuard``).
-- ``deadline``: when the platform stops a group at the cap (``budget_deadline``), again when the spot
-  price moves (``repriced_deadline``), and in words (``deadline_words``).
+- ``deadline``: when the platform stops a group at the cap (``budget_deadline``), again from the
+  spend while it runs (``repriced_deadline``), and in words (``deadline_words``).
 
 The spend files themselves (where they live, how they are read and summed) are
 ``trainer.checkpoint_dir``'s, the one reader and writer of a checkpoint directory.

@@ -1,11 +1,12 @@
 """The budget deadline: when the platform stops a group at the job's dollar cap, with nobody watching.
 
 ``budget_deadline`` derives it at the launch from the money left and the group's price; Kubernetes makes it
-the Job's ``activeDeadlineSeconds``, the local backend's supervisor keeps it. ``repriced_deadline`` brings it
-forward when the spot price rises while the group runs, and ``deadline_words`` says how it was derived. The
-result is plain data (a dict), so a launcher, a trigger and a Job annotation all carry it. Standard library
-only; ``spec`` is an ``airflow_dtrain.spec.JobSpec`` (only its budget, price, nodes, limits and the trainer's
-grace period and stop margin are read).
+the Job's ``activeDeadlineSeconds``, the local backend's supervisor keeps it. ``repriced_deadline`` derives
+it again while the group runs (earlier when the spot price rises, later when the group spent less than
+assumed), and ``deadline_words`` says how it was derived. The result is plain data (a dict), so a launcher,
+a trigger and a Job annotation all carry it. Standard library only; ``spec`` is an
+``airflow_dtrain.spec.JobSpec`` (only its budget, price, nodes, limits and the trainer's grace period and stop
+margin are read).
 """
 
 from __future__ import annotations
@@ -75,17 +76,25 @@ def deadline_terms(
 def repriced_deadline(
     deadline: dict[str, Any], *, spent_usd: float, price: float, elapsed_s: float
 ) -> dict[str, Any]:
-    """A running group's ``budget_deadline`` again, ``elapsed_s`` after its launch, with the spot price in
-    effect now: ``spent_usd`` (every attempt, this group's seconds so far at the prices in effect) leaves
-    money that buys fewer seconds at ``price`` than at the launch price when the price has risen. The result
-    says what it was derived from (``repriced``), for the deadline's words and the Job's annotation."""
+    """A running group's ``budget_deadline`` again, ``elapsed_s`` after its launch, from what was spent and
+    the price now: ``spent_usd`` (every attempt, this group's seconds so far as billed) leaves money that buys
+    the time ahead at ``price`` on the deadline's ``nodes``. Earlier than the launch's when the spot price
+    rose; later when the group spent less than its launch deadline assumed (an elastic group on fewer nodes).
+    Never past the job's ``max_runtime_s`` (``deadline["max_runtime_s"]``, or a deadline that ceiling set).
+    The result says what it was derived from (``repriced``), for the deadline's words and the Job's
+    annotation."""
     if deadline.get("budget_usd") is None:
         return deadline  # bound by max_runtime_s alone: no price moves it
     new = deadline_terms(budget_usd=deadline["budget_usd"], spent_usd=spent_usd, nodes=int(deadline["nodes"]),
                          price=price, grace=deadline["grace_s"], margin=deadline["margin_s"],
                          elapsed_s=elapsed_s)  # fmt: skip
-    if deadline.get("by") == "max_runtime_s" and new["seconds"] >= deadline["seconds"]:
-        return deadline  # the runtime ceiling is still the earlier
+    runtime = deadline.get("max_runtime_s")
+    if deadline.get("by") == "max_runtime_s":
+        runtime = deadline["seconds"]
+    if runtime is not None and new["seconds"] >= runtime:
+        return {**new, "seconds": int(runtime), "by": "max_runtime_s", "max_runtime_s": int(runtime)}
+    if runtime is not None:
+        new["max_runtime_s"] = int(runtime)
     return {**new, "repriced": {"elapsed_s": round(elapsed_s, 3)}}
 
 
@@ -103,8 +112,8 @@ def deadline_words(deadline: dict[str, Any], name: str) -> str:
     if repriced:
         return (
             f"{name}={deadline['seconds']} (set {repriced['elapsed_s']:.0f}s after the launch, when "
-            f"${left:.4f} was left of the ${deadline['budget_usd']:.2f} budget at the spot price then in "
-            f"effect, ${deadline['usd_per_hour']:.4f}/h, {save})"
+            f"${left:.4f} was left of the ${deadline['budget_usd']:.2f} budget at the price then in effect, "
+            f"${deadline['usd_per_hour']:.4f}/h for {deadline['nodes']} node(s), {save})"
         )
     return (
         f"{name}={deadline['seconds']} (${left:.4f} left of the ${deadline['budget_usd']:.2f} budget at "
