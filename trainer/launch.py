@@ -22,6 +22,7 @@ import inspect
 import os
 import signal
 import sys
+import tempfile
 import threading
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -260,6 +261,27 @@ def _failed_workers(e: ChildFailedError) -> tuple[int, str]:
         return 1, f"workers failed with exit codes {codes}"
 
 
+def use_a_writable_compile_cache() -> bool:
+    """Keep ``TORCHINDUCTOR_CACHE_DIR`` (the job's own compile cache: in the local state directory, or on the
+    admin's volume on Kubernetes) only if this node can write it; else drop it and ``TRITON_CACHE_DIR``, so
+    that the workers compile into torch's default under /tmp, and say so: a cache is a speed-up, never a
+    reason to fail. Returns whether the cache is used."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        return False
+    try:
+        os.makedirs(cache, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+    except OSError as err:
+        print(f"[trainer.launch] the job's compile cache {cache} cannot be written ({err}): the workers "
+              "compile without it, into /tmp", file=sys.stderr, flush=True)  # fmt: skip
+        for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+            os.environ.pop(key, None)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     # torchrun SIGKILLs workers this long after forwarding SIGTERM (its default is 30 s):
     # leave them the time a preemption save needs; the platform's own grace period is the real bound.
@@ -267,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     watch_the_agents_close()
     restart_only_the_resumable()
     leave_the_rendezvous_on_a_signal()
+    use_a_writable_compile_cache()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec
         watch_checkpoint_requests(os.environ[REQUESTS_FILE_ENV])

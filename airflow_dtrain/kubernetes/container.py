@@ -19,7 +19,9 @@ from airflow_dtrain.kubernetes.names import (
     rendezvous_endpoint,
     store_endpoint,
 )
+from airflow_dtrain.errors import SpecError
 from airflow_dtrain.launchers import torchrun
+from airflow_dtrain.launchers.state_dir import compile_cache_key
 from airflow_dtrain.launchers.torchrun import NodeCommand
 from airflow_dtrain.spec import JobSpec
 
@@ -27,6 +29,10 @@ DEFAULT_CPU_PER_GPU = 4
 """CPUs per GPU when ``node_resources`` gives no ``cpu``."""
 DEFAULT_MEMORY_GI_PER_GPU = 32
 """GiB of memory per GPU when ``node_resources`` gives no ``memory``."""
+COMPILE_CACHE_VOLUME = "compile-cache"
+"""The pod volume of the admin's compile cache claim (``KubernetesPolicy.compile_cache_claim``)."""
+COMPILE_CACHE_MOUNT = "/var/cache/dtrain-compile"
+"""Where the trainer container mounts its job's directory of it."""
 # Every container of the pod starts from this context (Pod Security "restricted"); a container's own wins.
 _CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
@@ -210,3 +216,44 @@ def render_container(name: str, spec: JobSpec, volume_mounts: list[dict[str, Any
     }
     container["resources"] = _resources(spec)
     return container
+
+
+def mount_compile_cache(pod_spec: dict[str, Any], claim: str, spec: JobSpec) -> None:
+    """Give the trainer container of ``pod_spec`` (the pod template, the author's merged in) its job's
+    torch.compile cache: the directory ``compile_cache_key`` of the admin's PersistentVolumeClaim ``claim``,
+    mounted by subPath, so that a relaunched or replacement pod on another node finds the job's compiled code
+    (a warm restart) and no pod sees another job's. Every attempt of the job shares it; the claim must be
+    writable by the pods' group (fsGroup 1000). A cache is only a speed-up: a trainer that cannot write it
+    compiles into /tmp (``trainer.launch``).
+
+    Compiled code is run by whoever loads it, so no container but the trainer may mount the claim: a pod
+    whose author's template mounts it (or uses the volume's name) is refused, naming where."""
+    for i, volume in enumerate(pod_spec.get("volumes") or ()):
+        if volume.get("name") == COMPILE_CACHE_VOLUME or (
+            (volume.get("persistentVolumeClaim") or {}).get("claimName") == claim
+        ):
+            raise SpecError(
+                f"kubernetes: the pod's volumes[{i}] ({volume.get('name')!r}) is the platform's compile "
+                f"cache (claim {claim!r}), which only the provider mounts, one job's directory to each pod"
+            )
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for container in pod_spec.get(kind) or ():
+            for mount in container.get("volumeMounts") or ():
+                if mount.get("name") == COMPILE_CACHE_VOLUME:
+                    raise SpecError(
+                        f"kubernetes.pod_template: container {container.get('name')!r} mounts "
+                        f"{COMPILE_CACHE_VOLUME!r}, the platform's compile cache, which only the trainer "
+                        "mounts"
+                    )
+    pod_spec.setdefault("volumes", []).append(
+        {"name": COMPILE_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+    )
+    trainer = next(c for c in pod_spec["containers"] if c["name"] == CONTAINER)
+    trainer.setdefault("volumeMounts", []).append({
+        "name": COMPILE_CACHE_VOLUME, "mountPath": COMPILE_CACHE_MOUNT,
+        "subPath": compile_cache_key(spec.train.owner, spec.train.job),
+    })  # fmt: skip
+    trainer.setdefault("env", []).extend([
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": COMPILE_CACHE_MOUNT},
+        {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE_MOUNT}/triton"},
+    ])  # fmt: skip

@@ -109,7 +109,8 @@ class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher
         if self._job(name) is not None:
             raise ValueError(f"group {name!r} already exists in namespace {self.namespace}")
         self._wait_for_predecessors(name)
-        objects = render_group(name, spec, namespace=self.namespace, spent_usd=spent_usd)
+        objects = render_group(name, spec, namespace=self.namespace, spent_usd=spent_usd,
+                               compile_cache_claim=self.policy.compile_cache_claim)  # fmt: skip
         (config_map, service), store, job = objects[:2], objects[2:-1], objects[-1]
         earlier = self._earlier_outcomes(name)
         if earlier:

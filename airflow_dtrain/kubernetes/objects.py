@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from airflow_dtrain.kubernetes.container import (
+    mount_compile_cache,
     DEFAULT_CPU_PER_GPU,
     DEFAULT_MEMORY_GI_PER_GPU,
     EnvRef,
@@ -98,12 +99,21 @@ __all__ = [
 ]
 
 
-def render_group(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0.0) -> list[dict[str, Any]]:
+def render_group(
+    name: str,
+    spec: JobSpec,
+    *,
+    namespace: str,
+    spent_usd: float = 0.0,
+    compile_cache_claim: str | None = None,
+) -> list[dict[str, Any]]:
     """The ConfigMap, headless Service and Indexed Job of group ``name`` (an elastic group's store Service and
     pod before the Job), in creation order.
 
     :param spent_usd: what the job has spent before this group, for the Job's deadline
         (``launchers.base.budget_deadline``).
+    :param compile_cache_claim: the admin's compile cache claim (``KubernetesPolicy``), mounted by the
+        trainer container at its job's directory (``container.mount_compile_cache``); None: none.
     """
     if len(name) > 52:  # "<name>-<index>" is the pods' hostname, a 63-character DNS label
         raise ValueError(f"name: group names must be at most 52 characters, got {name!r}")
@@ -120,7 +130,9 @@ def render_group(name: str, spec: JobSpec, *, namespace: str, spent_usd: float =
         render_config_map(name, spec, namespace=namespace),
         render_service(name, spec, namespace=namespace),
         *store,
-        render_job(name, spec, namespace=namespace, spent_usd=spent_usd),
+        render_job(
+            name, spec, namespace=namespace, spent_usd=spent_usd, compile_cache_claim=compile_cache_claim
+        ),
     ]
 
 
@@ -205,10 +217,19 @@ def _job_spec(name: str, spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def render_job(name: str, spec: JobSpec, *, namespace: str, spent_usd: float = 0.0) -> dict[str, Any]:
+def render_job(
+    name: str,
+    spec: JobSpec,
+    *,
+    namespace: str,
+    spent_usd: float = 0.0,
+    compile_cache_claim: str | None = None,
+) -> dict[str, Any]:
     k8s = spec.kubernetes
     job_labels = dict(group_labels(name))
     job_spec = _job_spec(name, spec)
+    if compile_cache_claim:
+        mount_compile_cache(job_spec["template"]["spec"], compile_cache_claim, spec)
     if k8s.kueue_queue:
         job_labels["kueue.x-k8s.io/queue-name"] = k8s.kueue_queue
         # Kueue admits the whole group at once (gang admission) by unsuspending the Job.

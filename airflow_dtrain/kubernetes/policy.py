@@ -44,9 +44,13 @@ class KubernetesPolicy:
     """Most ``nvidia.com/gpu`` a pod may request."""
     allow_privileged: bool = False
     """Whether a DAG's pod template may carry privileged settings (each is logged when used)."""
+    compile_cache_claim: str | None = None
+    """A PersistentVolumeClaim (in each namespace groups run in, ReadWriteMany) that keeps each job's
+    torch.compile cache across its pods and relaunches, one directory per job (``mount_compile_cache``);
+    None: each pod compiles into its own /tmp."""
 
     _KEYS = ("allowed_images", "allowed_namespaces", "allowed_service_accounts", "max_gpus_per_node",
-             "allow_privileged")  # fmt: skip
+             "allow_privileged", "compile_cache_claim")  # fmt: skip
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> KubernetesPolicy:
@@ -66,6 +70,9 @@ class KubernetesPolicy:
         gpus = value.get("max_gpus_per_node")
         if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
             raise SpecError(f"{where}.max_gpus_per_node: expected an integer >= 0, got {gpus!r}")
+        claim = value.get("compile_cache_claim")
+        if claim is not None:
+            _k8s_name(f"{where}.compile_cache_claim", claim, optional=False)
         privileged = value.get("allow_privileged", False)
         if not isinstance(privileged, bool):
             raise SpecError(f"{where}.allow_privileged: expected true or false, got {privileged!r}")
@@ -75,6 +82,7 @@ class KubernetesPolicy:
             allowed_service_accounts=tuple(value.get("allowed_service_accounts") or ()),
             max_gpus_per_node=gpus,
             allow_privileged=privileged,
+            compile_cache_claim=claim,
         )
 
     def check(self, spec: Any, *, namespace: str, log: Any = None) -> None:
@@ -105,6 +113,13 @@ class KubernetesPolicy:
                 f"node_resources.gpus_per_node: {gpus} is above this cluster's limit of "
                 f"{self.max_gpus_per_node} (the admin's {POLICY_EXTRA}.max_gpus_per_node)"
             )
+        for i, volume in enumerate(k8s.volumes):
+            if self.compile_cache_claim and volume["claim"] == self.compile_cache_claim:
+                raise SpecError(
+                    f"kubernetes.volumes[{i}].claim: {volume['claim']!r} is this cluster's compile cache "
+                    f"(the admin's {POLICY_EXTRA}.compile_cache_claim), which only the provider mounts, one "
+                    "job's directory to each pod"
+                )
         found = privileged_settings(k8s.pod_template)
         if found and not self.allow_privileged:
             raise SpecError(

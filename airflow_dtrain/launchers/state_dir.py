@@ -26,6 +26,13 @@ def default_state_dir() -> Path:
     return Path(airflow_home) / "dtrain" / "groups"
 
 
+def compile_cache_key(owner: str, job: str) -> str:
+    """A job's compile cache directory name: readable, and one owner's job's alone (the local state
+    directory's and, on Kubernetes, the subPath of the admin's compile cache volume)."""
+    key = hashlib.sha256(f"{owner}\0{job}".encode()).hexdigest()[:16]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', job)[:40]}-{key}"
+
+
 def compile_cache_env(state_dir: Path, owner: str, job: str) -> dict[str, str]:
     """The variables that give a job's processes a torch.compile cache of its own (inductor's, and Triton's
     kernels within it), made here (mode 0700): the same for every attempt of the job, so that a relaunch
@@ -34,9 +41,7 @@ def compile_cache_env(state_dir: Path, owner: str, job: str) -> dict[str, str]:
     Without them every process of a user on this machine shares ``/tmp/torchinductor_<user>``: compiled code
     that one job writes (its own training program included) another job would load and run.
     """
-    key = hashlib.sha256(f"{owner}\0{job}".encode()).hexdigest()[:16]
-    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", job)[:40]
-    cache = state_dir.resolve() / COMPILE_CACHE_DIR / f"{readable}-{key}"
+    cache = state_dir.resolve() / COMPILE_CACHE_DIR / compile_cache_key(owner, job)
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
     cache.chmod(0o700)  # mkdir's mode is masked by the umask, and an existing directory keeps its own
     os.utime(cache)  # launched from now: what prune_compile_caches reads

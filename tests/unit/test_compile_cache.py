@@ -53,3 +53,18 @@ def test_a_cache_no_job_launched_from_for_a_month_is_removed_at_the_next_launch(
     again = compile_cache_env(tmp_path, "team-a", "ran-last-week")["TORCHINDUCTOR_CACHE_DIR"]
     assert again == recent and os.path.isdir(os.path.join(recent, "triton", "kernel"))
     assert time.time() - os.stat(recent).st_mtime < 60
+
+
+def test_a_node_that_cannot_write_the_jobs_compile_cache_compiles_without_it(tmp_path, monkeypatch, capsys):
+    """A volume the pods' group cannot write (a claim set up for another uid) costs a compile, not the run."""
+    from trainer.launch import use_a_writable_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache" / "triton"))
+    assert use_a_writable_compile_cache() and (tmp_path / "cache").is_dir()
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "file" / "cache"))  # cannot be made
+    assert not use_a_writable_compile_cache()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and "TRITON_CACHE_DIR" not in os.environ
+    assert f"compile cache {tmp_path / 'file' / 'cache'} cannot be written" in capsys.readouterr().err
