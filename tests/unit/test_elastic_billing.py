@@ -155,7 +155,10 @@ def test_the_trainer_bills_the_recorded_sizes_and_keeps_them_when_it_rewrites_th
     assert 0.25 <= cost.snapshot()["total_dollars"] < 0.26
 
 
-def test_the_cap_counts_the_sizes_behind_and_num_nodes_ahead_when_the_price_moves(tmp_path):
+def _follow(tmp_path, *, ran_s: float, shrunk_at_s: float, prices=None) -> dict:
+    """The deadline ``follow_deadline`` gives a group of 2 nodes at $3.60/node-h with a $10 budget that
+    launched ``ran_s`` ago and went down to 1 node ``shrunk_at_s`` after its launch (``prices``: the spot
+    prices in effect, ``[(seconds after the launch, price), ...]``)."""
     from airflow_dtrain.session_money import follow_deadline
     from trainer.checkpoint_dir import CheckpointDir
     from trainer.money.deadline import budget_deadline
@@ -164,58 +167,11 @@ def test_the_cap_counts_the_sizes_behind_and_num_nodes_ahead_when_the_price_move
         flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1, num_nodes=2, min_nodes=1,
         price_per_node_hour=3.6, budget_usd=10.0, checkpoint_uri=str(tmp_path / "ckpt"),
     )  # fmt: skip
+    assert budget_deadline(spec)["seconds"] == 4860  # 5,000 s of both nodes, less 110 s grace and 30 s margin
     now = time.time()
-    t0 = now - 150
-    entry = {
-        "launched_at": t0,
-        "nodes": 2,
-        "price_per_node_hour": 3.6,
-        "node_changes": [[t0, 2], [t0 + 100, 1]],
-    }
-    ledger = CheckpointDir(str(tmp_path / "ckpt"))
-    ledger.record_spend(NAME, entry)
-    shortened = []
-
-    class Launcher:
-        def move_deadline(self, name, deadline):
-            shortened.append(deadline)
-            return 999
-
-    # the price doubled when the group went down to 1 node
-    follow_deadline(Launcher(), NAME, budget_deadline(spec), ledger, entry, now, [(t0, 3.6), (t0 + 100, 7.2)])
-
-    (deadline,) = shortened
-    assert deadline["spent_usd"] == pytest.approx(0.2 + 50 * 7.2 / 3600, abs=1e-6)  # 2 x 100 s, 1 x 50 s
-    assert (
-        deadline["nodes"] == 2 and deadline["usd_per_hour"] == 2 * 7.2
-    )  # a group that grows back is covered
-    assert deadline["seconds"] <= 150 + (10.0 - deadline["spent_usd"]) / (2 * 7.2) * 3600
-
-
-@pytest.mark.parametrize("history", [None, "fell"])
-def test_a_group_that_ran_on_fewer_nodes_has_its_deadline_moved_later_by_what_it_did_not_spend(
-    tmp_path, history
-):
-    """$10 at $3.60/node-h on 2 nodes: the launch deadline is 5,000 s less 140. After 400 s on 2 nodes and
-    1,600 s on 1, $2.40 is spent; the $7.60 left buys 3,800 s of both nodes: 2,000 + 3,800 - 140 = 5,660 s.
-    A spot price that fell meanwhile buys no more time ahead (priced at the dearer of it and the launch's)."""
-    from airflow_dtrain.session_money import follow_deadline
-    from trainer.checkpoint_dir import CheckpointDir
-    from trainer.money.deadline import budget_deadline
-
-    spec = JobSpec.from_arguments(
-        flavor="debug", steps=4, global_batch_size=2, micro_batch_size=1, num_nodes=2, min_nodes=1,
-        price_per_node_hour=3.6, budget_usd=10.0, checkpoint_uri=str(tmp_path / "ckpt"),
-    )  # fmt: skip
-    assert budget_deadline(spec)["seconds"] == 4860
-    now = time.time()
-    t0 = now - 2000
-    entry = {
-        "launched_at": t0,
-        "nodes": 2,
-        "price_per_node_hour": 3.6,
-        "node_changes": [[t0, 2], [t0 + 400, 1]],
-    }
+    t0 = now - ran_s
+    changes = [[t0, 2], [t0 + shrunk_at_s, 1]]
+    entry = {"launched_at": t0, "nodes": 2, "price_per_node_hour": 3.6, "node_changes": changes}
     ledger = CheckpointDir(str(tmp_path / "ckpt"))
     ledger.record_spend(NAME, entry)
     moved = []
@@ -225,9 +181,29 @@ def test_a_group_that_ran_on_fewer_nodes_has_its_deadline_moved_later_by_what_it
             moved.append(deadline)
             return 4860
 
-    prices = [(t0, 3.6), (t0 + 1000, 1.8)] if history else None
-    follow_deadline(Launcher(), NAME, budget_deadline(spec), ledger, entry, now, prices)
-
+    history = [(t0 + at, price) for at, price in prices] if prices else None
+    follow_deadline(Launcher(), NAME, budget_deadline(spec), ledger, entry, now, history)
     (deadline,) = moved
+    return deadline
+
+
+def test_the_cap_counts_the_sizes_behind_and_num_nodes_ahead_when_the_price_moves(tmp_path):
+    # the price doubled when the group went down to 1 node
+    deadline = _follow(tmp_path, ran_s=150, shrunk_at_s=100, prices=[(0, 3.6), (100, 7.2)])
+    assert deadline["spent_usd"] == pytest.approx(0.2 + 50 * 7.2 / 3600, abs=1e-6)  # 2 x 100 s, 1 x 50 s
+    assert (
+        deadline["nodes"] == 2 and deadline["usd_per_hour"] == 2 * 7.2
+    )  # a group that grows back is covered
+    assert deadline["seconds"] <= 150 + (10.0 - deadline["spent_usd"]) / (2 * 7.2) * 3600
+
+
+@pytest.mark.parametrize("prices", [None, [(0, 3.6), (1000, 1.8)]])
+def test_a_group_that_ran_on_fewer_nodes_has_its_deadline_moved_later_by_what_it_did_not_spend(
+    tmp_path, prices
+):
+    """After 400 s on 2 nodes and 1,600 s on 1, $2.40 is spent; the $7.60 left buys 3,800 s of both nodes:
+    2,000 + 3,800 - 140 = 5,660 s, where the launch deadline was 4,860 s. A spot price that fell meanwhile
+    buys no more time ahead (priced at the dearer of it and the launch's)."""
+    deadline = _follow(tmp_path, ran_s=2000, shrunk_at_s=400, prices=prices)
     assert deadline["spent_usd"] == pytest.approx(2.4, abs=1e-6)
     assert deadline["seconds"] in (5659, 5660) and deadline["usd_per_hour"] == 7.2 and deadline["nodes"] == 2
