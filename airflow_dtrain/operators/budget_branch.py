@@ -42,6 +42,7 @@ class BudgetBranchInputs:
     )
     num_nodes: int = borrow(JobSpec, "num_nodes")
     min_nodes: int | None = borrow(JobSpec, "min_nodes")
+    replace_timeout_s: float = borrow(JobSpec, "replace_timeout_s")
     spot_price: float | None = setting(None, ge=0, help="Spot $/node-hour (wins over ``price_task_id``).")
     on_demand_price: float | None = setting(
         None, ge=0, help="On-demand $/node-hour (wins over ``price_task_id``)."
@@ -308,6 +309,7 @@ class BudgetBranchOperator(BaseBranchOperator):
             spot_nodes_available=x.spot_nodes_available,
             min_nodes=x.min_nodes,
             resize_overhead_s=x.resize_overhead_s,
+            replace_timeout_s=x.replace_timeout_s,
             max_late_risk=x.max_late_risk,
             min_finish_chance=x.min_finish_chance,
             allow_late=x.allow_late,

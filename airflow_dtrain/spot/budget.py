@@ -20,11 +20,11 @@ Estimates::
 
 An elastic group (``min_nodes`` < ``num_nodes``) offered k spot nodes, ``min_nodes`` <= k < ``num_nodes``,
 trains on k: its spot hours are ``hours`` × num_nodes / k with the overhead, plus its start-up and one resize
-(``resize_overhead_s``) to grow back; a lost node costs it ``estimates.loss_s`` (two resizes and a node's
-start-up), not a relaunch, in the overhead and the deadline guard's preemption; its spot cost is
-the work's node-hours (the same at any size: the global batch is fixed) and every overhead billed on all
-``num_nodes``, the most any size it may change to can bill, so the cap holds at every size. The decision
-records the node count it trains on (``Decision.nodes``).
+(``resize_overhead_s``) to grow back; a lost node costs it ``estimates.loss_s`` (two resizes, the wait for a
+replacement and a node's start-up), not a relaunch, in the overhead and the deadline guard's preemption; its
+spot cost is the work's node-hours (the same at any size: the global batch is fixed) and every overhead
+billed on all ``num_nodes``, the most any size it may change to can bill, so the cap holds at every size. The
+decision records the node count it trains on (``Decision.nodes``).
 
 Topped up (``top_up_on_demand``): where rule 4 or 7 would take on-demand on all the nodes (or 7 could not,
 that being beyond the budget), an elastic group offered k spot nodes (1 <= k < ``num_nodes``) trains on those

@@ -75,12 +75,17 @@ class BudgetInputs:
     min_nodes: int | None = None
     """The fewest nodes the group trains on (an elastic group): on spot it starts on the k nodes on offer, its
     steps take ``num_nodes`` / k as long (the global batch is fixed), it grows back to ``num_nodes`` at a
-    checkpoint (one resize), and a lost node costs two resizes and one node's start-up, not a relaunch
-    (``loss_s``). None: ``num_nodes`` (all or nothing)."""
+    checkpoint (one resize), and a lost node costs two resizes, the survivors' wait for a replacement and one
+    node's start-up, not a relaunch (``loss_s``). None: ``num_nodes`` (all or nothing)."""
     resize_overhead_s: float = 90.0
     """Time an elastic group's resize costs (the checkpoint saved at the boundary and the survivors'
     re-rendezvous), billed on all ``num_nodes`` in the worst case; in place of ``restart_overhead_s`` for a
     lost node of an elastic group."""
+    replace_timeout_s: float = 30.0
+    """How long an elastic group's survivors wait, at each lost node, for its replacement before they train
+    on without it (``JobSpec.replace_timeout_s``: torchrun's last call of the rendezvous round): billed on
+    all of them in the loss's resize (``loss_s``). A replacement that needs a new node comes later and joins
+    with a resize of its own; a round that has all ``num_nodes`` does not wait."""
     top_up_on_demand: bool = False
     """An elastic group offered fewer spot nodes than ``num_nodes`` may train on all ``num_nodes`` at once:
     the k spot nodes on offer (at least one) and ``num_nodes`` - k on-demand ones, at full speed, each billed
@@ -128,6 +133,7 @@ class BudgetInputs:
             "spot_nodes_available": self.spot_nodes_available is None or self.spot_nodes_available >= 0,
             "min_nodes": self.min_nodes is None or 1 <= self.min_nodes <= self.num_nodes,
             "resize_overhead_s": self.resize_overhead_s >= 0,
+            "replace_timeout_s": self.replace_timeout_s >= 0,
             "topped_up": 0 <= self.topped_up < self.num_nodes,
             "max_late_risk": 0 <= self.max_late_risk <= 1,
             "min_finish_chance": self.min_finish_chance is None or 0 <= self.min_finish_chance <= 1,
@@ -273,12 +279,13 @@ def spot_fits(
 
 def loss_s(inputs: BudgetInputs) -> float:
     """Time one interruption costs the whole group: a relaunch and the lost work. Of an elastic group: the
-    survivors' resize, the lost work, and the replacement the launcher starts at once: its start-up, billed
-    on one node of ``num_nodes`` (the others train on meanwhile), and a second resize when it joins."""
+    survivors' resize with their wait for a replacement (``replace_timeout_s``), the lost work, and the
+    replacement the launcher starts at once: its start-up, billed on one node of ``num_nodes`` (the others
+    train on meanwhile), and a second resize when it joins."""
     i = inputs
     if not i.elastic:
         return i.restart_overhead_s + i.lost_work_s
-    return 2 * i.resize_overhead_s + i.restart_overhead_s / i.num_nodes + i.lost_work_s
+    return 2 * i.resize_overhead_s + i.replace_timeout_s + i.restart_overhead_s / i.num_nodes + i.lost_work_s
 
 
 def spot_overhead(inputs: BudgetInputs) -> float:

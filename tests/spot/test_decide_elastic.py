@@ -10,7 +10,8 @@ import pytest
 from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
 
 # 1,000 steps of 3.6 s: one hour on all 4 nodes. No interruptions unless a test says so, so every figure
-# below is exact: spot $1/node-h, on-demand $3/node-h, a 600 s start-up, a 90 s resize.
+# below is exact: spot $1/node-h, on-demand $3/node-h, a 600 s start-up, a 90 s resize, and (the JobSpec's
+# default replace_timeout_s) 30 s waited for a lost node's replacement.
 BASE = dict(steps_remaining=1000, step_time_s=3.6, num_nodes=4, spot_price=1.0, on_demand_price=3.0,
             interruption_rate_per_hour=0.0, restart_overhead_s=600.0, resize_overhead_s=90.0,
             remaining_budget=100.0)  # fmt: skip
@@ -52,28 +53,31 @@ def test_fewer_spot_nodes_than_min_nodes_is_no_spot_and_the_reason_names_the_fie
 
 def test_a_lost_node_of_an_elastic_group_costs_two_resizes_and_a_nodes_start_up_not_a_relaunch():
     # 2 interruptions an hour: all or nothing each costs a 600 s relaunch of the group and the 30 s step lost;
-    # elastic the survivors' 90 s resize, the step, the replacement's 600 s start-up on 1 of the 4 nodes (the
-    # others train on) and a second 90 s resize when it joins: 90 + 30 + 150 + 90 = 360 s of the group's time
+    # elastic the survivors' 90 s resize after their 30 s wait for a replacement, the step, the replacement's
+    # 600 s start-up on 1 of the 4 nodes (the others train on) and a second 90 s resize when it joins:
+    # 90 + 30 + 30 + 150 + 90 = 390 s of the group's time
     risky = dict(interruption_rate_per_hour=2.0, lost_work_s=30.0)
     plain = decide(_inputs(**risky))
     elastic = decide(_inputs(**risky, min_nodes=2))
     assert plain.spot_hours == pytest.approx(1 + 2 * 630 / 3600)
-    assert elastic.spot_hours == pytest.approx(1 + 2 * 360 / 3600)
+    assert elastic.spot_hours == pytest.approx(1 + 2 * 390 / 3600)
+    no_wait = decide(_inputs(**risky, min_nodes=2, replace_timeout_s=0.0))  # the wait is counted
+    assert no_wait.spot_hours == pytest.approx(1 + 2 * 360 / 3600)
     assert elastic.spot_cost < plain.spot_cost
 
 
 def test_the_interruption_limit_counts_an_elastic_groups_lost_node_at_what_it_costs():
-    # the DAG's limit: at most 0.5 relaunches an hour; 0.8 lost nodes an hour, each 360 s of the group's time
-    # (above), are 0.8 x 360 / 630 = 0.46 relaunches' worth of time an hour
+    # the DAG's limit: at most 0.5 relaunches an hour; 0.8 lost nodes an hour, each 390 s of the group's time
+    # (above), are 0.8 x 390 / 630 = 0.495 relaunches' worth of time an hour
     risky = dict(interruption_rate_per_hour=0.8, lost_work_s=30.0, max_interruption_rate_per_hour=0.5)
     plain = decide(_inputs(**risky))
     assert plain.choice == Choice.ON_DEMAND
     assert "interruption risk 0.800/h above 0.500/h" in plain.reason, plain.reason
     assert decide(_inputs(**risky, min_nodes=2)).choice == Choice.SPOT
 
-    frequent = decide(_inputs(**{**risky, "interruption_rate_per_hour": 1.0}, min_nodes=2))  # 0.57 an hour
+    frequent = decide(_inputs(**{**risky, "interruption_rate_per_hour": 1.0}, min_nodes=2))  # 0.62 an hour
     assert frequent.choice == Choice.ON_DEMAND
-    assert "interruption risk 1.000/h (a lost node costs 0.57 of a relaunch: 0.571 relaunches/h) above " in (
+    assert "interruption risk 1.000/h (a lost node costs 0.62 of a relaunch: 0.619 relaunches/h) above " in (
         frequent.reason
     ), frequent.reason
 
@@ -111,6 +115,8 @@ def test_a_min_nodes_above_num_nodes_is_refused_naming_both():
         _inputs(min_nodes=5)
     with pytest.raises(ValueError, match="resize_overhead_s: invalid value -1"):
         _inputs(resize_overhead_s=-1)
+    with pytest.raises(ValueError, match="replace_timeout_s: invalid value -1"):
+        _inputs(replace_timeout_s=-1)
 
 
 def test_the_decision_records_its_node_count():
@@ -137,7 +143,8 @@ def test_the_branch_takes_min_nodes_and_trains_an_elastic_group_on_the_spot_node
     ("kwargs", "message"),
     [({"min_nodes": 0}, "min_nodes: must be >= 1, got 0"),
      ({"min_nodes": "two"}, "min_nodes: expected an integer, got 'two'"),
-     ({"resize_overhead_s": -1}, "resize_overhead_s: must be >= 0, got -1")],
+     ({"resize_overhead_s": -1}, "resize_overhead_s: must be >= 0, got -1"),
+     ({"replace_timeout_s": 0}, "replace_timeout_s: must be > 0, got 0")],
 )  # fmt: skip
 def test_bad_elastic_arguments_fail_when_the_dag_is_parsed(kwargs, message):
     from tests.spot.test_budget import _branch

@@ -70,13 +70,13 @@ def test_a_top_up_beyond_the_budget_is_not_taken():
 def test_the_deadline_guard_tops_up_too():
     # 2 interruptions an hour, 1.5 h to the deadline: on 3 spot nodes one preemption would make it late, so
     # the guard takes on-demand -- on the one node spot cannot give, with a lost spot node costing two resizes
-    # and its replacement's start-up on one of the 4 nodes (estimates.loss_s)
+    # after a 30 s wait for a replacement, and its start-up on one of the 4 nodes (estimates.loss_s)
     risky = dict(interruption_rate_per_hour=2.0, spot_nodes_available=3, deadline_s=1.5 * 3600)
     guard = decide(_inputs(**{**RUNNING, "current": Choice.WAIT, "top_up_on_demand": False}, **risky))
     assert guard.choice == Choice.ON_DEMAND and "deadline guard" in guard.reason, guard.reason
     topped = decide(_inputs(**{**RUNNING, "current": Choice.WAIT}, **risky))
     assert (topped.choice, topped.on_demand_nodes) == (Choice.SPOT, 1), topped.reason
-    assert topped.spot_hours == pytest.approx(1 * (1 + 2 * (2 * 90 + 600 / 4) / 3600) + 600 / 3600)
+    assert topped.spot_hours == pytest.approx(1 * (1 + 2 * (2 * 90 + 30 + 600 / 4) / 3600) + 600 / 3600)
 
 
 def test_a_topped_up_group_stays_so_without_a_new_resize_until_spot_alone_fits():
