@@ -34,6 +34,10 @@ def _elastic_args(ap: argparse.ArgumentParser) -> None:
         "--rerendezvous-s", type=float, default=60.0, help="elastic groups: the cost of a resize, in seconds"
     )
     ap.add_argument(
+        "--replace-timeout-s", type=float, default=30.0,
+        help="elastic groups: a resize to fewer than N nodes waits this long for more (replace_timeout_s)",
+    )  # fmt: skip
+    ap.add_argument(
         "--tune-elastic",
         action="store_true",
         help="elastic groups: choose their own parameters on the first half, as for all-or-nothing groups "
@@ -272,7 +276,8 @@ def print_summary(report: Report) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap, args = parse_args(argv)
     seeds = args.seeds or [args.seed]
-    mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s, rerendezvous_s=args.rerendezvous_s)
+    mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s, rerendezvous_s=args.rerendezvous_s,
+                     replace_timeout_s=args.replace_timeout_s)  # fmt: skip
     t0 = time.monotonic()
     scenarios = pick_scenarios(ap, args)
     print(f"traces: {args.trace_dir}; {_seeds_text(seeds)}; start-up {mech.startup_s:.0f} s, "

@@ -9,13 +9,14 @@ The model, beside the all-or-nothing group of ``strategies.simulate`` (same worl
 - when the zone's capacity drops, the number of the group's k nodes lost is drawn from the hypergeometric
   tail with the zone's shared draw, so that at least one is lost exactly when an all-or-nothing group of k
   would be preempted. While min_nodes or more survive, the group goes on, on the survivors: a re-rendezvous
-  (``Mechanics.rerendezvous_s``, billed, no progress) in place of the full relaunch, and, with the warning,
-  at most one step lost. Replacements for the lost (as many as the zone still has, up to N) are started at
-  once, as the launchers do: their start-up is billed, and they join once booted (``Mechanics.startup_s``
-  later), which is a second resize. When fewer than min_nodes survive it stops as an all-or-nothing group
-  does (a later launch pays the full start-up): a group of 1 is all-or-nothing.
+  (``Mechanics.rerendezvous_s``, billed, no progress) in place of the full relaunch, after the round's last
+  call for a replacement (``Mechanics.replace_timeout_s``: a replacement needs a node's start-up, longer),
+  and, with the warning, at most one step lost. Replacements for the lost (as many as the zone still has,
+  up to N) are started at once, as the launchers do: their start-up is billed, and they join once booted
+  (``Mechanics.startup_s`` later), which is a second resize. When fewer than min_nodes survive it stops as an
+  all-or-nothing group does (a later launch pays the full start-up): a group of 1 is all-or-nothing.
 - it grows back towards N at the first tick after a checkpoint was saved, when the zone has the nodes; a
-  resize costs the re-rendezvous too.
+  resize costs the re-rendezvous too, and the last call when it is to fewer than N.
 - billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
   cap is checked before every tick (so at every size change), as for the all-or-nothing policy. With
   ``record`` set, each outcome carries its ledger: (tick, nodes, cost) per billed tick.
@@ -122,9 +123,9 @@ class ElasticPolicy(Policy):
     def budget_inputs(self, world, job, k, elapsed, s, cost, cand) -> BudgetInputs:
         inputs = super().budget_inputs(world, job, k, elapsed, s, cost, cand)
         n, lowest = job.nodes, min_nodes(job.nodes, self.min_fraction)
-        resize_s = world.mech.rerendezvous_s
         inputs = dataclasses.replace(
-            inputs, min_nodes=lowest, resize_overhead_s=resize_s, top_up_on_demand=self.top_up,
+            inputs, min_nodes=lowest, resize_overhead_s=world.mech.rerendezvous_s,
+            replace_timeout_s=world.mech.replace_timeout_s, top_up_on_demand=self.top_up,
             topped_up=getattr(s, "od", 0) if s.mode == "spot" else 0,
         )  # fmt: skip
         have = min(n, world.market.zones[cand].capacity[k]) if cand is not None else 0
@@ -148,7 +149,8 @@ def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOut
     if s.nodes - lost + s.od < lowest:
         s.mode, s.zone, s.nodes, s.od, s.startup_left, s.joining = None, None, 0, 0, 0.0, 0
         return 0.0
-    s.nodes, s.startup_left = s.nodes - lost, world.mech.rerendezvous_s  # the survivors go on
+    # the survivors go on, once their round's last call for a replacement has passed
+    s.nodes, s.startup_left = s.nodes - lost, world.mech.rerendezvous_s + world.mech.replace_timeout_s
     out.resizes += 1
     asked = max(0, min(job.nodes - s.od, cap[k]) - s.nodes - s.joining)
     if asked:
@@ -167,16 +169,19 @@ def _join(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome) 
     free = min(world.market.zones[s.zone].capacity[k], job.nodes - s.od) - s.nodes
     joins, s.joining = max(0, min(s.joining, free)), 0
     if joins:
-        _resize(world, s, out, s.nodes + joins, s.od, (0.0, 0.0))
+        _resize(world, job, s, out, s.nodes + joins, s.od, (0.0, 0.0))
 
 
-def _resize(world: World, s: ElasticState, out: ElasticOutcome, spot: int, od: int, prices: tuple) -> float:
-    """The group becomes ``spot`` spot and ``od`` on-demand nodes (a re-rendezvous, saved first); returns the
-    boot of the nodes that join, billed at their prices ``(spot, on-demand)``: they start while the others
-    train."""
+def _resize(
+    world: World, job: Job, s: ElasticState, out: ElasticOutcome, spot: int, od: int, prices: tuple
+) -> float:
+    """The group becomes ``spot`` spot and ``od`` on-demand nodes (a re-rendezvous, saved first, with the
+    round's last call when that is fewer than N); returns the boot of the nodes that join, billed at their
+    prices ``(spot, on-demand)``: they start while the others train."""
     boot = world.mech.startup_s / 3600 * (max(0, spot - s.nodes) * prices[0] + max(0, od - s.od) * prices[1])
     s.nodes, s.od, s.saved = spot, od, s.done
-    s.startup_left = max(s.startup_left, world.mech.rerendezvous_s)
+    wait = world.mech.replace_timeout_s if spot + od < job.nodes else 0.0
+    s.startup_left = max(s.startup_left, world.mech.rerendezvous_s + wait)
     out.resizes += 1
     return boot
 
@@ -192,7 +197,7 @@ def _apply(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome,
     prices = (m.zones[zone].price[k] if want == "spot" else 0.0, m.on_demand_price)
     if want == "spot" and od and s.mode == "od":  # on-demand on all: k of them give way to spot nodes
         s.mode, s.zone, s.nodes, s.od = "spot", zone, 0, n
-        return _resize(world, s, out, min(n - od, have), od, prices)
+        return _resize(world, job, s, out, min(n - od, have), od, prices)
     if want != s.mode or (want == "spot" and zone != s.zone):
         if s.mode is not None:
             s.saved = s.done
@@ -207,7 +212,9 @@ def _apply(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome,
         return 0.0
     spot = min(n - od, have)
     if od > s.od or (s.grow and (spot, od) != (s.nodes, s.od)):
-        return _resize(world, s, out, spot, od, prices)  # a top-up now; a grow, leave or swap at a checkpoint
+        return _resize(
+            world, job, s, out, spot, od, prices
+        )  # a top-up now; a grow, leave or swap at a checkpoint
     return 0.0
 
 

@@ -36,6 +36,9 @@ class Mechanics:
     step_s: float = 30.0
     risk_window_h: float = 24.0
     rerendezvous_s: float = 60.0  # an elastic group's resize: the survivors re-rendezvous, nothing relaunches
+    # a resize to fewer than all N also waits the rendezvous round's last call for more nodes (a lost node's
+    # survivors, for its replacement): the JobSpec's replace_timeout_s, torchrun's last_call_timeout
+    replace_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)

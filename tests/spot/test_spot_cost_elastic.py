@@ -34,18 +34,23 @@ def test_an_elastic_group_that_loses_one_of_four_nodes_goes_on_on_three_billed_p
     assert out.time_s < whole.time_s
 
 
-def test_a_lost_node_is_replaced_by_one_that_boots_billed_and_joins_with_a_second_resize():
-    """As the launchers do: the survivors go on at once without the lost node; its replacement is started at
-    once from the zone's free nodes, its start-up billed, and joins when booted (another re-rendezvous)."""
+def _replaced(**mechanics):
+    """A group of 4 in a zone of 6 that loses one of its nodes at tick 20 and has a free one to replace it."""
     sc, spot_traces = _benchmark_modules()
     cap = [6] * 20 + [5] * 180  # at tick 20 one of the zone's 6 nodes goes; 5 are left, 1 of them free
     market = spot_traces.Market("m", 300.0, 4.0, [spot_traces.Zone("z", [1.0] * 200, cap)])
-    world = sc.World(market, sc.Mechanics(), seed=0)
+    world = sc.World(market, sc.Mechanics(**mechanics), seed=0)
     world.draws[0][20] = 0.1  # the node that goes is one of the group's (one of 4 in 6: a chance of 2/3)
     job = sc.Job(0, 10, 200, 28800.0, 4, 50000.0, 60.0)
-    out = sc.simulate_elastic(
-        world, job, sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)
-    )
+    policy = sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)
+    return sc, world, sc.simulate_elastic(world, job, policy)
+
+
+def test_a_lost_node_is_replaced_by_one_that_boots_billed_and_joins_with_a_second_resize():
+    """As the launchers do: the survivors go on without the lost node once their round's last call for a
+    replacement has passed; its replacement is started at once from the zone's free nodes, its start-up
+    billed, and joins when booted (another re-rendezvous, with all 4: no last call)."""
+    sc, world, out = _replaced()
     assert out.finished and out.preemptions == 1 and out.launches == 1 and out.resizes == 2
     nodes = {k: n for k, n, _ in out.ledger}
     assert nodes[19] == 4 and nodes[20] == 3 and nodes[21] == 4  # booted in one 300 s tick (the start-up)
@@ -53,9 +58,18 @@ def test_a_lost_node_is_replaced_by_one_that_boots_billed_and_joins_with_a_secon
     boot = world.mech.startup_s / 3600 * 1 * 1.0  # the replacement's start-up, billed when it is started
     assert out.ledger[nodes_at(out, 20)][2] == pytest.approx(300.0 / 3600 * 3 + boot)
     assert out.ledger[nodes_at(out, 21)][2] == pytest.approx(300.0 / 3600 * 4)
-    # no progress during either re-rendezvous: the job takes their time and the step lost longer than one
-    # without a loss would
-    assert out.time_s >= world.mech.startup_s + 28800.0 + 2 * rendezvous
+    # no progress during either re-rendezvous nor the last call: the job takes their time and the step lost
+    # longer than one without a loss would
+    assert out.time_s >= world.mech.startup_s + 28800.0 + 2 * rendezvous + world.mech.replace_timeout_s
+
+
+def test_the_survivors_last_call_for_a_replacement_is_time_without_progress():
+    """30 s more without progress in the tick of the loss, where the 3 survivors make 3/4 of the full rate:
+    22.5 s of the full rate, made up at the end on all 4 nodes."""
+    _, _, waited = _replaced()
+    _, _, at_once = _replaced(replace_timeout_s=0.0)
+    assert waited.resizes == at_once.resizes == 2
+    assert waited.time_s - at_once.time_s == pytest.approx(30.0 * 3 / 4)
 
 
 def nodes_at(out, tick: int) -> int:
@@ -103,6 +117,7 @@ def test_the_elastic_simulator_asks_decide_itself_about_k_of_n_nodes():
     inputs = policy.budget_inputs(world, job, 10, 0.0, sc.State(), 0.0, 0)
     assert (inputs.num_nodes, inputs.min_nodes, inputs.spot_nodes_available) == (4, 2, 3)
     assert inputs.step_time_s == world.mech.step_s and inputs.resize_overhead_s == world.mech.rerendezvous_s
+    assert inputs.replace_timeout_s == world.mech.replace_timeout_s
     decision = decide(inputs)
     assert decision.choice == Choice.SPOT and decision.nodes == 3, decision.reason
     out = sc.simulate_elastic(world, job, policy)
