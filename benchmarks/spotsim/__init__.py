@@ -59,7 +59,7 @@ run and its report).
 import _common  # noqa: F401 - the repository on sys.path, for airflow_dtrain
 
 from .cli import DEFAULT_TRACES, main, seed_list
-from .elastic import ElasticPolicy, min_nodes, nodes_lost, simulate_elastic
+from .elastic import SPEND, ElasticPolicy, min_nodes, nodes_lost, simulate_elastic
 from .strategies import Naive, Policy, State, UniformProgress, simulate
 from .tables import HEAD, Row, distinct_sets, make_jobs, param_grid, run_size, work_range_h
 from .tuning import at_or_below, per_job, score, surest, totals, tune
@@ -81,8 +81,8 @@ from .world import (
 
 __all__ = [
     "BUDGET_CHANCES", "DEFAULT_TRACES", "ELASTIC", "ElasticPolicy", "HEAD", "INPUTS", "Job", "LATE_RISKS",
-    "MAX_RISKS", "Mechanics", "Naive", "OURS", "Outcome", "PRICE_RATIOS", "Policy", "Row", "SIZES", "State",
-    "UniformProgress", "World", "at_or_below", "below_every", "distinct_sets", "frontier", "main",
+    "MAX_RISKS", "Mechanics", "Naive", "OURS", "Outcome", "PRICE_RATIOS", "Policy", "Row", "SIZES", "SPEND",
+    "State", "UniformProgress", "World", "at_or_below", "below_every", "distinct_sets", "frontier", "main",
     "make_jobs", "min_nodes", "nodes_lost", "paired_interval", "param_grid", "per_job", "run_size", "score",
     "seed_by_seed", "seed_list", "simulate", "simulate_elastic", "surest", "totals", "tune", "verdict",
     "work_range_h"

@@ -10,7 +10,7 @@ from pathlib import Path
 from _common import REPO
 from spot_traces import load_scenarios, quick_traces
 
-from .elastic import ElasticPolicy
+from .elastic import ElasticPolicy, where_the_dollars_go
 from .strategies import Naive, Policy, UniformProgress
 from .tables import HEAD, Row, make_jobs, run_size
 from .tuning import tune
@@ -231,6 +231,7 @@ def run_scenario(report: Report, sc, args: argparse.Namespace) -> None:
             report.every_row.setdefault(r.strategy, []).append(r)
             report.by_size.setdefault((n, r.strategy), []).append(r)
             in_scenario.setdefault(r.strategy, []).append(r)
+        print("\n".join(where_the_dollars_go(rows, sc.markets)))
         report.judged(rows, "cells", f"{sc.name} at {n} node(s)", cells[n])
     rows = [report.merged(name, rs) for name, rs in in_scenario.items()]
     report.table(f"\n### {sc.name}: all sizes together, {len(rows[0].jobs)} held-out jobs", rows)

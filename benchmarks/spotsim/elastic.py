@@ -77,6 +77,7 @@ class ElasticState(State):
     grow: bool = False  # a checkpoint was saved in the last tick: the group may grow back now
     joining: int = 0  # replacements for lost nodes, booting
     join_left: float = 0.0  # seconds until they have booted and join
+    idle_why: str = "launch"  # what the time without progress (``startup_left``) is: a launch or a resize
 
 
 @dataclass
@@ -84,6 +85,12 @@ class ElasticOutcome(Outcome):
     resizes: int = 0
     od_dollars: float = 0.0  # of ``cost``, what the on-demand nodes billed
     ledger: list[tuple[int, int, float]] = field(default_factory=list)  # (tick, nodes, cost), with record
+    spend: dict[str, float] = field(default_factory=dict)  # ``cost`` by what it bought (``SPEND``)
+
+
+SPEND = ("training on spot", "training on on-demand", "launches' start-up", "resizes and their wait",
+         "replacements' boot")  # fmt: skip
+"""What an elastic group's dollars buy (``ElasticOutcome.spend``): progress on each kind of node, or none."""
 
 
 class ElasticPolicy(Policy):
@@ -151,6 +158,7 @@ def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOut
         return 0.0
     # the survivors go on, once their round's last call for a replacement has passed
     s.nodes, s.startup_left = s.nodes - lost, world.mech.rerendezvous_s + world.mech.replace_timeout_s
+    s.idle_why = "resize"
     out.resizes += 1
     asked = max(0, min(job.nodes - s.od, cap[k]) - s.nodes - s.joining)
     if asked:
@@ -181,7 +189,8 @@ def _resize(
     boot = world.mech.startup_s / 3600 * (max(0, spot - s.nodes) * prices[0] + max(0, od - s.od) * prices[1])
     s.nodes, s.od, s.saved = spot, od, s.done
     wait = world.mech.replace_timeout_s if spot + od < job.nodes else 0.0
-    s.startup_left = max(s.startup_left, world.mech.rerendezvous_s + wait)
+    if s.startup_left < world.mech.rerendezvous_s + wait:
+        s.startup_left, s.idle_why = world.mech.rerendezvous_s + wait, "resize"
     out.resizes += 1
     return boot
 
@@ -204,7 +213,7 @@ def _apply(world: World, job: Job, k: int, s: ElasticState, out: ElasticOutcome,
             out.switches += want is not None
         s.mode, s.zone, s.nodes, s.od, s.joining = want, zone, 0, 0, 0
         if want is not None:
-            s.startup_left = world.mech.startup_s
+            s.startup_left, s.idle_why = world.mech.startup_s, "launch"
             s.nodes, s.od = (n, 0) if want == "od" else (min(n - od, have), od)
             out.launches += 1
         return 0.0
@@ -245,6 +254,7 @@ def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> Elastic
         if out.cost + tick_cost > job.budget + 1e-9:
             out.stopped = True  # the trainer saves and exits before the spend passes the cap
             return out
+        _book(out.spend, s, (s.nodes * price, s.od * m.on_demand_price), dt - over, boot)
         s.startup_left = max(0.0, s.startup_left - dt)
         out.cost += tick_cost
         out.od_dollars += (dt - over) / 3600 * (n if s.mode == "od" else s.od) * m.on_demand_price
@@ -260,3 +270,43 @@ def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> Elastic
             out.finished = True
             return out
     return out  # the trace ended first
+
+
+def _book(spend: dict[str, float], s: ElasticState, per_h: tuple[float, float], wall: float, boot: float):
+    """A billed tick of ``wall`` seconds in ``spend`` (``SPEND``): the part without progress as a launch's
+    start-up or a resize, the rest as training on spot or on on-demand; ``per_h``: the group's (spot,
+    on-demand) nodes' dollars per hour (on on-demand, all its nodes are its "spot" ones at that price)."""
+    idle = min(wall, s.startup_left)
+    spot, od = per_h if s.mode == "spot" else (0.0, per_h[0])  # on on-demand, every node at its price
+    parts = {
+        "launches' start-up" if s.idle_why == "launch" else "resizes and their wait": idle * (spot + od),
+        "training on spot": (wall - idle) * spot,
+        "training on on-demand": (wall - idle) * od,
+    }
+    for what, dollars in parts.items():
+        spend[what] = spend.get(what, 0.0) + dollars / 3600
+    spend["replacements' boot"] = spend.get("replacements' boot", 0.0) + boot
+
+
+def where_the_dollars_go(rows: list, markets: list) -> list[str]:
+    """Per elastic row of a table (``tables.Row``): its cost, as % of on-demand, by what it bought
+    (``SPEND``), then by market: its jobs' cost against their on-demand cost, and their training on
+    on-demand."""
+    lines = []
+    for r in rows:
+        if r.strategy not in ELASTIC.values():
+            continue
+        total = {what: sum(o.spend.get(what, 0.0) for o in r.outcomes) for what in SPEND}
+        lines.append(f"- {r.strategy}, where its dollars go (% of on-demand): "
+                     + "; ".join(f"{what} {v / r.od_cost:.1%}" for what, v in total.items()))  # fmt: skip
+        for i, market in enumerate(markets):
+            mine = [(j, o) for j, o in zip(r.jobs, r.outcomes) if j.market == i]
+            if not mine:
+                continue
+            od = sum(j.od_cost(r.mech, market.on_demand_price) for j, _ in mine)
+            on_od = sum(o.spend.get("training on on-demand", 0.0) for _, o in mine)
+            cost = sum(o.cost for _, o in mine)
+            lines.append(f"  - {market.name}: {len(mine)} jobs, {od / r.od_cost:.0%} of the on-demand cost; "
+                         f"cost {cost / od:.1%} of theirs, of it training on on-demand "
+                         f"{on_od / od:.1%}")  # fmt: skip
+    return lines

@@ -122,3 +122,18 @@ def test_the_elastic_simulator_asks_decide_itself_about_k_of_n_nodes():
     assert decision.choice == Choice.SPOT and decision.nodes == 3, decision.reason
     out = sc.simulate_elastic(world, job, policy)
     assert out.finished and {n for _, n, _ in out.ledger} == {3}  # it started on the 3 it could get
+
+
+def test_what_an_elastic_groups_dollars_bought_adds_up_to_its_cost_item_by_item():
+    """``ElasticOutcome.spend``, what RESULTS' breakdown of the 16-node cost is read from: the launch's 300 s
+    start-up on 4 nodes, the loss's resize and last call on the 3 survivors, the replacement's boot, its join
+    (a resize on all 4), and the rest training on spot; nothing on on-demand."""
+    sc, world, out = _replaced()
+    mech, dollars = world.mech, lambda node_s: node_s / 3600 * 1.0  # $1 per node-hour
+    assert out.spend["launches' start-up"] == pytest.approx(dollars(mech.startup_s * 4))
+    resizes = (mech.rerendezvous_s + mech.replace_timeout_s) * 3 + mech.rerendezvous_s * 4
+    assert out.spend["resizes and their wait"] == pytest.approx(dollars(resizes))
+    assert out.spend["replacements' boot"] == pytest.approx(dollars(mech.startup_s * 1))
+    assert out.spend["training on on-demand"] == 0.0
+    assert sum(out.spend.values()) == pytest.approx(out.cost)
+    assert set(out.spend) == set(sc.SPEND)
