@@ -5,8 +5,9 @@
         [--capacity spot --zone us-east-1a --instance-type p5.48xlarge] | kubectl apply -f -
 
 ``--spec`` is a ``JobSpec`` as JSON or YAML (``JobSpec.to_dict()``, any part of it);
-the flags win over it. What is printed is exactly what ``FSDPTrainOperator`` with
-``backend="kubernetes"`` creates for the same spec.
+the flags win over it. ``--policy`` is the platform admin's policy, the connection extra's
+``dtrain_policy`` (a file, JSON or YAML). What is printed is exactly what ``FSDPTrainOperator`` with
+``backend="kubernetes"`` creates for the same spec on a connection with that policy (none: the defaults).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from airflow_dtrain.render_args import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT
 from airflow_dtrain.render_args import render_args
 from airflow_dtrain.spec import JobSpec, SpecError
+
+if TYPE_CHECKING:
+    from airflow_dtrain.kubernetes.policy import KubernetesPolicy
 
 
 class _Dumper(yaml.SafeDumper):
@@ -35,13 +39,26 @@ _Dumper.add_representer(
 )
 
 
-def _load_spec(path: str | None) -> dict[str, Any]:
+def _load_mapping(flag: str, path: str | None, what: str) -> dict[str, Any]:
     if not path:
         return {}
     data = yaml.safe_load(Path(path).read_text())  # YAML is a superset of JSON
     if not isinstance(data, dict):
-        raise SpecError(f"--spec {path}: expected a mapping (a JobSpec), got {type(data).__name__}")
+        raise SpecError(f"{flag} {path}: expected a mapping ({what}), got {type(data).__name__}")
     return data
+
+
+def _load_spec(path: str | None) -> dict[str, Any]:
+    return _load_mapping("--spec", path, "a JobSpec")
+
+
+def load_policy(path: str | None) -> KubernetesPolicy:
+    """``--policy``: the admin's policy as the connection extra's ``dtrain_policy`` holds it; none: the
+    defaults (what a connection without one gives)."""
+    from airflow_dtrain.kubernetes.policy import POLICY_EXTRA, KubernetesPolicy
+
+    data = _load_mapping("--policy", path, POLICY_EXTRA)
+    return KubernetesPolicy.from_extra({POLICY_EXTRA: data} if path else None)
 
 
 def build_spec(args: argparse.Namespace) -> JobSpec:
@@ -89,7 +106,10 @@ def run_render(args: argparse.Namespace) -> int:
 
     try:
         spec = build_spec(args)
-        objects = render_group(args.name, spec, namespace=spec.kubernetes.namespace or "default")
+        namespace, policy = spec.kubernetes.namespace or "default", load_policy(getattr(args, "policy", None))
+        policy.check(spec, namespace=namespace)  # what the launcher refuses before any API call
+        objects = render_group(args.name, spec, namespace=namespace,
+                               compile_cache_claim=policy.compile_cache_claim)  # fmt: skip
     except (SpecError, ValueError, OSError, yaml.YAMLError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -72,6 +72,14 @@ def render_args() -> tuple[tuple[tuple[str, ...], dict[str, Any]], ...]:
         ),
         (("--spec",), {"help": "a JobSpec as JSON or YAML; the flags win over it"}),
         (("--name",), {"default": "dtrain-manual-r0", "help": "the group's name (default dtrain-manual-r0)"}),
+        (
+            ("--policy",),
+            {
+                "help": "the platform admin's policy, the Kubernetes connection extra's dtrain_policy (a "
+                "file, JSON or YAML): the group is checked against it and carries what it adds (the job's "
+                "compile cache), as the operator launches it on that connection"
+            },
+        ),
     )
     return own + tuple(_field_arg(*row) for row in FIELD_FLAGS)
 

@@ -148,3 +148,44 @@ def test_airflow_dtrain_render_is_an_airflow_cli_command_printing_the_same(airfl
         capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=120,
     )  # fmt: skip
     assert refused.returncode == 2 and "/nonexistent.yaml" in refused.stderr
+
+
+def test_render_with_the_admins_policy_prints_what_the_operator_creates_on_that_connection(tmp_path):
+    """``--policy`` (the connection extra's dtrain_policy): the job's compile cache is mounted as the launcher
+    mounts it, and a spec the policy refuses is refused here too, before anything is printed."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        yaml.safe_dump({"compile_cache_claim": "dtrain-compile", "allowed_images": ["ghcr.io/acme/"]})
+    )
+    args = ("--backend", "kubernetes", "--num-nodes", "2", "--gpus-per-node", "0",
+            "--checkpoint-uri", "s3://ml-ckpt/llama", "--name", "llama-r0")  # fmt: skip
+
+    out = _render(*args, "--image", "ghcr.io/acme/dtrain:1", "--policy", str(policy))
+    assert out.returncode == 0, out.stderr
+    job = [d for d in yaml.safe_load_all(out.stdout) if d][-1]
+    kubernetes_validate.validate(job, "1.31.0", strict=True)
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "dtrain-compile"}} in pod[
+        "volumes"
+    ]
+    trainer = pod["containers"][0]
+    mount = next(m for m in trainer["volumeMounts"] if m["name"] == "compile-cache")
+    assert mount["mountPath"] == "/var/cache/dtrain-compile" and mount["subPath"]
+    assert any(e["name"] == "TORCHINDUCTOR_CACHE_DIR" for e in trainer["env"])
+
+    without = _render(*args, "--image", "ghcr.io/acme/dtrain:1")  # no policy: a connection without one
+    assert without.returncode == 0, without.stderr
+    assert "compile-cache" not in without.stdout
+
+    refused = _render(*args, "--image", "docker.io/someone/miner:1", "--policy", str(policy))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "kubernetes.image" in refused.stderr and "docker.io/someone/miner:1" in refused.stderr
+
+
+def test_render_refuses_a_policy_file_that_is_not_a_mapping_naming_the_flag(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("- compile_cache_claim\n")
+    out = _render("--backend", "kubernetes", "--num-nodes", "1", "--gpus-per-node", "0", "--image", "img:1",
+                  "--policy", str(policy))  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert "--policy" in out.stderr and "dtrain_policy" in out.stderr
