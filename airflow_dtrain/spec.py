@@ -90,7 +90,10 @@ class JobSpec:
         arg="replace_timeout_s",
         section=GROUP,
         title="Replace timeout (s)",
-        help="An elastic group's wait for a lost node's replacement before it goes on without it.",
+        help="An elastic group's wait for a lost node's replacement before it goes on without it; every "
+        "survivor is billed for it at each loss. Where a replacement needs a new node (minutes) it only "
+        "costs: a few seconds will do. Where one starts in seconds (a local group, spare nodes), keep it "
+        "long enough for the replacement to join in the same round: one resize, not two.",
     )
     min_nodes_timeout_s: float = setting(
         600.0,
