@@ -106,7 +106,7 @@ def run_render(args: argparse.Namespace) -> int:
 
     try:
         spec = build_spec(args)
-        namespace, policy = spec.kubernetes.namespace or "default", load_policy(getattr(args, "policy", None))
+        namespace, policy = spec.kubernetes.namespace or "default", load_policy(args.policy)
         policy.check(spec, namespace=namespace)  # what the launcher refuses before any API call
         objects = render_group(args.name, spec, namespace=namespace,
                                compile_cache_claim=policy.compile_cache_claim)  # fmt: skip

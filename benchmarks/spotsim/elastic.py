@@ -246,18 +246,20 @@ def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> Elastic
         s.grow = False
         if s.mode is None:
             continue
-        price = m.zones[s.zone].price[k] if s.mode == "spot" else m.on_demand_price
+        # the group's dollars per hour on its spot and on its on-demand nodes (on on-demand: all of them)
+        od_h = (s.od if s.mode == "spot" else s.nodes) * m.on_demand_price
+        spot_h = s.nodes * m.zones[s.zone].price[k] if s.mode == "spot" else 0.0
         useful = max(0.0, dt - s.startup_left)
         rate = (s.nodes + s.od) / n  # fixed global batch: k nodes make k/N of the full progress
         over = max(0.0, s.done + useful * rate - job.work_s) / rate  # wall seconds past the finish
-        tick_cost = (dt - over) / 3600 * (s.nodes * price + s.od * m.on_demand_price) + boot
+        tick_cost = (dt - over) / 3600 * (spot_h + od_h) + boot
         if out.cost + tick_cost > job.budget + 1e-9:
             out.stopped = True  # the trainer saves and exits before the spend passes the cap
             return out
-        _book(out.spend, s, (s.nodes * price, s.od * m.on_demand_price), dt - over, boot)
+        _book(out.spend, s, spot_h, od_h, dt - over, boot)
         s.startup_left = max(0.0, s.startup_left - dt)
         out.cost += tick_cost
-        out.od_dollars += (dt - over) / 3600 * (n if s.mode == "od" else s.od) * m.on_demand_price
+        out.od_dollars += (dt - over) / 3600 * od_h
         out.started = True
         if strategy.record:
             out.ledger.append((k, s.nodes + s.od, tick_cost))
@@ -272,16 +274,15 @@ def simulate_elastic(world: World, job: Job, strategy: ElasticPolicy) -> Elastic
     return out  # the trace ended first
 
 
-def _book(spend: dict[str, float], s: ElasticState, per_h: tuple[float, float], wall: float, boot: float):
+def _book(spend: dict[str, float], s: ElasticState, spot_h: float, od_h: float, wall: float, boot: float):
     """A billed tick of ``wall`` seconds in ``spend`` (``SPEND``): the part without progress as a launch's
-    start-up or a resize, the rest as training on spot or on on-demand; ``per_h``: the group's (spot,
-    on-demand) nodes' dollars per hour (on on-demand, all its nodes are its "spot" ones at that price)."""
+    start-up or a resize, the rest as training on spot or on on-demand; ``spot_h``, ``od_h``: the group's
+    dollars per hour on its spot and on its on-demand nodes."""
     idle = min(wall, s.startup_left)
-    spot, od = per_h if s.mode == "spot" else (0.0, per_h[0])  # on on-demand, every node at its price
     parts = {
-        "launches' start-up" if s.idle_why == "launch" else "resizes and their wait": idle * (spot + od),
-        "training on spot": (wall - idle) * spot,
-        "training on on-demand": (wall - idle) * od,
+        "launches' start-up" if s.idle_why == "launch" else "resizes and their wait": idle * (spot_h + od_h),
+        "training on spot": (wall - idle) * spot_h,
+        "training on on-demand": (wall - idle) * od_h,
     }
     for what, dollars in parts.items():
         spend[what] = spend.get(what, 0.0) + dollars / 3600
