@@ -90,10 +90,10 @@ class JobSpec:
         arg="replace_timeout_s",
         section=GROUP,
         title="Replace timeout (s)",
-        help="An elastic group's wait for a lost node's replacement before it goes on without it; every "
-        "survivor is billed for it at each loss. Where a replacement needs a new node (minutes) it only "
-        "costs: a few seconds will do. Where one starts in seconds (a local group, spare nodes), keep it "
-        "long enough for the replacement to join in the same round: one resize, not two.",
+        help="The longest an elastic group's survivors wait, at a lost node, for a replacement the platform "
+        "runs (a local group's capacity) before they go on without it: one resize, not two. They wait for "
+        "nothing else: their round closes once every one of them is back. On Kubernetes none is awaited; "
+        "a replacement joins when its pod is up, with a resize of its own.",
     )
     min_nodes_timeout_s: float = setting(
         600.0,

@@ -20,8 +20,9 @@ Beside it, in the same run, "one of two nodes lost" (``node_lost_round``), three
 1 process (the same job), SIGTERM to node 1's agent only. All or nothing: the group ends and is launched
 again (the operator's relaunch). Elastic (min_nodes 1): the supervisor starts node 1's replacement and node
 0's agent re-rendezvouses without a relaunch; and the same with node 0 lost (the group's rendezvous store is
-a process of its own). Clock: SIGTERM to the first step after it. ``--no-elastic``
-leaves them out.
+a process of its own). And with no node to replace it (capacity 1): node 0 trains on alone once its round
+closes, when it is in (``trainer/rdzv_round.py``) beside torch's last call (``replace_timeout_s``). Clock:
+SIGTERM to the first step after it. ``--no-elastic`` leaves them out.
 
 With ``--compile`` the 1-node rows run with ``parallel.compile=true`` instead, each round twice side by side:
 the restart given the first run's compile cache (``TORCHINDUCTOR_CACHE_DIR``: warm, as the local backend
@@ -157,19 +158,27 @@ def _group_events(launcher, name: str):
         time.sleep(POLL_S)
 
 
-def node_lost_round(at_step: int, flavor: str, elastic: bool, lost: int = 1) -> dict:
+def node_lost_round(
+    at_step: int, flavor: str, elastic: bool, lost: int = 1, replaced: bool = True, last_call: bool = False
+) -> dict:
     """One of two nodes lost: a local group (LocalLauncher) of 2 nodes, SIGTERM to node ``lost``'s agent only
     once step ``at_step`` is logged. Elastic: its supervisor starts a replacement at once (capacity 2) and the
-    other node's agent re-rendezvouses with it (node 0 too: the store is a process of its own). All or
-    nothing: the group ends preempted and is launched again, as the operator does. The clock stops at the
-    first step after the preempted one."""
+    other node's agent re-rendezvouses with it (node 0 too: the store is a process of its own); not
+    ``replaced`` (capacity 1), it trains on alone, once its round closes: when it is in (ours) or, with
+    ``last_call``, at the round's last call (torch's rule, ``DTRAIN_RDZV_LAST_CALL``). All or nothing: the
+    group ends preempted and is launched again, as the operator does. The clock stops at the first step after
+    the preempted one."""
     from airflow_dtrain.launchers.local import LocalLauncher
+    from trainer.rdzv_round import LAST_CALL_ENV
 
     os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
+    os.environ[LAST_CALL_ENV] = "1" if last_call else "0"
     root = tempfile.mkdtemp(prefix="dtrain-recovery-2nodes-")
     launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "lost-r0"
     spec = _two_node_spec(root, flavor, elastic)
     launcher.launch(name, spec)
+    if not replaced:
+        launcher.set_capacity(name, 1)  # no node to replace the lost one with
     stream, resume, world, t1 = _group_events(launcher, name), None, None, None
     for e in stream:
         if e["event"] == "train" and e["step"] >= at_step:
@@ -256,12 +265,17 @@ def compiled_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[
 
 def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
     """The 2-node rows, side by side in this run: all or nothing (relaunch), then elastic (replace one)."""
-    for elastic, lost, label in ((False, 1, "2 nodes, all or nothing: whole-group relaunch"),
-                                 (True, 1, "2 nodes, elastic: one node replaced"),
-                                 (True, 0, "2 nodes, elastic: node 0 replaced")):  # fmt: skip
+    for elastic, lost, more, label in (
+        (False, 1, {}, "2 nodes, all or nothing: whole-group relaunch"),
+        (True, 1, {}, "2 nodes, elastic: one node replaced"),
+        (True, 0, {}, "2 nodes, elastic: node 0 replaced"),
+        (True, 1, {"replaced": False}, "2 nodes, elastic, none to replace it: on at 1 once all are in"),
+        (True, 1, {"replaced": False, "last_call": True}, "2 nodes, elastic, none to replace it: on at 1 "
+         "after torch's last call (replace_timeout_s 30 s)"),
+    ):  # fmt: skip
         rows = []
         for r in range(rounds):
-            rows.append(node_lost_round(at_step, flavor, elastic, lost))
+            rows.append(node_lost_round(at_step, flavor, elastic, lost, **more))
             figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
             print(f"{label}, round {r}: {json.dumps(figures)}", flush=True)
         print(

@@ -38,6 +38,7 @@ from trainer.config import (
     STORAGE_EXIT_CODE,
     WORKER_LOST_EXIT_CODE,
 )
+from trainer.rdzv_round import close_the_round_once_all_are_in
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     watch_the_agents_close()
     restart_only_the_resumable()
     leave_the_rendezvous_on_a_signal()
+    close_the_round_once_all_are_in()
     use_a_writable_compile_cache()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec

@@ -61,6 +61,7 @@ from airflow_dtrain.launchers.local_processes import (
 from airflow_dtrain.launchers.state_dir import compile_cache_env, default_state_dir
 from airflow_dtrain.launchers.torchrun import agent_env, node_command
 from trainer.events import EVENTS_DIR_ENV, EventCursor
+from trainer.rdzv_round import CAPACITY_FILE_ENV
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
@@ -179,6 +180,9 @@ class LocalLauncher(PodGroupLauncher):
         }
         if spec.elastic:  # the supervisor goes on without a lost node and replaces it (_local_elastic)
             group["elastic"] = elastic_terms(spec)
+            # a resize round awaits as many nodes as the capacity (trainer/rdzv_round.py): a replacement
+            # the supervisor starts at once joins the survivors' round
+            env[CAPACITY_FILE_ENV] = str((group_dir / CAPACITY_FILE).resolve())
             group["rdzv_store"] = [
                 self.python,
                 "-m",

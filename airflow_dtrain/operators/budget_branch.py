@@ -278,6 +278,7 @@ class BudgetBranchOperator(BaseBranchOperator):
     ) -> Any:
         """What ``airflow_dtrain.spot.budget.decide`` takes, from the inputs, the ledger and the prices."""
         from airflow_dtrain.spot.budget import BudgetInputs
+        from airflow_dtrain.spot.estimates import rejoin_wait_s
 
         spot, od, offer = prices
         step_time = ledger.step_time_s or x.step_time_estimate_s
@@ -309,7 +310,7 @@ class BudgetBranchOperator(BaseBranchOperator):
             spot_nodes_available=x.spot_nodes_available,
             min_nodes=x.min_nodes,
             resize_overhead_s=x.resize_overhead_s,
-            replace_timeout_s=x.replace_timeout_s,
+            replace_timeout_s=rejoin_wait_s(x.replace_timeout_s),  # the round closes once all are back
             max_late_risk=x.max_late_risk,
             min_finish_chance=x.min_finish_chance,
             allow_late=x.allow_late,

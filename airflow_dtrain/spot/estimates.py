@@ -83,9 +83,11 @@ class BudgetInputs:
     lost node of an elastic group."""
     replace_timeout_s: float = 30.0
     """How long an elastic group's survivors wait, at each lost node, for its replacement before they train
-    on without it (``JobSpec.replace_timeout_s``: torchrun's last call of the rendezvous round): billed on
-    all of them in the loss's resize (``loss_s``). A replacement that needs a new node comes later and joins
-    with a resize of its own; a round that has all ``num_nodes`` does not wait."""
+    on without it: billed on all of them in the loss's resize (``loss_s``). With the launchers that is
+    ``REJOIN_WAIT_S``: their round closes once every survivor is back (trainer/rdzv_round.py), bounded by
+    ``JobSpec.replace_timeout_s`` (torchrun's last call), what ``BudgetBranchOperator`` passes
+    (``rejoin_wait_s``). A replacement that needs a new node comes later and joins with a resize of its own;
+    a round that has all ``num_nodes`` does not wait."""
     top_up_on_demand: bool = False
     """An elastic group offered fewer spot nodes than ``num_nodes`` may train on all ``num_nodes`` at once:
     the k spot nodes on offer (at least one) and ``num_nodes`` - k on-demand ones, at full speed, each billed
@@ -275,6 +277,17 @@ def spot_fits(
     time_chance = deadline_chance(i, hours, start_h, after_s)
     within = chance is not None and chance_ok(chance, i.min_finish_chance)
     return within, chance_ok(time_chance, i.min_finish_chance), chance, time_chance
+
+
+REJOIN_WAIT_S = 2.0
+"""What an elastic group's survivors wait at a lost node with the launchers: their rendezvous round closes
+once every one of them is back (1 s of grace, ``trainer.rdzv_round``), or once the replacement a local group
+starts at once has joined (about 1.5 s more on the 2-core VM: benchmarks/RESULTS.md, recovery)."""
+
+
+def rejoin_wait_s(replace_timeout_s: float) -> float:
+    """The wait at a lost node of a group whose last call is ``replace_timeout_s`` (``REJOIN_WAIT_S``)."""
+    return min(replace_timeout_s, REJOIN_WAIT_S)
 
 
 def loss_s(inputs: BudgetInputs) -> float:

@@ -15,7 +15,7 @@ from .strategies import Naive, Policy, UniformProgress
 from .tables import HEAD, Row, make_jobs, run_size
 from .tuning import tune
 from .verdicts import below_every, frontier, seed_by_seed, verdict
-from .world import ELASTIC, INPUTS, OURS, SIZES, Mechanics, World
+from .world import ELASTIC, INPUTS, OURS, REJOIN_WAIT_S, SIZES, Mechanics, World
 
 DEFAULT_TRACES = REPO.parent / "shared" / "data" / "spot"
 LEVELS = {"cells": "per scenario and size", "scenarios": "per scenario, all sizes",
@@ -34,8 +34,10 @@ def _elastic_args(ap: argparse.ArgumentParser) -> None:
         "--rerendezvous-s", type=float, default=60.0, help="elastic groups: the cost of a resize, in seconds"
     )
     ap.add_argument(
-        "--replace-timeout-s", type=float, default=30.0,
-        help="elastic groups: a resize to fewer than N nodes waits this long for more (replace_timeout_s)",
+        "--replace-timeout-s", type=float, default=REJOIN_WAIT_S,
+        help="elastic groups: a resize to fewer than N nodes waits this long for more: the launchers' round "
+        "closes once every survivor is back (default); torch's own waits its last call (replace_timeout_s, "
+        "30 s by default)",
     )  # fmt: skip
     ap.add_argument(
         "--tune-elastic",

@@ -9,14 +9,15 @@ The model, beside the all-or-nothing group of ``strategies.simulate`` (same worl
 - when the zone's capacity drops, the number of the group's k nodes lost is drawn from the hypergeometric
   tail with the zone's shared draw, so that at least one is lost exactly when an all-or-nothing group of k
   would be preempted. While min_nodes or more survive, the group goes on, on the survivors: a re-rendezvous
-  (``Mechanics.rerendezvous_s``, billed, no progress) in place of the full relaunch, after the round's last
-  call for a replacement (``Mechanics.replace_timeout_s``: a replacement needs a node's start-up, longer),
+  (``Mechanics.rerendezvous_s``, billed, no progress) in place of the full relaunch, after their wait
+  (``Mechanics.replace_timeout_s``: the launchers' round closes once every survivor is back, 2 s; a
+  replacement needs a node's start-up, longer),
   and, with the warning, at most one step lost. Replacements for the lost (as many as the zone still has,
   up to N) are started at once, as the launchers do: their start-up is billed, and they join once booted
   (``Mechanics.startup_s`` later), which is a second resize. When fewer than min_nodes survive it stops as an
   all-or-nothing group does (a later launch pays the full start-up): a group of 1 is all-or-nothing.
 - it grows back towards N at the first tick after a checkpoint was saved, when the zone has the nodes; a
-  resize costs the re-rendezvous too, and the last call when it is to fewer than N.
+  resize costs the re-rendezvous too, and the wait when it is to fewer than N.
 - billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
   cap is checked before every tick (so at every size change), as for the all-or-nothing policy. With
   ``record`` set, each outcome carries its ledger: (tick, nodes, cost) per billed tick.
@@ -156,7 +157,7 @@ def _lose_nodes(world: World, job: Job, k: int, s: ElasticState, out: ElasticOut
     if s.nodes - lost + s.od < lowest:
         s.mode, s.zone, s.nodes, s.od, s.startup_left, s.joining = None, None, 0, 0, 0.0, 0
         return 0.0
-    # the survivors go on, once their round's last call for a replacement has passed
+    # the survivors go on, once their round has closed (every one of them back)
     s.nodes, s.startup_left = s.nodes - lost, world.mech.rerendezvous_s + world.mech.replace_timeout_s
     s.idle_why = "resize"
     out.resizes += 1

@@ -11,6 +11,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from airflow_dtrain.spot.estimates import REJOIN_WAIT_S
 from spot_traces import Market
 
 SIZES = (1, 4, 16)
@@ -36,9 +37,10 @@ class Mechanics:
     step_s: float = 30.0
     risk_window_h: float = 24.0
     rerendezvous_s: float = 60.0  # an elastic group's resize: the survivors re-rendezvous, nothing relaunches
-    # a resize to fewer than all N also waits the rendezvous round's last call for more nodes (a lost node's
-    # survivors, for its replacement): the JobSpec's replace_timeout_s, torchrun's last_call_timeout
-    replace_timeout_s: float = 30.0
+    # a resize to fewer than all N also waits for more nodes (a lost node's survivors, for its replacement):
+    # with the launchers, until every survivor is back (REJOIN_WAIT_S, trainer/rdzv_round.py); torch's own
+    # rendezvous waits its last call (the JobSpec's replace_timeout_s, 30 s by default)
+    replace_timeout_s: float = REJOIN_WAIT_S
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     monkeypatch.setenv(TRACE_SAMPLES_ENV, "1")
     slow_steps_env(monkeypatch)  # a window to take a node away in
     state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
-    launcher.launch("resize-r0", _spec(tmp_path, "resize"))
+    # a last call of 10 minutes: the survivor goes on once it is back (trainer/rdzv_round.py), not then
+    launcher.launch("resize-r0", _spec(tmp_path, "resize", replace_timeout_s=600))
     wait_for_step(tmp_path / "resize" / "ckpt", 3)
     launcher.set_capacity("resize-r0", 1)  # no spot node to replace it with
     _lose_node(launcher, state_dir, "resize-r0")

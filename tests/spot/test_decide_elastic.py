@@ -179,3 +179,24 @@ def test_an_elastic_group_on_spot_stays_on_its_k_nodes_while_on_demand_can_still
     assert poor.choice == Choice.ON_DEMAND, poor.reason
     # an all-or-nothing group cannot train on 2 of its 4 nodes at all
     assert decide(_inputs(**{**running, "min_nodes": None}, deadline_s=1.6 * 3600)).choice == Choice.ON_DEMAND
+
+
+def test_the_operator_counts_the_survivors_rejoin_not_the_last_call_at_each_loss(tmp_path):
+    """The launchers close a resize round once every survivor is back (trainer/rdzv_round.py): a loss waits
+    ``REJOIN_WAIT_S``, whatever last call (``replace_timeout_s``) bounds it; a shorter last call, itself."""
+    from airflow_dtrain.spot.estimates import REJOIN_WAIT_S
+    from tests.spot.conftest import write_manifest
+    from tests.spot.test_budget import _TI, _branch
+
+    write_manifest(tmp_path, 4000, spot_dollars=20.0, step_time_s=1.8)  # 6,000 steps of 1.8 s left: 3 h
+    hours = {}
+    for timeout in (600.0, 1.0):
+        ti = _TI()
+        _branch(
+            checkpoint_uri=str(tmp_path), budget_usd=100.0, spot_price=1.168, on_demand_price=3.06,
+            min_nodes=1, interruption_rate_per_hour=2.0, max_interruption_rate_per_hour=10.0,
+            replace_timeout_s=timeout,
+        ).choose_branch({"ti": ti})  # fmt: skip
+        hours[timeout] = ti.pushed["decision"]["spot_hours"]
+    # 2 losses an hour over 3 h, each waiting REJOIN_WAIT_S (2 s) against 1 s: not 600 s
+    assert hours[600.0] - hours[1.0] == pytest.approx(3 * 2.0 * (REJOIN_WAIT_S - 1.0) / 3600)

@@ -47,8 +47,8 @@ def _replaced(**mechanics):
 
 
 def test_a_lost_node_is_replaced_by_one_that_boots_billed_and_joins_with_a_second_resize():
-    """As the launchers do: the survivors go on without the lost node once their round's last call for a
-    replacement has passed; its replacement is started at once from the zone's free nodes, its start-up
+    """As the launchers do: the survivors go on without the lost node once every one of them is back in their
+    rendezvous round; its replacement is started at once from the zone's free nodes, its start-up
     billed, and joins when booted (another re-rendezvous, with all 4: no last call)."""
     sc, world, out = _replaced()
     assert out.finished and out.preemptions == 1 and out.launches == 1 and out.resizes == 2
@@ -58,18 +58,21 @@ def test_a_lost_node_is_replaced_by_one_that_boots_billed_and_joins_with_a_secon
     boot = world.mech.startup_s / 3600 * 1 * 1.0  # the replacement's start-up, billed when it is started
     assert out.ledger[nodes_at(out, 20)][2] == pytest.approx(300.0 / 3600 * 3 + boot)
     assert out.ledger[nodes_at(out, 21)][2] == pytest.approx(300.0 / 3600 * 4)
-    # no progress during either re-rendezvous nor the last call: the job takes their time and the step lost
+    # no progress during either re-rendezvous nor the wait: the job takes their time and the step lost
     # longer than one without a loss would
     assert out.time_s >= world.mech.startup_s + 28800.0 + 2 * rendezvous + world.mech.replace_timeout_s
 
 
-def test_the_survivors_last_call_for_a_replacement_is_time_without_progress():
-    """30 s more without progress in the tick of the loss, where the 3 survivors make 3/4 of the full rate:
-    22.5 s of the full rate, made up at the end on all 4 nodes."""
-    _, _, waited = _replaced()
+def test_the_survivors_wait_for_a_replacement_is_time_without_progress():
+    """A wait of 30 s (torch's last call) is 30 s more without progress in the tick of the loss, where the 3
+    survivors make 3/4 of the full rate: 22.5 s of the full rate, made up at the end on all 4 nodes. The
+    launchers' wait (their round closes once every survivor is back) is 2 s of it."""
+    _, _, last_call = _replaced(replace_timeout_s=30.0)
+    _, _, rejoin = _replaced()
     _, _, at_once = _replaced(replace_timeout_s=0.0)
-    assert waited.resizes == at_once.resizes == 2
-    assert waited.time_s - at_once.time_s == pytest.approx(30.0 * 3 / 4)
+    assert last_call.resizes == rejoin.resizes == at_once.resizes == 2
+    assert last_call.time_s - at_once.time_s == pytest.approx(30.0 * 3 / 4)
+    assert rejoin.time_s - at_once.time_s == pytest.approx(2.0 * 3 / 4)
 
 
 def nodes_at(out, tick: int) -> int:

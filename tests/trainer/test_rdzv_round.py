@@ -1,0 +1,92 @@
+"""An elastic group's resize round closes once every survivor is back (trainer/rdzv_round.py), on torch's own
+rendezvous state and join: not at the first round, not with a survivor still in the wait list, not before
+the platform's capacity is in, and torch's last call where it says so."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    RendezvousSettings,
+    RendezvousTimeout,
+    _Action,
+    _NodeDesc,
+    _RendezvousContext,
+    _RendezvousJoinOp,
+    _RendezvousState,
+)
+
+from trainer import rdzv_round
+
+LAST_CALL = timedelta(seconds=600)
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
+A, B, C = (_NodeDesc("10.0.0.1", 100 + i, 0) for i in range(3))
+
+
+def _settings(min_nodes: int = 1, max_nodes: int = 3) -> RendezvousSettings:
+    return RendezvousSettings(
+        "job", min_nodes, max_nodes, RendezvousTimeout(last_call=LAST_CALL), timedelta(seconds=5), 3
+    )
+
+
+def _round(participants, wait_list=(), round_no: int = 1, quorum_s_ago: float = 2.0) -> _RendezvousState:
+    """An open round: ``participants`` in it, ``wait_list`` waiting, min_nodes in ``quorum_s_ago`` seconds
+    ago (torch sets its deadline to that plus the last call)."""
+    state = _RendezvousState()
+    state.round, state.participants = round_no, dict.fromkeys(participants, 0)
+    state.wait_list = set(wait_list)
+    state.deadline = NOW - timedelta(seconds=quorum_s_ago) + LAST_CALL
+    for node in (*participants, *wait_list):
+        state.last_heartbeats[node] = NOW
+    return state
+
+
+def test_a_resize_round_with_every_survivor_in_closes_without_its_last_call():
+    # node C was lost: A and B, the survivors, are both in; nothing says more nodes are coming
+    assert rdzv_round.all_are_in(_round([A, B]), _settings(), A, NOW, expected=0)
+
+
+@pytest.mark.parametrize(
+    ("state", "min_nodes", "expected", "why"),
+    [
+        (_round([A, B], round_no=0), 1, 0, "the group's launch: nodes start at different times"),
+        (_round([A], wait_list=[B]), 1, 0, "survivor B has not joined the round yet"),
+        (_round([A, B], quorum_s_ago=0.2), 1, 0, "within the grace"),
+        (_round([A, B]), 1, 3, "the platform runs 3: the replacement starts at once"),
+        (_round([A]), 2, 0, "fewer than min_nodes"),
+    ],
+    ids=["first-round", "wait-list", "grace", "capacity", "min-nodes"],
+)
+def test_a_round_waits_its_last_call(state, min_nodes, expected, why):
+    assert not rdzv_round.all_are_in(state, _settings(min_nodes), A, NOW, expected), why
+
+
+def test_the_capacity_file_says_how_many_a_round_awaits(tmp_path):
+    capacity = tmp_path / "capacity.json"
+    env = {rdzv_round.CAPACITY_FILE_ENV: str(capacity)}
+    assert rdzv_round.expected_nodes(3, env) == 3  # a local group with no capacity written: all of it
+    capacity.write_text(json.dumps({"nodes": 1}))
+    assert rdzv_round.expected_nodes(3, env) == 1
+    capacity.write_text(json.dumps({"nodes": 8}))
+    assert rdzv_round.expected_nodes(3, env) == 3  # never more than max_nodes
+    assert rdzv_round.expected_nodes(3, {}) == 0  # Kubernetes: none awaited
+
+
+def test_the_patched_join_marks_the_round_complete_and_torchs_rule_stays_on_request(monkeypatch):
+    monkeypatch.setattr(_RendezvousJoinOp, "__call__", _RendezvousJoinOp.__call__)  # undone after the test
+    state = _round([A, B], quorum_s_ago=5.0)
+    state.deadline = datetime.now(timezone.utc) - timedelta(seconds=5) + LAST_CALL
+    ctx = _RendezvousContext(A, state, _settings())
+    far = 1e12  # the operation's own deadline (monotonic): not reached
+    before = _RendezvousJoinOp()(ctx, far)
+    assert before in (_Action.KEEP_ALIVE, _Action.SYNC)  # torch waits its last call
+
+    assert not rdzv_round.close_the_round_once_all_are_in({rdzv_round.LAST_CALL_ENV: "1"})
+    assert _RendezvousJoinOp()(ctx, far) == before
+
+    assert rdzv_round.close_the_round_once_all_are_in({})
+    assert _RendezvousJoinOp()(ctx, far) == _Action.MARK_RENDEZVOUS_COMPLETE
+    assert rdzv_round.close_the_round_once_all_are_in({})  # patched twice: wraps torch's join, not itself
+    assert _RendezvousJoinOp.__call__.__wrapped__.__module__.startswith("torch.")

@@ -1,0 +1,91 @@
+"""An elastic group's rendezvous round closes once every node still there is back, not at its last call.
+
+torchrun closes a round at ``max_nodes``, or ``last_call_timeout`` (``JobSpec.replace_timeout_s``) after
+``min_nodes`` joined. After a lost node, its survivors would so wait the whole last call for a replacement,
+billed on every one of them at each loss, though on a cloud a replacement needs a new node (minutes) and joins
+later with a resize of its own anyway.
+
+Here a round after the first (a resize: its nodes were in the group before) closes as soon as:
+
+* every node of the previous round that did not leave is in it. torch opens the new round only once the last
+  participant of the previous one has left it; each survivor leaves it and waits in the wait list, which the
+  round takes in. So an empty wait list means no survivor is missing;
+* at least ``min_nodes`` are in, and as many as the platform says it runs (``$DTRAIN_CAPACITY_FILE``, the
+  local group's capacity: its supervisor starts a replacement at once, which joins within seconds, one resize
+  not two). Where nothing says (Kubernetes), none is awaited;
+* ``REJOIN_GRACE_S`` has passed since ``min_nodes`` were in: a node between leaving the previous round and
+  waiting for the next (milliseconds) is in neither list.
+
+Otherwise the last call still applies: it is the most a round waits for a replacement it was told of.
+The first round (the group's launch, nodes starting at different times) is torch's own.
+``DTRAIN_RDZV_LAST_CALL=1`` keeps torch's rule for every round (benchmarks/recovery.py compares the two).
+Best effort, on torch's private rendezvous join: where it differs, torch's rule applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+CAPACITY_FILE_ENV = "DTRAIN_CAPACITY_FILE"
+"""A JSON file ``{"nodes": k}``: the nodes the platform runs the group on now (the local launcher's
+``capacity.json``); a round awaits that many. Set, but no file yet: ``max_nodes``."""
+LAST_CALL_ENV = "DTRAIN_RDZV_LAST_CALL"
+"""``1``: every round waits its last call, as torch's own rendezvous does."""
+REJOIN_GRACE_S = 1.0
+"""How long a round that has all its survivors still waits, from when ``min_nodes`` were in."""
+
+
+def expected_nodes(max_nodes: int, environ: Any = None) -> int:
+    """The nodes a resize round awaits beyond its survivors: the platform's capacity (at most ``max_nodes``),
+    0 where it says none."""
+    path = (os.environ if environ is None else environ).get(CAPACITY_FILE_ENV, "")
+    if not path:
+        return 0
+    try:
+        with open(path) as f:
+            return min(max_nodes, int(json.load(f)["nodes"]))
+    except FileNotFoundError:
+        return max_nodes  # no capacity written: the group's own size
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def all_are_in(state: Any, settings: Any, node: Any, now: datetime, expected: int) -> bool:
+    """Whether ``node``, a participant of the open round ``state`` (torch's ``_RendezvousState``), may close
+    it now: a resize round with every survivor in, ``min_nodes`` and ``expected`` in, the grace passed."""
+    if state.complete or state.closed or state.round == 0 or node not in state.participants:
+        return False
+    if state.wait_list or state.deadline is None:
+        return False
+    if len(state.participants) < max(settings.min_nodes, expected):
+        return False
+    quorum_at = state.deadline - settings.timeout.last_call  # when min_nodes were in
+    return now - quorum_at >= timedelta(seconds=REJOIN_GRACE_S)
+
+
+def close_the_round_once_all_are_in(environ: Any = None) -> bool:
+    """Patch torch's rendezvous join (this module's docstring). True if patched."""
+    if (os.environ if environ is None else environ).get(LAST_CALL_ENV) == "1":
+        return False
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action, _RendezvousJoinOp
+    except ImportError as err:  # an older or newer torch: its own rule
+        print(f"[trainer.launch] rendezvous rounds wait their last call ({err})", file=sys.stderr, flush=True)
+        return False
+    join = getattr(_RendezvousJoinOp.__call__, "__wrapped__", _RendezvousJoinOp.__call__)
+
+    def join_or_close(self, ctx, deadline):
+        action = join(self, ctx, deadline)
+        if action in (_Action.KEEP_ALIVE, _Action.SYNC):
+            expected = expected_nodes(ctx.settings.max_nodes, environ)
+            if all_are_in(ctx.state, ctx.settings, ctx.node, datetime.now(timezone.utc), expected):
+                return _Action.MARK_RENDEZVOUS_COMPLETE
+        return action
+
+    join_or_close.__wrapped__ = join
+    _RendezvousJoinOp.__call__ = join_or_close
+    return True
