@@ -80,11 +80,14 @@ def close_the_round_once_all_are_in(environ: Any = None) -> bool:
 
     def join_or_close(self, ctx, deadline):
         action = join(self, ctx, deadline)
-        if action in (_Action.KEEP_ALIVE, _Action.SYNC):
-            expected = expected_nodes(ctx.settings.max_nodes, environ)
-            if all_are_in(ctx.state, ctx.settings, ctx.node, datetime.now(timezone.utc), expected):
-                return _Action.MARK_RENDEZVOUS_COMPLETE
-        return action
+        if action not in (_Action.KEEP_ALIVE, _Action.SYNC):
+            return action
+        if not all_are_in(ctx.state, ctx.settings, ctx.node, datetime.now(timezone.utc), expected=0):
+            return action
+        # the capacity file is read only for a round that could close, not once a second while one waits
+        if len(ctx.state.participants) < expected_nodes(ctx.settings.max_nodes, environ):
+            return action
+        return _Action.MARK_RENDEZVOUS_COMPLETE
 
     join_or_close.__wrapped__ = join
     _RendezvousJoinOp.__call__ = join_or_close
