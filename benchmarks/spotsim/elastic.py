@@ -62,13 +62,14 @@ def nodes_lost(c_prev: int, c_now: int, k: int, u: float) -> int:
     gone = c_prev - c_now
     total = math.comb(c_prev, gone)
     tail, lost = 1.0, 0
-    for j in range(min(k, gone) + 1):
+    # At most min(k, gone) go: P(at least min(k, gone) + 1) is 0, which the float sum need not reach exactly.
+    for j in range(min(k, gone)):
         tail -= math.comb(k, j) * math.comb(c_prev - k, gone - j) / total  # now P(at least j + 1)
         if u < tail or j < k - c_now:  # below the capacity left, the loss is certain
             lost = j + 1
         else:
             break
-    return min(lost, k)
+    return lost
 
 
 @dataclass

@@ -140,3 +140,15 @@ def test_what_an_elastic_groups_dollars_bought_adds_up_to_its_cost_item_by_item(
     assert out.spend["training on on-demand"] == 0.0
     assert sum(out.spend.values()) == pytest.approx(out.cost)
     assert set(out.spend) == set(sc.SPEND)
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, 0.999999])
+def test_a_group_never_loses_more_nodes_than_its_zone_gave_up(u):
+    """A draw of exactly 0.0 used to lose one node more than the zone lost (the float tail of P(at least
+    min + 1) is not exactly 0), so a group of 16 could lose 2 nodes where the zone lost 1."""
+    sc, _ = _benchmark_modules()
+    for c_prev in range(1, 30):
+        for c_now in range(c_prev):
+            for k in range(1, c_prev + 1):
+                lost = sc.nodes_lost(c_prev, c_now, k, u)
+                assert max(1, k - c_now) <= lost <= min(k, c_prev - c_now) or (lost == 0 and k <= c_now)
