@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +18,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="dtrain-airflow-home-"))
+# Each pytest process (each xdist worker) has its own home, about 120 MB with its database and corpus: gone
+# when the process exits, or every `make test` would leave one behind in the temporary directory.
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 os.environ["AIRFLOW_HOME"] = str(_HOME)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
