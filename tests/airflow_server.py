@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,111 @@ def tail(path: Path, lines: int = 80) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def airflow_environment(
+    home: Path,
+    port: int,
+    *,
+    state_dir: Path,
+    data_dir: Path,
+    dags: Path = REPO / "dags",
+    db_url: str | None = None,
+    parallelism: int = 2,
+) -> dict[str, str]:
+    """The environment of every component of a real Airflow in ``home`` (api-server on ``port``): nothing of
+    the caller's own Airflow set-up (tests/conftest.py's session home) leaks in. benchmarks/loadlab/cluster.py
+    starts its Airflow with it too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DTRAIN_"))}
+    url = f"http://127.0.0.1:{port}"
+    env.update(
+        {
+            # standalone starts its components as `airflow ...`: the venv's, from PATH
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+            "NO_COLOR": "1",
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url or f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            # LocalExecutor (standalone's choice) runs on sqlite; keep it and the parser small
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            # the train task defers: the real triggerer watches the pod group
+            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+            # the DAGs show up within seconds, and are parsed once: a re-parse every 10 s cost the
+            # training ranks beside it on a small machine several seconds of CPU each time (a DAG file
+            # does not change during a test)
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+            # api-server on a free port; workers reach its execution API there
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__BASE_URL": url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
+            # the scheduler's and triggerer's log servers, off their fixed default ports
+            # (8793, 8794) so a developer's own Airflow does not get in the way
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            # one secret for every component that signs or checks task tokens
+            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
+            # no login: the REST API answers the tests without a token, the UI opens logged in
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "DTRAIN_LOCAL_STATE_DIR": str(state_dir),
+            "DTRAIN_DATA_DIR": str(data_dir),
+        }
+    )
+    return env
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float, *, leader_first: bool = False) -> int | None:
+    """SIGTERM to ``proc``'s process group (``leader_first``: to ``proc`` alone, as systemd or a pod's stop
+    would, so that it shuts its executor down itself), SIGKILL to the group after ``grace_s``, and to what
+    is left in it either way: ``proc``'s exit status."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        try:
+            os.kill(proc.pid, sig) if leader_first and sig == signal.SIGTERM else os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # what it started in its group (a LocalExecutor worker, standalone's components) goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.poll()
+
+
+def processes_of(home: Path) -> list[psutil.Process]:
+    """Every live process (but this one) with ``home`` as its ``AIRFLOW_HOME``."""
+    found, me = [], os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != me and proc.environ().get("AIRFLOW_HOME") == str(home):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_all(find: Callable[[], list[psutil.Process]], rounds: int = 3) -> None:
+    """SIGKILL what ``find()`` returns until it returns nothing (a killed supervisor's children may appear
+    after it), ``rounds`` times at the most."""
+    for _ in range(rounds):
+        leftovers = find()
+        if not leftovers:
+            return
+        for proc in leftovers:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(leftovers, timeout=10)
+
+
 class Airflow:
     """A running ``airflow <command>`` (``standalone`` unless told) in its own Airflow home.
 
@@ -69,49 +174,12 @@ class Airflow:
         self.http = httpx.Client(base_url=self.url, timeout=30)
 
     def _environment(self) -> dict[str, str]:
-        # Nothing of the test session's own Airflow set-up (tests/conftest.py) leaks in.
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DTRAIN_"))}
-        venv_bin = str(Path(sys.executable).parent)
-        env.update(
-            {
-                # standalone starts its components as `airflow ...`: the venv's, from PATH
-                "PATH": os.pathsep.join([venv_bin, env.get("PATH", "")]),
-                "PYTHONUNBUFFERED": "1",
-                "NO_COLOR": "1",
-                "AIRFLOW_HOME": str(self.home),
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
-                "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                # LocalExecutor (standalone's choice) runs on sqlite; keep it and the parser small
-                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-                "AIRFLOW__CORE__PARALLELISM": "2",
-                "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
-                # the train task defers: the real triggerer watches the pod group
-                "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
-                # the DAGs show up within seconds, and are parsed once: a re-parse every 10 s cost the
-                # training ranks beside it on a small machine several seconds of CPU each time (a DAG file
-                # does not change during a test)
-                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
-                # api-server on a free port; workers reach its execution API there
-                "AIRFLOW__API__HOST": "127.0.0.1",
-                "AIRFLOW__API__PORT": str(self.port),
-                "AIRFLOW__API__WORKERS": "1",
-                "AIRFLOW__API__BASE_URL": self.url,
-                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-                # the scheduler's and triggerer's log servers, off their fixed default ports
-                # (8793, 8794) so a developer's own Airflow does not get in the way
-                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-                # one secret for every component that signs or checks task tokens
-                "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
-                # no login: the REST API answers the tests without a token, the UI opens logged in
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-                "DTRAIN_LOCAL_STATE_DIR": str(self.tmp_path / "dtrain" / "groups"),
-                "DTRAIN_DATA_DIR": str(self.tmp_path / "data"),
-            }
+        return airflow_environment(
+            self.home,
+            self.port,
+            state_dir=self.tmp_path / "dtrain" / "groups",
+            data_dir=self.tmp_path / "data",
         )
-        return env
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -129,46 +197,13 @@ class Airflow:
     def stop(self) -> None:
         self.http.close()
         if self.proc is not None:
-            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            # its components are in its process group, whether or not it exited first
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            stop_process_group(self.proc, grace_s=15)
         # Whatever else carries this Airflow home: LocalExecutor workers, the pod group's
         # detached supervisor and its torchrun agents and ranks.
-        for _ in range(3):
-            leftovers = self.leftover_processes()
-            if not leftovers:
-                break
-            for proc in leftovers:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(leftovers, timeout=10)
+        kill_all(self.leftover_processes)
 
     def leftover_processes(self) -> list[psutil.Process]:
-        found = []
-        me = os.getpid()
-        for proc in psutil.process_iter(["pid"]):
-            if proc.pid == me:
-                continue
-            try:
-                if proc.environ().get("AIRFLOW_HOME") == str(self.home):
-                    found.append(proc)
-            except (psutil.Error, OSError):
-                continue
-        return found
+        return processes_of(self.home)
 
     # -- talking to it --------------------------------------------------------------------------
     def cli(

@@ -2,24 +2,24 @@
 process group of its own in one throwaway Airflow home, so that one of them can be stopped and started
 again while the others (and the pod groups) run on: what ``airflow standalone`` cannot do.
 
-The environment is tests/airflow_server.py's (LocalExecutor, deferrable operators, the api-server on a free
-port with the workers' execution API there), plus the database of ``loadlab.database``, a statsd target and
-a DAGs folder of the load test's own.
+The environment and the way a component is stopped are tests/airflow_server.py's (LocalExecutor, deferrable
+operators, the api-server on a free port with the workers' execution API there), plus the database of
+``loadlab.database``, a statsd target and a DAGs folder of the load test's own.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+
+from tests.airflow_server import airflow_environment, kill_all, processes_of, stop_process_group
 
 from .database import Database, free_port
 
@@ -27,38 +27,18 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 
 def environment(home: Path, work: Path, db: Database, port: int, dags: Path, extra: dict) -> dict[str, str]:
-    """Every component's environment: nothing of the caller's own Airflow set-up leaks in."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DTRAIN_"))}
+    """Every component's environment: the tests' (nothing of the caller's own Airflow set-up leaks in), on
+    the load test's database, with more room for tasks and the repository and the database's driver on
+    ``PYTHONPATH``."""
+    env = airflow_environment(
+        home, port, state_dir=work / "groups", data_dir=work / "data", dags=dags, db_url=db.url, parallelism=4
+    )
     repo = str(Path(__file__).resolve().parents[2])
-    url = f"http://127.0.0.1:{port}"
+    pythonpath = (repo, *db.pythonpath, os.environ.get("PYTHONPATH", ""))
     env.update(
         {
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-            "PYTHONPATH": os.pathsep.join(p for p in (repo, *db.pythonpath, env.get("PYTHONPATH", "")) if p),
-            "PYTHONUNBUFFERED": "1",
-            "NO_COLOR": "1",
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db.url,
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": "4",
+            "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
-            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
-            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API__BASE_URL": url,
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "DTRAIN_LOCAL_STATE_DIR": str(work / "groups"),
-            "DTRAIN_DATA_DIR": str(work / "data"),
             **extra,
         }
     )
@@ -96,23 +76,7 @@ class Cluster:
         """SIGTERM to the component (as systemd or a pod's stop would: it shuts its executor down, letting
         running tasks end), SIGKILL to its process group after ``grace_s``; its exit status."""
         proc = self.procs.pop(name, None)
-        if proc is None:
-            return None
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
-            try:
-                os.kill(proc.pid, sig) if sig == signal.SIGTERM else os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # what it started in its group (a LocalExecutor worker) goes with it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return proc.poll()
+        return None if proc is None else stop_process_group(proc, grace_s, leader_first=True)
 
     def restart(self, name: str, down_s: float = 0.0) -> int | None:
         """Stop ``name``, wait ``down_s``, start it again: its exit status."""
@@ -126,28 +90,13 @@ class Cluster:
         self.http.close()
         for name in list(self.procs):
             self.stop_component(name, grace_s=15)
-        for _ in range(3):  # the groups' supervisors, agents and ranks, LocalExecutor workers
-            leftovers = self.processes()
-            if not leftovers:
-                break
-            for proc in leftovers:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(leftovers, timeout=10)
+        kill_all(self.processes)  # the groups' supervisors, agents and ranks, LocalExecutor workers
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this Airflow home: components, workers and the pod groups they started
         (by ``AIRFLOW_HOME`` in their environment, and the components' trees: the api-server's process
         title overwrites what /proc shows of its environment)."""
-        found, me = {}, os.getpid()
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if proc.pid != me and proc.environ().get("AIRFLOW_HOME") == str(self.home):
-                    found[proc.pid] = proc
-            except (psutil.Error, OSError):
-                continue
+        found = {proc.pid: proc for proc in processes_of(self.home)}
         for popen in self.procs.values():
             try:
                 root = psutil.Process(popen.pid)
