@@ -35,6 +35,7 @@ from airflow_dtrain.deployed import (  # noqa: F401  (re-exported: the DAGs impo
 )
 from airflow_dtrain.kubernetes.spec import TRIGGER_KEYS
 from airflow_dtrain.spec import GROUP, KUBERNETES, JobSpec
+from airflow_dtrain.trust import check_run
 
 SECTIONS = (MODEL_AND_DATA, GROUP, CHECKPOINTS, BUDGET_AND_SPOT, KUBERNETES)
 """The trigger form's sections, in the order they are shown."""
@@ -345,3 +346,19 @@ def reject_unknown_conf(conf: Mapping[str, Any] | None, params: Iterable[str]) -
             f"dag_run.conf: unknown key(s) {', '.join(map(repr, unknown))}; this DAG takes: "
             f"{', '.join(sorted(known))}"
         )
+
+
+def check_conf(author: Any = None) -> Any:
+    """A DAG's first task, ``check_conf``, called inside its ``with DAG(...)``: it refuses ``dag_run.conf``
+    keys that are not the DAG's params (a typo would silently train with a default) and a run that asks for
+    more than ``author``'s limits or for a place outside the storage roots (``check_run``), before any task
+    runs. ``check_conf(LIMITS) >> the_rest``."""
+    from airflow.sdk import task
+
+    @task(task_id="check_conf")
+    def check_conf(dag_run=None, dag=None, params=None) -> None:
+        """Refuse dag_run.conf keys that are not params, and a run beyond the DAG author's limits."""
+        reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
+        check_run(params, author)
+
+    return check_conf()

@@ -15,7 +15,7 @@ from airflow.sdk import DAG, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
 from airflow_dtrain.naming import default_checkpoint_uri
-from airflow_dtrain.params import BUNDLED_LIMITS, form_limits, reject_unknown_conf, trigger_params
+from airflow_dtrain.params import BUNDLED_LIMITS, check_conf, form_limits, trigger_params
 from airflow_dtrain.trust import limits_for, run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
@@ -62,16 +62,6 @@ with DAG(
     ),
 ) as dag:
 
-    @task(task_id="check_conf")
-    def check_conf(dag_run=None, dag=None, params=None) -> None:
-        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a
-        run
-        that asks for more than the limits or for a place outside the storage roots, before any task runs."""
-        from airflow_dtrain.trust import check_run
-
-        reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
-        check_run(params, LIMITS)
-
     @task(templates_dict={"root": SWEEP_DIR})
     def configs(params=None, templates_dict=None) -> list[dict]:
         """One member per learning rate, each in its own directory, all on the sweep's spend ledger."""
@@ -95,7 +85,7 @@ with DAG(
         ]
 
     sweep = configs()
-    check_conf() >> sweep
+    check_conf(LIMITS) >> sweep
 
     budget = BudgetBranchOperator(
         task_id="budget",

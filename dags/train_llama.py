@@ -49,10 +49,10 @@ from airflow_dtrain import (
 from airflow_dtrain.naming import default_checkpoint_uri
 from airflow_dtrain.params import (
     BUNDLED_LIMITS,
+    check_conf,
     deployed_interruption_rate,
     deployed_kubernetes,
     form_limits,
-    reject_unknown_conf,
     trigger_params,
 )
 
@@ -168,25 +168,14 @@ with DAG(
         },
     ),
 ) as dag:
-
-    @task(task_id="check_conf")
-    def check_conf(dag_run=None, dag=None, params=None) -> None:
-        """Refuse dag_run.conf keys that are not params (a typo would silently train with a default), and a
-        run
-        that asks for more than the limits or for a place outside the storage roots, before any task runs."""
-        from airflow_dtrain.trust import check_run
-
-        reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
-        check_run(params, LIMITS)
-
     prepare_data = PrepareDataOperator(
         task_id="prepare_data",
         dataset="{{ params.dataset or 'builtin' }}",
         tokenizer="{{ params.init_from or '' }}",  # the model's own tokenizer
         text_field="{{ params.text_field or 'text' }}",
         on_bad_row="{{ params.on_bad_row or 'error' }}",
-        seq_len="{{ params.seq_len "
-        "}}",  # a held-out split of at least one sequence, or a refusal naming the counts
+        # a held-out split of at least one sequence, or a refusal naming the counts
+        seq_len="{{ params.seq_len }}",
         output_root=DATA_ROOT,
     )
 
@@ -324,7 +313,7 @@ with DAG(
     )
 
     (
-        check_conf()
+        check_conf(LIMITS)
         >> prepare_data
         >> spot_price
         >> budget

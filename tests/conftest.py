@@ -67,6 +67,7 @@ _SLOW_MODULES = (
     "tests/kubernetes/test_rbac.py",
     "tests/kubernetes/test_render_cli.py",
     "tests/kubernetes/test_train_on_demand_kubernetes.py",
+    "tests/pipeline/test_check_conf.py",
     "tests/pipeline/test_fresh_runs.py",
     "tests/pipeline/test_trust_between_jobs.py",
     "tests/spot/test_imports.py",
