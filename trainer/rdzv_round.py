@@ -67,14 +67,27 @@ def all_are_in(state: Any, settings: Any, node: Any, now: datetime, expected: in
     return now - quorum_at >= timedelta(seconds=REJOIN_GRACE_S)
 
 
+_fell_back: list[str] = []
+
+
+def _fall_back(err: Exception) -> None:
+    """Say once per process that the rounds wait their last call: torch's rendezvous state differs."""
+    if not _fell_back:
+        _fell_back.append(repr(err))
+        message = f"[trainer.launch] rendezvous rounds wait their last call ({err!r})"
+        print(message, file=sys.stderr, flush=True)
+
+
 def close_the_round_once_all_are_in(environ: Any = None) -> bool:
     """Patch torch's rendezvous join (this module's docstring). True if patched."""
     if (os.environ if environ is None else environ).get(LAST_CALL_ENV) == "1":
         return False
     try:
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action, _RendezvousJoinOp
-    except ImportError as err:  # an older or newer torch: its own rule
-        print(f"[trainer.launch] rendezvous rounds wait their last call ({err})", file=sys.stderr, flush=True)
+
+        _Action.MARK_RENDEZVOUS_COMPLETE, _Action.KEEP_ALIVE, _Action.SYNC  # noqa: B018 - all there?
+    except (ImportError, AttributeError) as err:  # an older or newer torch: its own rule
+        _fall_back(err)
         return False
     join = getattr(_RendezvousJoinOp.__call__, "__wrapped__", _RendezvousJoinOp.__call__)
 
@@ -82,10 +95,14 @@ def close_the_round_once_all_are_in(environ: Any = None) -> bool:
         action = join(self, ctx, deadline)
         if action not in (_Action.KEEP_ALIVE, _Action.SYNC):
             return action
-        if not all_are_in(ctx.state, ctx.settings, ctx.node, datetime.now(timezone.utc), expected=0):
-            return action
-        # the capacity file is read only for a round that could close, not once a second while one waits
-        if len(ctx.state.participants) < expected_nodes(ctx.settings.max_nodes, environ):
+        try:
+            if not all_are_in(ctx.state, ctx.settings, ctx.node, datetime.now(timezone.utc), expected=0):
+                return action
+            # the capacity file is read only for a round that could close, not once a second while one waits
+            if len(ctx.state.participants) < expected_nodes(ctx.settings.max_nodes, environ):
+                return action
+        except (AttributeError, TypeError) as err:  # torch's private state is not what this reads
+            _fall_back(err)
             return action
         return _Action.MARK_RENDEZVOUS_COMPLETE
 

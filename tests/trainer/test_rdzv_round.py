@@ -90,3 +90,20 @@ def test_the_patched_join_marks_the_round_complete_and_torchs_rule_stays_on_requ
     assert _RendezvousJoinOp()(ctx, far) == _Action.MARK_RENDEZVOUS_COMPLETE
     assert rdzv_round.close_the_round_once_all_are_in({})  # patched twice: wraps torch's join, not itself
     assert _RendezvousJoinOp.__call__.__wrapped__.__module__.startswith("torch.")
+
+
+def test_a_torch_whose_round_state_differs_keeps_its_own_rule_and_says_so(monkeypatch, capsys):
+    """Best effort on torch's private state: a state without what the check reads (a later torch) leaves the
+    round to torch's last call, said once on stderr, instead of failing the agent's rendezvous."""
+    monkeypatch.setattr(_RendezvousJoinOp, "__call__", _RendezvousJoinOp.__call__)  # undone after the test
+    monkeypatch.setattr(rdzv_round, "_fell_back", [])
+    state = _round([A, B], quorum_s_ago=5.0)
+    state.deadline = datetime.now(timezone.utc) - timedelta(seconds=5) + LAST_CALL
+    ctx = _RendezvousContext(A, state, _settings())
+    before = _RendezvousJoinOp()(ctx, 1e12)
+    assert rdzv_round.close_the_round_once_all_are_in({})
+    monkeypatch.delattr(_RendezvousState, "wait_list", raising=False)
+    del state.wait_list  # what a torch that renamed it would hand the patched join
+    assert _RendezvousJoinOp()(ctx, 1e12) == before
+    assert _RendezvousJoinOp()(ctx, 1e12) == before
+    assert capsys.readouterr().err.count("rendezvous rounds wait their last call (AttributeError") == 1
