@@ -34,6 +34,12 @@ def _elastic_args(ap: argparse.ArgumentParser) -> None:
         "--rerendezvous-s", type=float, default=60.0, help="elastic groups: the cost of a resize, in seconds"
     )
     ap.add_argument(
+        "--grow-resize-s", type=float, default=None,
+        help="elastic groups: the cost of a resize that only adds nodes (a replacement joins, the group "
+        "grows back); default --rerendezvous-s. What if the others trained on while a joiner took the state "
+        "from a peer (an in-process resize), not the launchers' restart",
+    )  # fmt: skip
+    ap.add_argument(
         "--replace-timeout-s", type=float, default=REJOIN_WAIT_S,
         help="elastic groups: a resize to fewer than N nodes waits this long for more: the launchers' round "
         "closes once every survivor is back (default); torch's own waits its last call (replace_timeout_s, "
@@ -280,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap, args = parse_args(argv)
     seeds = args.seeds or [args.seed]
     mech = Mechanics(args.startup_s, args.checkpoint_s, args.step_s, rerendezvous_s=args.rerendezvous_s,
-                     replace_timeout_s=args.replace_timeout_s)  # fmt: skip
+                     replace_timeout_s=args.replace_timeout_s, grow_resize_s=args.grow_resize_s)  # fmt: skip
     t0 = time.monotonic()
     scenarios = pick_scenarios(ap, args)
     print(f"traces: {args.trace_dir}; {_seeds_text(seeds)}; start-up {mech.startup_s:.0f} s, "

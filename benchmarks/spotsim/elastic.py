@@ -17,7 +17,8 @@ The model, beside the all-or-nothing group of ``strategies.simulate`` (same worl
   (``Mechanics.startup_s`` later), which is a second resize. When fewer than min_nodes survive it stops as an
   all-or-nothing group does (a later launch pays the full start-up): a group of 1 is all-or-nothing.
 - it grows back towards N at the first tick after a checkpoint was saved, when the zone has the nodes; a
-  resize costs the re-rendezvous too, and the wait when it is to fewer than N.
+  resize costs the re-rendezvous too, and the wait when it is to fewer than N. A resize that only adds nodes
+  (a join, a grow) costs ``Mechanics.grow_s`` (``--grow-resize-s``; by default the re-rendezvous).
 - billing: every node-second of every tick at the price in effect, on the nodes of that tick; the hard budget
   cap is checked before every tick (so at every size change), as for the all-or-nothing policy. With
   ``record`` set, each outcome carries its ledger: (tick, nodes, cost) per billed tick.
@@ -189,10 +190,12 @@ def _resize(
     round's last call when that is fewer than N); returns the boot of the nodes that join, billed at their
     prices ``(spot, on-demand)``: they start while the others train."""
     boot = world.mech.startup_s / 3600 * (max(0, spot - s.nodes) * prices[0] + max(0, od - s.od) * prices[1])
+    grows = spot >= s.nodes and od >= s.od  # nodes only join: none leaves or is swapped
     s.nodes, s.od, s.saved = spot, od, s.done
     wait = world.mech.replace_timeout_s if spot + od < job.nodes else 0.0
-    if s.startup_left < world.mech.rerendezvous_s + wait:
-        s.startup_left, s.idle_why = world.mech.rerendezvous_s + wait, "resize"
+    pause = (world.mech.grow_s if grows else world.mech.rerendezvous_s) + wait
+    if s.startup_left < pause:
+        s.startup_left, s.idle_why = pause, "resize"
     out.resizes += 1
     return boot
 

@@ -41,6 +41,15 @@ class Mechanics:
     # with the launchers, until every survivor is back (REJOIN_WAIT_S, trainer/rdzv_round.py); torch's own
     # rendezvous waits its last call (the JobSpec's replace_timeout_s, 30 s by default)
     replace_timeout_s: float = REJOIN_WAIT_S
+    # a resize that only adds nodes (a replacement joins, the group grows back); None: rerendezvous_s, as the
+    # launchers restart every survivor's workers for it. With an in-process resize (the others train on while
+    # the joiner takes the state from a peer, as torchft does) it pauses them for far less.
+    grow_resize_s: float | None = None
+
+    @property
+    def grow_s(self) -> float:
+        """What a resize that only adds nodes costs the group."""
+        return self.rerendezvous_s if self.grow_resize_s is None else self.grow_resize_s
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,20 @@ def test_the_survivors_wait_for_a_replacement_is_time_without_progress():
     assert rejoin.time_s - at_once.time_s == pytest.approx(2.0 * 3 / 4)
 
 
+def test_a_join_costs_the_grow_resize_and_a_loss_the_re_rendezvous():
+    """``--grow-resize-s``: a resize that only adds nodes (the replacement joining) pauses the group for its
+    own figure (an in-process join), the survivors' resize after the loss still for the re-rendezvous."""
+    _, world, restart = _replaced()
+    _, fast_world, in_process = _replaced(grow_resize_s=1.0)
+    assert restart.resizes == in_process.resizes == 2
+    saved = world.mech.rerendezvous_s - 1.0  # the join's pause, on all 4 nodes at the full rate
+    assert restart.time_s - in_process.time_s == pytest.approx(saved)
+    assert fast_world.mech.grow_s == 1.0 and world.mech.grow_s == world.mech.rerendezvous_s
+    _, _, slow_loss = _replaced(grow_resize_s=1.0, rerendezvous_s=2 * world.mech.rerendezvous_s)
+    # the loss's resize, on the 3 survivors at 3/4 of the full rate
+    assert slow_loss.time_s - in_process.time_s == pytest.approx(world.mech.rerendezvous_s * 3 / 4)
+
+
 def nodes_at(out, tick: int) -> int:
     """The index in ``out.ledger`` of tick ``tick``."""
     return next(i for i, (k, _, _) in enumerate(out.ledger) if k == tick)
