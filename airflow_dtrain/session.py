@@ -26,7 +26,7 @@ from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
 from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchNodes, WatchPrices
 from airflow_dtrain.spec import group_name, relaunch_index
-from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines
+from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines, note_rank_errors
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
 
@@ -64,9 +64,12 @@ class GroupFailed(RuntimeError):
     """A pod group failed (not preempted), ran out of relaunches, or did not end in time."""
 
 
-def group_event(status: GroupStatus, tail: list[str], cursor: Any) -> dict[str, Any]:
+def group_event(
+    status: GroupStatus, tail: list[str], cursor: Any, errors: list[str] | None = None
+) -> dict[str, Any]:
     """The payload both the trigger and the synchronous path hand to ``GroupSession.on_end``."""
     return {
+        "rank_errors": list(errors or []),
         "status": EVENT_STATUS.get(status.state, "error"),
         "name": status.name,
         "state": status.state.value,
@@ -88,6 +91,7 @@ class GroupWatch(WatchPrices, WatchNodes):
     cursor: Any = None
     recovering_since: float | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
+    rank_errors: list[str] = field(default_factory=list)  # the ranks' first complaints (note_rank_errors)
     tags: dict[str, str] | None = None  # the job's statsd tags (metrics.job_tags)
     prices: dict[str, Any] | None = None
     """A spot group's price feed (``GroupSession.price_watch``): ``{"feed": SpotPriceFeed.to_dict(),
@@ -118,6 +122,7 @@ class GroupWatch(WatchPrices, WatchNodes):
             self.feed_prices()
         self.cursor = chunk.cursor
         self.tail.extend(chunk.lines)
+        note_rank_errors(self.rank_errors, chunk.lines)
         self.events, self.events_cursor = group_events(
             self.launcher, self.name, chunk.lines, self.events_cursor
         )
@@ -132,7 +137,7 @@ class GroupWatch(WatchPrices, WatchNodes):
         return status.state.terminal or status.state == GroupState.NOT_FOUND
 
     def event(self, status: GroupStatus) -> dict[str, Any]:
-        return group_event(status, list(self.tail), self.cursor)
+        return group_event(status, list(self.tail), self.cursor, self.rank_errors)
 
 
 class GroupSession(SessionMoney):
@@ -266,9 +271,11 @@ class GroupSession(SessionMoney):
         if WORKER_LOST_EXIT_CODE in (event.get("node_exit_codes") or {}).values():
             return self._after_lost_worker(name, event)
         tail = "\n".join(event.get("log_tail") or [])
+        said = "".join(f"\n  {text}" for text in event.get("rank_errors") or [])
         raise self.error(
             f"{self.purpose} group {name} {event.get('state')}: {event.get('message')}\n"
-            f"Last lines of its log:\n{tail}"
+            + (f"What its training processes said first:{said}\n" if said else "")
+            + f"Last lines of its log:\n{tail}"
         )
 
     def _after_preemption(self, name: str, event: dict[str, Any]) -> str | None:

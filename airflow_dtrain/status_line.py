@@ -180,3 +180,25 @@ def log_lines(log: Any, lines: list[str], *, limit: int = MAX_LINES) -> None:
         skipped = len(middle) - len(errors)
         lines = [*head, f"... {skipped} lines not shown (the group's own logs keep them) ...", *errors, *tail]
     log.info("%s", "\n".join(lines))
+
+
+# A training process's own complaint: a line of a rank's output (torchrun's ``[rankN]:`` prefix) that is an
+# error of its own, not a frame of a stack dump nor the ``Traceback`` line before its message.
+_RANK_SAYS = re.compile(r"\[rank\d+\]:\s?(?P<text>.*)")
+_RANK_ERROR = re.compile(r"\berror\b|^\w+(Error|Exception)\b|\[trainer\]", re.I)
+FIRST_ERRORS = 3
+
+
+def note_rank_errors(seen: list[str], lines: list[str], limit: int = FIRST_ERRORS) -> None:
+    """Append to ``seen`` the first ``limit`` distinct complaints of the group's ranks among ``lines``: what a
+    failed group's error leads with, however many lines of the launchers' own errors come after them (a
+    peer's lost store, the agents' stack dumps) and push them out of the log's last lines."""
+    for line in lines:
+        if len(seen) >= limit:
+            return
+        said = _RANK_SAYS.search(line)
+        if not said:
+            continue
+        text = said.group("text").strip()
+        if _RANK_ERROR.search(text) and not text.startswith("Traceback") and text not in seen:
+            seen.append(text)
