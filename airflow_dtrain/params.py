@@ -356,9 +356,9 @@ def check_conf(author: Any = None) -> Any:
     from airflow.sdk import task
 
     @task(task_id="check_conf")
-    def check_conf(dag_run=None, dag=None, params=None) -> None:
+    def refuse_what_is_not_allowed(dag_run=None, dag=None, params=None) -> None:
         """Refuse dag_run.conf keys that are not params, and a run beyond the DAG author's limits."""
         reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
         check_run(params, author)
 
-    return check_conf()
+    return refuse_what_is_not_allowed()
