@@ -28,6 +28,10 @@ With ``--compile`` the 1-node rows run with ``parallel.compile=true`` instead, e
 the restart given the first run's compile cache (``TORCHINDUCTOR_CACHE_DIR``: warm, as the local backend
 gives every attempt of a job its own cache) and an empty one (cold: a new machine or pod).
 
+With ``--compare-start`` every row runs twice in each round, side by side: the workers forked from their
+node's fork server, which has imported torch and the trainer once (``trainer.launch``, the default), and
+each started as its own ``python -m trainer`` (``DTRAIN_FORK_WORKERS=0``, torchrun's own start).
+
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
 
@@ -44,9 +48,11 @@ import time
 from _common import REPO, events_env, trainer_command
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.events import EventCursor
+from trainer.workers import FORK_ENV
 
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
 POLL_S = 0.01  # how often a run's events directory is looked at: the clock's resolution
+STARTS = {"forked": "1"}  # how workers start: {label: DTRAIN_FORK_WORKERS}; --compare-start adds "started"
 ARGS = [
     "--set",
     "data.seq_len=32",
@@ -219,22 +225,30 @@ def node_lost_round(
 
 def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str]) -> None:
     """The 1-node recovery, ``rounds`` times: each round's figures, then their medians."""
-    rows = []
+    rows: dict[str, list[dict]] = {start: [] for start in STARTS}
     for r in range(rounds):
-        rows.append(one_round(nproc, at_step, env, extra))
-        figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
-        print(f"round {r}: {json.dumps(figures)}", flush=True)
-    med = {
-        k: statistics.median(row[k] for row in rows)
-        for k in ("recovery_s", "sigterm_to_exit_s", "save_s", "restart_to_first_step_s")
-    }
-    lost = max(row["steps_lost"] for row in rows)
-    print(
-        f"\nwhole-group relaunch: SIGTERM -> first step after resume: median {med['recovery_s']:.2f} s "
-        f"(save {med['save_s']:.2f} s, SIGTERM -> exit 75 {med['sigterm_to_exit_s']:.2f} s, "
-        f"restart -> first step {med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  "
-        f"[target <= 10 s, 0 steps]"
-    )
+        for start in _alternated(r):
+            rows[start].append(one_round(nproc, at_step, {**env, FORK_ENV: STARTS[start]}, extra))
+            figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[start][-1].items()}
+            print(f"round {r}, workers {start}: {json.dumps(figures)}", flush=True)
+    for start, rs in rows.items():
+        med = {
+            k: statistics.median(row[k] for row in rs)
+            for k in ("recovery_s", "sigterm_to_exit_s", "save_s", "restart_to_first_step_s")
+        }
+        lost = max(row["steps_lost"] for row in rs)
+        print(
+            f"\nwhole-group relaunch, workers {start}: SIGTERM -> first step after resume: median "
+            f"{med['recovery_s']:.2f} s (save {med['save_s']:.2f} s, SIGTERM -> exit 75 "
+            f"{med['sigterm_to_exit_s']:.2f} s, restart -> first step "
+            f"{med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  [target <= 10 s, 0 steps]"
+        )
+
+
+def _alternated(r: int) -> list[str]:
+    """The worker starts of round ``r``, the first of them alternating from round to round."""
+    starts = list(STARTS)
+    return starts if r % 2 == 0 else starts[::-1]
 
 
 def compiled_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str]) -> None:
@@ -273,19 +287,22 @@ def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
         (True, 1, {"replaced": False, "last_call": True}, "2 nodes, elastic, none to replace it: on at 1 "
          "after torch's last call (replace_timeout_s 30 s)"),
     ):  # fmt: skip
-        rows = []
+        rows: dict[str, list[dict]] = {start: [] for start in STARTS}
         for r in range(rounds):
-            rows.append(node_lost_round(at_step, flavor, elastic, lost, **more))
-            figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[-1].items()}
-            print(f"{label}, round {r}: {json.dumps(figures)}", flush=True)
-        print(
-            f"{label}: SIGTERM to node {lost} -> first step after it: median "
-            f"{statistics.median(row['recovery_s'] for row in rows):.2f} s (save "
-            f"{statistics.median(row['save_s'] for row in rows):.2f} s; resumed at "
-            f"{sorted({row['nodes_after'] for row in rows})} node(s)); steps lost: max "
-            f"{max(row['steps_lost'] for row in rows)}",
-            flush=True,
-        )
+            for start in _alternated(r):
+                os.environ[FORK_ENV] = STARTS[start]  # the launcher's supervisor and agents inherit it
+                rows[start].append(node_lost_round(at_step, flavor, elastic, lost, **more))
+                figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[start][-1].items()}
+                print(f"{label}, workers {start}, round {r}: {json.dumps(figures)}", flush=True)
+        for start, rs in rows.items():
+            print(
+                f"{label}, workers {start}: SIGTERM to node {lost} -> first step after it: median "
+                f"{statistics.median(row['recovery_s'] for row in rs):.2f} s (save "
+                f"{statistics.median(row['save_s'] for row in rs):.2f} s; resumed at "
+                f"{sorted({row['nodes_after'] for row in rs})} node(s)); steps lost: max "
+                f"{max(row['steps_lost'] for row in rs)}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -305,6 +322,12 @@ def main() -> None:
         "--no-elastic", action="store_true", help="without the 2-node rows (elastic and all or nothing)"
     )
     p.add_argument(
+        "--compare-start",
+        action="store_true",
+        help="every row also with each worker started as its own python -m trainer (DTRAIN_FORK_WORKERS=0), "
+        "side by side with the forked workers",
+    )
+    p.add_argument(
         "--compile",
         action="store_true",
         help="the 1-node recovery with parallel.compile=true, restarted with a warm and with a cold compile "
@@ -313,6 +336,8 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.rounds = 1
+    if args.compare_start:
+        STARTS["started"] = "0"
     global STDERR
     STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
     extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]

@@ -168,7 +168,8 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_agent() -> None:
     """Under torchrun on Linux: get SIGTERM when the agent that started this process dies, even by SIGKILL,
-    so an orphaned worker saves and stops instead of training on beside the group that replaces it."""
+    so an orphaned worker saves and stops instead of training on beside the group that replaces it (forked
+    from the agent's fork server: when that dies, as it does with the agent)."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
     agent = os.getppid()
@@ -240,7 +241,9 @@ def simulate_preemption(
         return False
     if signals is not None:
         signals.stop = True
-    target = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
+    # the agent: trainer.launch names it (a worker forked from its fork server is not its child)
+    agent = int(os.environ.get("DTRAIN_AGENT_PID") or os.getppid())
+    target = agent if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
     print(
         f"[contract] step {step}: simulating preemption, SIGTERM to pid {target}", file=sys.stderr, flush=True
     )

@@ -29,6 +29,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+import torch.distributed.run as torchrun
 from torch.distributed.run import parse_args, run
 
 from trainer.config import (
@@ -39,6 +40,7 @@ from trainer.config import (
     WORKER_LOST_EXIT_CODE,
 )
 from trainer.rdzv_round import close_the_round_once_all_are_in
+from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -67,17 +69,15 @@ def read_annotation(path: str, key: str) -> str | None:
 
 
 def signal_workers(sig: int = signal.SIGUSR1) -> int:
-    """Send ``sig`` to this process's children: torchrun's workers (the agent runs in this process). Their
-    own children (data loader workers) are left alone. Returns how many were signalled."""
-    me, asked = os.getpid(), 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    """Send ``sig`` to this node's workers (the agent runs in this process; ``workers.worker_pids``): never
+    the agent's fork server, nor what the workers start in turn (data loader workers). Returns how many were
+    signalled."""
+    asked = 0
+    for pid in worker_pids(os.getpid()):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid == me:
-                os.kill(int(pid), sig)
-                asked += 1
-        except (OSError, ValueError, IndexError):
+            os.kill(pid, sig)
+            asked += 1
+        except OSError:
             pass
     return asked
 
@@ -283,14 +283,48 @@ def use_a_writable_compile_cache() -> bool:
     return True
 
 
+_PRELOAD = ["torch.distributed.run", "trainer.__main__", "trainer.train", "trainer.checkpointing.faults"]
+
+
+def fork_the_trainers_from_a_warm_process() -> None:
+    """Make torchrun start ``python -u -m trainer ...`` workers by forking them from a fork server that
+    has imported torch and the trainer once (``trainer.forked_worker``), in place of a new interpreter each.
+
+    A worker's imports take some 2.5 s of CPU here (torch, its distributed checkpoint, FSDP2), paid by
+    every local rank at every start and again at every restart of an elastic group's workers (a resize);
+    forked, a node pays them once. The fork server is a process of its own, started before any worker and
+    without threads, and it initialises no GPU: each worker is as fresh as a new interpreter from there on.
+    Any other command (a program of your own, ``--no-python``) and ``DTRAIN_FORK_WORKERS=0`` keep torchrun's
+    own start. A worker names itself ``dtrain-r<rank>`` (``trainer.workers``)."""
+    import multiprocessing
+
+    config_from_args = getattr(torchrun.config_from_args, "__wrapped__", torchrun.config_from_args)
+
+    def config_with_forked_trainers(args):
+        config, cmd, cmd_args = config_from_args(args)
+        ours = cmd == sys.executable and cmd_args[:3] == ["-u", "-m", "trainer"]
+        if not ours or os.environ.get(FORK_ENV, "1") == "0":
+            return config, cmd, cmd_args
+        from trainer.forked_worker import run as run_trainer
+
+        multiprocessing.set_forkserver_preload(_PRELOAD)
+        config.start_method = "forkserver"
+        return config, run_trainer, cmd_args[3:]
+
+    config_with_forked_trainers.__wrapped__ = config_from_args
+    torchrun.config_from_args = config_with_forked_trainers
+
+
 def main(argv: list[str] | None = None) -> int:
     # torchrun SIGKILLs workers this long after forwarding SIGTERM (its default is 30 s):
     # leave them the time a preemption save needs; the platform's own grace period is the real bound.
     os.environ.setdefault(SHUTDOWN_TIMEOUT_ENV, "120")
+    os.environ[AGENT_PID_ENV] = str(os.getpid())  # the workers' agent (forked, their parent is not)
     watch_the_agents_close()
     restart_only_the_resumable()
     leave_the_rendezvous_on_a_signal()
     close_the_round_once_all_are_in()
+    fork_the_trainers_from_a_warm_process()
     use_a_writable_compile_cache()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get(REQUESTS_FILE_ENV):  # on Kubernetes: "checkpoint now" is a pod annotation, no exec

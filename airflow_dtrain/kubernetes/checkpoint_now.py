@@ -18,32 +18,30 @@ from airflow_dtrain.kubernetes.names import (
 )
 from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE
 
-# SIGUSR1 to the training processes: every child of the group's torchrun agent, whatever program it runs
-# (the bundled trainer or your own), never the agent itself (for which it is fatal) nor the workers' own
-# children (data loader workers would die of it). Stdlib only: it runs in the pod, under the image's python.
+# SIGUSR1 to the training processes of the group's torchrun agent (trainer.workers.worker_pids), whatever
+# program they run (the bundled trainer or your own), never the agent itself (for which it is fatal), its
+# fork server, nor the workers' own children (data loader workers would die of it). It runs in the pod,
+# under the image's python, with the trainer package the agent runs from (trainer.workers: stdlib only).
 _SIGNAL_WORKERS = (
     """
 import os, signal, sys
+from trainer.workers import worker_pids
 tag = b"DTRAIN_GROUP_NAME=" + sys.argv[1].encode()
-procs = {}
+agents = []
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
         argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-        if tag in open(f"/proc/{pid}/environ", "rb").read().split(b"\\0"):
-            status = open(f"/proc/{pid}/status", "rb").read().split(b"\\n")
-            ppid = next(int(line.split()[1]) for line in status if line.startswith(b"PPid:"))
-            procs[int(pid)] = (argv, ppid)
-    except (OSError, StopIteration, ValueError, IndexError):
+        if tag in open(f"/proc/{pid}/environ", "rb").read().split(b"\\0") and b"%s" in argv:
+            agents.append(int(pid))
+    except OSError:
         pass
-agents = {pid for pid, (argv, _) in procs.items() if b"%s" in argv}
 asked = 0
-for pid, (_, ppid) in procs.items():
-    if ppid in agents:
-        try:
-            os.kill(pid, signal.SIGUSR1)
-            asked += 1
-        except OSError:
-            pass
+for pid in (worker for agent in agents for worker in worker_pids(agent)):
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        asked += 1
+    except OSError:
+        pass
 print(asked)
 """
     % LAUNCH_MODULE

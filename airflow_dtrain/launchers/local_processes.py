@@ -18,6 +18,7 @@ import psutil
 
 from airflow_dtrain.launchers._local_supervisor import kill_tree
 from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE
+from trainer.workers import worker_pids
 
 GROUP_DIR_ENV = "DTRAIN_LOCAL_GROUP_DIR"
 """Set on every process of a local group: its group directory, which (with DTRAIN_GROUP_NAME) tells it from a
@@ -64,22 +65,30 @@ def agents(processes: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def signal_workers(processes: list[psutil.Process], sig: int = signal.SIGUSR1) -> int:
-    """``sig`` to every worker of every node: each torchrun agent's children, whatever program they run, never
-    the agents themselves (for which SIGUSR1 is fatal) nor what the workers start in turn (data loader workers
-    would die of it). Returns how many workers were signalled."""
+    """``sig`` to every worker of every node (``workers``), whatever program they run, never the agents
+    themselves (for which SIGUSR1 is fatal) nor what the workers start in turn (data loader workers would die
+    of it). Returns how many workers were signalled."""
     asked = 0
-    for agent in agents(processes):
+    for worker in workers(processes):
         try:
-            workers = agent.children()
+            worker.send_signal(sig)
+            asked += 1
         except psutil.NoSuchProcess:
             continue
-        for worker in workers:
+    return asked
+
+
+def workers(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """The training processes of a group's nodes (``trainer.workers.worker_pids`` of each torchrun agent):
+    never the agents, their fork servers, nor what the workers start in turn."""
+    found = []
+    for agent in agents(processes):
+        for pid in worker_pids(agent.pid):
             try:
-                worker.send_signal(sig)
-                asked += 1
+                found.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-    return asked
+    return found
 
 
 def sweep(group_dir: Path, processes: Callable[[], list[psutil.Process]]) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers.local_processes import GROUP_DIR_ENV
+from trainer.workers import rank_of
 from loadlab.checks import checkpoint_dir
 from loadlab.cluster import Cluster
 from loadlab.database import Database
@@ -62,7 +63,7 @@ def sample_groups(groups: Path, samples: list[set], stop: threading.Event) -> No
         for proc in psutil.process_iter():
             try:
                 env = proc.environ()
-                if env.get(GROUP_DIR_ENV, "").startswith(where) and "RANK" in env:
+                if env.get(GROUP_DIR_ENV, "").startswith(where) and rank_of(proc.pid) is not None:
                     if proc.status() != psutil.STATUS_ZOMBIE:
                         alive.add(env.get("DTRAIN_GROUP_NAME"))
             except (psutil.Error, OSError):

@@ -12,6 +12,8 @@ import uuid
 
 import psutil
 
+from trainer.workers import rank_of
+
 from . import runs
 from .checkpoints import bitwise_equal, fenced_commits, lease_of, progress, row
 from .runs import EVERY, NPROC, STEPS, Run, train_event
@@ -121,7 +123,7 @@ def sample_groups(base: str, samples: list[set], stop: threading.Event) -> None:
         for p in psutil.process_iter():
             try:
                 g = p.environ().get("DTRAIN_GROUP_NAME", "")
-                if g.startswith(base) and "RANK" in p.environ() and p.status() != psutil.STATUS_ZOMBIE:
+                if g.startswith(base) and rank_of(p.pid) is not None and p.status() != psutil.STATUS_ZOMBIE:
                     alive.add(g)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue

@@ -14,6 +14,7 @@ import psutil
 
 from _common import REPO, events_env, trainer_command
 from trainer.events import EventCursor
+from trainer.workers import rank_of
 
 STEPS, EVERY = 40, 5
 ARGS = [
@@ -108,12 +109,9 @@ class Run:
         for p in psutil.process_iter():
             try:
                 env = p.environ()
-                if (
-                    env.get("DTRAIN_BENCH_RUN") == self.tag
-                    and "RANK" in env
-                    and p.status() != psutil.STATUS_ZOMBIE
-                ):
-                    out[int(env["RANK"])] = p
+                rank = rank_of(p.pid) if env.get("DTRAIN_BENCH_RUN") == self.tag else None
+                if rank is not None and p.status() != psutil.STATUS_ZOMBIE:
+                    out[rank] = p
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
         return out

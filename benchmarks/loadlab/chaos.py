@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers.local_processes import agents, group_processes
+from trainer.workers import worker_pids
 
 from .cluster import Cluster
 
@@ -28,7 +29,7 @@ def training_groups(groups: Path) -> dict[str, psutil.Process]:
     ):
         for agent in agents(group_processes(group.name, group)):
             try:
-                if agent.children():
+                if worker_pids(agent.pid):
                     found[group.name] = agent
             except psutil.NoSuchProcess:
                 continue

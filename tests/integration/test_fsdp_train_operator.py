@@ -153,17 +153,9 @@ def test_a_failing_group_fails_the_task_with_its_last_log_lines(tmp_path):
 
 def _worker_pids(group_dir) -> list[int]:
     """The training processes (not their torchrun agents) of a local group."""
-    import psutil
+    from airflow_dtrain.launchers.local_processes import workers
 
-    found = []
-    for proc in LocalLauncher(group_dir.parent).processes(group_dir.name):
-        try:
-            cmdline = proc.cmdline()
-            if "trainer" in cmdline and "trainer.launch" not in cmdline:
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return found
+    return [proc.pid for proc in workers(LocalLauncher(group_dir.parent).processes(group_dir.name))]
 
 
 def test_a_rank_killed_with_sigkill_is_relaunched_from_the_last_checkpoint_and_the_run_finishes(tmp_path):

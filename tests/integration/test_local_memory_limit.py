@@ -13,6 +13,7 @@ import pytest
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher, memory_limit, quantity_bytes
+from airflow_dtrain.launchers.local_processes import workers
 from airflow_dtrain.session import GroupFailed
 from airflow_dtrain.spec import JobSpec
 from tests.conftest import RecordingTI
@@ -78,10 +79,9 @@ def test_a_tiny_group_trains_under_the_default_limit_which_its_processes_run_und
 
     def workers_limits() -> list[int]:
         limits = []
-        for proc in launcher.processes("tiny-r0"):
+        for proc in workers(launcher.processes("tiny-r0")):  # the two workers, not their agent
             try:
-                if "trainer.launch" not in proc.cmdline():  # the two workers, not their agent
-                    limits.append(_limit(proc, cgroup="cgroup" in words))
+                limits.append(_limit(proc, cgroup="cgroup" in words))
             except psutil.NoSuchProcess:
                 continue
         return limits if len(limits) == 2 else []

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from trainer.events import EVENTS_DIR_ENV, EventCursor, read_events
+from trainer import workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -251,14 +252,8 @@ def run_with_signals(
 
 def worker_pids(agent_pid: int) -> dict[int, int]:
     """{rank: pid} of the torchrun workers started by the agent process."""
-    out = {}
-    children = Path(f"/proc/{agent_pid}/task/{agent_pid}/children").read_text().split()
-    for pid in map(int, children):
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-        if b"RANK" in env:
-            out[int(env[b"RANK"])] = pid
-    return out
+    ranks = {pid: workers.rank_of(pid) for pid in workers.worker_pids(agent_pid)}
+    return {rank: pid for pid, rank in ranks.items() if rank is not None}
 
 
 def sigterm(proc) -> None:

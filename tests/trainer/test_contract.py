@@ -26,6 +26,7 @@ from trainer.contract import (
     take_lease,
 )
 from trainer.validate import validate_checkpoint
+from trainer.workers import AGENT_PID_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -258,6 +259,7 @@ def test_simulate_preemption_stops_once_and_not_after_a_resume_past_it(tmp_path,
     sent = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "g-r0")
+    monkeypatch.delenv(AGENT_PID_ENV, raising=False)
     env = _env(tmp_path, simulate_preemption_at_step=5)
 
     class Flags:
@@ -269,6 +271,9 @@ def test_simulate_preemption_stops_once_and_not_after_a_resume_past_it(tmp_path,
     assert not contract.simulate_preemption(5, resumed_from=5, env=env)
     assert not contract.simulate_preemption(5, env=_env(tmp_path, simulate_preemption_at_step=5, rank=1))
     assert len(sent) == 1
+    # forked from the agent's fork server (trainer.launch), the parent is not the agent: its pid is given
+    monkeypatch.setenv(AGENT_PID_ENV, "4242")
+    assert contract.simulate_preemption(5, env=env) and sent[-1] == (4242, signal.SIGTERM)
 
 
 def test_the_documented_environment_is_the_one_the_launchers_set():

@@ -1,0 +1,81 @@
+"""A node's training processes, seen from outside: which of its torchrun agent's processes they are, and
+their ranks. Standard library only (the provider, the tests and the benchmarks read it too).
+
+``trainer.launch`` forks the trainer's processes from a fork server that has already imported torch and
+the trainer (``trainer.forked_worker``): they skip the interpreter's start-up and imports at every start
+and restart. So they carry the fork server's command line and environment, not ``python -m trainer`` and
+their ``RANK``: each names itself ``dtrain-r<rank>`` (``/proc/<pid>/comm``: what ``ps`` and ``top``
+show). A program of your own is started as a command, as torchrun does, with ``RANK`` in its environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+FORK_ENV = "DTRAIN_FORK_WORKERS"
+"""``0``: the agent starts every worker as its own ``python -m trainer`` command, as torchrun does (by
+default ``trainer.launch`` forks them from its fork server)."""
+AGENT_PID_ENV = "DTRAIN_AGENT_PID"
+"""The agent's pid, which ``trainer.launch`` gives its workers: a forked one is not the agent's child
+(``trainer.contract.simulate_preemption`` signals the agent)."""
+RANK_NAME = "dtrain-r"
+"""A forked training process's name: ``dtrain-r<rank>`` (15 characters at most: ranks up to 9,999,999)."""
+_HELPERS = (b"multiprocessing.forkserver", b"multiprocessing.resource_tracker")
+"""Command-line words of the agent's own helper processes, which are not workers."""
+
+
+def name_this_process(rank: int) -> None:
+    """Name this process ``dtrain-r<rank>`` (``prctl(PR_SET_NAME)``); best effort, Linux only."""
+    try:
+        Path("/proc/self/comm").write_text(f"{RANK_NAME}{rank}")
+    except OSError:
+        pass
+
+
+def rank_of(pid: int) -> int | None:
+    """The rank of training process ``pid``: from its name (forked) or its environment's ``RANK`` (a
+    command); None for any other process or one that is gone."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        if name.startswith(RANK_NAME) and name[len(RANK_NAME) :].isdigit():
+            return int(name[len(RANK_NAME) :])
+        for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if item.startswith(b"RANK="):
+                return int(item[5:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def worker_pids(agent: int) -> list[int]:
+    """The training processes of the torchrun agent ``agent``: its children, or where it forks them, its fork
+    server's; never the agent's helpers (fork server, resource tracker) nor what the workers start in turn
+    (data loader workers)."""
+    found = []
+    for child in _children(agent):
+        cmdline = _cmdline(child)
+        if _HELPERS[0] in cmdline:
+            found.extend(_children(child))
+        elif _HELPERS[1] not in cmdline:
+            found.append(child)
+    return found
