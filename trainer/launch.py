@@ -19,6 +19,7 @@ volume (``$DTRAIN_REQUESTS_FILE``), and a thread here sends each new request to 
 """
 
 import inspect
+import logging
 import os
 import signal
 import sys
@@ -292,11 +293,14 @@ def fork_the_trainers_from_a_warm_process() -> None:
 
     A worker's imports take some 2.5 s of CPU here (torch, its distributed checkpoint, FSDP2), paid by
     every local rank at every start and again at every restart of an elastic group's workers (a resize);
-    forked, a node pays them once. The fork server is a process of its own, started before any worker and
-    without threads, and it initialises no GPU: each worker is as fresh as a new interpreter from there on.
-    Any other command (a program of your own, ``--no-python``) and ``DTRAIN_FORK_WORKERS=0`` keep torchrun's
-    own start. A worker names itself ``dtrain-r<rank>`` (``trainer.workers``)."""
+    forked, a node pays them once, while its agent meets the others (the fork server starts before the
+    rendezvous, with the agent's final environment). The fork server is a process of its own, without
+    threads; importing initialises no GPU, no process group and no OpenMP pool, so each worker starts
+    these itself, as a new interpreter would. Any other command (a program of your own, ``--no-python``)
+    and ``DTRAIN_FORK_WORKERS=0`` keep torchrun's own start. A worker names itself ``dtrain-r<rank>``
+    (``trainer.workers``)."""
     import multiprocessing
+    from multiprocessing import forkserver
 
     config_from_args = getattr(torchrun.config_from_args, "__wrapped__", torchrun.config_from_args)
 
@@ -308,11 +312,22 @@ def fork_the_trainers_from_a_warm_process() -> None:
         from trainer.forked_worker import run as run_trainer
 
         multiprocessing.set_forkserver_preload(_PRELOAD)
+        forkserver.ensure_running()  # its imports overlap the rendezvous
         config.start_method = "forkserver"
         return config, run_trainer, cmd_args[3:]
 
     config_with_forked_trainers.__wrapped__ = config_from_args
     torchrun.config_from_args = config_with_forked_trainers
+    logging.getLogger(PContext.__module__).addFilter(_no_traceback_for_an_exit_code)
+
+
+def _no_traceback_for_an_exit_code(record: logging.LogRecord) -> bool:
+    """torch logs a forked worker's exit code with the agent's own traceback ("failed (exitcode: 74) ...",
+    ``ProcessExitedException``): keep the line, drop the traceback, which says nothing of the worker (its
+    own lines say why it exited), as for a worker started as a command."""
+    if record.exc_info and type(record.exc_info[1]).__name__ == "ProcessExitedException":
+        record.exc_info, record.exc_text = None, None
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
