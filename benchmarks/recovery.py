@@ -48,6 +48,7 @@ import time
 from _common import REPO, events_env, trainer_command
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.events import EventCursor
+from trainer.startup import PHASES
 from trainer.workers import FORK_ENV
 
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
@@ -100,7 +101,7 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
         if e["event"] == "checkpoint":
             saves.append((e["step"], e.get("async"), e["reason"]))
         if e["event"] == "train" and e["step"] >= at_step:
-            t0 = time.perf_counter()
+            t0, t0_wall = time.perf_counter(), time.time()
             first.send_signal(signal.SIGTERM)
             break
     for e in stream:
@@ -113,14 +114,15 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
     t_exit = time.perf_counter()
     assert rc == 75, rc
     second = start(nproc, ckpt, restart_env or env, extra, second_events)
-    resume = None
-    for e in events(second, second_events):
+    resume, stream = None, events(second, second_events)
+    for e in stream:
         if e["event"] == "resume":
             resume = e
         if e["event"] == "train":
             t1 = time.perf_counter()
             first_step = e["step"]
             break
+    where = _startup(stream, t0_wall)
     second.send_signal(signal.SIGTERM)
     second.wait()
     progress = CheckpointDir(ckpt).progress()
@@ -137,7 +139,31 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
         "steps_lost": preempted["step"] - resume["from_step"],
         "progress_steps_lost": progress["steps_lost"],
         "saves": saves,
+        **where,
     }
+
+
+def _startup(stream, t0_wall: float) -> dict:
+    """Where the restart's time went: the restarted rank 0's "startup" event (``trainer/startup.py``, emitted
+    right after its first step's) and, before it, the time from SIGTERM to that process's start (the save,
+    the exit, the agent's start and rendezvous)."""
+    for e in stream:
+        if e["event"] == "startup":
+            phases = {f"{p}_s": e[f"{p}_s"] for p in PHASES}
+            return {"to_workers_s": e["started_at"] - t0_wall, **phases}
+    return {}
+
+
+WHERE = ("to_workers_s", *(f"{p}_s" for p in PHASES))
+
+
+def where_it_went(rows: list[dict]) -> str:
+    """The rows' median time from SIGTERM to the restarted workers' start, then each startup phase."""
+    if not all(k in row for row in rows for k in WHERE):
+        return "where it went: no startup event"
+    med = {k: statistics.median(row[k] for row in rows) for k in WHERE}
+    phases = ", ".join(f"{p.replace('_', ' ')} {med[p + '_s']:.2f}" for p in PHASES)
+    return f"where it went (s): SIGTERM -> workers' start {med['to_workers_s']:.2f}, then {phases}"
 
 
 def _two_node_spec(root: str, flavor: str, elastic: bool):
@@ -188,7 +214,7 @@ def node_lost_round(
     stream, resume, world, t1 = _group_events(launcher, name), None, None, None
     for e in stream:
         if e["event"] == "train" and e["step"] >= at_step:
-            t0 = time.perf_counter()
+            t0, t0_wall = time.perf_counter(), time.time()
             nodes = json.loads(open(os.path.join(root, "groups", name, "nodes.json")).read())
             os.kill(nodes[str(lost)]["pid"], signal.SIGTERM)
             break
@@ -208,6 +234,7 @@ def node_lost_round(
         if e["event"] == "train" and resume is not None:
             t1, first_step = time.perf_counter(), e["step"]
             break
+    where = _startup(stream, t0_wall) if t1 is not None else {}
     status = launcher.stop(name, grace_period_s=30)
     if t1 is None:
         raise RuntimeError(f"the group ended before a step after the loss: {status}; see {root}")
@@ -220,6 +247,7 @@ def node_lost_round(
         "first_step": first_step,
         "steps_lost": preempted["step"] - resume["from_step"],
         "nodes_after": world["nodes"],
+        **where,
     }
 
 
@@ -241,7 +269,8 @@ def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str
             f"\nwhole-group relaunch, workers {start}: SIGTERM -> first step after resume: median "
             f"{med['recovery_s']:.2f} s (save {med['save_s']:.2f} s, SIGTERM -> exit 75 "
             f"{med['sigterm_to_exit_s']:.2f} s, restart -> first step "
-            f"{med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  [target <= 10 s, 0 steps]"
+            f"{med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  [target <= 10 s, 0 steps]\n"
+            f"  {where_it_went(rs)}"
         )
 
 
@@ -272,7 +301,8 @@ def compiled_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[
     lost = max(row["steps_lost"] for rs in rows.values() for row in rs)
     print(
         f"compiled (parallel.compile=true): restart -> first step: median warm {med['warm']:.2f} s, cold "
-        f"{med['cold']:.2f} s (warm/cold {med['warm'] / med['cold']:.0%}); steps lost: max {lost}",
+        f"{med['cold']:.2f} s (warm/cold {med['warm'] / med['cold']:.0%}); steps lost: max {lost}\n"
+        f"  warm: {where_it_went(rows['warm'])}\n  cold: {where_it_went(rows['cold'])}",
         flush=True,
     )
 
@@ -300,7 +330,7 @@ def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
                 f"{statistics.median(row['recovery_s'] for row in rs):.2f} s (save "
                 f"{statistics.median(row['save_s'] for row in rs):.2f} s; resumed at "
                 f"{sorted({row['nodes_after'] for row in rs})} node(s)); steps lost: max "
-                f"{max(row['steps_lost'] for row in rs)}",
+                f"{max(row['steps_lost'] for row in rs)}\n  {where_it_went(rs)}",
                 flush=True,
             )
 

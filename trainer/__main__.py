@@ -22,6 +22,7 @@ from trainer.config import (
     TrainConfig,
 )
 from trainer.fields import add_arguments
+from trainer.startup import StartupClock  # stdlib only
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
@@ -47,17 +48,19 @@ def parse_config(argv: list[str]) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_agent()
+    startup = StartupClock()
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv)
         from trainer.train import train, world_size_from_env  # torch: only once the config is good
         from trainer.checkpointing.faults import faults_from_env  # none unless DTRAIN_FAULTS names some
 
         cfg.validate_world_size(world_size_from_env())
+        startup.mark("imports")
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     try:
-        return train(cfg, step_hook=faults_from_env().after_step)
+        return train(cfg, step_hook=faults_from_env().after_step, startup=startup)
     except ConfigError as e:  # found while starting up (e.g. data.dataset is not a token directory)
         print(f"config error: {e}", file=sys.stderr)
         return 2

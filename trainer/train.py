@@ -26,6 +26,7 @@ from trainer.metrics import Metrics, SaveOverlap
 from trainer.model import Llama
 from trainer.parallelize import build_optimizer, build_scheduler
 from trainer.progress import Progress
+from trainer.startup import StartupClock
 from trainer.train_step import build_model, train_step
 
 # Imported from here by benchmarks and tests: the process group and the step live in their own modules.
@@ -39,13 +40,17 @@ INIT_EVAL_BATCHES = 4
 """Held-out micro-batches evaluated at step 0 of a job that starts from an init_from model."""
 
 
-def train(cfg: TrainConfig, *, step_hook: StepHook | None = None) -> int:
-    """Train to cfg.steps or until stopped; returns 0 or PREEMPTED_EXIT_CODE."""
+def train(cfg: TrainConfig, *, step_hook: StepHook | None = None, startup: StartupClock | None = None) -> int:
+    """Train to cfg.steps or until stopped; returns 0 or PREEMPTED_EXIT_CODE. ``startup``: the process's
+    start clock (``trainer/startup.py``), from ``python -m trainer``'s main; else from here."""
     cfg.validate_world_size(world_size_from_env())  # fail before joining the group
+    startup = startup or StartupClock(started_at=time.time())
     d = setup_distributed(cfg.parallel)
+    startup.mark("process_group")
     try:
         job = Job.build(cfg, d)
-        job.step_hook = step_hook
+        startup.mark("build")
+        job.step_hook, job.startup = step_hook, startup
         return job.run()
     finally:
         dist.destroy_process_group()
@@ -79,6 +84,7 @@ class Job(CheckpointReports):
     # how long the last committed save took (not counting a wait for the one before)
     _last_save_s: float = 0.0
     step_hook: StepHook | None = None  # see StepHook
+    startup: StartupClock | None = None  # where this process's start went, until its first step
 
     def run(self) -> int:
         cfg = self.cfg
@@ -127,6 +133,8 @@ class Job(CheckpointReports):
     def start(self) -> int:
         """Resume (if there is a checkpoint) and start the clocks; returns the step trained so far."""
         step, self.resumed_from = self.resume()
+        if self.startup is not None:
+            self.startup.mark("load")
         if self.resumed_from is None and self.cfg.model.init_from:
             self.evaluate_start()
         self.metrics.emit("world", step=step, **world_fields(self.d.world_size))
@@ -175,6 +183,8 @@ class Job(CheckpointReports):
             self.ckpt.warm_up_staging(self.model, self.optimizer, self.scheduler, self.data, step)
         self.settle()  # the previous step's: the device finished it while this one was queued
         self._unsettled = (step, lr, loss, grad_norm)
+        if self.startup is not None and not self.startup.done:
+            self.started(step)
         now = time.perf_counter()
         self.cost.time_step(now - self._last_step_end)
         self.overlap.step(now - self._last_step_end)
@@ -200,6 +210,13 @@ class Job(CheckpointReports):
             self.settle()  # a non-finite step is never saved
             self.save(step, "checkpoint-now" if checkpoint_now else "interval")
         return False
+
+    def started(self, step: int) -> None:
+        """The first step of this process is done (waited for): say where its start went."""
+        self.settle()
+        self.startup.mark("first_step")
+        self.metrics.emit("startup", step=step, **self.startup.fields())
+        log(self.d, self.startup.summary())
 
     def _over_budget(self, step: int) -> dict | None:
         over = self.budget.over()

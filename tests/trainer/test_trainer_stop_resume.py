@@ -8,6 +8,7 @@ Split from test_trainer_train.py (a normal run and configuration errors stay the
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -67,10 +68,18 @@ def test_sigterm_to_the_agent_exits_75_and_resuming_is_bitwise_identical(uninter
     progress = read_json(ckpt / "progress.json")
     assert (progress["status"], progress["step"], progress["attempt"]) == ("preempted", s, 1)
 
+    launched = time.time()
     resumed = run_trainer(args, data_dir, nproc=2)
     assert resumed.returncode == 0, resumed
     assert resumed.of("resume") == [{"event": "resume", "from_step": s, "path": str(ckpt / f"step-{s:08d}")}]
     assert min(resumed.losses()) == s + 1
+    # Where each attempt's start went, once its first step is done: the resumed one loaded a checkpoint.
+    [fresh], [again] = stopped.of("startup"), resumed.of("startup")
+    assert fresh["step"] == 1 and fresh["load_s"] == 0 and again["step"] == s + 1 and again["load_s"] > 0
+    assert launched < again["started_at"] < time.time()
+    phases = ("imports_s", "process_group_s", "build_s", "load_s", "first_step_s")
+    assert sum(again[p] for p in phases) == pytest.approx(again["total_s"], abs=0.01), again
+    assert f"[trainer] started in {again['total_s']:.1f} s: imports" in resumed.stderr
     progress = read_json(ckpt / "progress.json")
     assert (
         progress["status"],
