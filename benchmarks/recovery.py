@@ -30,7 +30,10 @@ gives every attempt of a job its own cache) and an empty one (cold: a new machin
 
 With ``--compare-start`` every row runs twice in each round, side by side: the workers forked from their
 node's fork server, which has imported torch and the trainer once (``trainer.launch``, the default), and
-each started as its own ``python -m trainer`` (``DTRAIN_FORK_WORKERS=0``, torchrun's own start).
+each started as its own ``python -m trainer`` (``DTRAIN_FORK_WORKERS=0``, torchrun's own start). With
+``--compare-env KEY=VALUE`` (repeatable) every row runs also with that setting, e.g. ``DTRAIN_RDZV_POLL_S=1``
+(a resize round polled once a second, as torch does: ``trainer/rdzv_round.py``). Each row also says where
+the time went: SIGTERM to the restarted workers' start, then their startup phases (``trainer/startup.py``).
 
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
@@ -46,14 +49,17 @@ import tempfile
 import time
 
 from _common import REPO, events_env, trainer_command
+from _where import startup_after
+from _where import where_it_went
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.events import EventCursor
-from trainer.startup import PHASES
 from trainer.workers import FORK_ENV
 
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
 POLL_S = 0.01  # how often a run's events directory is looked at: the clock's resolution
-STARTS = {"forked": "1"}  # how workers start: {label: DTRAIN_FORK_WORKERS}; --compare-start adds "started"
+# The settings every row runs with, side by side: {label: environment}; --compare-start adds "workers
+# started", --compare-env KEY=VALUE adds "KEY=VALUE".
+VARIANTS: dict[str, dict[str, str]] = {"workers forked": {FORK_ENV: "1"}}
 ARGS = [
     "--set",
     "data.seq_len=32",
@@ -122,7 +128,7 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
             t1 = time.perf_counter()
             first_step = e["step"]
             break
-    where = _startup(stream, t0_wall)
+    where = startup_after(stream, t0_wall)
     second.send_signal(signal.SIGTERM)
     second.wait()
     progress = CheckpointDir(ckpt).progress()
@@ -141,29 +147,6 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
         "saves": saves,
         **where,
     }
-
-
-def _startup(stream, t0_wall: float) -> dict:
-    """Where the restart's time went: the restarted rank 0's "startup" event (``trainer/startup.py``, emitted
-    right after its first step's) and, before it, the time from SIGTERM to that process's start (the save,
-    the exit, the agent's start and rendezvous)."""
-    for e in stream:
-        if e["event"] == "startup":
-            phases = {f"{p}_s": e[f"{p}_s"] for p in PHASES}
-            return {"to_workers_s": e["started_at"] - t0_wall, **phases}
-    return {}
-
-
-WHERE = ("to_workers_s", *(f"{p}_s" for p in PHASES))
-
-
-def where_it_went(rows: list[dict]) -> str:
-    """The rows' median time from SIGTERM to the restarted workers' start, then each startup phase."""
-    if not all(k in row for row in rows for k in WHERE):
-        return "where it went: no startup event"
-    med = {k: statistics.median(row[k] for row in rows) for k in WHERE}
-    phases = ", ".join(f"{p.replace('_', ' ')} {med[p + '_s']:.2f}" for p in PHASES)
-    return f"where it went (s): SIGTERM -> workers' start {med['to_workers_s']:.2f}, then {phases}"
 
 
 def _two_node_spec(root: str, flavor: str, elastic: bool):
@@ -234,7 +217,7 @@ def node_lost_round(
         if e["event"] == "train" and resume is not None:
             t1, first_step = time.perf_counter(), e["step"]
             break
-    where = _startup(stream, t0_wall) if t1 is not None else {}
+    where = startup_after(stream, t0_wall) if t1 is not None else {}
     status = launcher.stop(name, grace_period_s=30)
     if t1 is None:
         raise RuntimeError(f"the group ended before a step after the loss: {status}; see {root}")
@@ -253,12 +236,12 @@ def node_lost_round(
 
 def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str]) -> None:
     """The 1-node recovery, ``rounds`` times: each round's figures, then their medians."""
-    rows: dict[str, list[dict]] = {start: [] for start in STARTS}
+    rows: dict[str, list[dict]] = {start: [] for start in VARIANTS}
     for r in range(rounds):
         for start in _alternated(r):
-            rows[start].append(one_round(nproc, at_step, {**env, FORK_ENV: STARTS[start]}, extra))
+            rows[start].append(one_round(nproc, at_step, _variant_env(start, env), extra))
             figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[start][-1].items()}
-            print(f"round {r}, workers {start}: {json.dumps(figures)}", flush=True)
+            print(f"round {r}, {start}: {json.dumps(figures)}", flush=True)
     for start, rs in rows.items():
         med = {
             k: statistics.median(row[k] for row in rs)
@@ -266,7 +249,7 @@ def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str
         }
         lost = max(row["steps_lost"] for row in rs)
         print(
-            f"\nwhole-group relaunch, workers {start}: SIGTERM -> first step after resume: median "
+            f"\nwhole-group relaunch, {start}: SIGTERM -> first step after resume: median "
             f"{med['recovery_s']:.2f} s (save {med['save_s']:.2f} s, SIGTERM -> exit 75 "
             f"{med['sigterm_to_exit_s']:.2f} s, restart -> first step "
             f"{med['restart_to_first_step_s']:.2f} s); steps lost: max {lost}  [target <= 10 s, 0 steps]\n"
@@ -274,9 +257,15 @@ def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str
         )
 
 
+def _variant_env(label: str, env: dict) -> dict:
+    """``env`` with the settings of variant ``label`` and none of the other variants'."""
+    others = {k for v in VARIANTS.values() for k in v}
+    return {**{k: v for k, v in env.items() if k not in others}, **VARIANTS[label]}
+
+
 def _alternated(r: int) -> list[str]:
-    """The worker starts of round ``r``, the first of them alternating from round to round."""
-    starts = list(STARTS)
+    """The variants of round ``r``, the first of them alternating from round to round."""
+    starts = list(VARIANTS)
     return starts if r % 2 == 0 else starts[::-1]
 
 
@@ -317,16 +306,18 @@ def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
         (True, 1, {"replaced": False, "last_call": True}, "2 nodes, elastic, none to replace it: on at 1 "
          "after torch's last call (replace_timeout_s 30 s)"),
     ):  # fmt: skip
-        rows: dict[str, list[dict]] = {start: [] for start in STARTS}
+        rows: dict[str, list[dict]] = {start: [] for start in VARIANTS}
         for r in range(rounds):
             for start in _alternated(r):
-                os.environ[FORK_ENV] = STARTS[start]  # the launcher's supervisor and agents inherit it
+                environ = _variant_env(start, dict(os.environ))  # the launcher's supervisor and agents
+                os.environ.clear()  # inherit it
+                os.environ.update(environ)
                 rows[start].append(node_lost_round(at_step, flavor, elastic, lost, **more))
                 figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[start][-1].items()}
-                print(f"{label}, workers {start}, round {r}: {json.dumps(figures)}", flush=True)
+                print(f"{label}, {start}, round {r}: {json.dumps(figures)}", flush=True)
         for start, rs in rows.items():
             print(
-                f"{label}, workers {start}: SIGTERM to node {lost} -> first step after it: median "
+                f"{label}, {start}: SIGTERM to node {lost} -> first step after it: median "
                 f"{statistics.median(row['recovery_s'] for row in rs):.2f} s (save "
                 f"{statistics.median(row['save_s'] for row in rs):.2f} s; resumed at "
                 f"{sorted({row['nodes_after'] for row in rs})} node(s)); steps lost: max "
@@ -358,6 +349,14 @@ def main() -> None:
         "side by side with the forked workers",
     )
     p.add_argument(
+        "--compare-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="every row also with KEY=VALUE in the trainers' environment, side by side (repeatable), e.g. "
+        "DTRAIN_RDZV_POLL_S=1 (torch's polling of a resize round)",
+    )
+    p.add_argument(
         "--compile",
         action="store_true",
         help="the 1-node recovery with parallel.compile=true, restarted with a warm and with a cold compile "
@@ -367,7 +366,10 @@ def main() -> None:
     if args.quick:
         args.rounds = 1
     if args.compare_start:
-        STARTS["started"] = "0"
+        VARIANTS["workers started"] = {FORK_ENV: "0"}
+    for kv in args.compare_env:
+        key, _, value = kv.partition("=")
+        VARIANTS[kv] = {key: value}
     global STDERR
     STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
     extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]

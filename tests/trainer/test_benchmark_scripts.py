@@ -66,6 +66,7 @@ def test_mfu_refuses_a_cpu_unless_asked_and_then_reports_tokens_per_second(data_
 NOT_SCRIPTS = {
     "spot_traces.py": "the trace reader of spot_cost.py, spot_choice.py and spot_hindsight.py",
     "_common.py": "what the scripts share: the repository on sys.path, helpers of more than one script",
+    "_where.py": "recovery.py's reading of a restart's startup event: where its time went",
 }
 
 

@@ -8,6 +8,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
     RendezvousTimeout,
@@ -53,7 +54,7 @@ def test_a_resize_round_with_every_survivor_in_closes_without_its_last_call():
     [
         (_round([A, B], round_no=0), 1, 0, "the group's launch: nodes start at different times"),
         (_round([A], wait_list=[B]), 1, 0, "survivor B has not joined the round yet"),
-        (_round([A, B], quorum_s_ago=0.2), 1, 0, "within the grace"),
+        (_round([A, B], quorum_s_ago=0.1), 1, 0, "within the grace"),
         (_round([A, B]), 1, 3, "the platform runs 3: the replacement starts at once"),
         (_round([A]), 2, 0, "fewer than min_nodes"),
     ],
@@ -76,6 +77,7 @@ def test_the_capacity_file_says_how_many_a_round_awaits(tmp_path):
 
 def test_the_patched_join_marks_the_round_complete_and_torchs_rule_stays_on_request(monkeypatch):
     monkeypatch.setattr(_RendezvousJoinOp, "__call__", _RendezvousJoinOp.__call__)  # undone after the test
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)
     state = _round([A, B], quorum_s_ago=5.0)
     state.deadline = datetime.now(timezone.utc) - timedelta(seconds=5) + LAST_CALL
     ctx = _RendezvousContext(A, state, _settings())
@@ -96,6 +98,7 @@ def test_a_torch_whose_round_state_differs_keeps_its_own_rule_and_says_so(monkey
     """Best effort on torch's private state: a state without what the check reads (a later torch) leaves the
     round to torch's last call, said once on stderr, instead of failing the agent's rendezvous."""
     monkeypatch.setattr(_RendezvousJoinOp, "__call__", _RendezvousJoinOp.__call__)  # undone after the test
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)
     monkeypatch.setattr(rdzv_round, "_fell_back", [])
     state = _round([A, B], quorum_s_ago=5.0)
     state.deadline = datetime.now(timezone.utc) - timedelta(seconds=5) + LAST_CALL
@@ -107,3 +110,28 @@ def test_a_torch_whose_round_state_differs_keeps_its_own_rule_and_says_so(monkey
     assert _RendezvousJoinOp()(ctx, 1e12) == before
     assert _RendezvousJoinOp()(ctx, 1e12) == before
     assert capsys.readouterr().err.count("rendezvous rounds wait their last call (AttributeError") == 1
+
+
+def test_a_resize_round_is_polled_ten_times_a_second_and_the_launch_as_torch_polls(monkeypatch):
+    """Between two polls of a round's state torch's executor sleeps 1 s (``_delay(seconds=1)``): a resize
+    round's survivors would see it close up to a second late, each at its own time. Patched, a resize round
+    waits RESIZE_POLL_S; the group's launch (round 0) and torch's other delays are left as they were."""
+    slept: list = []
+    monkeypatch.setattr(_RendezvousJoinOp, "__call__", _RendezvousJoinOp.__call__)
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", slept.append)  # torch's delay, recorded
+    assert rdzv_round.close_the_round_once_all_are_in({})
+    far = 1e12
+    for round_no in (0, 1):
+        state = _round([A], wait_list=[B], round_no=round_no)  # B not in yet: A polls again
+        now = datetime.now(timezone.utc)
+        state.deadline, state.last_heartbeats = now + LAST_CALL, {A: now, B: now}
+        assert _RendezvousJoinOp()(_RendezvousContext(A, state, _settings()), far) == _Action.SYNC
+        dynamic_rendezvous._delay(seconds=1)  # as the executor does after a SYNC
+        dynamic_rendezvous._delay(seconds=(0, 0.3))  # the first round's random skew: not a poll
+    assert slept == [1, (0, 0.3), rdzv_round.RESIZE_POLL_S, (0, 0.3)]
+    assert rdzv_round.RESIZE_POLL_S <= 0.1 < rdzv_round.REJOIN_GRACE_S
+
+    slept.clear()  # $DTRAIN_RDZV_POLL_S sets it; patched again, it wraps torch's delay, not itself
+    assert rdzv_round.close_the_round_once_all_are_in({rdzv_round.POLL_ENV: "0.5"})
+    dynamic_rendezvous._delay(seconds=1)
+    assert slept == [0.5]
