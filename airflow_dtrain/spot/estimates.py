@@ -281,8 +281,9 @@ def spot_fits(
 
 REJOIN_WAIT_S = 2.0
 """What an elastic group's survivors wait at a lost node with the launchers: their rendezvous round closes
-once every one of them is back (1 s of grace, ``trainer.rdzv_round``), or once the replacement a local group
-starts at once has joined (about 1.5 s more on the 2-core VM: benchmarks/RESULTS.md, recovery)."""
+once every one of them is back (0.3 s of grace, polled every 0.1 s: ``trainer.rdzv_round``), or once the
+replacement a local group starts at once has joined (its agent's start-up, about 2.5 s on the 2-core VM:
+benchmarks/RESULTS.md, recovery). A bound, not a mean: the decision prices the wait no lower than this."""
 
 
 def rejoin_wait_s(replace_timeout_s: float) -> float:
