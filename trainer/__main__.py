@@ -23,6 +23,7 @@ from trainer.config import (
 )
 from trainer.fields import add_arguments
 from trainer.startup import StartupClock  # stdlib only
+from trainer.say import say
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
@@ -57,20 +58,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg.validate_world_size(world_size_from_env())
         startup.mark("imports")
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        say(f"config error: {e}")
         return 2
     try:
         return train(cfg, step_hook=faults_from_env().after_step, startup=startup)
     except ConfigError as e:  # found while starting up (e.g. data.dataset is not a token directory)
-        print(f"config error: {e}", file=sys.stderr)
+        say(f"config error: {e}")
         return 2
     except WriterFenced as e:
-        print(f"[trainer] fenced off, exit {FENCED_EXIT_CODE}: {e}", file=sys.stderr, flush=True)
+        say(f"[trainer] fenced off, exit {FENCED_EXIT_CODE}: {e}")
         return FENCED_EXIT_CODE
     except CheckpointStorageError as e:
         # One line, no traceback: the path and the cause are the whole story (every rank that knows says it:
         # the first to exit takes its peers down, so rank 0 may not live to print it).
-        print(f"[trainer] exit {STORAGE_EXIT_CODE}: {e}", file=sys.stderr, flush=True)
+        say(f"[trainer] exit {STORAGE_EXIT_CODE}: {e}")
         return STORAGE_EXIT_CODE
     except Exception as e:
         if not peer_lost(e):
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         # killed on another node). Nothing of this step was saved; the group resumes from its last
         # checkpoint.
         why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-        print(f"[trainer] lost a peer, exit {WORKER_LOST_EXIT_CODE}: {why}", file=sys.stderr, flush=True)
+        say(f"[trainer] lost a peer, exit {WORKER_LOST_EXIT_CODE}: {why}")
         return WORKER_LOST_EXIT_CODE
 
 

@@ -244,9 +244,8 @@ def simulate_preemption(
     # the agent: trainer.launch names it (a worker forked from its fork server is not its child)
     agent = int(os.environ.get("DTRAIN_AGENT_PID") or os.getppid())
     target = agent if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
-    print(
-        f"[contract] step {step}: simulating preemption, SIGTERM to pid {target}", file=sys.stderr, flush=True
-    )
+    # one write: the node's ranks share its log (print writes the text and the newline apart)
+    sys.stderr.write(f"[contract] step {step}: simulating preemption, SIGTERM to pid {target}\n")
     os.kill(target, signal.SIGTERM)
     return True
 

@@ -3,7 +3,6 @@ requests its ranks act on together, at a step boundary."""
 
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -14,6 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from trainer.config import ParallelConfig
 from trainer.contract import Signals
 from trainer.parallelize import build_mesh
+from trainer.say import say
 
 
 @dataclass(frozen=True)
@@ -59,17 +59,13 @@ def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
     timeout = timedelta(seconds=(parallel or ParallelConfig()).collective_timeout_s)
     dist.init_process_group(backend, init_method="env://", timeout=timeout)
     # One line from every rank, so a group's log shows who joined where.
-    print(
+    say(
         f"[trainer] rank {rank}/{world_size} (local rank {local_rank}) on {socket.gethostname()}, "
-        f"device {device}, backend {backend}",
-        file=sys.stderr,
-        flush=True,
+        f"device {device}, backend {backend}"
     )
     mesh = build_mesh(device.type, world_size, parallel or ParallelConfig())
     if rank == 0 and mesh.ndim > 1:
-        print(
-            f"[trainer] HSDP mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}", file=sys.stderr, flush=True
-        )
+        say(f"[trainer] HSDP mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}")
     return Dist(rank, local_rank, world_size, device, mesh)
 
 
@@ -98,4 +94,4 @@ class StopRequests(Signals):
 
 def log(d: Dist, message: str) -> None:
     if d.rank == 0:
-        print(f"[trainer] {message}", file=sys.stderr, flush=True)
+        say(f"[trainer] {message}")

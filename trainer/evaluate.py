@@ -36,6 +36,7 @@ from trainer.model import Llama, ModelArgs
 from trainer.safe_pickle import UnsafeCheckpoint
 from trainer.storage import Storage
 from trainer.token_store import cache_remote, is_remote
+from trainer.say import say
 
 
 def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:
@@ -79,7 +80,7 @@ def local_dataset(dataset: str) -> str:
     if dataset == "builtin":
         return ensure_builtin(default_data_dir())
     if is_remote(dataset):
-        return cache_remote(dataset, default_data_dir(), log=lambda m: print(m, file=sys.stderr, flush=True))
+        return cache_remote(dataset, default_data_dir(), log=lambda m: say(m))
     return dataset
 
 
@@ -115,15 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = CheckpointDir(args.checkpoint_uri)
     except ValueError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        say(f"config error: {e}")
         return 2
     found = dict(root.committed())
     step = args.step if args.step is not None else max(found, default=None)
     if step not in found:
-        print(
-            f"no committed checkpoint {step_dir_name(step) if step else ''} under {root.root}",
-            file=sys.stderr,
-        )
+        say(f"no committed checkpoint {step_dir_name(step) if step else ''} under {root.root}")
         return 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -164,18 +162,16 @@ def _evaluate_checkpoints(args, root: CheckpointDir, found: dict, step: int, dev
         try:
             model, manifest = load_model(found[s], device)
         except UnsafeCheckpoint as err:  # a forged checkpoint: refused, nothing in it ran
-            print(f"refused: {err}", file=sys.stderr, flush=True)
+            say(f"refused: {err}")
             if s == step:
                 return None
             continue  # another point of the curve: left out, the checkpoint asked for is still evaluated
         cfg = TrainConfig.from_dict(manifest["config"])
         results.append(_evaluate_one(args, s, found[s], model, manifest, cfg, start, device))
     if reused:
-        print(
+        say(
             f"[trainer.evaluate] reused the held-out loss of step(s) {reused}, evaluated by an earlier "
-            f"run as they are committed now, with the same batches",
-            file=sys.stderr,
-            flush=True,
+            f"run as they are committed now, with the same batches"
         )
     job = results[-1]["job"]
     # deleted by retention since, evaluated by this job: still points of its curve

@@ -40,6 +40,7 @@ from trainer.config import ConfigError
 from trainer.model import ModelArgs
 from trainer.safe_pickle import UnsafeCheckpoint
 from trainer.storage import Storage
+from trainer.say import say
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
 # config.json's dtype field: transformers >= 5 writes "dtype", older releases "torch_dtype"
@@ -203,11 +204,7 @@ def export_weights(
                 destination.put_file(os.path.join(staging, name), destination.path(name))
     result = {"step": manifest["step"], "checkpoint": step_dir, "out": destination.root, "files": files}
     if not_kept:
-        print(
-            f"[trainer.export] from the init_from model {source.uri}, not kept: {'; '.join(not_kept)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"[trainer.export] from the init_from model {source.uri}, not kept: {'; '.join(not_kept)}")
         result["not_kept"] = not_kept
     return result
 
@@ -325,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = export(args.checkpoint_uri, args.out, getattr(torch, args.dtype) if args.dtype else None)
     except FileNotFoundError as err:
-        print(f"export: {err}", file=sys.stderr)
+        say(f"export: {err}")
         return 1
     except UnsafeCheckpoint as err:  # a forged checkpoint: refused, nothing in it ran
-        print(f"export: refused: {err}", file=sys.stderr)
+        say(f"export: refused: {err}")
         return 1
     print(json.dumps(result), flush=True)
     return 0

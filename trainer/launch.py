@@ -42,6 +42,7 @@ from trainer.config import (
 )
 from trainer.rdzv_round import close_the_round_once_all_are_in
 from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
+from trainer.say import say
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -98,11 +99,7 @@ def watch_checkpoint_requests(
             if value is not None and value != seen:
                 seen = value
                 asked = signal_workers()
-                print(
-                    f"[trainer.launch] checkpoint-now request {value}: SIGUSR1 to {asked} worker(s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                say(f"[trainer.launch] checkpoint-now request {value}: SIGUSR1 to {asked} worker(s)")
 
     thread = threading.Thread(target=run, name="checkpoint-now-watch", daemon=True)
     thread.start()
@@ -215,11 +212,10 @@ def _leave(handler) -> None:
 
         handler._stop_heartbeats()
         handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
-        print("[trainer.launch] left the rendezvous: the peers meet again without this node", file=sys.stderr,
-              flush=True)  # fmt: skip
+        say("[trainer.launch] left the rendezvous: the peers meet again without this node")  # fmt: skip
     except Exception as err:  # noqa: BLE001 - an older or newer torch: the peers wait for the heartbeat
-        print(f"[trainer.launch] could not leave the rendezvous ({type(err).__name__}: {err}); the peers "
-              "notice this node's end when its heartbeats stop", file=sys.stderr, flush=True)  # fmt: skip
+        say(f"[trainer.launch] could not leave the rendezvous ({type(err).__name__}: {err}); the peers "
+              "notice this node's end when its heartbeats stop")  # fmt: skip
 
 
 def _failed_workers(e: ChildFailedError) -> tuple[int, str]:
@@ -276,8 +272,8 @@ def use_a_writable_compile_cache() -> bool:
         with tempfile.TemporaryFile(dir=cache):
             pass
     except OSError as err:
-        print(f"[trainer.launch] the job's compile cache {cache} cannot be written ({err}): the workers "
-              "compile without it, into /tmp", file=sys.stderr, flush=True)  # fmt: skip
+        say(f"[trainer.launch] the job's compile cache {cache} cannot be written ({err}): the workers "
+              "compile without it, into /tmp")  # fmt: skip
         for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
             os.environ.pop(key, None)
         return False
@@ -363,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         code, why = PREEMPTED_EXIT_CODE, f"fewer nodes than the group's min_nodes joined in time ({e})"
     except Exception as e:  # rendezvous errors, bad arguments to the agent, ...
         code, why = 1, f"launcher error: {type(e).__name__}: {e}"
-    print(f"[trainer.launch] exit {code}: {why}", file=sys.stderr, flush=True)
+    say(f"[trainer.launch] exit {code}: {why}")
     return code
 
 

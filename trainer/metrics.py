@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 import os
 import resource
-import sys
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING
 from trainer.config import MetricsConfig
 from trainer.events import EventLog
 from trainer.statsd import RANK_TAGS, RUN_TAGS, UNKNOWN, Sender, parse_tags
+from trainer.say import say
 
 if TYPE_CHECKING:
     import torch
@@ -276,11 +276,9 @@ class Metrics:
                 if peak
                 else f"{torch_device_name(device)}: peak unknown, mfu will be null"
             )
-            print(
+            say(
                 f"[trainer] MFU = tokens/s × {flops_per_token / 1e9:.2f} GFLOP/token ÷ "
                 f"(peak × {world_size} GPUs); peak of {said}",
-                file=sys.stderr,
-                flush=True,
             )
         self._window_start, self._window_tokens = time.perf_counter(), 0
         self._events: EventLog | None = None

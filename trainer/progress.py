@@ -30,11 +30,11 @@ write is a request. Fields::
 """
 
 import json
-import sys
 import time
 
 from trainer.checkpoint_dir import PROGRESS, CheckpointDir
 from trainer.storage import Storage
+from trainer.say import say
 
 HISTORY_POINTS = 1000
 MAX_EVENTS = 2000
@@ -139,7 +139,7 @@ class Progress:
             # checkpoint with its one clear line (exit 74), not a step with a traceback. Said once per cause.
             if str(err) != getattr(self, "_write_error", None):
                 self._write_error = str(err)
-                print(f"[trainer] could not update {self.path}: {err}", file=sys.stderr, flush=True)
+                say(f"[trainer] could not update {self.path}: {err}")
 
     def _record(
         self, step: int, loss: float, lr: float | None = None, tokens_per_s: float | None = None

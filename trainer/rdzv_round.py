@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from trainer.say import say
 
 CAPACITY_FILE_ENV = "DTRAIN_CAPACITY_FILE"
 """A JSON file ``{"nodes": k}``: the nodes the platform runs the group on now (the local launcher's
@@ -85,7 +85,7 @@ def _fall_back(err: Exception) -> None:
     if not _fell_back:
         _fell_back.append(repr(err))
         message = f"[trainer.launch] rendezvous rounds wait their last call ({err!r})"
-        print(message, file=sys.stderr, flush=True)
+        say(message)
 
 
 def close_the_round_once_all_are_in(environ: Any = None) -> bool:

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from datetime import timedelta
+from trainer.say import say
 
 READY = "rendezvous store serving on"
 """The line the store prints once it accepts connections."""
@@ -32,7 +33,7 @@ def serve(host: str, port: int, stop: threading.Event) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
-        print("usage: python -m trainer.rdzv_store HOST PORT", file=sys.stderr)
+        say("usage: python -m trainer.rdzv_store HOST PORT")
         return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

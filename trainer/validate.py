@@ -39,6 +39,7 @@ from trainer.checkpoint_dir import (
     step_of,
 )
 from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
+from trainer.say import say
 
 
 def validate_checkpoint(
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             sample_tensors=None if args.sample_tensors < 0 else args.sample_tensors,
         )
     except (CheckpointInvalid, FileNotFoundError) as err:
-        print(f"invalid: {err}", file=sys.stderr)
+        say(f"invalid: {err}")
         return 1
     print(json.dumps(report), flush=True)
     return 0

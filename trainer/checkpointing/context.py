@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch.distributed as dist
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import CheckpointConfig
 from trainer.storage import Storage
+from trainer.say import say as say_line
 
 
 def describe(err: BaseException) -> str:
@@ -22,7 +22,7 @@ def describe(err: BaseException) -> str:
 
 def say(message: str) -> None:
     """One line on stderr, as the trainer logs."""
-    print(f"[trainer] {message}", file=sys.stderr, flush=True)
+    say_line(f"[trainer] {message}")
 
 
 @dataclass

@@ -6,7 +6,6 @@ corrupted or truncated newest checkpoint costs the steps since the one before it
 
 from __future__ import annotations
 
-import sys
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -19,6 +18,7 @@ from trainer.checkpointing.state import set_rng_state, training_state
 from trainer.config import ConfigError
 from trainer.fields import flatten
 from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
+from trainer.say import say
 
 MUST_MATCH = ("model.flavor", "data.dataset", "data.seq_len", "seed")
 """Config fields a resumed run must share with its checkpoint: the model's shape, the data, how
@@ -132,11 +132,7 @@ class Resumer:
                    if k not in MUST_MATCH and k in mine and saved[k] != mine[k]
                    and not k.startswith(("cost.", "metrics."))]  # fmt: skip
         if changed and self.ctx.rank == 0:
-            print(
-                f"[trainer] resuming {path} with changed settings: {', '.join(changed)}",
-                file=sys.stderr,
-                flush=True,
-            )
+            say(f"[trainer] resuming {path} with changed settings: {', '.join(changed)}")
 
     def _check_sizes(self, path: str, manifest: dict) -> None:
         name = path.rstrip("/").rsplit("/", 1)[-1]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from collections import deque
 from typing import Any
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from trainer.money.ledger import CostLedger
 from trainer.money.projection import FIRST_SAVE_GUESS_S, save_estimate_s, stop_reserve_s, usd_per_second
+from trainer.say import say
 
 if TYPE_CHECKING:
     from trainer.checkpoint_dir import CheckpointDir
@@ -105,9 +105,8 @@ class BudgetGuard:
         try:
             changes = [(float(t), int(n)) for t, n in mine.get("node_changes") or []]
         except (TypeError, ValueError):
-            print(f"[trainer] node_changes of this attempt's spend file: expected [[at, nodes], ...], got "
-                  f"{mine.get('node_changes')!r}; billed at {self.cost.nodes} node(s)", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            say(f"[trainer] node_changes of this attempt's spend file: expected [[at, nodes], ...], got "
+                  f"{mine.get('node_changes')!r}; billed at {self.cost.nodes} node(s)")  # fmt: skip
             return
         if changes:
             self.cost.node_changes = changes
@@ -119,14 +118,13 @@ class BudgetGuard:
         try:
             prices = self.dir.prices_in_effect(self.attempt)
         except (OSError, ValueError) as err:
-            print(f"[trainer] could not read the spot prices in effect ({err}): the cap counts the last "
-                  "prices read", file=sys.stderr, flush=True)  # fmt: skip
+            say(f"[trainer] could not read the spot prices in effect ({err}): the cap counts the last "
+                  "prices read")  # fmt: skip
             return
         if prices and prices != self.cost.prices_in_effect:
             self.cost.prices_in_effect = prices
-            print(f"[trainer] spot price now ${self.cost.current_price():.4f}/node-h (launched at "
-                  f"${self.cost.price:.4f}): the cap counts every second at the price in effect",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            say(f"[trainer] spot price now ${self.cost.current_price():.4f}/node-h (launched at "
+                  f"${self.cost.price:.4f}): the cap counts every second at the price in effect")  # fmt: skip
 
     def observe_step(self, seconds: float) -> None:
         self.recent.append(seconds)
@@ -183,10 +181,6 @@ class BudgetGuard:
         except OSError as err:
             # The cap is still enforced here, from this attempt's own clock; the provider bills the attempt
             # when it ends. A full or read-only location fails the next checkpoint clearly (exit 74).
-            print(
-                f"[trainer] could not update this attempt's spend file in {self.dir.root}: {err}",
-                file=sys.stderr,
-                flush=True,
-            )
+            say(f"[trainer] could not update this attempt's spend file in {self.dir.root}: {err}")
             return
         self._written_at = now

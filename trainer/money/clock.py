@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 import uuid
 from typing import Any
+from trainer.say import say
 
 TOLERANCE_S = 2.0
 """A difference up to this is the probe's own round trip and the storage's whole seconds: not corrected."""
@@ -64,11 +64,11 @@ def measured(storage: Any | None, directory: str | None = None) -> Clock:
     try:
         skew = storage_skew(storage, directory or storage.root)
     except (OSError, ValueError, KeyError) as err:
-        print(f"[trainer] could not compare this node's clock with the storage's ({err}): billing runs on "
-              "this node's clock", file=sys.stderr, flush=True)  # fmt: skip
+        say(f"[trainer] could not compare this node's clock with the storage's ({err}): billing runs on "
+              "this node's clock")  # fmt: skip
         return Clock()
     if abs(skew) <= TOLERANCE_S:
         return Clock()
-    print(f"[trainer] this node's clock is {skew:+.0f} s off the storage's ({storage.uri}): billing and the "
-          "budget run on the storage's clock", file=sys.stderr, flush=True)  # fmt: skip
+    say(f"[trainer] this node's clock is {skew:+.0f} s off the storage's ({storage.uri}): billing and the "
+          "budget run on the storage's clock")  # fmt: skip
     return Clock(skew)

@@ -1,12 +1,12 @@
 """The command line: ``python -m trainer.prepare_data --input PATH... --out DIR|s3://... [options]``."""
 
 import argparse
-import sys
 
 from trainer.prepare_data.errors import PrepareError
 from trainer.prepare_data.pipeline import prepare
 from trainer.prepare_data.rows import BAD_ROW_POLICIES
 from trainer.token_store import DEFAULT_SHARD_TOKENS
+from trainer.say import say
 
 DESCRIPTION = (
     "Tokenises documents into the trainer's token store (format: trainer/token_store.py), streaming: "
@@ -66,6 +66,6 @@ def main(argv: list[str] | None = None) -> int:
             seq_len=args.seq_len,
         )
     except PrepareError as e:
-        print(e, file=sys.stderr)
+        say(e)
         return 2
     return 0

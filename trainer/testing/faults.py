@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 import time
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from trainer.checkpointing.faults import FAULTS_ENV, Faults
+from trainer.say import say
 
 COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
 ENOSPC_ENV = "DTRAIN_TEST_ENOSPC_AT_STEP"
@@ -49,7 +49,7 @@ class NoSpaceWriter(dcp.FileSystemWriter):
         name = os.path.join(str(self.path), f"__{dist.get_rank() if dist.is_initialized() else 0}_0.distcp")
         with open(name, "wb") as f:
             f.write(b"\0" * 4096)  # what got written before the disk was full
-        print(f"[trainer] test hook: {ENOSPC_ENV}: {name} fails with ENOSPC", file=sys.stderr, flush=True)
+        say(f"[trainer] test hook: {ENOSPC_ENV}: {name} fails with ENOSPC")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
 
 
@@ -63,11 +63,7 @@ class SlowDiskWriter(dcp.FileSystemWriter):
 
     def write_data(self, plan, planner):
         written = super().write_data(plan, planner)
-        print(
-            f"[trainer] test hook: {SLOW_FSYNC_ENV}: {self.path} takes {self.delay_s}s more to sync",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"[trainer] test hook: {SLOW_FSYNC_ENV}: {self.path} takes {self.delay_s}s more to sync")
         time.sleep(self.delay_s)
         return written
 
@@ -108,11 +104,7 @@ class EnvFaults(Faults):
         seconds, _, release = rest.partition(":")
         if int(at) != step:
             return
-        print(
-            f"[trainer] test hook: step {step} files written, sleeping {seconds}s before the manifest",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"[trainer] test hook: step {step} files written, sleeping {seconds}s before the manifest")
         until = time.monotonic() + float(seconds)
         while time.monotonic() < until and not (release and os.path.exists(release)):
             time.sleep(min(0.2, max(0.0, until - time.monotonic())))
