@@ -15,6 +15,8 @@ write is a request. Fields::
     checkpoint_step    its step
     attempt            1 for the first start, +1 for each restart
     wall_time_s        training wall time summed over attempts
+    startup_s          what the attempts (and an elastic group's worker restarts) spent from their process's
+                       start to their first step, summed (trainer/startup.py: rank 0's)
     checkpoint_cost_s  of it, what the committed saves took from training (blocked + the slowdown of the steps
                        an async save overlapped: the checkpoint events' cost_s), summed over attempts
     history            [[step, loss, lr, unix time, tokens/s], ...]: the curves of the evaluation report
@@ -78,6 +80,7 @@ class Progress:
             )
             self.prior_wall_s = float(previous.get("wall_time_s", 0.0))
             self.state["checkpoint_cost_s"] = float(previous.get("checkpoint_cost_s", 0.0))
+            self.state["startup_s"] = float(previous.get("startup_s", 0.0))
             if previous.get("step") == start_step:
                 self.state["loss"] = previous.get("loss")
             self.history = [p for p in previous.get("history", []) if p[0] <= start_step]
@@ -97,6 +100,10 @@ class Progress:
             self._stride = min(interior, default=1)  # go on at the previous attempt's sampling
         self.state.update(step=start_step, tokens_seen=tokens_seen, latest_checkpoint=latest_checkpoint)
         self.update()
+
+    def started(self, seconds: float) -> None:
+        """This attempt's first step is done, ``seconds`` after its process started."""
+        self.update(startup_s=round(float(self.state.get("startup_s", 0.0)) + seconds, 3))
 
     def update(
         self, *, flush: bool = True, lr: float | None = None, tokens_per_s: float | None = None, **fields

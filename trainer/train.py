@@ -215,7 +215,9 @@ class Job(CheckpointReports):
         """The first step of this process is done (waited for): say where its start went."""
         self.settle()
         self.startup.mark("first_step")
-        self.metrics.emit("startup", step=step, **self.startup.fields())
+        fields = self.startup.fields()
+        self.metrics.emit("startup", step=step, **fields)
+        self.progress.started(fields["total_s"])
         log(self.d, self.startup.summary())
 
     def _over_budget(self, step: int) -> dict | None:

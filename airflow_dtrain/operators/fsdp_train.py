@@ -242,6 +242,7 @@ class FSDPTrainOperator(BaseOperator):
             "preemptions": session.preemptions(names),
             "relaunches": len(names) - 1,
             "steps_lost": progress.get("steps_lost", 0),
+            "startup_s": progress.get("startup_s", 0.0),  # every attempt's start to its first step, summed
             **self._cost(spec),
         }
         if spec.backend == "kubernetes":

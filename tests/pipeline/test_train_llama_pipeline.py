@@ -122,6 +122,7 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
     summary = json.loads((ckpt / "summary.json").read_text())
     assert summary["final_step"] == 60
     assert summary["preemptions"] == 1 and summary["steps_lost"] == 0
+    assert summary["startup_s"] > 0, "what the two attempts spent before their first steps"
     assert summary["dollars"] > 0, "the local price is charged to the ledger"
     best = _assert_the_promoted_model_and_its_reports(ckpt, registry, other_set, other_best)
 

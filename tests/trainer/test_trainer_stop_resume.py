@@ -80,6 +80,8 @@ def test_sigterm_to_the_agent_exits_75_and_resuming_is_bitwise_identical(uninter
     phases = ("imports_s", "process_group_s", "build_s", "load_s", "first_step_s")
     assert sum(again[p] for p in phases) == pytest.approx(again["total_s"], abs=0.01), again
     assert f"[trainer] started in {again['total_s']:.1f} s: imports" in resumed.stderr
+    startup_s = read_json(ckpt / "progress.json")["startup_s"]  # both attempts' starts, summed
+    assert startup_s == pytest.approx(fresh["total_s"] + again["total_s"], abs=0.002)
     progress = read_json(ckpt / "progress.json")
     assert (
         progress["status"],
