@@ -22,8 +22,8 @@ from trainer.config import (
     TrainConfig,
 )
 from trainer.fields import add_arguments
-from trainer.startup import StartupClock  # stdlib only
 from trainer.say import say
+from trainer.startup import StartupClock  # stdlib only
 
 
 def parse_config(argv: list[str]) -> TrainConfig:

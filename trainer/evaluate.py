@@ -34,9 +34,9 @@ from trainer.eval_report import RunRecord, html_report, plot, put
 from trainer.export import export_weights
 from trainer.model import Llama, ModelArgs
 from trainer.safe_pickle import UnsafeCheckpoint
+from trainer.say import say
 from trainer.storage import Storage
 from trainer.token_store import cache_remote, is_remote
-from trainer.say import say
 
 
 def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:

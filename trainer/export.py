@@ -39,8 +39,8 @@ from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import ConfigError
 from trainer.model import ModelArgs
 from trainer.safe_pickle import UnsafeCheckpoint
-from trainer.storage import Storage
 from trainer.say import say
+from trainer.storage import Storage
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
 # config.json's dtype field: transformers >= 5 writes "dtype", older releases "torch_dtype"

@@ -41,8 +41,8 @@ from trainer.config import (
     WORKER_LOST_EXIT_CODE,
 )
 from trainer.rdzv_round import close_the_round_once_all_are_in
-from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
 from trainer.say import say
+from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 

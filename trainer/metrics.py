@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 from trainer.config import MetricsConfig
 from trainer.events import EventLog
-from trainer.statsd import RANK_TAGS, RUN_TAGS, UNKNOWN, Sender, parse_tags
 from trainer.say import say
+from trainer.statsd import RANK_TAGS, RUN_TAGS, UNKNOWN, Sender, parse_tags
 
 if TYPE_CHECKING:
     import torch

@@ -35,8 +35,8 @@ import json
 import time
 
 from trainer.checkpoint_dir import PROGRESS, CheckpointDir
-from trainer.storage import Storage
 from trainer.say import say
+from trainer.storage import Storage
 
 HISTORY_POINTS = 1000
 MAX_EVENTS = 2000

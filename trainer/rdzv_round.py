@@ -33,6 +33,7 @@ import json
 import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
+
 from trainer.say import say
 
 CAPACITY_FILE_ENV = "DTRAIN_CAPACITY_FILE"

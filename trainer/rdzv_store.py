@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from datetime import timedelta
+
 from trainer.say import say
 
 READY = "rendezvous store serving on"

@@ -38,8 +38,8 @@ from trainer.checkpoint_dir import (
     manifest_format,
     step_of,
 )
-from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
 from trainer.say import say
+from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
 
 
 def validate_checkpoint(

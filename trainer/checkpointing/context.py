@@ -9,8 +9,8 @@ import torch.distributed as dist
 
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.config import CheckpointConfig
-from trainer.storage import Storage
 from trainer.say import say as say_line
+from trainer.storage import Storage
 
 
 def describe(err: BaseException) -> str:

@@ -17,8 +17,8 @@ from trainer.checkpointing.context import CheckpointContext, RunIdentity
 from trainer.checkpointing.state import set_rng_state, training_state
 from trainer.config import ConfigError
 from trainer.fields import flatten
-from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 from trainer.say import say
+from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
 MUST_MATCH = ("model.flavor", "data.dataset", "data.seq_len", "seed")
 """Config fields a resumed run must share with its checkpoint: the model's shape, the data, how

@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from typing import Any
+
 from trainer.say import say
 
 TOLERANCE_S = 2.0

@@ -5,8 +5,8 @@ import argparse
 from trainer.prepare_data.errors import PrepareError
 from trainer.prepare_data.pipeline import prepare
 from trainer.prepare_data.rows import BAD_ROW_POLICIES
-from trainer.token_store import DEFAULT_SHARD_TOKENS
 from trainer.say import say
+from trainer.token_store import DEFAULT_SHARD_TOKENS
 
 DESCRIPTION = (
     "Tokenises documents into the trainer's token store (format: trainer/token_store.py), streaming: "
