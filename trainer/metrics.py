@@ -17,6 +17,9 @@ Events (each a single line starting with "{") go to rank 0's events file, ``$DTR
     {"event": "done", "step", "loss", "tokens_seen"}
     {"event": "world", "step", "world_size", "nodes", "procs_per_node", "restart"}   (each attempt's start:
                        an elastic group's size after a resize)
+    {"event": "startup", "step", "imports_s", "process_group_s", "build_s", "load_s", "first_step_s",
+                         "total_s", "started_at"}   (once the first step of each start is done: where the
+                       start went, trainer/startup.py)
 
 "train" values are over the log interval: tokens_per_s for the whole group, "mfu" null
 where the accelerator's peak FLOP/s is unknown (CPU), peak_mem_mb this rank's peak (CUDA
@@ -58,6 +61,7 @@ TRAINING_METRICS: tuple[str, ...] = (
     "train.mfu",  # model FLOPs utilisation, 0..1 (GPUs with a known peak only)
     "train.step",  # the logged step
     "train.peak_memory_bytes",  # per rank: peak memory (CUDA allocator, else max RSS), bytes
+    "startup.seconds",  # the last start of rank 0: its process's start to its first step, seconds
     "gpu.utilization_pct",  # per rank, NVML: % of time a kernel ran on the rank's GPU
     "gpu.memory_used_bytes",  # per rank, NVML: used device memory, bytes (all processes)
     "gpu.power_w",  # per rank, NVML: board power draw, W

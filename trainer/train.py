@@ -217,6 +217,7 @@ class Job(CheckpointReports):
         self.startup.mark("first_step")
         fields = self.startup.fields()
         self.metrics.emit("startup", step=step, **fields)
+        self.metrics.gauge("startup.seconds", fields["total_s"])
         self.progress.started(fields["total_s"])
         log(self.d, self.startup.summary())
 

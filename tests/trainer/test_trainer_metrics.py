@@ -52,7 +52,7 @@ def test_training_metrics_are_one_dotted_scheme():
     assert len(set(TRAINING_METRICS)) == len(TRAINING_METRICS)
     assert PER_RANK_METRICS <= set(TRAINING_METRICS)
     assert all(
-        n.count(".") == 1 and n.split(".")[0] in ("train", "gpu", "checkpoint", "cost")
+        n.count(".") == 1 and n.split(".")[0] in ("train", "gpu", "checkpoint", "cost", "startup")
         for n in TRAINING_METRICS
     )
 

@@ -168,6 +168,8 @@ def _assert_the_gauges(gauges: list[str], run) -> None:
     losses = [value for name, value, _, _ in lines if name == "dtrain.train.loss"]
     assert losses == [e["loss"] for e in run.of("train")]
     assert any(name == "dtrain.checkpoint.seconds" for name, *_ in lines)
+    [startup] = [value for name, value, _, _ in lines if name == "dtrain.startup.seconds"]
+    assert startup == pytest.approx(run.of("startup")[0]["total_s"])  # once, at the first step
     # Every line carries the configured tags (DogStatsD: the run_id's ':' and '+' survive), the rest "none".
     assert all(
         {k: t[k] for k in RUN_TAGS}
