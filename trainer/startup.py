@@ -51,10 +51,6 @@ class StartupClock:
         self._seconds[phase] = max(0.0, now - self._last)
         self._last = now
 
-    @property
-    def done(self) -> bool:
-        return PHASES[-1] in self._seconds
-
     def fields(self) -> dict[str, float]:
         out = {f"{p}_s": round(self._seconds.get(p, 0.0), 3) for p in PHASES}
         out["total_s"] = round(self._last - self.started_at, 3)

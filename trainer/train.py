@@ -183,7 +183,7 @@ class Job(CheckpointReports):
             self.ckpt.warm_up_staging(self.model, self.optimizer, self.scheduler, self.data, step)
         self.settle()  # the previous step's: the device finished it while this one was queued
         self._unsettled = (step, lr, loss, grad_norm)
-        if self.startup is not None and not self.startup.done:
+        if self.startup is not None:  # this process's first step
             self.started(step)
         now = time.perf_counter()
         self.cost.time_step(now - self._last_step_end)
@@ -220,6 +220,7 @@ class Job(CheckpointReports):
         self.metrics.gauge("startup.seconds", fields["total_s"])
         self.progress.started(fields["total_s"])
         log(self.d, self.startup.summary())
+        self.startup = None  # said once
 
     def _over_budget(self, step: int) -> dict | None:
         over = self.budget.over()
