@@ -124,12 +124,26 @@ def close_the_round_once_all_are_in(environ: Any = None) -> bool:
     return True
 
 
+def _poll_s(value: str | None) -> float:
+    """``$DTRAIN_RDZV_POLL_S`` as seconds; unset, or not a number of seconds > 0 (said): RESIZE_POLL_S."""
+    if not value:
+        return RESIZE_POLL_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        say(f"[trainer.launch] {POLL_ENV}={value!r} is not seconds > 0: polling every {RESIZE_POLL_S} s")
+        return RESIZE_POLL_S
+    return seconds
+
+
 def _poll_resize_rounds_faster(environ: Any = None) -> None:
     """Patch the delay torch's rendezvous takes between two polls of the state (1 s) to ``RESIZE_POLL_S``
     while the round is a resize; torch's own delay otherwise."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    poll_s = float((os.environ if environ is None else environ).get(POLL_ENV) or RESIZE_POLL_S)
+    poll_s = _poll_s((os.environ if environ is None else environ).get(POLL_ENV))
     delay = getattr(dynamic_rendezvous._delay, "__wrapped__", dynamic_rendezvous._delay)
 
     def delay_or_poll(seconds):

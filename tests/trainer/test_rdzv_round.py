@@ -135,3 +135,9 @@ def test_a_resize_round_is_polled_ten_times_a_second_and_the_launch_as_torch_pol
     assert rdzv_round.close_the_round_once_all_are_in({rdzv_round.POLL_ENV: "0.5"})
     dynamic_rendezvous._delay(seconds=1)
     assert slept == [0.5]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan"])
+def test_a_poll_interval_that_is_not_seconds_polls_as_the_default_and_says_so(value, capsys):
+    assert rdzv_round._poll_s(value) == rdzv_round.RESIZE_POLL_S  # never a busy loop or a crashed agent
+    assert f"DTRAIN_RDZV_POLL_S={value!r} is not seconds > 0" in capsys.readouterr().err
