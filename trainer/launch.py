@@ -212,10 +212,12 @@ def _leave(handler) -> None:
 
         handler._stop_heartbeats()
         handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
-        say("[trainer.launch] left the rendezvous: the peers meet again without this node")  # fmt: skip
+        say("[trainer.launch] left the rendezvous: the peers meet again without this node")
     except Exception as err:  # noqa: BLE001 - an older or newer torch: the peers wait for the heartbeat
-        say(f"[trainer.launch] could not leave the rendezvous ({type(err).__name__}: {err}); the peers "
-              "notice this node's end when its heartbeats stop")  # fmt: skip
+        say(
+            f"[trainer.launch] could not leave the rendezvous ({type(err).__name__}: {err}); the peers "
+            "notice this node's end when its heartbeats stop"
+        )
 
 
 def _failed_workers(e: ChildFailedError) -> tuple[int, str]:
@@ -272,8 +274,10 @@ def use_a_writable_compile_cache() -> bool:
         with tempfile.TemporaryFile(dir=cache):
             pass
     except OSError as err:
-        say(f"[trainer.launch] the job's compile cache {cache} cannot be written ({err}): the workers "
-              "compile without it, into /tmp")  # fmt: skip
+        say(
+            f"[trainer.launch] the job's compile cache {cache} cannot be written ({err}): the workers "
+            "compile without it, into /tmp"
+        )
         for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
             os.environ.pop(key, None)
         return False

@@ -105,8 +105,10 @@ class BudgetGuard:
         try:
             changes = [(float(t), int(n)) for t, n in mine.get("node_changes") or []]
         except (TypeError, ValueError):
-            say(f"[trainer] node_changes of this attempt's spend file: expected [[at, nodes], ...], got "
-                  f"{mine.get('node_changes')!r}; billed at {self.cost.nodes} node(s)")  # fmt: skip
+            say(
+                f"[trainer] node_changes of this attempt's spend file: expected [[at, nodes], ...], got "
+                f"{mine.get('node_changes')!r}; billed at {self.cost.nodes} node(s)"
+            )
             return
         if changes:
             self.cost.node_changes = changes
@@ -118,13 +120,17 @@ class BudgetGuard:
         try:
             prices = self.dir.prices_in_effect(self.attempt)
         except (OSError, ValueError) as err:
-            say(f"[trainer] could not read the spot prices in effect ({err}): the cap counts the last "
-                  "prices read")  # fmt: skip
+            say(
+                f"[trainer] could not read the spot prices in effect ({err}): the cap counts the last "
+                "prices read"
+            )
             return
         if prices and prices != self.cost.prices_in_effect:
             self.cost.prices_in_effect = prices
-            say(f"[trainer] spot price now ${self.cost.current_price():.4f}/node-h (launched at "
-                  f"${self.cost.price:.4f}): the cap counts every second at the price in effect")  # fmt: skip
+            say(
+                f"[trainer] spot price now ${self.cost.current_price():.4f}/node-h (launched at "
+                f"${self.cost.price:.4f}): the cap counts every second at the price in effect"
+            )
 
     def observe_step(self, seconds: float) -> None:
         self.recent.append(seconds)

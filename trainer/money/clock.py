@@ -65,11 +65,15 @@ def measured(storage: Any | None, directory: str | None = None) -> Clock:
     try:
         skew = storage_skew(storage, directory or storage.root)
     except (OSError, ValueError, KeyError) as err:
-        say(f"[trainer] could not compare this node's clock with the storage's ({err}): billing runs on "
-              "this node's clock")  # fmt: skip
+        say(
+            f"[trainer] could not compare this node's clock with the storage's ({err}): billing runs on "
+            "this node's clock"
+        )
         return Clock()
     if abs(skew) <= TOLERANCE_S:
         return Clock()
-    say(f"[trainer] this node's clock is {skew:+.0f} s off the storage's ({storage.uri}): billing and the "
-          "budget run on the storage's clock")  # fmt: skip
+    say(
+        f"[trainer] this node's clock is {skew:+.0f} s off the storage's ({storage.uri}): billing and the "
+        "budget run on the storage's clock"
+    )
     return Clock(skew)
