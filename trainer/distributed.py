@@ -60,7 +60,8 @@ def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
     dist.init_process_group(backend, init_method="env://", timeout=timeout)
     # One line from every rank, so a group's log shows who joined where.
     say(
-        f"[trainer] rank {rank}/{world_size} (local rank {local_rank}) on {socket.gethostname()}, "
+        f"[trainer] rank {rank}/{world_size} (local rank {local_rank}, pid {os.getpid()}) on "
+        f"{socket.gethostname()}, "
         f"device {device}, backend {backend}"
     )
     mesh = build_mesh(device.type, world_size, parallel or ParallelConfig())

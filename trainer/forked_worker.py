@@ -7,21 +7,18 @@ from __future__ import annotations
 import os
 import sys
 
-from trainer.workers import name_this_process
-
 
 def run(*argv: str) -> None:
-    """``python -u -m trainer *argv`` in this process: exits with the trainer's exit code."""
-    name_this_process(int(os.environ.get("RANK", "0")))
-    if threads := os.environ.get("OMP_NUM_THREADS"):  # the worker's, whatever the fork server's OpenMP read
-        import torch
+    """``python -u -m trainer *argv``: in this local rank's host where an elastic group keeps one
+    (``trainer/worker_host.py``), else in this process. Exits with the trainer's exit code."""
+    from trainer.worker_host import prepare, run_in_host
 
-        torch.set_num_threads(int(threads))
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)  # as -u: each line reaches the node's log whole, at once
-    from trainer.__main__ import main
+    code = run_in_host(int(os.environ.get("LOCAL_RANK", "0")), list(argv))
+    if code is None:
+        prepare(int(os.environ.get("RANK", "0")))
+        from trainer.__main__ import main
 
-    sys.argv = [sys.argv[0], *argv]
-    code = main(list(argv))
+        sys.argv = [sys.argv[0], *argv]
+        code = main(list(argv))
     if code:
         sys.exit(code)

@@ -18,9 +18,11 @@ annotation ``dtrain.io/checkpoint-now``, the kubelet writes the pod's annotation
 volume (``$DTRAIN_REQUESTS_FILE``), and a thread here sends each new request to the workers as SIGUSR1.
 """
 
+import atexit
 import inspect
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -41,6 +43,7 @@ from trainer.config import (
     WORKER_LOST_EXIT_CODE,
 )
 from trainer.rdzv_round import close_the_round_once_all_are_in
+from trainer import worker_host
 from trainer.say import say
 from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
 
@@ -298,7 +301,8 @@ def fork_the_trainers_from_a_warm_process() -> None:
     threads; importing initialises no GPU, no process group and no OpenMP pool, so each worker starts
     these itself, as a new interpreter would. Any other command (a program of your own, ``--no-python``)
     and ``DTRAIN_FORK_WORKERS=0`` keep torchrun's own start. A worker names itself ``dtrain-r<rank>``
-    (``trainer.workers``)."""
+    (``trainer.workers``). An elastic group (``--max-restarts`` > 0) also keeps a host process per local rank,
+    in which every start of its workers trains (``trainer.worker_host``): a resize restarts no process."""
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -311,8 +315,15 @@ def fork_the_trainers_from_a_warm_process() -> None:
             return config, cmd, cmd_args
         from trainer.forked_worker import run as run_trainer
 
+        keep = config.max_restarts > 0 and os.environ.get(worker_host.KEEP_ENV, "1") != "0"
+        if keep:  # before the fork server starts: its environment is every worker's
+            os.environ[worker_host.HOSTS_ENV] = hosts = tempfile.mkdtemp(prefix="dtrain-hosts-")
+            atexit.register(shutil.rmtree, hosts, True)
         multiprocessing.set_forkserver_preload(_PRELOAD)
         forkserver.ensure_running()  # its imports overlap the rendezvous
+        if keep:  # an elastic group: its training processes outlive a resize (started in the background)
+            worker_host.start_hosts(os.environ[worker_host.HOSTS_ENV], config.nproc_per_node,
+                                    multiprocessing.get_context("forkserver"))  # fmt: skip
         config.start_method = "forkserver"
         return config, run_trainer, cmd_args[3:]
 

@@ -21,10 +21,20 @@ import os
 import time
 
 PHASES = ("imports", "process_group", "build", "load", "first_step")
+STARTED_AT_ENV = "DTRAIN_STARTED_AT"
+"""Where a round trained in an elastic group's host (``trainer/worker_host.py``) started: the start of the
+worker its agent forked, seconds since the epoch; its start-up is timed from there, not from the host's."""
 
 
 def process_started_at() -> float:
-    """This process's start, seconds since the epoch (Linux ``/proc``; elsewhere: now)."""
+    """This process's start, seconds since the epoch (Linux ``/proc``; elsewhere: now). A round trained in
+    an elastic group's host (``trainer/worker_host.py``) starts where the worker its agent forked did
+    (``$DTRAIN_STARTED_AT``)."""
+    if forked := os.environ.get(STARTED_AT_ENV):
+        try:
+            return float(forked)
+        except ValueError:
+            pass
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime: ticks since boot

@@ -29,7 +29,27 @@ def build_model(
     model.init_weights(cfg.seed, parameters=random_init)
     if offload:  # FSDP keeps the parameters in host memory; the rotary tables are used on the GPU
         model.rope_cos, model.rope_sin = model.rope_cos.to(d.device), model.rope_sin.to(d.device)
+    check_meshes_are_this_ranks(model)
     return model
+
+
+def check_meshes_are_this_ranks(model: torch.nn.Module) -> None:
+    """Refuse a model whose sharded parameters are laid out for another rank: their device mesh says this
+    process sits elsewhere than its rank does. A process that trains a second world (an elastic group's
+    host, ``trainer/worker_host.py``) would otherwise save and train another rank's shard without an error,
+    had a cache of torch's handed it a mesh of the last world (each is cleared between worlds)."""
+    from torch.distributed.tensor import DTensor
+
+    meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    rank = dist.get_rank()
+    for mesh in meshes.values():
+        where = (mesh.mesh == rank).nonzero()
+        expected = tuple(where[0].tolist()) if len(where) else None
+        if mesh.get_coordinate() != expected:
+            raise RuntimeError(
+                f"rank {rank}: the model's device mesh {mesh} places this process at "
+                f"{mesh.get_coordinate()}, not at {expected}: a mesh of an earlier world was reused"
+            )
 
 
 def train_step(model, optimizer, scheduler, micro_batches, cfg: TrainConfig, before_optimizer_step=None):

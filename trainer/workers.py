@@ -21,14 +21,19 @@ AGENT_PID_ENV = "DTRAIN_AGENT_PID"
 (``trainer.contract.simulate_preemption`` signals the agent)."""
 RANK_NAME = "dtrain-r"
 """A forked training process's name: ``dtrain-r<rank>`` (15 characters at most: ranks up to 9,999,999)."""
+NOT_WORKERS = ("dtrain-p", "dtrain-h")
+"""Names of an elastic group's proxies (what its agent forks, ``dtrain-p<rank>``) and of its hosts while
+they wait for a round (``dtrain-h<local rank>``): ``trainer/worker_host.py``. A host that trains is
+``dtrain-r<rank>``."""
 _HELPERS = (b"multiprocessing.forkserver", b"multiprocessing.resource_tracker")
 """Command-line words of the agent's own helper processes, which are not workers."""
 
 
-def name_this_process(rank: int) -> None:
-    """Name this process ``dtrain-r<rank>`` (``prctl(PR_SET_NAME)``); best effort, Linux only."""
+def name_this_process(rank: int, prefix: str = RANK_NAME) -> None:
+    """Name this process ``dtrain-r<rank>`` (``prctl(PR_SET_NAME)``); best effort, Linux only. An elastic
+    group's proxies and idle hosts (``trainer/worker_host.py``) name themselves with ``NOT_WORKERS``."""
     try:
-        Path("/proc/self/comm").write_text(f"{RANK_NAME}{rank}")
+        Path("/proc/self/comm").write_text(f"{prefix}{rank}")
     except OSError:
         pass
 
@@ -60,6 +65,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -69,13 +81,13 @@ def _cmdline(pid: int) -> bytes:
 
 def worker_pids(agent: int) -> list[int]:
     """The training processes of the torchrun agent ``agent``: its children, or where it forks them, its fork
-    server's; never the agent's helpers (fork server, resource tracker) nor what the workers start in turn
-    (data loader workers)."""
+    server's; never the agent's helpers (fork server, resource tracker), an elastic group's proxies and idle
+    hosts (``NOT_WORKERS``), nor what the workers start in turn (data loader workers)."""
     found = []
     for child in _children(agent):
         cmdline = _cmdline(child)
         if _HELPERS[0] in cmdline:
-            found.extend(_children(child))
+            found.extend(pid for pid in _children(child) if not _name(pid).startswith(NOT_WORKERS))
         elif _HELPERS[1] not in cmdline:
             found.append(child)
     return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections import defaultdict
 from pathlib import Path
@@ -68,6 +69,16 @@ def _started_at_one_node(launcher: LocalLauncher, name: str) -> int | None:
     return next((e["step"] for e in events if e["event"] == "world" and e["nodes"] == 1), None)
 
 
+def _training_pids(state_dir: Path, name: str, node: int) -> list[int]:
+    """The pid of the process that joined each process group on ``node`` (its ``[trainer] rank`` lines)."""
+    lines = (state_dir / name / "group.log").read_text().splitlines()
+    return [
+        int(m[1])
+        for line in lines
+        if (m := re.match(rf"\[node{node}\]\[trainer\] rank .*, pid (\d+)\)", line))
+    ]
+
+
 def _lose_node(launcher: LocalLauncher, state_dir: Path, name: str, lost: int = 1) -> int:
     """SIGTERM to node ``lost``'s agent only (a spot reclaim of that node); returns its peer's agent pid."""
     pids = node_pids(state_dir, name)
@@ -103,6 +114,10 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     assert [n for _, n in attempts] == [2, 1, 2], attempts
     assert attempts[2][0] >= at_one + 3, attempts  # trained at 1 node in between
     assert [n for _, n in launcher.node_changes("resize-r0")] == [2, 1, 2]
+    # node 0's training process trained all three worlds: its host outlived both resizes
+    # (trainer/worker_host.py)
+    assert len(_training_pids(state_dir, "resize-r0", node=0)) == 3
+    assert len(set(_training_pids(state_dir, "resize-r0", node=0))) == 1
     done = group_events(state_dir, "resize-r0", "done")
     assert done[-1]["tokens_seen"] == STEPS * SMALL["global_batch_size"] * SMALL["seq_len"]
 
@@ -133,6 +148,8 @@ def test_one_of_two_nodes_preempted_is_replaced_and_its_peer_trains_on(tmp_path,
     result = json.loads((state_dir / "replace-r0" / "result.json").read_text())
     assert result["replacements"] == 1, result
     assert node_pids(state_dir, "replace-r0")[1 - lost] == peer  # the peer's agent was never relaunched
+    kept = _training_pids(state_dir, "replace-r0", node=1 - lost)  # nor its training process, in any world
+    assert len(kept) >= 2 and len(set(kept)) == 1, kept
     ups = [b for a, b in zip(launcher.node_changes("replace-r0"), launcher.node_changes("replace-r0")[1:])
            if b[1] > a[1]]  # fmt: skip
     assert len(ups) == 1, launcher.node_changes("replace-r0")
