@@ -26,7 +26,10 @@ SIGTERM to the first step after it. ``--no-elastic`` leaves them out.
 
 With ``--compile`` the 1-node rows run with ``parallel.compile=true`` instead, each round twice side by side:
 the restart given the first run's compile cache (``TORCHINDUCTOR_CACHE_DIR``: warm, as the local backend
-gives every attempt of a job its own cache) and an empty one (cold: a new machine or pod).
+gives every attempt of a job its own cache) and an empty one (cold: a new machine or pod); the 2-node rows
+compile too, with the job's cache. ``--two-node relaunch,alone`` runs only those 2-node rows
+(``_two_nodes.py``). ``--compare-env DTRAIN_KEEP_WORKERS=0`` sets an elastic group's survivors restarting
+their training processes beside keeping them (``trainer/worker_host.py``).
 
 With ``--compare-start`` every row runs twice in each round, side by side: the workers forked from their
 node's fork server, which has imported torch and the trainer once (``trainer.launch``, the default), and
@@ -49,6 +52,7 @@ import tempfile
 import time
 
 from _common import REPO, events_env, trainer_command
+from _two_nodes import ROWS, node_lost_round
 from _where import startup_after
 from _where import where_it_went
 from trainer.checkpoint_dir import CheckpointDir
@@ -149,91 +153,6 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
     }
 
 
-def _two_node_spec(root: str, flavor: str, elastic: bool):
-    """The job of ``one_round`` as a group of 2 nodes x 1 process, the same sizes: elastic (min_nodes 1) or
-    all or nothing."""
-    from airflow_dtrain.spec import JobSpec
-
-    return JobSpec.from_arguments(
-        flavor=flavor, seq_len=32, global_batch_size=8, micro_batch_size=4, log_every=1, steps=1000,
-        num_nodes=2, procs_per_node=1, min_nodes=1 if elastic else None,
-        checkpoint_uri=os.path.join(root, "ckpt"),
-    )  # fmt: skip
-
-
-def _group_events(launcher, name: str):
-    """A running local group's events as its ranks write them (polled), until it has ended."""
-    cursor = None
-    while True:
-        ended = launcher.status(name).state.terminal
-        new, cursor = launcher.events(name, cursor)
-        yield from new
-        if ended:
-            return
-        time.sleep(POLL_S)
-
-
-def node_lost_round(
-    at_step: int, flavor: str, elastic: bool, lost: int = 1, replaced: bool = True, last_call: bool = False
-) -> dict:
-    """One of two nodes lost: a local group (LocalLauncher) of 2 nodes, SIGTERM to node ``lost``'s agent only
-    once step ``at_step`` is logged. Elastic: its supervisor starts a replacement at once (capacity 2) and the
-    other node's agent re-rendezvouses with it (node 0 too: the store is a process of its own); not
-    ``replaced`` (capacity 1), it trains on alone, once its round closes: when it is in (ours) or, with
-    ``last_call``, at the round's last call (torch's rule, ``DTRAIN_RDZV_LAST_CALL``). All or nothing: the
-    group ends preempted and is launched again, as the operator does. The clock stops at the first step after
-    the preempted one."""
-    from airflow_dtrain.launchers.local import LocalLauncher
-    from trainer.rdzv_round import LAST_CALL_ENV
-
-    os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
-    os.environ[LAST_CALL_ENV] = "1" if last_call else "0"
-    root = tempfile.mkdtemp(prefix="dtrain-recovery-2nodes-")
-    launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "lost-r0"
-    spec = _two_node_spec(root, flavor, elastic)
-    launcher.launch(name, spec)
-    if not replaced:
-        launcher.set_capacity(name, 1)  # no node to replace the lost one with
-    stream, resume, world, t1 = _group_events(launcher, name), None, None, None
-    for e in stream:
-        if e["event"] == "train" and e["step"] >= at_step:
-            t0, t0_wall = time.perf_counter(), time.time()
-            nodes = json.loads(open(os.path.join(root, "groups", name, "nodes.json")).read())
-            os.kill(nodes[str(lost)]["pid"], signal.SIGTERM)
-            break
-    for e in stream:
-        preempted = e if e["event"] == "preempted" else None
-        if preempted:
-            break
-    if not elastic:  # the whole group ends; the operator launches the next one from the checkpoint
-        while not launcher.status(name).state.terminal:
-            time.sleep(POLL_S)
-        name = "lost-r1"
-        launcher.launch(name, spec)
-        stream = _group_events(launcher, name)
-    for e in stream:
-        resume = e if e["event"] == "resume" else resume
-        world = e if e["event"] == "world" else world
-        if e["event"] == "train" and resume is not None:
-            t1, first_step = time.perf_counter(), e["step"]
-            break
-    where = startup_after(stream, t0_wall) if t1 is not None else {}
-    status = launcher.stop(name, grace_period_s=30)
-    if t1 is None:
-        raise RuntimeError(f"the group ended before a step after the loss: {status}; see {root}")
-    shutil.rmtree(root, ignore_errors=True)
-    return {
-        "recovery_s": t1 - t0,
-        "save_s": preempted["seconds_to_save"],
-        "preempted_step": preempted["step"],
-        "resumed_from": resume["from_step"],
-        "first_step": first_step,
-        "steps_lost": preempted["step"] - resume["from_step"],
-        "nodes_after": world["nodes"],
-        **where,
-    }
-
-
 def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str]) -> None:
     """The 1-node recovery, ``rounds`` times: each round's figures, then their medians."""
     rows: dict[str, list[dict]] = {start: [] for start in VARIANTS}
@@ -296,23 +215,18 @@ def compiled_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[
     )
 
 
-def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
-    """The 2-node rows, side by side in this run: all or nothing (relaunch), then elastic (replace one)."""
-    for elastic, lost, more, label in (
-        (False, 1, {}, "2 nodes, all or nothing: whole-group relaunch"),
-        (True, 1, {}, "2 nodes, elastic: one node replaced"),
-        (True, 0, {}, "2 nodes, elastic: node 0 replaced"),
-        (True, 1, {"replaced": False}, "2 nodes, elastic, none to replace it: on at 1 once all are in"),
-        (True, 1, {"replaced": False, "last_call": True}, "2 nodes, elastic, none to replace it: on at 1 "
-         "after torch's last call (replace_timeout_s 30 s)"),
-    ):  # fmt: skip
+def _node_lost_rows(rounds: int, at_step: int, flavor: str, which: list[str], compiled: bool) -> None:
+    """The 2-node rows ``which`` (``_two_nodes.ROWS``), side by side in this run."""
+    for key in which:
+        elastic, lost, more, label = ROWS[key]
+        label += ", compiled" if compiled else ""
         rows: dict[str, list[dict]] = {start: [] for start in VARIANTS}
         for r in range(rounds):
             for start in _alternated(r):
                 environ = _variant_env(start, dict(os.environ))  # the launcher's supervisor and agents
                 os.environ.clear()  # inherit it
                 os.environ.update(environ)
-                rows[start].append(node_lost_round(at_step, flavor, elastic, lost, **more))
+                rows[start].append(node_lost_round(at_step, flavor, elastic, lost, compiled=compiled, **more))
                 figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[start][-1].items()}
                 print(f"{label}, {start}, round {r}: {json.dumps(figures)}", flush=True)
         for start, rs in rows.items():
@@ -326,7 +240,7 @@ def _node_lost_rows(rounds: int, at_step: int, flavor: str) -> None:
             )
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2)
@@ -357,11 +271,21 @@ def main() -> None:
         "DTRAIN_RDZV_POLL_S=1 (torch's polling of a resize round)",
     )
     p.add_argument(
+        "--two-node",
+        metavar="ROW,...",
+        help=f"only these of the 2-node rows: {', '.join(ROWS)} (default: all)",
+    )
+    p.add_argument(
         "--compile",
         action="store_true",
         help="the 1-node recovery with parallel.compile=true, restarted with a warm and with a cold compile "
-        "cache, side by side (in place of the plain one)",
+        "cache, side by side (in place of the plain one); the 2-node rows compiled too",
     )
+    return p
+
+
+def main() -> None:
+    p = _parser()
     args = p.parse_args()
     if args.quick:
         args.rounds = 1
@@ -380,7 +304,10 @@ def main() -> None:
         plain_rows(args.rounds, args.nproc, args.at_step, env, extra)
     if args.no_elastic:
         return
-    _node_lost_rows(args.rounds, args.at_step, args.flavor)
+    which = args.two_node.split(",") if args.two_node else list(ROWS)
+    if unknown := set(which) - set(ROWS):
+        p.error(f"--two-node: unknown row(s) {sorted(unknown)}; one of {list(ROWS)}")
+    _node_lost_rows(args.rounds, args.at_step, args.flavor, which, args.compile)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ NOT_SCRIPTS = {
     "spot_traces.py": "the trace reader of spot_cost.py, spot_choice.py and spot_hindsight.py",
     "_common.py": "what the scripts share: the repository on sys.path, helpers of more than one script",
     "_where.py": "recovery.py's reading of a restart's startup event: where its time went",
+    "_two_nodes.py": "recovery.py's one-of-two-nodes-lost rows",
 }
 
 

@@ -1,0 +1,109 @@
+"""recovery.py's "one of two nodes lost" rows: a local group of 2 nodes x 1 process (``LocalLauncher``),
+SIGTERM to one node's agent, the clock stopped at the first step after it."""
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+from _common import REPO
+from _where import startup_after
+
+POLL_S = 0.01  # how often the group's events are looked at: the clock's resolution
+
+ROWS = {  # --two-node KEY: (elastic, the node lost, node_lost_round's options, label)
+    "relaunch": (False, 1, {}, "2 nodes, all or nothing: whole-group relaunch"),
+    "replaced": (True, 1, {}, "2 nodes, elastic: one node replaced"),
+    "node0": (True, 0, {}, "2 nodes, elastic: node 0 replaced"),
+    "alone": (True, 1, {"replaced": False}, "2 nodes, elastic, none to replace it: on at 1 once all are in"),
+    "last-call": (True, 1, {"replaced": False, "last_call": True}, "2 nodes, elastic, none to replace it: "
+                  "on at 1 after torch's last call (replace_timeout_s 30 s)"),
+}  # fmt: skip
+
+
+def _two_node_spec(root: str, flavor: str, elastic: bool, compiled: bool):
+    """recovery.py's job as a group of 2 nodes x 1 process, the same sizes: elastic (min_nodes 1) or all or
+    nothing; ``compiled``: ``parallel.compile=true``."""
+    from airflow_dtrain.spec import JobSpec
+
+    return JobSpec.from_arguments(
+        flavor=flavor, seq_len=32, global_batch_size=8, micro_batch_size=4, log_every=1, steps=1000,
+        num_nodes=2, procs_per_node=1, min_nodes=1 if elastic else None,
+        checkpoint_uri=os.path.join(root, "ckpt"), config={"parallel": {"compile": compiled}},
+    )  # fmt: skip
+
+
+def _group_events(launcher, name: str):
+    """A running local group's events as its ranks write them (polled), until it has ended."""
+    cursor = None
+    while True:
+        ended = launcher.status(name).state.terminal
+        new, cursor = launcher.events(name, cursor)
+        yield from new
+        if ended:
+            return
+        time.sleep(POLL_S)
+
+
+def node_lost_round(
+    at_step: int, flavor: str, elastic: bool, lost: int = 1, replaced: bool = True, last_call: bool = False,
+    compiled: bool = False,
+) -> dict:  # fmt: skip
+    """One of two nodes lost: a local group (LocalLauncher) of 2 nodes, SIGTERM to node ``lost``'s agent only
+    once step ``at_step`` is logged. Elastic: its supervisor starts a replacement at once (capacity 2) and the
+    other node's agent re-rendezvouses with it (node 0 too: the store is a process of its own); not
+    ``replaced`` (capacity 1), it trains on alone, once its round closes: when it is in (ours) or, with
+    ``last_call``, at the round's last call (torch's rule, ``DTRAIN_RDZV_LAST_CALL``). All or nothing: the
+    group ends preempted and is launched again, as the operator does. The clock stops at the first step after
+    the preempted one. ``compiled``: with the job's compile cache (the local backend's, one per job)."""
+    from airflow_dtrain.launchers.local import LocalLauncher
+    from trainer.rdzv_round import LAST_CALL_ENV
+
+    os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
+    os.environ[LAST_CALL_ENV] = "1" if last_call else "0"
+    root = tempfile.mkdtemp(prefix="dtrain-recovery-2nodes-")
+    launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "lost-r0"
+    spec = _two_node_spec(root, flavor, elastic, compiled)
+    launcher.launch(name, spec)
+    if not replaced:
+        launcher.set_capacity(name, 1)  # no node to replace the lost one with
+    stream, resume, world, t1 = _group_events(launcher, name), None, None, None
+    for e in stream:
+        if e["event"] == "train" and e["step"] >= at_step:
+            t0, t0_wall = time.perf_counter(), time.time()
+            nodes = json.loads(open(os.path.join(root, "groups", name, "nodes.json")).read())
+            os.kill(nodes[str(lost)]["pid"], signal.SIGTERM)
+            break
+    for e in stream:
+        preempted = e if e["event"] == "preempted" else None
+        if preempted:
+            break
+    if not elastic:  # the whole group ends; the operator launches the next one from the checkpoint
+        while not launcher.status(name).state.terminal:
+            time.sleep(POLL_S)
+        name = "lost-r1"
+        launcher.launch(name, spec)
+        stream = _group_events(launcher, name)
+    for e in stream:
+        resume = e if e["event"] == "resume" else resume
+        world = e if e["event"] == "world" else world
+        if e["event"] == "train" and resume is not None:
+            t1, first_step = time.perf_counter(), e["step"]
+            break
+    where = startup_after(stream, t0_wall) if t1 is not None else {}
+    status = launcher.stop(name, grace_period_s=30)
+    if t1 is None:
+        raise RuntimeError(f"the group ended before a step after the loss: {status}; see {root}")
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        "recovery_s": t1 - t0,
+        "save_s": preempted["seconds_to_save"],
+        "preempted_step": preempted["step"],
+        "resumed_from": resume["from_step"],
+        "first_step": first_step,
+        "steps_lost": preempted["step"] - resume["from_step"],
+        "nodes_after": world["nodes"],
+        **where,
+    }
