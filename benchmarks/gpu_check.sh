@@ -10,6 +10,9 @@
 #                                        # flight: exit 75, the restart resumes from the step reached (recovery.py)
 #   bash benchmarks/gpu_check.sh preempt-warm # the same preemption without a save in flight, compiled, the restart
 #                                        # with the first run's compile cache (warm) and with an empty one (cold)
+#   bash benchmarks/gpu_check.sh resize-warm  # an elastic node's resize on one GPU, compiled: its workers restarted
+#                                        # under the live agent in the kept processes, beside new processes with
+#                                        # the job's warm compile cache (DTRAIN_KEEP_WORKERS=0)
 #   bash benchmarks/gpu_check.sh save    # a 14 GB state on the GPU (llama3_1b's size): the sync save against a
 #                                        # fsync'd write of the same bytes, the first async save (buffers allocated
 #                                        # ahead and not), the later ones; needs about 3 x 14 GB free in /tmp
@@ -141,6 +144,18 @@ preempt-warm)
             --set parallel.loss_chunk_tokens=0 --set checkpoint.every=1000
     } 2>&1 | tee "$out/preempt_warm.txt"
     ;;
+resize-warm)
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+        RUN_TIMEOUT=${RUN_TIMEOUT:-540} TAIL=20 run resize-warm-1b $py benchmarks/recovery.py --rounds 2 --nproc 1 \
+            --in-place --compile --no-elastic --compare-env DTRAIN_KEEP_WORKERS=0 --at-step 10 \
+            --stderr "$out/resize_warm_stderr.txt" --flavor ${FLAVOR:-llama3_1b} --set data.seq_len=${SEQ:-2048} \
+            --set micro_batch_size=${MB:-16} --set global_batch_size=${MB:-16} --set parallel.loss_chunk_tokens=0 \
+            --set checkpoint.every=1000
+    } 2>&1 | tee "$out/resize_warm.txt"
+    ;;
 *)
-    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, save, --quick)" >&2; exit 2 ;;
+    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, resize-warm, save, --quick)" >&2
+    exit 2 ;;
 esac

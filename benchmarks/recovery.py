@@ -1,20 +1,16 @@
 """Recovery on the local backend: time from SIGTERM to the first completed step after resume,
 and the steps lost.
 
-    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug]
-                                  [--set KEY=VALUE ...]
+    python benchmarks/recovery.py [--rounds 3] [--nproc 2] [--at-step 5] [--flavor debug] [--set K=V ...]
     python benchmarks/recovery.py --quick      # one round: a check that it runs
     python benchmarks/recovery.py --compile --no-elastic   # compiled: the restart with a warm, a cold cache
 
-Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m trainer`` (torchrun
-with the trainer's exit codes: the launcher a local-backend node runs), debug flavour, sends
-SIGTERM to the agent once step --at-step is logged, waits for exit 75, starts the same command
-again at once and stops the clock at the first "train" event after the resume. Steps lost =
-the preempted step minus the resumed step (progress.json's steps_lost agrees). Each run's events are
-read from an events directory of its own (``$DTRAIN_EVENTS_DIR``, polled with ``trainer.events``), and
-progress.json through the trainer's reader (``CheckpointDir``). ``--flavor`` and
-``--set`` (the trainer's) change the job, e.g. on a GPU the 1B model with an async save in flight
-when SIGTERM comes (``benchmarks/gpu_check.sh preempt``).
+Each round runs ``python -m trainer.launch --standalone --nproc-per-node N -m trainer`` (the launcher a
+local-backend node runs), debug flavour, sends SIGTERM to the agent once step --at-step is logged, waits for
+exit 75, starts the same command again at once and stops the clock at the first "train" event after the
+resume. Steps lost = the preempted step minus the resumed step (progress.json's agrees). Events are read
+from each run's own directory (``$DTRAIN_EVENTS_DIR``, ``trainer.events``). ``--flavor`` and ``--set``
+change the job (on a GPU: ``benchmarks/gpu_check.sh preempt``).
 
 Beside it, in the same run, "one of two nodes lost" (``node_lost_round``), three times: a group of 2 nodes x
 1 process (the same job), SIGTERM to node 1's agent only. All or nothing: the group ends and is launched
@@ -28,8 +24,10 @@ With ``--compile`` the 1-node rows run with ``parallel.compile=true`` instead, e
 the restart given the first run's compile cache (``TORCHINDUCTOR_CACHE_DIR``: warm, as the local backend
 gives every attempt of a job its own cache) and an empty one (cold: a new machine or pod); the 2-node rows
 compile too, with the job's cache. ``--two-node relaunch,alone`` runs only those 2-node rows
-(``_two_nodes.py``). ``--compare-env DTRAIN_KEEP_WORKERS=0`` sets an elastic group's survivors restarting
-their training processes beside keeping them (``trainer/worker_host.py``).
+(``_two_nodes.py``). ``--in-place``: the 1-node rows restart their workers under the live agent instead
+(``in_place_round``: an elastic node's resize, on one node, as on one GPU). ``--compare-env
+DTRAIN_KEEP_WORKERS=0`` sets an elastic group's survivors restarting their training processes beside
+keeping them (``trainer/worker_host.py``).
 
 With ``--compare-start`` every row runs twice in each round, side by side: the workers forked from their
 node's fork server, which has imported torch and the trainer once (``trainer.launch``, the default), and
@@ -46,8 +44,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -57,7 +57,7 @@ from _where import startup_after
 from _where import where_it_went
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.events import EventCursor
-from trainer.workers import FORK_ENV
+from trainer.workers import FORK_ENV, worker_pids
 
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
 POLL_S = 0.01  # how often a run's events directory is looked at: the clock's resolution
@@ -78,9 +78,11 @@ ARGS = [
 ]
 
 
-def start(nproc: int, ckpt: str, env: dict, extra: list[str], events_dir: str) -> subprocess.Popen:
-    """A trainer run on ``ckpt`` whose events go to ``events_dir`` (its own)."""
-    cmd = trainer_command(nproc, *ARGS, *extra, "--checkpoint-uri", ckpt)
+def start(nproc: int, ckpt: str, env: dict, extra: list[str], events_dir: str, cmd: list | None = None):
+    """A trainer run on ``ckpt`` whose events go to ``events_dir`` (its own); ``cmd``: the launcher's
+    command, before ``-m trainer``, in place of a standalone one's."""
+    args = (*ARGS, *extra, "--checkpoint-uri", ckpt)
+    cmd = [*cmd, "-m", "trainer", *args] if cmd else trainer_command(nproc, *args)
     env = events_env(env, events_dir)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=STDERR)
 
@@ -151,6 +153,81 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
         "saves": saves,
         **where,
     }
+
+
+def in_place_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
+    """An elastic node's resize, on one node: SIGTERM to one worker (not the agent) once step ``at_step`` is
+    logged; every rank saves and exits 75, the live agent starts its workers again (in the kept training
+    processes, ``trainer/worker_host.py``, or new ones with ``DTRAIN_KEEP_WORKERS=0``); the clock stops at
+    the first step after the resume."""
+    ckpt, events_dir = tempfile.mkdtemp(prefix="dtrain-recovery-"), tempfile.mkdtemp(prefix="dtrain-events-")
+    store, endpoint = _rendezvous_store(env)  # as an elastic group's: a process of its own, not the agent's
+    agent = [sys.executable, "-m", "trainer.launch", "--nnodes", "1", "--nproc-per-node", str(nproc),
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "in-place", "--rdzv-conf",
+             "is_host=0", "--max-restarts", "3"]  # fmt: skip
+    run = start(nproc, ckpt, env, extra, events_dir, agent)
+    stream, preempted, resume = events(run, events_dir), None, None
+    for e in stream:
+        if e["event"] == "train" and e["step"] >= at_step:
+            t0, t0_wall = time.perf_counter(), time.time()
+            os.kill(min(worker_pids(run.pid)), signal.SIGTERM)
+            break
+    for e in stream:
+        preempted = e if e["event"] == "preempted" else preempted
+        resume = e if e["event"] == "resume" else resume
+        if e["event"] == "train" and resume is not None:
+            t1, first_step = time.perf_counter(), e["step"]
+            break
+    where = startup_after(stream, t0_wall)
+    run.send_signal(signal.SIGTERM)
+    run.wait()
+    store.terminate()
+    store.wait()
+    shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.rmtree(events_dir, ignore_errors=True)
+    return {
+        "recovery_s": t1 - t0,
+        "save_s": preempted["seconds_to_save"],
+        "first_step": first_step,
+        "steps_lost": preempted["step"] - resume["from_step"],
+        **where,
+    }
+
+
+def _rendezvous_store(env: dict) -> tuple[subprocess.Popen, str]:
+    """``python -m trainer.rdzv_store`` on a free port of 127.0.0.1, serving once it says so."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = subprocess.Popen([sys.executable, "-m", "trainer.rdzv_store", "127.0.0.1", str(port)], cwd=REPO,
+                             env=env, stdout=subprocess.PIPE, stderr=STDERR, text=True)  # fmt: skip
+    store.stdout.readline()  # "rendezvous store serving on ..."
+    return store, f"127.0.0.1:{port}"
+
+
+def in_place_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str], compiled: bool) -> None:
+    """``in_place_round``, ``rounds`` times for each variant, side by side; ``compiled``: each run compiles
+    into a cache of its own, which a new process finds warm at the restart."""
+    extra = [*extra, "--set", "parallel.compile=true"] if compiled else extra
+    rows: dict[str, list[dict]] = {start: [] for start in VARIANTS}
+    for r in range(rounds):
+        for variant in _alternated(r):
+            caches = tempfile.mkdtemp(prefix="dtrain-recovery-compile-")
+            run_env = {**_variant_env(variant, env), "TORCHINDUCTOR_CACHE_DIR": caches}
+            rows[variant].append(in_place_round(nproc, at_step, run_env, extra))
+            shutil.rmtree(caches, ignore_errors=True)
+            figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[variant][-1].items()}
+            print(
+                f"1 node, workers restarted in place, {variant}, round {r}: {json.dumps(figures)}", flush=True
+            )
+    for variant, rs in rows.items():
+        print(
+            f"1 node, workers restarted in place{', compiled' if compiled else ''}, {variant}: SIGTERM to a "
+            f"worker -> first step after it: median "
+            f"{statistics.median(row['recovery_s'] for row in rs):.2f} s; "
+            f"steps lost: max {max(row['steps_lost'] for row in rs)}\n  {where_it_went(rs)}",
+            flush=True,
+        )
 
 
 def plain_rows(rounds: int, nproc: int, at_step: int, env: dict, extra: list[str]) -> None:
@@ -271,6 +348,13 @@ def _parser() -> argparse.ArgumentParser:
         "DTRAIN_RDZV_POLL_S=1 (torch's polling of a resize round)",
     )
     p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="the 1-node rows restart their workers under the live agent, as an elastic node's resize does "
+        "(SIGTERM to a worker), in place of a relaunch; with --compare-env DTRAIN_KEEP_WORKERS=0 beside new "
+        "processes",
+    )
+    p.add_argument(
         "--two-node",
         metavar="ROW,...",
         help=f"only these of the 2-node rows: {', '.join(ROWS)} (default: all)",
@@ -298,7 +382,9 @@ def main() -> None:
     STDERR = open(args.stderr, "a") if args.stderr else subprocess.DEVNULL  # noqa: SIM115 - open for the run
     extra = ["--flavor", args.flavor, *(a for kv in args.set for a in ("--set", kv))]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    if args.compile:
+    if args.in_place:
+        in_place_rows(args.rounds, args.nproc, args.at_step, env, extra, args.compile)
+    elif args.compile:
         compiled_rows(args.rounds, args.nproc, args.at_step, env, extra)
     else:
         plain_rows(args.rounds, args.nproc, args.at_step, env, extra)

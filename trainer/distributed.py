@@ -57,7 +57,10 @@ def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = timedelta(seconds=(parallel or ParallelConfig()).collective_timeout_s)
-    dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    if store := world_store(rank, world_size, timeout):
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
     # One line from every rank, so a group's log shows who joined where.
     say(
         f"[trainer] rank {rank}/{world_size} (local rank {local_rank}, pid {os.getpid()}) on "
@@ -68,6 +71,18 @@ def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
     if rank == 0 and mesh.ndim > 1:
         say(f"[trainer] HSDP mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}")
     return Dist(rank, local_rank, world_size, device, mesh)
+
+
+def world_store(rank: int, world_size: int, timeout: timedelta):
+    """The agent's store (``TORCHELASTIC_USE_AGENT_STORE``), its keys prefixed with this world's name
+    (``$DTRAIN_WORLD``, ``trainer.rdzv_round.name_each_world``): what ``env://`` connects to, without the
+    keys a rank of the last world left there. None where the agent named no world: ``env://`` as is."""
+    world = os.environ.get("DTRAIN_WORLD")
+    if not world or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=timeout)  # fmt: skip
+    return dist.PrefixStore(f"dtrain/world/{world}/", store)
 
 
 class StopRequests(Signals):

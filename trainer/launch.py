@@ -42,7 +42,7 @@ from trainer.config import (
     STORAGE_EXIT_CODE,
     WORKER_LOST_EXIT_CODE,
 )
-from trainer.rdzv_round import close_the_round_once_all_are_in
+from trainer.rdzv_round import close_the_round_once_all_are_in, name_each_world
 from trainer import worker_host
 from trainer.say import say
 from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     restart_only_the_resumable()
     leave_the_rendezvous_on_a_signal()
     close_the_round_once_all_are_in()
+    name_each_world()
     fork_the_trainers_from_a_warm_process()
     use_a_writable_compile_cache()
     args = parse_args(sys.argv[1:] if argv is None else argv)

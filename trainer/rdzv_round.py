@@ -124,6 +124,48 @@ def close_the_round_once_all_are_in(environ: Any = None) -> bool:
     return True
 
 
+WORLD_ENV = "DTRAIN_WORLD"
+"""``<run id>.<rendezvous round>``, given by ``trainer.launch`` to every worker it starts: the same on every
+node of one world, another for the next. ``trainer.distributed`` prefixes the world's keys in the group's
+store with it."""
+_world = [""]
+
+
+def name_each_world() -> bool:
+    """Give every worker the world it belongs to (``WORLD_ENV``), from the round its agent's rendezvous
+    completed. The store that workers meet in (the agent's, or an elastic group's own process) outlives a
+    world, and torch's workers write their keys in it unprefixed ("a new TCPStore for every retry"), which
+    holds only where the agent hosts a new store each round. Elsewhere a rank of the next world could read
+    a peer's key of the last one: its gloo address or NCCL id, a connection to a process that has left (or,
+    in a process kept across worlds, ``trainer/worker_host.py``, to its own old group: a hang). Best effort,
+    on torch's private rendezvous state: where it differs, no name is given and torch's keys are used."""
+    from torch.distributed.elastic.agent.server import local_elastic_agent
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    rendezvous = getattr(SimpleElasticAgent._rendezvous, "__wrapped__", SimpleElasticAgent._rendezvous)
+    start = getattr(local_elastic_agent.start_processes, "__wrapped__", local_elastic_agent.start_processes)
+
+    def rendezvous_and_name_the_world(self, worker_group):
+        result = rendezvous(self, worker_group)
+        try:
+            handler = worker_group.spec.rdzv_handler
+            _world[0] = f"{handler.get_run_id()}.{handler._state_holder.state.round}"
+        except AttributeError:
+            _world[0] = ""
+        return result
+
+    def start_named(*args, **kwargs):
+        if _world[0] and isinstance(kwargs.get("envs"), dict):
+            kwargs["envs"] = {rank: {**env, WORLD_ENV: _world[0]} for rank, env in kwargs["envs"].items()}
+        return start(*args, **kwargs)
+
+    rendezvous_and_name_the_world.__wrapped__ = rendezvous
+    start_named.__wrapped__ = start
+    SimpleElasticAgent._rendezvous = rendezvous_and_name_the_world
+    local_elastic_agent.start_processes = start_named
+    return True
+
+
 def _poll_s(value: str | None) -> float:
     """``$DTRAIN_RDZV_POLL_S`` as seconds; unset, or not a number of seconds > 0 (said): RESIZE_POLL_S."""
     if not value:
