@@ -9,7 +9,7 @@ import tempfile
 import time
 
 from _common import REPO
-from _where import startup_after
+from _where import after_resume, startup_after
 
 POLL_S = 0.01  # how often the group's events are looked at: the clock's resolution
 
@@ -69,7 +69,7 @@ def node_lost_round(
     launcher.launch(name, spec)
     if not replaced:
         launcher.set_capacity(name, 1)  # no node to replace the lost one with
-    stream, resume, world, t1 = _group_events(launcher, name), None, None, None
+    stream = _group_events(launcher, name)
     for e in stream:
         if e["event"] == "train" and e["step"] >= at_step:
             t0, t0_wall = time.perf_counter(), time.time()
@@ -86,12 +86,8 @@ def node_lost_round(
         name = "lost-r1"
         launcher.launch(name, spec)
         stream = _group_events(launcher, name)
-    for e in stream:
-        resume = e if e["event"] == "resume" else resume
-        world = e if e["event"] == "world" else world
-        if e["event"] == "train" and resume is not None:
-            t1, first_step = time.perf_counter(), e["step"]
-            break
+    seen = after_resume(stream, "world")
+    t1, first_step, resume, world = (seen.get(k) for k in ("t1", "first_step", "resume", "world"))
     where = startup_after(stream, t0_wall) if t1 is not None else {}
     status = launcher.stop(name, grace_period_s=30)
     if t1 is None:

@@ -2,6 +2,7 @@
 (``trainer/startup.py``) and the time from SIGTERM to that process's start."""
 
 import statistics
+import time
 
 from trainer.startup import PHASES
 
@@ -27,3 +28,16 @@ def where_it_went(rows: list[dict]) -> str:
     med = {k: statistics.median(row[k] for row in rows) for k in WHERE}
     phases = ", ".join(f"{p.replace('_', ' ')} {med[p + '_s']:.2f}" for p in PHASES)
     return f"where it went (s): SIGTERM -> workers' start {med['to_workers_s']:.2f}, then {phases}"
+
+
+def after_resume(stream, *kinds: str) -> dict:
+    """Read ``stream`` to the first "train" event after a "resume": ``t1`` (the clock then), ``first_step``,
+    and the last event of "resume" and of each of ``kinds`` on the way; without ``t1`` if the stream ends
+    first."""
+    seen: dict = {}
+    for e in stream:
+        if e["event"] in (*kinds, "resume"):
+            seen[e["event"]] = e
+        if e["event"] == "train" and "resume" in seen:
+            return {"t1": time.perf_counter(), "first_step": e["step"], **seen}
+    return seen

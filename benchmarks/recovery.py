@@ -53,7 +53,7 @@ import time
 
 from _common import REPO, events_env, trainer_command
 from _two_nodes import ROWS, node_lost_round
-from _where import startup_after
+from _where import after_resume, startup_after
 from _where import where_it_went
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.events import EventCursor
@@ -166,18 +166,14 @@ def in_place_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dic
              "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "in-place", "--rdzv-conf",
              "is_host=0", "--max-restarts", "3"]  # fmt: skip
     run = start(nproc, ckpt, env, extra, events_dir, agent)
-    stream, preempted, resume = events(run, events_dir), None, None
+    stream = events(run, events_dir)
     for e in stream:
         if e["event"] == "train" and e["step"] >= at_step:
             t0, t0_wall = time.perf_counter(), time.time()
             os.kill(min(worker_pids(run.pid)), signal.SIGTERM)
             break
-    for e in stream:
-        preempted = e if e["event"] == "preempted" else preempted
-        resume = e if e["event"] == "resume" else resume
-        if e["event"] == "train" and resume is not None:
-            t1, first_step = time.perf_counter(), e["step"]
-            break
+    seen = after_resume(stream, "preempted")
+    t1, first_step, preempted, resume = (seen[k] for k in ("t1", "first_step", "preempted", "resume"))
     where = startup_after(stream, t0_wall)
     run.send_signal(signal.SIGTERM)
     run.wait()

@@ -85,7 +85,7 @@ def serve(listener: socket.socket, local_rank: int) -> None:
         accepted, _ = listener.accept()
         try:
             code = _one_round(Connection(accepted.detach()))
-        except (EOFError, OSError, ValueError):  # a worker that gave up waiting for this host: the next
+        except (EOFError, OSError, ValueError):  # the handshake: a worker that gave up waiting for this host
             continue
         if code != REUSABLE_EXIT_CODE:
             return
@@ -113,7 +113,10 @@ def _one_round(conn: Connection) -> int:
     done.set()
     for sig in FORWARDED:  # the round ignored further signals while saving; idle, they end the host
         signal.signal(sig, signal.SIG_DFL)
-    conn.send_bytes(json.dumps({"code": code}).encode())
+    try:
+        conn.send_bytes(json.dumps({"code": code}).encode())
+    except OSError:  # the worker went after the round: its agent has seen that, this round still ended so
+        pass
     conn.close()
     _free()
     return code

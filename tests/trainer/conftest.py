@@ -97,9 +97,9 @@ def trainer_env(data_dir: str) -> dict:
     return env
 
 
-def trainer_cmd(args: list[str], nproc: int | None) -> list[str]:
+def trainer_cmd(args: list[str], nproc: int | None, agent_args: tuple = ()) -> list[str]:
     """`python -m trainer ARGS` (nproc None) or
-    `python -m trainer.launch --nproc-per-node N -m trainer ARGS`."""
+    `python -m trainer.launch --nproc-per-node N AGENT_ARGS -m trainer ARGS`."""
     if nproc is None:
         return [sys.executable, "-m", "trainer", *args]
     # --standalone: a rendezvous on a free local port, so tests never collide on one.
@@ -110,6 +110,7 @@ def trainer_cmd(args: list[str], nproc: int | None) -> list[str]:
         "--standalone",
         "--nproc-per-node",
         str(nproc),
+        *agent_args,
         "-m",
         "trainer",
         *args,
@@ -136,7 +137,8 @@ class Run:
         )
 
 
-def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, env: dict | None = None):
+def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, env: dict | None = None,
+           agent_args: tuple = ()):  # fmt: skip
     """Start a run in a session of its own (so its workers can be reaped with it), with a
     watchdog that kills the whole group after `timeout` seconds. stderr goes to a file:
     a full pipe would block the run while we read its stdout."""
@@ -151,7 +153,7 @@ def _start(args: list[str], data_dir: str, nproc: int | None, timeout: float, en
         "DTRAIN_TEST_RUN": uuid.uuid4().hex,
     }
     proc = subprocess.Popen(
-        trainer_cmd(args, nproc),
+        trainer_cmd(args, nproc, agent_args),
         cwd=REPO,
         env=env,
         text=True,
@@ -214,6 +216,7 @@ def run_and_signal(
     nproc: int | None = None,
     timeout: float = 240,
     env: dict | None = None,
+    agent_args: tuple = (),
 ) -> Run:
     """Start a run, call send(proc) once a "train" event for step >= when_step is printed, wait for exit."""
     return run_with_signals(
@@ -223,6 +226,7 @@ def run_and_signal(
         nproc=nproc,
         timeout=timeout,
         env=env,
+        agent_args=agent_args,
     )
 
 
@@ -233,12 +237,13 @@ def run_with_signals(
     nproc: int | None = None,
     timeout: float = 240,
     env: dict | None = None,
+    agent_args: tuple = (),
 ) -> Run:
     """Start a run; plan is [(predicate(event), send(proc))]: each send fires, in order, on the first
     event (after the previous one fired) that matches its predicate. Waits for the exit. The events are
     read from the run's events files; each line of its stdout (where every event is echoed, after it is
     written there) is the moment to look."""
-    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout, env)
+    proc, stderr, watchdog = _start(args, data_dir, nproc, timeout, env, agent_args)
     lines, pending, cursor = [], list(plan), EventCursor(proc.dtrain_events)
     for line in proc.stdout:
         lines.append(line)
