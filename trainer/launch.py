@@ -322,8 +322,12 @@ def fork_the_trainers_from_a_warm_process() -> None:
         multiprocessing.set_forkserver_preload(_PRELOAD)
         forkserver.ensure_running()  # its imports overlap the rendezvous
         if keep:  # an elastic group: its training processes outlive a resize (started in the background)
-            worker_host.start_hosts(os.environ[worker_host.HOSTS_ENV], config.nproc_per_node,
-                                    multiprocessing.get_context("forkserver"))  # fmt: skip
+            try:
+                worker_host.start_hosts(
+                    hosts, config.nproc_per_node, multiprocessing.get_context("forkserver")
+                )
+            except OSError as err:  # a speed-up, never a reason to fail: workers find no host, train alone
+                say(f"[trainer.launch] no kept training processes ({err}): every resize starts new ones")
         config.start_method = "forkserver"
         return config, run_trainer, cmd_args[3:]
 
