@@ -14,7 +14,11 @@ def startup_after(stream, t0_wall: float) -> dict:
     for e in stream:
         if e["event"] == "startup":
             phases = {f"{p}_s": e[f"{p}_s"] for p in PHASES}
-            return {"to_workers_s": e["started_at"] - t0_wall, **phases}
+            return {
+                "to_workers_s": e["started_at"] - t0_wall,
+                **phases,
+                "graphs_compiled": e.get("graphs_compiled"),
+            }
     return {}
 
 

@@ -52,7 +52,7 @@ import tempfile
 import time
 
 from _common import REPO, events_env, trainer_command
-from _two_nodes import ROWS, node_lost_round
+from _two_nodes import ROWS, join_line, node_lost_round
 from _where import after_resume, startup_after
 from _where import where_it_went
 from trainer.checkpoint_dir import CheckpointDir
@@ -308,7 +308,7 @@ def _node_lost_rows(rounds: int, at_step: int, flavor: str, which: list[str], co
                 f"{statistics.median(row['recovery_s'] for row in rs):.2f} s (save "
                 f"{statistics.median(row['save_s'] for row in rs):.2f} s; resumed at "
                 f"{sorted({row['nodes_after'] for row in rs})} node(s)); steps lost: max "
-                f"{max(row['steps_lost'] for row in rs)}\n  {where_it_went(rs)}",
+                f"{max(row['steps_lost'] for row in rs)}{join_line(rs)}\n  {where_it_went(rs)}",
                 flush=True,
             )
 

@@ -31,7 +31,7 @@ import threading
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
 import torch.distributed.run as torchrun
 from torch.distributed.run import parse_args, run
 
@@ -42,8 +42,13 @@ from trainer.config import (
     STORAGE_EXIT_CODE,
     WORKER_LOST_EXIT_CODE,
 )
-from trainer.rdzv_round import close_the_round_once_all_are_in, name_each_world
-from trainer import worker_host
+from trainer.rdzv_round import (
+    close_the_round_once_all_are_in,
+    current_world,
+    name_each_world,
+    replacements_warm_up_first,
+)
+from trainer import warm_join, worker_host
 from trainer.say import say
 from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
 
@@ -307,6 +312,7 @@ def fork_the_trainers_from_a_warm_process() -> None:
     from multiprocessing import forkserver
 
     config_from_args = getattr(torchrun.config_from_args, "__wrapped__", torchrun.config_from_args)
+    forkserver_context = multiprocessing.get_context("forkserver")
 
     def config_with_forked_trainers(args):
         config, cmd, cmd_args = config_from_args(args)
@@ -322,12 +328,12 @@ def fork_the_trainers_from_a_warm_process() -> None:
         multiprocessing.set_forkserver_preload(_PRELOAD)
         forkserver.ensure_running()  # its imports overlap the rendezvous
         if keep:  # an elastic group: its training processes outlive a resize (started in the background)
-            try:
-                worker_host.start_hosts(
-                    hosts, config.nproc_per_node, multiprocessing.get_context("forkserver")
-                )
-            except OSError as err:  # a speed-up, never a reason to fail: workers find no host, train alone
-                say(f"[trainer.launch] no kept training processes ({err}): every resize starts new ones")
+            warm = (cmd_args[3:], config.max_nodes * config.nproc_per_node) if warm_join.enabled() else None
+            if warm:
+                replacements_warm_up_first()
+            said = worker_host.keep_training_processes(hosts, config.nproc_per_node, forkserver_context, warm)
+            if said:
+                say(f"[trainer.launch] {said}")
         config.start_method = "forkserver"
         return config, run_trainer, cmd_args[3:]
 
@@ -377,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     except RendezvousTimeoutError as e:  # an elastic group: fewer than min_nodes met in time
         code, why = PREEMPTED_EXIT_CODE, f"fewer nodes than the group's min_nodes joined in time ({e})"
+    except RendezvousClosedError as e:  # closed by a node that ended: a late joiner has nothing to train
+        late = not current_world()
+        code, why = (0, "the group had ended before this node joined") if late else (1, f"launch error: {e}")
     except Exception as e:  # rendezvous errors, bad arguments to the agent, ...
         code, why = 1, f"launcher error: {type(e).__name__}: {e}"
     say(f"[trainer.launch] exit {code}: {why}")

@@ -18,8 +18,8 @@ Events (each a single line starting with "{") go to rank 0's events file, ``$DTR
     {"event": "world", "step", "world_size", "nodes", "procs_per_node", "restart"}   (each attempt's start:
                        an elastic group's size after a resize)
     {"event": "startup", "step", "imports_s", "process_group_s", "build_s", "load_s", "first_step_s",
-                         "total_s", "started_at"}   (once the first step of each start is done: where the
-                       start went, trainer/startup.py)
+                         "total_s", "started_at", "graphs_compiled"}   (once the first step of each start
+                       is done: where the start went, trainer/startup.py)
 
 "train" values are over the log interval: tokens_per_s for the whole group, "mfu" null
 where the accelerator's peak FLOP/s is unknown (CPU), peak_mem_mb this rank's peak (CUDA

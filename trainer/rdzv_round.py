@@ -12,7 +12,9 @@ Here a round after the first (a resize: its nodes were in the group before) clos
   round takes in. So an empty wait list means no survivor is missing;
 * at least ``min_nodes`` are in, and as many as the platform says it runs (``$DTRAIN_CAPACITY_FILE``, the
   local group's capacity: its supervisor starts a replacement at once, which joins within seconds, one resize
-  not two). Where nothing says (Kubernetes), none is awaited;
+  not two). Where nothing says (Kubernetes), none is awaited; nor where nodes compile before they join
+  (``trainer.warm_join``, ``replacements_warm_up_first``): the survivors train on while the replacement
+  warms up, and its join costs them a resize of seconds, less than the wait for its warm-up;
 * ``REJOIN_GRACE_S`` has passed since ``min_nodes`` were in: a node between leaving the previous round and
   waiting for the next (milliseconds) is in neither list.
 
@@ -48,6 +50,13 @@ POLL_ENV = "DTRAIN_RDZV_POLL_S"
 RESIZE_POLL_S = 0.1
 """How often a node polls a resize round's state (``$DTRAIN_RDZV_POLL_S``; torch: 1 s)."""
 _resize = [False]  # whether the round being polled is a resize (set by the join, read by the delay)
+_await_replacements = [True]  # whether a resize round awaits the platform's capacity
+
+
+def replacements_warm_up_first() -> None:
+    """This group's nodes compile before they join (``trainer.warm_join``): a resize round awaits no
+    replacement, whatever the capacity."""
+    _await_replacements[0] = False
 
 
 def expected_nodes(max_nodes: int, environ: Any = None) -> int:
@@ -112,7 +121,8 @@ def close_the_round_once_all_are_in(environ: Any = None) -> bool:
             if not all_are_in(ctx.state, ctx.settings, ctx.node, datetime.now(timezone.utc), expected=0):
                 return action
             # the capacity file is read only for a round that could close, not once a second while one waits
-            if len(ctx.state.participants) < expected_nodes(ctx.settings.max_nodes, environ):
+            awaited = expected_nodes(ctx.settings.max_nodes, environ) if _await_replacements[0] else 0
+            if len(ctx.state.participants) < awaited:
                 return action
         except (AttributeError, TypeError) as err:  # torch's private state is not what this reads
             _fall_back(err)
@@ -129,6 +139,11 @@ WORLD_ENV = "DTRAIN_WORLD"
 node of one world, another for the next. ``trainer.distributed`` prefixes the world's keys in the group's
 store with it."""
 _world = [""]
+
+
+def current_world() -> str:
+    """The name of the world this node's agent last started workers in ("" before any)."""
+    return _world[0]
 
 
 def name_each_world() -> bool:

@@ -10,7 +10,9 @@ event (``trainer/events.py``), which ``benchmarks/recovery.py`` reads beside the
 * ``build_s``: the data, the model (parallelized), the optimizer and the checkpoint directory's look-up;
 * ``load_s``: loading the checkpoint it resumes from (0 from scratch);
 * ``first_step_s``: the first step, waited for (its compile, on a GPU its NCCL communicators);
-* ``total_s``: all of it; ``started_at``: the process's start, seconds since the epoch.
+* ``total_s``: all of it; ``started_at``: the process's start, seconds since the epoch;
+* ``graphs_compiled``: the graphs ``torch.compile`` compiled in this round until its first step, the most of
+  any rank (0 where every process was kept or warmed up, ``trainer/warm_join.py``).
 
 Stdlib only.
 """
@@ -18,6 +20,7 @@ Stdlib only.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 PHASES = ("imports", "process_group", "build", "load", "first_step")
@@ -52,6 +55,7 @@ class StartupClock:
         self.started_at = process_started_at() if started_at is None else started_at
         self._last = self.started_at
         self._seconds: dict[str, float] = {}
+        self._graphs_before = graphs_compiled()
 
     def mark(self, phase: str) -> None:
         """``phase`` ended now (it began where the previous one ended)."""
@@ -60,6 +64,10 @@ class StartupClock:
         now = time.time()
         self._seconds[phase] = max(0.0, now - self._last)
         self._last = now
+
+    def graphs_compiled(self) -> int:
+        """The graphs dynamo compiled in this process since this clock started."""
+        return graphs_compiled() - self._graphs_before
 
     def fields(self) -> dict[str, float]:
         out = {f"{p}_s": round(self._seconds.get(p, 0.0), 3) for p in PHASES}
@@ -72,3 +80,9 @@ class StartupClock:
         f = self.fields()
         parts = ", ".join(f"{p.replace('_', ' ')} {f[p + '_s']:.1f} s" for p in PHASES)
         return f"started in {f['total_s']:.1f} s: {parts}"
+
+
+def graphs_compiled() -> int:
+    """The graphs dynamo has compiled in this process (0 before torch.compile is imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else int(utils.counters["stats"]["unique_graphs"])

@@ -215,11 +215,13 @@ class Job(CheckpointReports):
         """The first step of this process is done (waited for): say where its start went."""
         self.settle()
         self.startup.mark("first_step")
-        fields = self.startup.fields()
+        compiled = torch.tensor([self.startup.graphs_compiled()], dtype=torch.int64)
+        dist.all_reduce(compiled, op=dist.ReduceOp.MAX)  # the group's first step waited for the most
+        fields = {**self.startup.fields(), "graphs_compiled": int(compiled)}
         self.metrics.emit("startup", step=step, **fields)
         self.metrics.gauge("startup.seconds", fields["total_s"])
         self.progress.started(fields["total_s"])
-        log(self.d, self.startup.summary())
+        log(self.d, f"{self.startup.summary()}; {int(compiled)} graph(s) compiled")
         self.startup = None  # said once
 
     def _over_budget(self, step: int) -> dict | None:

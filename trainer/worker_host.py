@@ -34,6 +34,7 @@ import sys
 import threading
 from multiprocessing.connection import Client, Connection
 
+from trainer import warm_join
 from trainer.startup import STARTED_AT_ENV, process_started_at
 from trainer.workers import name_this_process
 
@@ -54,13 +55,29 @@ def socket_path(directory: str, local_rank: int) -> str:
     return os.path.join(directory, f"{local_rank}.sock")
 
 
-def start_hosts(directory: str, local_ranks: int, context) -> None:
+def keep_training_processes(directory: str, local_ranks: int, context, warm=None) -> str | None:
+    """``start_hosts``, then, with ``warm``, wait for their warm-up before the agent meets its peers, so that
+    a node joining a group in training does not make the survivors wait for its compile. What the agent has
+    to say about it, if anything."""
+    try:
+        hosts = start_hosts(directory, local_ranks, context, warm)
+    except OSError as err:  # a speed-up, never a reason to fail: workers find no host, train alone
+        return f"no kept training processes ({err}): every resize starts new ones"
+    if warm is None:
+        return None
+    ended = lambda: any(host.exitcode is not None for host in hosts)  # noqa: E731
+    return "this node " + warm_join.wait_for_the_hosts(directory, local_ranks, ended)
+
+
+def start_hosts(directory: str, local_ranks: int, context, warm: tuple[list[str], int] | None = None) -> list:
     """Start one host per local rank from ``context`` (the agent's fork server), listening in ``directory``
     (private to this user). Daemonic: they end with the agent. The sockets listen before this returns (a
     worker that connects early waits in the backlog); the hosts start in a thread, for the fork server may
-    still be importing torch, and the agent must not wait for that before it meets its peers."""
+    still be importing torch. ``warm``: (the training arguments, the group's full world size): each host
+    first compiles in a world of its own (``trainer.warm_join``) and says so in ``directory``. Returns the
+    hosts' processes, as they start."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    listeners = []
+    listeners, hosts = [], []
     for local_rank in range(local_ranks):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(socket_path(directory, local_rank))
@@ -69,18 +86,26 @@ def start_hosts(directory: str, local_ranks: int, context) -> None:
 
     def start() -> None:
         for local_rank, listener in enumerate(listeners):
-            host = context.Process(target=serve, args=(listener, local_rank), name=f"{IDLE_NAME}{local_rank}")
+            host = context.Process(
+                target=serve, args=(listener, local_rank, directory, warm), name=f"{IDLE_NAME}{local_rank}"
+            )
             host.daemon = True
             host.start()
+            hosts.append(host)
             listener.close()  # the host has its own (passed through the fork server)
 
     threading.Thread(target=start, name="dtrain-hosts", daemon=True).start()
+    return hosts
 
 
-def serve(listener: socket.socket, local_rank: int) -> None:
-    """A host: train one round per worker that connects, while each round ends in a clean resumable stop."""
+def serve(listener: socket.socket, local_rank: int, directory: str = "", warm=None) -> None:
+    """A host: warm up if asked (``start_hosts``), then train one round per worker that connects, while each
+    round ends in a clean resumable stop."""
     name_this_process(local_rank, prefix=IDLE_NAME)
     threading.Thread(target=_exit_when_orphaned, daemon=True).start()
+    if warm is not None:
+        argv, world_size = warm
+        warm_join.warm_up_and_tell(directory, local_rank, world_size, argv, free=free_the_last_round)
     while True:
         accepted, _ = listener.accept()
         try:
@@ -118,7 +143,7 @@ def _one_round(conn: Connection) -> int:
     except OSError:  # the worker went after the round: its agent has seen that, this round still ended so
         pass
     conn.close()
-    _free()
+    free_the_last_round()
     return code
 
 
@@ -141,7 +166,7 @@ def prepare(rank: int) -> None:
         stream.reconfigure(line_buffering=True)  # as -u: each line reaches the node's log whole, at once
 
 
-def _free() -> None:
+def free_the_last_round() -> None:
     """Let the last round's model, optimizer and buffers go before the next builds its own, and forget its
     world: DTensor caches its sharding decisions by device mesh, and a mesh equals another of the same shape
     whatever this process's rank in it. Kept, the next round's parameters would take the last round's mesh,

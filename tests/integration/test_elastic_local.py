@@ -18,6 +18,7 @@ from airflow_dtrain.spec import JobSpec
 from tests.conftest import STEP_SLEEP_ENV, slow_steps_env
 from tests.integration.helpers import SMALL, group_events, node_pids, wait_for, wait_for_step, wait_terminal
 from trainer.data import TRACE_SAMPLES_ENV
+from trainer.testing.faults import HOLD_ENV
 
 pytestmark = pytest.mark.torchrun
 
@@ -99,20 +100,23 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     monkeypatch.setenv(TRACE_SAMPLES_ENV, "1")
     slow_steps_env(monkeypatch)  # a window to take a node away in
     state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
+    # 3 steps at 1 node, then it waits for the node that joins (it would otherwise end first, the join being
+    # whenever that node is ready: trainer/warm_join.py)
+    monkeypatch.setenv(HOLD_ENV, "1:3")
     # a last call of 10 minutes: the survivor goes on once it is back (trainer/rdzv_round.py), not then
     launcher.launch("resize-r0", _spec(tmp_path, "resize", replace_timeout_s=600))
     wait_for_step(tmp_path / "resize" / "ckpt", 3)
     launcher.set_capacity("resize-r0", 1)  # no spot node to replace it with
     _lose_node(launcher, state_dir, "resize-r0")
     at_one = wait_for(lambda: _started_at_one_node(launcher, "resize-r0"), 120, "training at 1 node")
-    wait_for_step(tmp_path / "resize" / "ckpt", at_one + 3)  # some steps at 1 node
+    wait_for_step(tmp_path / "resize" / "ckpt", at_one + 2)  # some steps at 1 node (the 3rd held)
     launcher.set_capacity("resize-r0", 2)  # capacity is back: the replacement joins
     status = wait_terminal(launcher, "resize-r0")
     assert status.state == GroupState.SUCCEEDED, status
 
     attempts = _trained_at(state_dir, "resize-r0")
     assert [n for _, n in attempts] == [2, 1, 2], attempts
-    assert attempts[2][0] >= at_one + 3, attempts  # trained at 1 node in between
+    assert attempts[2][0] >= at_one + 2, attempts  # trained at 1 node in between
     assert [n for _, n in launcher.node_changes("resize-r0")] == [2, 1, 2]
     # node 0's training process trained all three worlds: its host outlived both resizes
     # (trainer/worker_host.py)
@@ -139,6 +143,7 @@ def test_one_of_two_nodes_preempted_is_replaced_and_its_peer_trains_on(tmp_path,
     monkeypatch.setenv(TRACE_SAMPLES_ENV, "1")
     slow_steps_env(monkeypatch)
     state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
+    monkeypatch.setenv(HOLD_ENV, "1:2")  # at 1 node, 2 steps, then it waits for its replacement to join
     launcher.launch("replace-r0", _spec(tmp_path, "replace", steps=10))
     wait_for_step(tmp_path / "replace" / "ckpt", 3)
     peer = _lose_node(launcher, state_dir, "replace-r0", lost)  # capacity stays 2: replaced at once
@@ -153,9 +158,34 @@ def test_one_of_two_nodes_preempted_is_replaced_and_its_peer_trains_on(tmp_path,
     ups = [b for a, b in zip(launcher.node_changes("replace-r0"), launcher.node_changes("replace-r0")[1:])
            if b[1] > a[1]]  # fmt: skip
     assert len(ups) == 1, launcher.node_changes("replace-r0")
+    # the peer went on alone while the replacement warmed up (trainer/warm_join.py), then took it in
+    assert [n for _, n in _trained_at(state_dir, "replace-r0")] == [2, 1, 2]
+    joined = (state_dir / "replace-r0" / "group.log").read_text()
+    assert f"[node{lost}][trainer.launch] this node its training processes built the model" in joined
     # 0 steps lost: the resume starts at the step the preemption saved, and rank 0 trained each step once
     saved = [e["step"] for e in group_events(state_dir, "replace-r0", "preempted")]
     resumed = [e["from_step"] for e in group_events(state_dir, "replace-r0", "resume")]
     assert resumed == saved and saved, (saved, resumed)
     steps = [e["step"] for e in group_events(state_dir, "replace-r0", "samples") if e["rank"] == 0]
     assert steps == list(range(1, 11)), steps
+
+
+def test_a_node_that_joins_compiles_before_it_joins(tmp_path, monkeypatch):
+    """parallel.compile: a node joining a group that trains at 1 node first builds the model and compiles in a
+    world of its own (trainer/warm_join.py), so the group's first step at 2 nodes compiles no graph on any
+    rank: the survivor waits for the rendezvous and the load, not for the newcomer's compile."""
+    monkeypatch.setenv(HOLD_ENV, "1:2")  # at 1 node, 2 steps, then it waits for the node that joins
+    slow_steps_env(monkeypatch)
+    state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
+    launcher.launch("join-r0", _spec(tmp_path, "join", steps=10, config={"parallel": {"compile": True}}))
+    wait_for_step(tmp_path / "join" / "ckpt", 3)
+    launcher.set_capacity("join-r0", 1)
+    _lose_node(launcher, state_dir, "join-r0")
+    wait_for(lambda: _started_at_one_node(launcher, "join-r0"), 120, "training at 1 node")
+    launcher.set_capacity("join-r0", 2)  # a node joins: its replacement warms up, then meets the survivor
+    status = wait_terminal(launcher, "join-r0")
+    assert status.state == GroupState.SUCCEEDED, status
+
+    assert [n for _, n in _trained_at(state_dir, "join-r0")] == [2, 1, 2]
+    joined = group_events(state_dir, "join-r0", "startup")[-1]  # the first step at 2 nodes, after the join
+    assert joined["graphs_compiled"] == 0, joined

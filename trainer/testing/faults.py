@@ -15,12 +15,17 @@ save's own thread, as a throttled disk's fsync would (under an async save, train
 ``DTRAIN_TEST_STEP_SLEEP=SECONDS``: every step also sleeps SECONDS (as a slower machine's step would take),
 so that the tests' long-running and time-capped groups leave the CPU to the tests running beside them
 (tests/conftest.py's slow_steps).
+
+``DTRAIN_TEST_HOLD="NODES:STEPS"``: in a world of NODES nodes, once it has trained STEPS steps, every rank
+waits until it is told to stop (SIGTERM, the contract's ``Signals``), at most ``HOLD_S``: an elastic group
+at that size goes on only at a resize, whenever the node that joins it is ready (no race with its end).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 
 import torch.distributed as dist
@@ -32,6 +37,8 @@ from trainer.say import say
 COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
 ENOSPC_ENV = "DTRAIN_TEST_ENOSPC_AT_STEP"
 STEP_SLEEP_ENV = "DTRAIN_TEST_STEP_SLEEP"
+HOLD_ENV = "DTRAIN_TEST_HOLD"
+HOLD_S = 300.0
 SLOW_FSYNC_ENV = "DTRAIN_TEST_SLOW_FSYNC"
 FROM_ENV = f"{__name__}:from_env"
 """What ``DTRAIN_FAULTS`` is set to for these faults."""
@@ -109,7 +116,14 @@ class EnvFaults(Faults):
         while time.monotonic() < until and not (release and os.path.exists(release)):
             time.sleep(min(0.2, max(0.0, until - time.monotonic())))
 
+    trained = 0  # steps of this process's round (a round builds its faults anew)
+
     def after_step(self, step: int) -> None:
+        self.trained += 1
+        nodes, _, steps = os.environ.get(HOLD_ENV, "").partition(":")
+        if nodes and os.environ.get("GROUP_WORLD_SIZE") == nodes and self.trained == int(steps):
+            say(f"[trainer] test hook: {HOLD_ENV}: holding after step {step} until told to stop")
+            _until_told_to_stop(time.monotonic() + HOLD_S)
         raw = os.environ.get(STEP_SLEEP_ENV) or ""
         try:
             seconds = float(raw or 0)
@@ -117,6 +131,14 @@ class EnvFaults(Faults):
             raise ValueError(f"{STEP_SLEEP_ENV}: expected a number of seconds, got {raw!r}") from None
         if seconds > 0:
             time.sleep(seconds)
+
+
+def _until_told_to_stop(deadline: float) -> None:
+    """Sleep until the SIGTERM handler (``trainer.contract.Signals``) set its stop flag, or ``deadline``."""
+    handler = signal.getsignal(signal.SIGTERM)
+    signals = getattr(handler, "__self__", None)
+    while time.monotonic() < deadline and not getattr(signals, "stop", False):
+        time.sleep(0.05)
 
 
 def from_env() -> EnvFaults:
