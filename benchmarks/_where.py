@@ -31,7 +31,9 @@ def where_it_went(rows: list[dict]) -> str:
         return "where it went: no startup event"
     med = {k: statistics.median(row[k] for row in rows) for k in WHERE}
     phases = ", ".join(f"{p.replace('_', ' ')} {med[p + '_s']:.2f}" for p in PHASES)
-    return f"where it went (s): SIGTERM -> workers' start {med['to_workers_s']:.2f}, then {phases}"
+    graphs = [row.get("graphs_compiled") for row in rows]
+    compiled = f"; graphs compiled at the first step: {graphs}" if any(g is not None for g in graphs) else ""
+    return f"where it went (s): SIGTERM -> workers' start {med['to_workers_s']:.2f}, then {phases}{compiled}"
 
 
 def after_resume(stream, *kinds: str) -> dict:
