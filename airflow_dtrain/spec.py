@@ -91,9 +91,10 @@ class JobSpec:
         section=GROUP,
         title="Replace timeout (s)",
         help="The longest an elastic group's survivors wait, at a lost node, for a replacement the platform "
-        "runs (a local group's capacity) before they go on without it: one resize, not two. They wait for "
-        "nothing else: their round closes once every one of them is back. On Kubernetes none is awaited; "
-        "a replacement joins when its pod is up, with a resize of its own.",
+        "runs (a local group's capacity) before they go on without it. Their round closes once every one of "
+        "them is back, and no replacement is awaited where nodes warm up before they join (the default: "
+        "DTRAIN_WARM_BEFORE_JOIN) or on Kubernetes: a replacement joins when it is ready, with a resize of "
+        "its own that costs the survivors seconds.",
     )
     min_nodes_timeout_s: float = setting(
         600.0,

@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu_check.sh resize-warm  # an elastic node's resize on one GPU, compiled: its workers restarted
 #                                        # under the live agent in the kept processes, beside new processes with
 #                                        # the job's warm compile cache (DTRAIN_KEEP_WORKERS=0)
+#   bash benchmarks/gpu_check.sh warm-join # a joining node's warm-up in a fake world of 16 on llama3_1b, compiled,
+#                                        # then its first round on the GPU: 0 graphs compiled? (studies/warm_join_check.py)
 #   bash benchmarks/gpu_check.sh save    # a 14 GB state on the GPU (llama3_1b's size): the sync save against a
 #                                        # fsync'd write of the same bytes, the first async save (buffers allocated
 #                                        # ahead and not), the later ones; needs about 3 x 14 GB free in /tmp
@@ -155,7 +157,17 @@ resize-warm)
             --set checkpoint.every=1000
     } 2>&1 | tee "$out/resize_warm.txt"
     ;;
+warm-join)
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        RUN_TIMEOUT=${RUN_TIMEOUT:-540} TAIL=6 run warm-join-1b $py benchmarks/studies/warm_join_check.py --world 16 \
+            --flavor ${FLAVOR:-llama3_1b} --set data.seq_len=${SEQ:-2048} --set micro_batch_size=${MB:-4} \
+            --set global_batch_size=$((16 * ${MB:-4})) --set parallel.loss_chunk_tokens=0 \
+            --set checkpoint.every=1000  # a rank of 16 trains one micro-batch of MB rows, as the GPU's one does
+    } 2>&1 | tee "$out/warm_join.txt"
+    ;;
 *)
-    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, resize-warm, save, --quick)" >&2
+    echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, resize-warm, warm-join, save," \
+        "--quick)" >&2
     exit 2 ;;
 esac
