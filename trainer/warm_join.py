@@ -17,9 +17,15 @@ it would have. ``DTRAIN_WARM_BEFORE_JOIN=0`` joins at once. Stdlib only at impor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
+
+from trainer.say import say
+
+PREEMPTED_EXIT_CODE = 75  # trainer.config's, without importing the config here
 
 WARM_ENV = "DTRAIN_WARM_BEFORE_JOIN"
 """``0``: a node's agent meets the others at once; its hosts compile at their first round."""
@@ -110,6 +116,32 @@ def wait_for_the_hosts(directory: str, local_ranks: int, ended, timeout_s: float
     ``ended()`` (a host has exited); returns the agent's line on it."""
     started = time.monotonic()
     paths = [warm_path(directory, r) for r in range(local_ranks)]
+    with _preempted_before_joining():
+        return _wait(paths, ended, timeout_s, started)
+
+
+@contextlib.contextmanager
+def _preempted_before_joining():
+    """A SIGTERM or SIGINT while the node warms up (a spot reclaim): it has joined nothing and trained
+    nothing, so it exits as preempted (75), said, not killed by the signal."""
+
+    def stop(signum, frame):
+        why = f"{signal.Signals(signum).name} while this node warmed up, before it joined: nothing to save"
+        say(f"[trainer.launch] exit {PREEMPTED_EXIT_CODE}: {why}")
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    try:
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    except ValueError:  # not the main thread: signals are not this caller's to take
+        previous = {}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait(paths: list[str], ended, timeout_s: float, started: float) -> str:
     while not all(os.path.exists(p) for p in paths):
         if ended():
             return "joins without warming up: a training process ended while it warmed up"

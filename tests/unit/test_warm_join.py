@@ -5,10 +5,17 @@ torchrun, compiled, with 0 graphs compiled in the group's round: tests/integrati
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from trainer import warm_join
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -70,3 +77,19 @@ def test_off_with_the_environment(monkeypatch):
     assert not warm_join.enabled()
     monkeypatch.delenv(warm_join.WARM_ENV)
     assert warm_join.enabled()
+
+
+def test_a_node_preempted_while_it_warms_up_exits_as_preempted(tmp_path):
+    """A spot reclaim before the node joined: exit 75 (its group absorbs it), said, not killed by SIGTERM."""
+    waiting = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from trainer import warm_join; "
+         f"warm_join.wait_for_the_hosts({str(tmp_path)!r}, 1, ended=lambda: False); print('joined')"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    time.sleep(1.0)  # it waits: no host has said anything
+    assert waiting.poll() is None
+    waiting.send_signal(signal.SIGTERM)
+    out, _ = waiting.communicate(timeout=30)
+    assert waiting.returncode == 75, out
+    assert "exit 75: SIGTERM while this node warmed up, before it joined: nothing to save" in out
+    assert "joined" not in out.replace("before it joined", "")
