@@ -81,7 +81,7 @@ class JobSpec:
         section=GROUP,
         title="Min nodes",
         help="The fewest nodes the group trains on (an elastic group): it starts when that many can be had, "
-        "goes on without a lost node that is not replaced within replace_timeout_s, and grows back to "
+        "goes on without a lost node until its replacement joins (which compiles first), and grows back to "
         "num_nodes at a checkpoint. The global batch stays the same. Empty: num_nodes (all or nothing).",
     )
     replace_timeout_s: float = setting(

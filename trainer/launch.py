@@ -307,7 +307,8 @@ def fork_the_trainers_from_a_warm_process() -> None:
     these itself, as a new interpreter would. Any other command (a program of your own, ``--no-python``)
     and ``DTRAIN_FORK_WORKERS=0`` keep torchrun's own start. A worker names itself ``dtrain-r<rank>``
     (``trainer.workers``). An elastic group (``--max-restarts`` > 0) also keeps a host process per local rank,
-    in which every start of its workers trains (``trainer.worker_host``): a resize restarts no process."""
+    in which every start of its workers trains (``trainer.worker_host``): a resize restarts no process; they
+    compile in a world of their own before the agent joins (``trainer.warm_join``)."""
     import multiprocessing
     from multiprocessing import forkserver
 
