@@ -145,6 +145,13 @@ def _affine_permutation(n: int, seed: int, epoch: int) -> tuple[int, int]:
             return a, rng.randrange(n)
 
 
+def rank_share(global_batch: int, rank: int, world_size: int) -> tuple[int, int]:
+    """(first sequence, sequences) of ``rank``'s contiguous block of every global batch: the even split when
+    the world divides the batch, else shares that differ by at most one (parallel.uneven_batch)."""
+    start = rank * global_batch // world_size
+    return start, (rank + 1) * global_batch // world_size - start
+
+
 class MicroBatches(list):
     """One optimizer step's micro-batches of a rank, ``[(inputs, targets)]``. ``weights`` is None when every
     rank's share splits into equal micro-batches (each micro-batch's mean loss is divided by their count);
@@ -179,10 +186,7 @@ class TrainBatches:
         self.seq_len, self.seed, self.device = seq_len, seed, device
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.rank, self.world_size = rank, world_size
-        # this rank's block of every global batch: the even split's when the world divides the batch, else
-        # shares that differ by at most one sequence (parallel.uneven_batch)
-        self.start = rank * global_batch_size // world_size
-        self.share = (rank + 1) * global_batch_size // world_size - self.start
+        self.start, self.share = rank_share(global_batch_size, rank, world_size)
         # Each sequence needs seq_len + 1 tokens (inputs and next-token targets).
         self.n_seq = (len(self.tokens) - 1) // seq_len
         # The held-out split too: checked at start, not by the first evaluation (step 0, or after the spend).

@@ -47,7 +47,9 @@ def enabled() -> bool:
 def micro_batch_rows(global_batch: int, micro_batch: int, rank: int, world_size: int) -> list[int]:
     """The rows of each micro-batch that ``rank`` of ``world_size`` trains a step on (``trainer.data``'s
     split: a contiguous share, cut into micro-batches)."""
-    share = (rank + 1) * global_batch // world_size - rank * global_batch // world_size
+    from trainer.data import rank_share
+
+    _, share = rank_share(global_batch, rank, world_size)
     return [min(micro_batch, share - start) for start in range(0, share, micro_batch)]
 
 
