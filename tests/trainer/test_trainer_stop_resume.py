@@ -75,7 +75,9 @@ def test_sigterm_to_the_agent_exits_75_and_resuming_is_bitwise_identical(uninter
     assert min(resumed.losses()) == s + 1
     # Where each attempt's start went, once its first step is done: the resumed one loaded a checkpoint.
     [fresh], [again] = stopped.of("startup"), resumed.of("startup")
-    assert fresh["step"] == 1 and fresh["load_s"] == 0 and again["step"] == s + 1 and again["load_s"] > 0
+    # (the fresh one's "load" is its look for a checkpoint: about 0, a millisecond on a busy machine)
+    assert not stopped.of("resume") and fresh["step"] == 1 and again["step"] == s + 1
+    assert fresh["load_s"] < again["load_s"]
     assert launched < again["started_at"] < time.time()
     phases = ("imports_s", "process_group_s", "build_s", "load_s", "first_step_s")
     assert sum(again[p] for p in phases) == pytest.approx(again["total_s"], abs=0.01), again
