@@ -18,6 +18,11 @@
 #   bash benchmarks/gpu_check.sh save    # a 14 GB state on the GPU (llama3_1b's size): the sync save against a
 #                                        # fsync'd write of the same bytes, the first async save (buffers allocated
 #                                        # ahead and not), the later ones; needs about 3 x 14 GB free in /tmp
+#   bash benchmarks/gpu_check.sh lent    # for a lease of 15 minutes of device time, all tries together: the two
+#                                        # restarts still unmeasured, one round each, each part started only if
+#                                        # the time left ($LENT_S, 420 s, from the script's start) can hold it:
+#                                        # resize-warm's kept processes (issue #39: the figure spot_cost.py's
+#                                        # --rerendezvous-s and --grow-resize-s wait on), then preempt-warm (#40)
 #   bash benchmarks/gpu_check.sh --quick # `make bench-smoke`: mfu.py and recovery.py --quick on the GPU, exit 1
 #                                        # if either fails; without a GPU, says so and exits 0
 # Output goes to $OUT (or ./gpu-out) as one text file per part (--quick: to stdout only).
@@ -157,6 +162,33 @@ resize-warm)
             --set checkpoint.every=1000
     } 2>&1 | tee "$out/resize_warm.txt"
     ;;
+lent)
+    # One device call (timeout_s 450) in a lease of 900 s that pays for the machine's start too; the shorter
+    # part first. What does not fit is said, not started: a part cut off by its timeout gives no figure.
+    budget=${LENT_S:-420}
+    fits() {  # fits NAME NEED_S: is there time left for a part that needs about NEED_S seconds?
+        local left=$((budget - SECONDS))
+        if [ "$left" -ge "$2" ]; then RUN_TIMEOUT=$left; return 0; fi
+        echo "== $1: skipped, ${left}s left of ${budget}s and it needs about $2 s"
+        return 1
+    }
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+        git log -1 --format='code of %h' 2>/dev/null
+        model=(--flavor "${FLAVOR:-llama3_1b}" --set "data.seq_len=${SEQ:-2048}" --set "micro_batch_size=${MB:-16}"
+            --set "global_batch_size=${MB:-16}" --set parallel.loss_chunk_tokens=0 --set checkpoint.every=1000)
+        # an elastic node's resize in its kept processes (#39): the survivors' pause at a loss or a join
+        fits resize-warm "${RESIZE_NEED_S:-150}" && TAIL=6 run resize-warm-1b $py benchmarks/recovery.py \
+            --rounds 1 --nproc 1 --in-place --compile --no-elastic --at-step 10 \
+            --stderr "$out/resize_warm_stderr.txt" "${model[@]}"
+        # restart after a preemption, compiled, with the job's compile cache and with an empty one (#40)
+        fits preempt-warm "${PREEMPT_NEED_S:-240}" && TAIL=12 run preempt-warm-1b $py benchmarks/recovery.py \
+            --rounds 1 --nproc 1 --no-elastic --compile --at-step 10 --stderr "$out/preempt_warm_stderr.txt" \
+            "${model[@]}"
+        echo "== lent: ${SECONDS}s of ${budget}s"
+    } 2>&1 | tee "$out/lent.txt"
+    ;;
 warm-join)
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -168,6 +200,6 @@ warm-join)
     ;;
 *)
     echo "unknown part $part (mfu, mfu-large, async, e2e, preempt, preempt-warm, resize-warm, warm-join, save," \
-        "--quick)" >&2
+        "lent, --quick)" >&2
     exit 2 ;;
 esac
