@@ -43,6 +43,18 @@ run() {  # run NAME ARGS...: one measurement, bounded, its wall time printed
     return "$rc"
 }
 
+# The llama3_1b run that preempt-warm, resize-warm and lent restart (FLAVOR, SEQ, MB to change it).
+model=(--flavor "${FLAVOR:-llama3_1b}" --set "data.seq_len=${SEQ:-2048}" --set "micro_batch_size=${MB:-16}"
+    --set "global_batch_size=${MB:-16}" --set parallel.loss_chunk_tokens=0 --set checkpoint.every=1000)
+preempt_warm() {  # restart after a preemption, compiled, with the job's compile cache and with an empty one
+    run preempt-warm-1b $py benchmarks/recovery.py --rounds 1 --nproc 1 --no-elastic --compile --at-step 10 \
+        --stderr "$out/preempt_warm_stderr.txt" "${model[@]}"
+}
+resize_warm() {  # resize_warm ARGS...: an elastic node's resize in its kept processes (recovery.py --in-place)
+    run resize-warm-1b $py benchmarks/recovery.py --nproc 1 --in-place --compile --no-elastic --at-step 10 \
+        --stderr "$out/resize_warm_stderr.txt" "$@" "${model[@]}"
+}
+
 case $part in
 --quick)
     if ! $py -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
@@ -145,21 +157,14 @@ preempt-warm)
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
         $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
-        RUN_TIMEOUT=${RUN_TIMEOUT:-540} TAIL=20 run preempt-warm-1b $py benchmarks/recovery.py --rounds 1 --nproc 1 \
-            --no-elastic --compile --at-step 10 --stderr "$out/preempt_warm_stderr.txt" --flavor ${FLAVOR:-llama3_1b} \
-            --set data.seq_len=${SEQ:-2048} --set micro_batch_size=${MB:-16} --set global_batch_size=${MB:-16} \
-            --set parallel.loss_chunk_tokens=0 --set checkpoint.every=1000
+        RUN_TIMEOUT=${RUN_TIMEOUT:-540} TAIL=20 preempt_warm
     } 2>&1 | tee "$out/preempt_warm.txt"
     ;;
 resize-warm)
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
         $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
-        RUN_TIMEOUT=${RUN_TIMEOUT:-540} TAIL=20 run resize-warm-1b $py benchmarks/recovery.py --rounds 2 --nproc 1 \
-            --in-place --compile --no-elastic --compare-env DTRAIN_KEEP_WORKERS=0 --at-step 10 \
-            --stderr "$out/resize_warm_stderr.txt" --flavor ${FLAVOR:-llama3_1b} --set data.seq_len=${SEQ:-2048} \
-            --set micro_batch_size=${MB:-16} --set global_batch_size=${MB:-16} --set parallel.loss_chunk_tokens=0 \
-            --set checkpoint.every=1000
+        RUN_TIMEOUT=${RUN_TIMEOUT:-540} TAIL=20 resize_warm --rounds 2 --compare-env DTRAIN_KEEP_WORKERS=0
     } 2>&1 | tee "$out/resize_warm.txt"
     ;;
 lent)
@@ -176,16 +181,10 @@ lent)
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
         $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
         git log -1 --format='code of %h' 2>/dev/null
-        model=(--flavor "${FLAVOR:-llama3_1b}" --set "data.seq_len=${SEQ:-2048}" --set "micro_batch_size=${MB:-16}"
-            --set "global_batch_size=${MB:-16}" --set parallel.loss_chunk_tokens=0 --set checkpoint.every=1000)
         # an elastic node's resize in its kept processes (#39): the survivors' pause at a loss or a join
-        fits resize-warm "${RESIZE_NEED_S:-150}" && TAIL=6 run resize-warm-1b $py benchmarks/recovery.py \
-            --rounds 1 --nproc 1 --in-place --compile --no-elastic --at-step 10 \
-            --stderr "$out/resize_warm_stderr.txt" "${model[@]}"
+        fits resize-warm "${RESIZE_NEED_S:-150}" && TAIL=6 resize_warm --rounds 1
         # restart after a preemption, compiled, with the job's compile cache and with an empty one (#40)
-        fits preempt-warm "${PREEMPT_NEED_S:-240}" && TAIL=12 run preempt-warm-1b $py benchmarks/recovery.py \
-            --rounds 1 --nproc 1 --no-elastic --compile --at-step 10 --stderr "$out/preempt_warm_stderr.txt" \
-            "${model[@]}"
+        fits preempt-warm "${PREEMPT_NEED_S:-240}" && TAIL=12 preempt_warm
         echo "== lent: ${SECONDS}s of ${budget}s"
     } 2>&1 | tee "$out/lent.txt"
     ;;
