@@ -57,16 +57,17 @@ def node_lost_round(
     once step ``at_step`` is logged. Elastic: its supervisor starts a replacement at once (capacity 2) and the
     other node's agent re-rendezvouses with it (node 0 too: the store is a process of its own); not
     ``replaced`` (capacity 1), it trains on alone, once its round closes: when it is in (ours) or, with
-    ``last_call``, at the round's last call (torch's rule, ``DTRAIN_RDZV_LAST_CALL``). All or nothing: the
-    group ends preempted and is launched again, as the operator does. The clock stops at the first step after
-    the preempted one. ``compiled``: with the job's compile cache (the local backend's, one per job).
-    ``join_after``: once the survivor has trained that many steps alone, capacity 2 again, and a node joins
+    ``last_call``, at the round's last call (torch's rule: the hook ``rdzv_close_round`` off). All or nothing:
+    the group ends preempted and is launched again, as the operator does. The clock stops at the first step
+    after the preempted one. ``compiled``: with the job's compile cache (the local backend's). ``join_after``:
+    once the survivor has trained that many steps alone, capacity 2 again, and a node joins
     (``joined``)."""
     from airflow_dtrain.launchers.local import LocalLauncher
-    from trainer.rdzv_round import LAST_CALL_ENV
+    from trainer.torch_private import OFF_ENV
 
     os.environ["PYTHONPATH"] = str(REPO)  # the supervisor and its agents run this checkout's code
-    os.environ[LAST_CALL_ENV] = "1" if last_call else "0"
+    if last_call:  # else as the caller's environment says (recovery.py --compare-env)
+        os.environ[OFF_ENV] = ",".join(filter(None, [os.environ.get(OFF_ENV, ""), "rdzv_close_round"]))
     root = tempfile.mkdtemp(prefix="dtrain-recovery-2nodes-")
     launcher, name = LocalLauncher(os.path.join(root, "groups"), peer_exit_grace_s=5), "lost-r0"
     spec = _two_node_spec(root, flavor, elastic, compiled)

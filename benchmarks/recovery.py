@@ -33,7 +33,9 @@ With ``--compare-start`` every row runs twice in each round, side by side: the w
 node's fork server, which has imported torch and the trainer once (``trainer.launch``, the default), and
 each started as its own ``python -m trainer`` (``DTRAIN_FORK_WORKERS=0``, torchrun's own start). With
 ``--compare-env KEY=VALUE`` (repeatable) every row runs also with that setting, e.g. ``DTRAIN_RDZV_POLL_S=1``
-(a resize round polled once a second, as torch does: ``trainer/rdzv_round.py``). Each row also says where
+(a resize round polled once a second, as torch does: ``trainer/rdzv_round.py``) or
+``DTRAIN_TORCH_PRIVATE_OFF=all`` (every private torch hook's fallback, as on a torch that changed them:
+``trainer/torch_private/``). Each row also says where
 the time went: SIGTERM to the restarted workers' start, then their startup phases (``trainer/startup.py``).
 
 Target: <= 10 s and 0 steps lost for the debug flavour.

@@ -24,6 +24,7 @@ from trainer.config import (
 from trainer.fields import add_arguments
 from trainer.say import say
 from trainer.startup import StartupClock  # stdlib only
+from trainer.workers import remember_a_stop, stopped_for_good  # stdlib only
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
@@ -49,6 +50,19 @@ def parse_config(argv: list[str]) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_agent()
+    if (code := stopped_for_good()) is not None:  # torch's agent restarted a node that stopped for good
+        say(f"[trainer] this node's workers stopped for good (exit {code}): exit {code} again, nothing built")
+        return code
+    try:
+        code = _main(argv)
+    except BaseException:
+        remember_a_stop(1)
+        raise
+    remember_a_stop(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     startup = StartupClock()
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv)

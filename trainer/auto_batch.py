@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from trainer import torch_private
+from trainer.torch_private import tensor_hooks
 from trainer.config import ConfigError, TrainConfig
 
 HEADROOM = 0.05
@@ -92,25 +94,11 @@ def _reset_fsdp(model: torch.nn.Module) -> None:
 
     An OOM mid-backward leaves the blocks in their pre-backward state, so the next backward
     would not reduce-scatter their gradients. FSDP2 resets that state in the callback it
-    queues at the end of every backward, which the exception skipped: run it here (it is
-    private API, so only where it exists), then reshard whatever is still gathered.
+    queues at the end of every backward, which the exception skipped: run it here, then reshard
+    whatever is still gathered (private API: ``trainer.torch_private``, hook ``fsdp_reset_after_oom``;
+    ``fit_micro_batch_size`` searches only where it is in force).
     """
-    root = model._get_fsdp_state() if isinstance(model, FSDPModule) else None
-    if root is not None and hasattr(root, "_root_post_backward_final_callback"):
-        root._root_post_backward_final_callback()
-    for m in model.modules():
-        if not isinstance(m, FSDPModule):
-            continue
-        m.reshard()
-        # Blocks whose backward finished while gradient sync was off hold their gradients
-        # unsharded, where zero_grad() does not reach: the next step would add them in.
-        state = m._get_fsdp_state()
-        groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
-        for group in filter(None, groups):
-            for fsdp_param in group.fsdp_params:
-                fsdp_param.unsharded_accumulated_grad = None
-                if hasattr(fsdp_param, "_unsharded_param"):
-                    fsdp_param._unsharded_param.grad = None
+    tensor_hooks.reset_fsdp_backward(model)
 
 
 def fit_micro_batch_size(
@@ -125,6 +113,12 @@ def fit_micro_batch_size(
         log(
             f"auto micro-batch size: skipped on {device.type} (no GPU memory to probe); "
             f"keeping micro_batch_size {cfg.micro_batch_size}"
+        )
+        return cfg
+    if not torch_private.use("fsdp_reset_after_oom"):  # an OOM probe could not be undone: no search
+        log(
+            f"auto micro-batch size: not searched on this torch; keeping micro_batch_size "
+            f"{cfg.micro_batch_size}"
         )
         return cfg
     per_rank = cfg.global_batch_size // world_size

@@ -27,7 +27,7 @@ import os
 import shutil
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainer.config import ConfigError, TrainConfig
 from trainer.model import ModelArgs
@@ -175,7 +175,7 @@ def load_weights(model: torch.nn.Module, directory: str, uri: str = "") -> int:
     """Fill every parameter of ``model`` (sharded or not) from the HF checkpoint in ``directory``,
     each rank reading only its own rows; returns the number of tensors loaded."""
     from safetensors import safe_open
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from trainer.torch_private import tensor_hooks
 
     files = _weight_files(directory)
     source = uri or directory
@@ -201,9 +201,13 @@ def load_weights(model: torch.nn.Module, directory: str, uri: str = "") -> int:
                     )
                 if isinstance(param, DTensor):
                     local = param.to_local()
-                    local_shape, offset = compute_local_shape_and_global_offset(
-                        param.shape, param.device_mesh, param.placements
-                    )
+                    found = tensor_hooks.local_shape_and_offset(param)
+                    if found is None:  # the fallback: the whole tensor, cut here as FSDP2 placed the shard
+                        whole = lazy[:].to(dtype=param.dtype, device=local.device)
+                        local.copy_(distribute_tensor(whole, param.device_mesh, param.placements,
+                                                      src_data_rank=None).to_local())  # fmt: skip
+                        continue
+                    local_shape, offset = found
                     if local.numel() == 0:
                         continue
                     rows = lazy[tuple(slice(o, o + n) for o, n in zip(offset, local_shape))]

@@ -44,13 +44,14 @@ from trainer.config import (
 )
 from trainer.rdzv_round import (
     close_the_round_once_all_are_in,
-    current_world,
     name_each_world,
     replacements_warm_up_first,
+    started_workers,
 )
-from trainer import warm_join, worker_host
+from trainer import torch_private, warm_join, worker_host
+from trainer.torch_private import elastic_hooks
 from trainer.say import say
-from trainer.workers import AGENT_PID_ENV, FORK_ENV, worker_pids
+from trainer.workers import AGENT_PID_ENV, FORK_ENV, remember_stops_for_restarts, worker_pids
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
 
@@ -124,9 +125,8 @@ def _exit_codes(ctx: PContext) -> dict[int, int | None]:
     """Each worker's exit code by local rank, None while it runs."""
     if handlers := getattr(ctx, "subprocess_handlers", None):  # a command entrypoint (ours: python -m ...)
         return {rank: h.proc.poll() for rank, h in handlers.items()}
-    if pc := getattr(ctx, "_pc", None):  # a Python function entrypoint (multiprocessing)
-        return dict(enumerate(p.exitcode for p in pc.processes))
-    return {}
+    # a Python function entrypoint (multiprocessing; None where torch's context holds them otherwise)
+    return elastic_hooks.forked_exit_codes(ctx) or {}
 
 
 def watch_the_agents_close() -> bool:
@@ -141,9 +141,7 @@ def watch_the_agents_close() -> bool:
       call in that torch leaves it to the default); a torch whose agent takes a ``shutdown_timeout`` reads
       the variable itself;
     * on every torch, note the workers it had to SIGKILL, so that the node's last line says their save was cut
-      short instead of "told to save" alone.
-
-    True if the timeout was patched."""
+      short instead of "told to save" alone. True if the timeout was patched."""
     close = getattr(PContext.close, "__wrapped__", PContext.close)
     patch_timeout = "shutdown_timeout" not in inspect.signature(LocalElasticAgent.__init__).parameters
     default_timeout = (
@@ -175,17 +173,19 @@ def restart_only_the_resumable() -> None:
     resumable (a crash, a fenced or full-disk save, the dollar cap) leaves the agent no restart: it stops at
     once and the node's exit code says why, as in an all-or-nothing group. A worker killed by a signal is a
     lost worker (resumable, as a relaunch would be)."""
-    monitor = getattr(LocalElasticAgent._monitor_workers, "__wrapped__", LocalElasticAgent._monitor_workers)
 
-    def monitor_and_keep_restarts_for_the_resumable(self, worker_group):
-        result = monitor(self, worker_group)
-        codes = {f.exitcode for f in (result.failures or {}).values()}
-        if result.is_failed() and any(c not in RESUMABLE_EXIT_CODES and c >= 0 for c in codes):
-            self._remaining_restarts = 0
-        return result
+    def keep_restarts_for_the_resumable(monitor):
+        def monitor_and_keep_restarts_for_the_resumable(self, worker_group):
+            result = monitor(self, worker_group)
+            codes = {f.exitcode for f in (result.failures or {}).values()}
+            if result.is_failed() and any(c not in RESUMABLE_EXIT_CODES and c >= 0 for c in codes):
+                elastic_hooks.no_restarts_left(self)
+            return result
 
-    monitor_and_keep_restarts_for_the_resumable.__wrapped__ = monitor
-    LocalElasticAgent._monitor_workers = monitor_and_keep_restarts_for_the_resumable
+        return monitor_and_keep_restarts_for_the_resumable
+
+    if not elastic_hooks.patch_monitor_workers(keep_restarts_for_the_resumable):
+        remember_stops_for_restarts()  # the fallback: a restart after a stop for good exits with its code
 
 
 def leave_the_rendezvous_on_a_signal() -> None:
@@ -194,8 +194,8 @@ def leave_the_rendezvous_on_a_signal() -> None:
     torchrun keeps a signalled agent's rendezvous open for the peers (an elastic group goes on), but the
     agent stays listed as a participant until its heartbeats are missed for ``keep_alive_interval`` ×
     ``keep_alive_max_attempt`` (15 s by default): its peers' next round waits that long before it starts.
-    Leaving it at once lets them meet again in the time they take to restart their workers. Best effort, on
-    torch's private rendezvous handler: where it differs, the heartbeat timeout still applies."""
+    Leaving it at once lets them meet again in the time they take to restart their workers (hook
+    ``rdzv_leave_on_signal``, ``trainer.torch_private``; where torch differs, after the heartbeats)."""
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
     run = getattr(SimpleElasticAgent.run, "__wrapped__", SimpleElasticAgent.run)
@@ -204,7 +204,7 @@ def leave_the_rendezvous_on_a_signal() -> None:
         try:
             return run(self, *args, **kwargs)
         except SignalException:
-            _leave(self._worker_group.spec.rdzv_handler)
+            _leave(elastic_hooks.agent_handler(self))
             raise
 
     run_and_leave_on_a_signal.__wrapped__ = run
@@ -212,14 +212,9 @@ def leave_the_rendezvous_on_a_signal() -> None:
 
 
 def _leave(handler) -> None:
-    """Take this node out of the current rendezvous round (``_RendezvousExitOp``), without closing it."""
-    import time
-
+    """Take this node out of the current rendezvous round, without closing it."""
     try:
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
-
-        handler._stop_heartbeats()
-        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10)
+        elastic_hooks.leave_rendezvous(handler)
         say("[trainer.launch] left the rendezvous: the peers meet again without this node")
     except Exception as err:  # noqa: BLE001 - an older or newer torch: the peers wait for the heartbeat
         say(
@@ -322,7 +317,13 @@ def fork_the_trainers_from_a_warm_process() -> None:
             return config, cmd, cmd_args
         from trainer.forked_worker import run as run_trainer
 
-        keep = config.max_restarts > 0 and os.environ.get(worker_host.KEEP_ENV, "1") != "0"
+        # a process kept across worlds needs each world named and torch's mesh caches cleared between them
+        keep = (
+            config.max_restarts > 0
+            and os.environ.get(worker_host.KEEP_ENV, "1") != "0"
+            and torch_private.use("rdzv_name_world")
+            and torch_private.use("dtensor_mesh_caches")
+        )
         if keep:  # before the fork server starts: its environment is every worker's
             os.environ[worker_host.HOSTS_ENV] = hosts = tempfile.mkdtemp(prefix="dtrain-hosts-")
             atexit.register(shutil.rmtree, hosts, True)
@@ -330,6 +331,7 @@ def fork_the_trainers_from_a_warm_process() -> None:
         forkserver.ensure_running()  # its imports overlap the rendezvous
         if keep:  # an elastic group: its training processes outlive a resize (started in the background)
             warm = (cmd_args[3:], config.max_nodes * config.nproc_per_node) if warm_join.enabled() else None
+            warm = warm if warm and torch_private.use("fake_process_group") else None
             if warm:
                 replacements_warm_up_first()
             said = worker_host.keep_training_processes(hosts, config.nproc_per_node, forkserver_context, warm)
@@ -385,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     except RendezvousTimeoutError as e:  # an elastic group: fewer than min_nodes met in time
         code, why = PREEMPTED_EXIT_CODE, f"fewer nodes than the group's min_nodes joined in time ({e})"
     except RendezvousClosedError as e:  # closed by a node that ended: a late joiner has nothing to train
-        late = not current_world()
+        late = not started_workers()
         code, why = (0, "the group had ended before this node joined") if late else (1, f"launch error: {e}")
     except Exception as e:  # rendezvous errors, bad arguments to the agent, ...
         code, why = 1, f"launcher error: {type(e).__name__}: {e}"

@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from trainer.torch_private import tensor_hooks
 from trainer.config import ConfigError, OptimConfig, ParallelConfig
 from trainer.model import Llama
 
@@ -115,18 +116,10 @@ def apply_ac(model: Llama, cfg: ParallelConfig) -> None:
             layer.ac_context_fn = op_level_ac_context
 
 
-def _ops(*names: str) -> set:
-    return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
-
-
 # What op-level selective AC keeps: the expensive results (attention, matmuls). The cheap
 # pointwise ops around them (norms, rotary, SiLU, the SwiGLU product) are recomputed.
-_ATTENTION_OPS = _ops(
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_flash_attention_for_cpu",
-)
+# attention's aten ops are private names (trainer.torch_private, hook sac_attention_ops)
+_ATTENTION_OPS = tensor_hooks.attention_ops()
 _MM = torch.ops.aten.mm.default
 
 

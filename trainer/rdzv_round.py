@@ -24,9 +24,10 @@ polls every round: a node sees the round close, and closes it, within a tenth of
 later, and the survivors' new workers start together. A sync is one compare-and-set of the state on the
 group's store: 16 nodes polling 10 times a second ask it little.
 The first round (the group's launch, nodes starting at different times) is torch's own.
-``DTRAIN_RDZV_LAST_CALL=1`` keeps torch's rule and polling for every round (benchmarks/recovery.py compares
-the two).
-Best effort, on torch's private rendezvous join: where it differs, torch's rule applies.
+``DTRAIN_TORCH_PRIVATE_OFF=rdzv_close_round`` keeps torch's rule and polling for every round
+(benchmarks/recovery.py compares the two).
+On torch's private rendezvous join (``trainer.torch_private``, hook ``rdzv_close_round``): where it differs,
+torch's rule applies, and the trainer's first line says so.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from trainer import torch_private
+from trainer.torch_private import elastic_hooks
 from trainer.say import say
 
 CAPACITY_FILE_ENV = "DTRAIN_CAPACITY_FILE"
 """A JSON file ``{"nodes": k}``: the nodes the platform runs the group on now (the local launcher's
 ``capacity.json``); a round awaits that many. Set, but no file yet: ``max_nodes``."""
-LAST_CALL_ENV = "DTRAIN_RDZV_LAST_CALL"
-"""``1``: every round waits its last call, as torch's own rendezvous does."""
 REJOIN_GRACE_S = 0.3
 """How long a round that has all its survivors still waits, from when ``min_nodes`` were in: a survivor
 goes from leaving the previous round to the wait list in one store round trip (milliseconds)."""
@@ -87,35 +88,24 @@ def all_are_in(state: Any, settings: Any, node: Any, now: datetime, expected: in
     return now - quorum_at >= timedelta(seconds=REJOIN_GRACE_S)
 
 
-_fell_back: list[str] = []
-
-
 def _fall_back(err: Exception) -> None:
-    """Say once per process that the rounds wait their last call: torch's rendezvous state differs."""
-    if not _fell_back:
-        _fell_back.append(repr(err))
-        message = f"[trainer.launch] rendezvous rounds wait their last call ({err!r})"
-        say(message)
+    """The rounds wait their last call from now on: torch's rendezvous state is not what this reads."""
+    torch_private.fall_back("rdzv_close_round", repr(err))
 
 
 def close_the_round_once_all_are_in(environ: Any = None) -> bool:
     """Patch torch's rendezvous join (this module's docstring). True if patched."""
-    if (os.environ if environ is None else environ).get(LAST_CALL_ENV) == "1":
+    found = elastic_hooks.rendezvous_join(environ)
+    if found is None:  # forced off, or an older or newer torch: its own rule
         return False
-    try:
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action, _RendezvousJoinOp
-
-        _Action.MARK_RENDEZVOUS_COMPLETE, _Action.KEEP_ALIVE, _Action.SYNC  # noqa: B018 - all there?
-    except (ImportError, AttributeError) as err:  # an older or newer torch: its own rule
-        _fall_back(err)
-        return False
-    join = getattr(_RendezvousJoinOp.__call__, "__wrapped__", _RendezvousJoinOp.__call__)
+    join_op, Action = found
+    join = getattr(join_op.__call__, "__wrapped__", join_op.__call__)
     _poll_resize_rounds_faster(environ)
 
     def join_or_close(self, ctx, deadline):
         _resize[0] = getattr(ctx.state, "round", 0) > 0
         action = join(self, ctx, deadline)
-        if action not in (_Action.KEEP_ALIVE, _Action.SYNC):
+        if action not in (Action.KEEP_ALIVE, Action.SYNC):
             return action
         try:
             if not all_are_in(ctx.state, ctx.settings, ctx.node, datetime.now(timezone.utc), expected=0):
@@ -127,10 +117,10 @@ def close_the_round_once_all_are_in(environ: Any = None) -> bool:
         except (AttributeError, TypeError) as err:  # torch's private state is not what this reads
             _fall_back(err)
             return action
-        return _Action.MARK_RENDEZVOUS_COMPLETE
+        return Action.MARK_RENDEZVOUS_COMPLETE
 
     join_or_close.__wrapped__ = join
-    _RendezvousJoinOp.__call__ = join_or_close
+    join_op.__call__ = join_or_close
     return True
 
 
@@ -139,11 +129,18 @@ WORLD_ENV = "DTRAIN_WORLD"
 node of one world, another for the next. ``trainer.distributed`` prefixes the world's keys in the group's
 store with it."""
 _world = [""]
+_started = [False]
 
 
 def current_world() -> str:
-    """The name of the world this node's agent last started workers in ("" before any)."""
+    """The name of the world this node's agent last started workers in ("" before any, or where torch's
+    rendezvous state names none: ``rdzv_name_world``'s fallback)."""
     return _world[0]
+
+
+def started_workers() -> bool:
+    """Whether this node's agent has started workers (it joined a world)."""
+    return _started[0]
 
 
 def name_each_world() -> bool:
@@ -152,33 +149,33 @@ def name_each_world() -> bool:
     world, and torch's workers write their keys in it unprefixed ("a new TCPStore for every retry"), which
     holds only where the agent hosts a new store each round. Elsewhere a rank of the next world could read
     a peer's key of the last one: its gloo address or NCCL id, a connection to a process that has left (or,
-    in a process kept across worlds, ``trainer/worker_host.py``, to its own old group: a hang). Best effort,
-    on torch's private rendezvous state: where it differs, no name is given and torch's keys are used."""
+    in a process kept across worlds, ``trainer/worker_host.py``, to its own old group: a hang). On torch's
+    private rendezvous state (``trainer.torch_private``, hook ``rdzv_name_world``): where it differs, no
+    name is given, torch's keys are used, and ``trainer.launch`` keeps no training process across worlds.
+    True if the worlds are named."""
     from torch.distributed.elastic.agent.server import local_elastic_agent
-    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
-    rendezvous = getattr(SimpleElasticAgent._rendezvous, "__wrapped__", SimpleElasticAgent._rendezvous)
     start = getattr(local_elastic_agent.start_processes, "__wrapped__", local_elastic_agent.start_processes)
 
-    def rendezvous_and_name_the_world(self, worker_group):
-        result = rendezvous(self, worker_group)
-        try:
+    def name_the_world(rendezvous):
+        def rendezvous_and_name_the_world(self, worker_group):
+            result = rendezvous(self, worker_group)
             handler = worker_group.spec.rdzv_handler
-            _world[0] = f"{handler.get_run_id()}.{handler._state_holder.state.round}"
-        except AttributeError:
-            _world[0] = ""
-        return result
+            round_ = elastic_hooks.rendezvous_round(handler)
+            _world[0] = "" if round_ is None else f"{handler.get_run_id()}.{round_}"
+            return result
+
+        return rendezvous_and_name_the_world
 
     def start_named(*args, **kwargs):
+        _started[0] = True
         if _world[0] and isinstance(kwargs.get("envs"), dict):
             kwargs["envs"] = {rank: {**env, WORLD_ENV: _world[0]} for rank, env in kwargs["envs"].items()}
         return start(*args, **kwargs)
 
-    rendezvous_and_name_the_world.__wrapped__ = rendezvous
     start_named.__wrapped__ = start
-    SimpleElasticAgent._rendezvous = rendezvous_and_name_the_world
     local_elastic_agent.start_processes = start_named
-    return True
+    return elastic_hooks.patch_agent_rendezvous(name_the_world)
 
 
 def _poll_s(value: str | None) -> float:
@@ -198,13 +195,12 @@ def _poll_s(value: str | None) -> float:
 def _poll_resize_rounds_faster(environ: Any = None) -> None:
     """Patch the delay torch's rendezvous takes between two polls of the state (1 s) to ``RESIZE_POLL_S``
     while the round is a resize; torch's own delay otherwise."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
     poll_s = _poll_s((os.environ if environ is None else environ).get(POLL_ENV))
-    delay = getattr(dynamic_rendezvous._delay, "__wrapped__", dynamic_rendezvous._delay)
 
-    def delay_or_poll(seconds):
-        delay(poll_s if _resize[0] and seconds == 1 else seconds)
+    def poll_faster(delay):
+        def delay_or_poll(seconds):
+            delay(poll_s if _resize[0] and seconds == 1 else seconds)
 
-    delay_or_poll.__wrapped__ = delay
-    dynamic_rendezvous._delay = delay_or_poll
+        return delay_or_poll
+
+    elastic_hooks.patch_rendezvous_delay(poll_faster)

@@ -30,9 +30,7 @@ from typing import IO, Any
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
-    _MEM_FORMAT_ENCODING,
     BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
@@ -42,6 +40,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import LoadItemType
+
+from trainer.torch_private import tensor_hooks
 
 __all__ = [
     "ALLOWED",
@@ -65,15 +65,14 @@ def _allowed() -> dict[tuple[str, str], Any]:
         TensorProperties,
         MetadataIndex,
         StorageMeta,
-        _MEM_FORMAT_ENCODING,
-    )  # TensorProperties pickles its memory format as this enum
+    )
     allowed: dict[tuple[str, str], Any] = {
         **{("torch.distributed.checkpoint.metadata", cls.__name__): cls for cls in dcp_metadata},
-        # each item's slice of a file (storage_data's values), written by FileSystemWriter and FsspecWriter
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
         ("torch", "Size"): torch.Size,  # tensor sizes, chunk offsets and sizes
-        # torch.layout pickles as a call of this lookup (copyreg, torch/serialization.py): a dict get by name
-        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+        # the private ones (trainer.torch_private, hook dcp_metadata_globals): each item's slice of a file
+        # (storage_data's values, written by FileSystemWriter and FsspecWriter); the memory format enum that
+        # TensorProperties pickles; the lookup torch.layout pickles as a call of (copyreg, a dict get by name)
+        **tensor_hooks.dcp_metadata_globals(),
     }
     # dtypes pickle as attributes of torch, by name ("torch", "float32")
     allowed.update({("torch", name): v for name, v in vars(torch).items() if isinstance(v, torch.dtype)})
@@ -126,7 +125,10 @@ class MetadataUnpickler(pickle.Unpickler):
         try:
             return ALLOWED[(module, name)]
         except KeyError:
-            raise UnsafeCheckpoint(self.name, f"{module}.{name}") from None
+            found = tensor_hooks.dcp_global_fallback(module, name)  # where DCP's private names moved
+            if found is None:
+                raise UnsafeCheckpoint(self.name, f"{module}.{name}") from None
+            return found
 
 
 def load_metadata(file: IO[bytes], name: str) -> Metadata:
@@ -187,8 +189,7 @@ class _SafeReading:
         # FileSystemReader.read_metadata (torch 2.13, 2.14), with MetadataUnpickler for its pickle.load
         if self.refusal is not None:  # nothing more of a refused checkpoint, DCP's per-rank fallback neither
             raise self.refusal
-        rank = kwargs.get("rank")
-        path = self._get_metadata_path(rank) if rank is not None else self._get_metadata_path()
+        path = tensor_hooks.metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
             try:
                 metadata = load_metadata(f, str(path))
@@ -214,20 +215,13 @@ class _SafeReading:
         return result
 
 
-if not hasattr(FileSystemReader, "_get_metadata_path"):  # _SafeReading.read_metadata's: fail at import
-    raise ImportError(
-        f"torch {torch.__version__}: FileSystemReader has no _get_metadata_path, through "
-        f"which trainer/safe_pickle.py reads .metadata"
-    )
-
-
 class SafeFileSystemReader(_SafeReading, FileSystemReader):
     """DCP's reader of a local step directory, running nothing the checkpoint holds."""
 
 
 @functools.cache
 def _safe_fsspec_reader() -> type:
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # fsspec: for s3:// only
+    FsspecReader = tensor_hooks.fsspec_reader()  # fsspec: for s3:// only
 
     class SafeFsspecReader(_SafeReading, FsspecReader):
         """DCP's fsspec reader (s3://), running nothing the checkpoint holds."""

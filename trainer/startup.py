@@ -20,7 +20,6 @@ Stdlib only.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 PHASES = ("imports", "process_group", "build", "load", "first_step")
@@ -65,9 +64,11 @@ class StartupClock:
         self._seconds[phase] = max(0.0, now - self._last)
         self._last = now
 
-    def graphs_compiled(self) -> int:
-        """The graphs dynamo compiled in this process since this clock started."""
-        return graphs_compiled() - self._graphs_before
+    def graphs_compiled(self) -> int | None:
+        """The graphs dynamo compiled in this process since this clock started; None: not counted
+        (``trainer.torch_private``, hook ``dynamo_graph_counter``)."""
+        now = graphs_compiled()
+        return None if now is None or self._graphs_before is None else now - self._graphs_before
 
     def fields(self) -> dict[str, float]:
         out = {f"{p}_s": round(self._seconds.get(p, 0.0), 3) for p in PHASES}
@@ -82,7 +83,9 @@ class StartupClock:
         return f"started in {f['total_s']:.1f} s: {parts}"
 
 
-def graphs_compiled() -> int:
-    """The graphs dynamo has compiled in this process (0 before torch.compile is imported)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    return 0 if utils is None else int(utils.counters["stats"]["unique_graphs"])
+def graphs_compiled() -> int | None:
+    """The graphs dynamo has compiled in this process (0 before torch.compile is imported; None: not
+    counted)."""
+    from trainer.torch_private import tensor_hooks
+
+    return tensor_hooks.graphs_compiled()

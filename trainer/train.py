@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trainer import hf, job_setup
+from trainer import hf, job_setup, torch_private
 from trainer.budget import BudgetGuard
 from trainer.checkpoint import Checkpointer
 from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, TrainConfig
@@ -47,6 +47,7 @@ def train(cfg: TrainConfig, *, step_hook: StepHook | None = None, startup: Start
     startup = startup or StartupClock(started_at=time.time())
     d = setup_distributed(cfg.parallel)
     startup.mark("process_group")
+    log(d, torch_private.startup_line())  # the torch and every fallback in force (trainer/torch_private/)
     try:
         job = Job.build(cfg, d)
         startup.mark("build")
@@ -215,13 +216,17 @@ class Job(CheckpointReports):
         """The first step of this process is done (waited for): say where its start went."""
         self.settle()
         self.startup.mark("first_step")
-        compiled = torch.tensor([self.startup.graphs_compiled()], dtype=torch.int64)
-        dist.all_reduce(compiled, op=dist.ReduceOp.MAX)  # the group's first step waited for the most
-        fields = {**self.startup.fields(), "graphs_compiled": int(compiled)}
+        mine = self.startup.graphs_compiled()
+        # the group's first step waited for the most; -1: a rank's torch does not count them
+        compiled = torch.tensor([-1 if mine is None else mine], dtype=torch.int64)
+        dist.all_reduce(compiled, op=dist.ReduceOp.MAX)
+        graphs = None if int(compiled) < 0 else int(compiled)
+        fields = {**self.startup.fields(), "graphs_compiled": graphs}
         self.metrics.emit("startup", step=step, **fields)
         self.metrics.gauge("startup.seconds", fields["total_s"])
         self.progress.started(fields["total_s"])
-        log(self.d, f"{self.startup.summary()}; {int(compiled)} graph(s) compiled")
+        said = "graphs not counted" if graphs is None else f"{graphs} graph(s) compiled"
+        log(self.d, f"{self.startup.summary()}; {said}")
         self.startup = None  # said once
 
     def _over_budget(self, step: int) -> dict | None:
@@ -306,6 +311,7 @@ class Job(CheckpointReports):
             step = resumed_from = latest[0]
             self.metrics.emit("resume", from_step=step, path=latest[1])
         self.progress.start(resumed_from, latest[1] if latest else None, self.tokens(step))
+        self.progress.update(torch=torch_private.torch_report())  # summary.json's "torch"
         return step, resumed_from
 
     def save(self, step: int, reason: str, *, blocking: bool = False) -> float:

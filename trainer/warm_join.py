@@ -82,7 +82,11 @@ def warm_up(argv: list[str], local_rank: int, world_size: int, free=lambda: None
 
     import torch
     import torch.distributed as dist
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend
+    from trainer import torch_private
+    from trainer.torch_private import elastic_hooks
+
+    if not elastic_hooks.register_fake_backend():  # forced off, or this torch has none
+        raise RuntimeError(f"no fake process group: {torch_private.why_off('fake_process_group')}")
 
     from trainer import hf
     from trainer.distributed import Dist

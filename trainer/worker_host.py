@@ -35,6 +35,7 @@ import threading
 from multiprocessing.connection import Client, Connection
 
 from trainer import warm_join
+from trainer.torch_private import elastic_hooks
 from trainer.startup import STARTED_AT_ENV, process_started_at
 from trainer.workers import name_this_process
 
@@ -180,26 +181,12 @@ def free_the_last_round() -> None:
         torch.cuda.empty_cache()
 
 
-_MESH_CACHES = (
-    ("torch.distributed.tensor._redistribute", "_gen_transform_infos"),
-    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh"),
-)
-
-
 def forget_the_last_world() -> None:
     """Clear torch's caches keyed by device mesh (``torch.distributed.tensor``'s sharding propagation, its
-    redistribution plans and mesh topology)."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return
-    from torch.distributed.tensor import debug
-
-    debug._clear_sharding_prop_cache()
-    for module, name in _MESH_CACHES:
-        owner = sys.modules.get(module)
-        for part in name.split("."):
-            owner = getattr(owner, part, None)
-        if hasattr(owner, "cache_clear"):
-            owner.cache_clear()
+    redistribution plans and mesh topology: ``trainer.torch_private``, hook ``dtensor_mesh_caches``; where
+    this torch lacks them, ``trainer.launch`` keeps no process across worlds)."""
+    if "torch.distributed.tensor" in sys.modules:
+        elastic_hooks.clear_mesh_caches()
 
 
 def _exit_if_the_worker_goes(conn: Connection, done: threading.Event) -> None:

@@ -91,3 +91,41 @@ def worker_pids(agent: int) -> list[int]:
         elif _HELPERS[1] not in cmdline:
             found.append(child)
     return found
+
+
+STOPPED_FILE_ENV = "DTRAIN_NODE_STOPPED_FILE"
+"""Set by ``trainer.launch`` where torch's agent cannot be told to restart its workers only for a resumable
+exit (``trainer.torch_private``, hook ``agent_restarts_only_resumable``): a file that a worker writes its
+exit code to when it stops for good (a crash, the dollar cap, a fence, a full disk). A worker that the agent
+restarts after that finds it and exits with the same code at once, before it builds or spends anything."""
+RESUMABLE_CODES = frozenset({0, 75, 76})
+"""Exits after which the group goes on: done, saved and stopped (preempted), lost a peer."""
+
+
+def remember_stops_for_restarts() -> None:
+    """Set ``STOPPED_FILE_ENV`` in this agent's environment (its workers' to be), once; removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not os.environ.get(STOPPED_FILE_ENV):
+        os.environ[STOPPED_FILE_ENV] = path = os.path.join(tempfile.mkdtemp(prefix="dtrain-node-"), "stopped")
+        atexit.register(shutil.rmtree, os.path.dirname(path), True)
+
+
+def stopped_for_good(environ=None) -> int | None:
+    """The exit code an earlier worker of this node stopped for good with, None if none did."""
+    path = (os.environ if environ is None else environ).get(STOPPED_FILE_ENV)
+    try:
+        return int(Path(path).read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+
+
+def remember_a_stop(code: int, environ=None) -> None:
+    """Note ``code`` for the workers the agent restarts next, if it stops this node for good."""
+    path = (os.environ if environ is None else environ).get(STOPPED_FILE_ENV)
+    if path and code not in RESUMABLE_CODES and stopped_for_good(environ) is None:
+        tmp = f"{path}.{os.getpid()}"
+        Path(tmp).write_text(str(code))
+        os.replace(tmp, path)

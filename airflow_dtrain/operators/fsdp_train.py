@@ -243,6 +243,8 @@ class FSDPTrainOperator(BaseOperator):
             "relaunches": len(names) - 1,
             "steps_lost": progress.get("steps_lost", 0),
             "startup_s": progress.get("startup_s", 0.0),  # every attempt's start to its first step, summed
+            # the torch the last attempt trained on and every private-hook fallback in force there
+            "torch": progress.get("torch"),
             **self._cost(spec),
         }
         if spec.backend == "kubernetes":

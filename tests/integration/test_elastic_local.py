@@ -19,6 +19,7 @@ from tests.conftest import STEP_SLEEP_ENV, slow_steps_env
 from tests.integration.helpers import SMALL, group_events, node_pids, wait_for, wait_for_step, wait_terminal
 from trainer.data import TRACE_SAMPLES_ENV
 from trainer.testing.faults import HOLD_ENV
+from trainer.torch_private import OFF_ENV
 
 pytestmark = pytest.mark.torchrun
 
@@ -76,7 +77,7 @@ def _training_pids(state_dir: Path, name: str, node: int) -> list[int]:
     return [
         int(m[1])
         for line in lines
-        if (m := re.match(rf"\[node{node}\]\[trainer\] rank .*, pid (\d+)\)", line))
+        if (m := re.match(rf"\[node{node}\](?:\[rank\d+\]:)?\[trainer\] rank .*, pid (\d+)\)", line))
     ]
 
 
@@ -96,15 +97,22 @@ def _reference(tmp_path: Path, monkeypatch) -> tuple[dict[int, float], dict[int,
     return _losses(tmp_path / "groups", "reference-r0"), _samples_by_step(tmp_path / "groups", "reference-r0")
 
 
-def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hooks", ["in-force", "all-off"])
+def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_path, monkeypatch, hooks):
+    """``all-off``: every private torch hook takes its fallback (trainer/torch_private/), as if torch had
+    changed: the same tokens, data order and loss; only the resize may take longer."""
+    off = hooks == "all-off"
+    if off:
+        monkeypatch.setenv(OFF_ENV, "all")
     monkeypatch.setenv(TRACE_SAMPLES_ENV, "1")
     slow_steps_env(monkeypatch)  # a window to take a node away in
     state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
     # 3 steps at 1 node, then it waits for the node that joins (it would otherwise end first, the join being
     # whenever that node is ready: trainer/warm_join.py)
     monkeypatch.setenv(HOLD_ENV, "1:3")
-    # a last call of 10 minutes: the survivor goes on once it is back (trainer/rdzv_round.py), not then
-    launcher.launch("resize-r0", _spec(tmp_path, "resize", replace_timeout_s=600))
+    # a last call of 10 minutes: the survivor goes on once it is back (trainer/rdzv_round.py), not then;
+    # with the hooks off, torch's rule: the round closes at its last call
+    launcher.launch("resize-r0", _spec(tmp_path, "resize", replace_timeout_s=5 if off else 600))
     wait_for_step(tmp_path / "resize" / "ckpt", 3)
     launcher.set_capacity("resize-r0", 1)  # no spot node to replace it with
     _lose_node(launcher, state_dir, "resize-r0")
@@ -119,9 +127,18 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     assert attempts[2][0] >= at_one + 2, attempts  # trained at 1 node in between
     assert [n for _, n in launcher.node_changes("resize-r0")] == [2, 1, 2]
     # node 0's training process trained all three worlds: its host outlived both resizes
-    # (trainer/worker_host.py)
+    # (trainer/worker_host.py); with the hooks off, a new process each world
     assert len(_training_pids(state_dir, "resize-r0", node=0)) == 3
-    assert len(set(_training_pids(state_dir, "resize-r0", node=0))) == 1
+    assert len(set(_training_pids(state_dir, "resize-r0", node=0))) == (3 if off else 1)
+    log = (state_dir / "resize-r0" / "group.log").read_text()
+    said = re.findall(r"\[trainer\] torch \S+ \(tested [^)]*\): (.*)", log)  # rank 0's, each world
+    assert said, "the trainer's start-up line names torch"
+    if off:
+        assert all("fallbacks in force: rdzv_close_round: rendezvous rounds wait" in line for line in said), (
+            said
+        )
+    else:
+        assert set(said) == {"every private torch hook in force"}, said
     done = group_events(state_dir, "resize-r0", "done")
     assert done[-1]["tokens_seen"] == STEPS * SMALL["global_batch_size"] * SMALL["seq_len"]
 
@@ -168,6 +185,39 @@ def test_one_of_two_nodes_preempted_is_replaced_and_its_peer_trains_on(tmp_path,
     assert resumed == saved and saved, (saved, resumed)
     steps = [e["step"] for e in group_events(state_dir, "replace-r0", "samples") if e["rank"] == 0]
     assert steps == list(range(1, 11)), steps
+
+
+def test_one_of_two_nodes_preempted_with_every_private_torch_hook_off(tmp_path, monkeypatch):
+    """As if torch had changed (trainer/torch_private/): the peer waits for the preempted node's heartbeats
+    and restarts its training process, the replacement compiles after it joins; the steps are the same, none
+    lost, every sequence trained once."""
+    monkeypatch.setenv(OFF_ENV, "all")
+    monkeypatch.setenv(TRACE_SAMPLES_ENV, "1")
+    slow_steps_env(monkeypatch)
+    state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
+    monkeypatch.setenv(HOLD_ENV, "1:2")
+    launcher.launch("replace-r0", _spec(tmp_path, "replace", steps=10))
+    wait_for_step(tmp_path / "replace" / "ckpt", 3)
+    peer = _lose_node(launcher, state_dir, "replace-r0", 1)
+
+    status = wait_terminal(launcher, "replace-r0")
+    assert status.state == GroupState.SUCCEEDED, status
+    assert node_pids(state_dir, "replace-r0")[0] == peer  # the peer's agent was never relaunched
+    kept = _training_pids(state_dir, "replace-r0", node=0)
+    assert len(kept) >= 2 and len(set(kept)) == len(kept), kept  # a new training process each world
+    log = (state_dir / "replace-r0" / "group.log").read_text()
+    assert "built the model" not in log  # no warm-up: the fake process group is a private name
+    assert "rdzv_leave_on_signal forced off" in log and "agent_restarts_only_resumable forced off" in log
+    saved = [e["step"] for e in group_events(state_dir, "replace-r0", "preempted")]
+    resumed = [e["from_step"] for e in group_events(state_dir, "replace-r0", "resume")]
+    assert resumed == saved and saved, (saved, resumed)
+    steps = [e["step"] for e in group_events(state_dir, "replace-r0", "samples") if e["rank"] == 0]
+    assert steps == list(range(1, 11)), steps
+    by_step = _samples_by_step(state_dir, "replace-r0")
+    assert sorted(by_step) == list(range(1, 11)), by_step  # each step trained once, its whole batch
+    assert all(len(seqs) == SMALL["global_batch_size"] for seqs in by_step.values()), by_step
+    every = sum(by_step.values(), [])
+    assert len(set(every)) == len(every), "a sequence trained twice"
 
 
 def test_a_node_that_joins_compiles_before_it_joins(tmp_path, monkeypatch):

@@ -123,6 +123,11 @@ def test_default_run_trains_through_a_preemption_promotes_and_reports_metrics(
     assert summary["final_step"] == 60
     assert summary["preemptions"] == 1 and summary["steps_lost"] == 0
     assert summary["startup_s"] > 0, "what the two attempts spent before their first steps"
+    import torch
+
+    # the torch it trained on; no private-hook fallback in force on a tested torch (trainer/torch_private/)
+    assert summary["torch"]["version"] == torch.__version__.split("+")[0]
+    assert summary["torch"]["fallbacks_in_force"] == {}, summary["torch"]
     assert summary["dollars"] > 0, "the local price is charged to the ledger"
     best = _assert_the_promoted_model_and_its_reports(ckpt, registry, other_set, other_best)
 

@@ -19,7 +19,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
 )
 
-from trainer import rdzv_round
+from trainer import rdzv_round, torch_private
 
 LAST_CALL = timedelta(seconds=600)
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
@@ -85,7 +85,7 @@ def test_the_patched_join_marks_the_round_complete_and_torchs_rule_stays_on_requ
     before = _RendezvousJoinOp()(ctx, far)
     assert before in (_Action.KEEP_ALIVE, _Action.SYNC)  # torch waits its last call
 
-    assert not rdzv_round.close_the_round_once_all_are_in({rdzv_round.LAST_CALL_ENV: "1"})
+    assert not rdzv_round.close_the_round_once_all_are_in({torch_private.OFF_ENV: "rdzv_close_round"})
     assert _RendezvousJoinOp()(ctx, far) == before
 
     assert rdzv_round.close_the_round_once_all_are_in({})
@@ -99,7 +99,8 @@ def test_a_torch_whose_round_state_differs_keeps_its_own_rule_and_says_so(monkey
     round to torch's last call, said once on stderr, instead of failing the agent's rendezvous."""
     monkeypatch.setattr(_RendezvousJoinOp, "__call__", _RendezvousJoinOp.__call__)  # undone after the test
     monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)
-    monkeypatch.setattr(rdzv_round, "_fell_back", [])
+    monkeypatch.setattr(torch_private, "_taken", {})  # this process's fallbacks, and those it said
+    monkeypatch.setattr(torch_private, "_said", set())
     state = _round([A, B], quorum_s_ago=5.0)
     state.deadline = datetime.now(timezone.utc) - timedelta(seconds=5) + LAST_CALL
     ctx = _RendezvousContext(A, state, _settings())
@@ -109,7 +110,9 @@ def test_a_torch_whose_round_state_differs_keeps_its_own_rule_and_says_so(monkey
     del state.wait_list  # what a torch that renamed it would hand the patched join
     assert _RendezvousJoinOp()(ctx, 1e12) == before
     assert _RendezvousJoinOp()(ctx, 1e12) == before
-    assert capsys.readouterr().err.count("rendezvous rounds wait their last call (AttributeError") == 1
+    assert capsys.readouterr().err.count("rendezvous rounds wait their last call (replace_timeout_s)") == 1
+    # said on the trainer's first line and in summary.json from then on (trainer/torch_private)
+    assert "AttributeError" in torch_private.fallbacks_in_force({})["rdzv_close_round"]
 
 
 def test_a_resize_round_is_polled_ten_times_a_second_and_the_launch_as_torch_polls(monkeypatch):

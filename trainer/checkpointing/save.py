@@ -23,6 +23,7 @@ import torch.utils.serialization.config as serialization_config
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from trainer.torch_private import tensor_hooks
 from trainer.checkpoint_dir import step_dir_name
 from trainer.checkpointing.commit import Committer
 from trainer.checkpointing.context import CheckpointContext
@@ -47,9 +48,8 @@ def record_crc32(enabled: bool) -> None:
     ones that run this, and the trainer's saves their only ``torch.save`` files.
     """
     serialization_config.save.compute_crc32 = enabled  # this thread, through the public setting
-    entry = getattr(serialization_config, "_config", {}).get("save.compute_crc32")
-    if entry is not None:  # every other thread: the entry's default (torch >= 2.6 keeps one per setting)
-        entry.default = enabled
+    # every other thread: the entry's default (torch >= 2.6 keeps one per setting; trainer.torch_private)
+    tensor_hooks.crc32_default(serialization_config, enabled)
 
 
 def _report_warm_up_failure(future: Future) -> None:
@@ -213,7 +213,7 @@ class Saver:
         return True
 
     def _get_stager(self):
-        if self._stager is None:
+        if self._stager is None or not getattr(self._stager, "reusable", True):
             self._stager = new_stager(self.cuda)
         return self._stager
 

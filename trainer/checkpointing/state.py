@@ -6,7 +6,6 @@ and each rank's python/numpy/torch RNG states.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import random
 import warnings
@@ -17,6 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from trainer.torch_private import tensor_hooks
 from trainer.checkpoint_reader import storage_reader
 from trainer.storage import Storage
 
@@ -91,8 +91,8 @@ def _torch_version() -> tuple[int, int]:
 # that clears its copier table, so a second save through the same stager fails inside DCP with
 # "KeyError: <class 'type'>", and it drops the cached host buffers, so every save allocates and
 # pins the whole state again (on an H100, 14 GB took the first step after each save from 0.22 s to
-# 5-11 s). There the trainer uses _KeepBuffersStager, whose _stage is 2.12's: the same copy, no
-# close. From 2.12 on, DefaultStager itself is kept for the whole run.
+# 5-11 s). There the trainer uses torch_private's _KeepBuffersStager, whose _stage is 2.12's: the same
+# copy, no close. From 2.12 on, DefaultStager itself is kept for the whole run.
 STAGER_CLOSES_AFTER_STAGE = _torch_version() < (2, 12)
 
 
@@ -108,20 +108,12 @@ def new_stager(cuda: bool):
     )
     if not STAGER_CLOSES_AFTER_STAGE:
         return DefaultStager(options)
-
-    class _KeepBuffersStager(DefaultStager):
-        def _stage(self, state_dict, **kwargs):
-            non_blocking = self._config.use_non_blocking_copy
-            stream = self._staging_stream if non_blocking else None
-            with stream if stream is not None else contextlib.nullcontext():
-                staged = self._state_dict_stager.stage(state_dict, non_blocking=non_blocking)
-            if stream is not None:
-                stream.synchronize()
-            elif non_blocking:
-                torch.cuda.synchronize()
-            return staged
-
-    return _KeepBuffersStager(options)
+    # trainer.torch_private, hook stager_keep_buffers: 2.12's stage on 2.11's stager
+    if (stager := tensor_hooks.keep_buffers_stager(DefaultStager, options)) is not None:
+        return stager
+    stager = DefaultStager(options)  # the fallback: one stager a save (it closes after staging)
+    stager.reusable = False
+    return stager
 
 
 def checkpoint_tensors(step_dir: str) -> dict[str, torch.Tensor]:
