@@ -129,7 +129,7 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 torch.serialization._get_layout
 SimpleElasticAgent._rendezvous
 handler._state_holder
-getattr(state, "_fsdp_param_groups", None)
+getattr(handler, "_op_executor", None)
 MODULE = "torch.distributed.tensor._redistribute"
 """
     found = private_torch_uses(path, torch_names, ours, ast.parse(source))
