@@ -19,14 +19,21 @@ def rendezvous_join(environ: Any = None) -> tuple[Any, Any] | None:
     return resolve(f"{_DR}:_RendezvousJoinOp"), resolve(f"{_DR}:_Action")
 
 
+def _wrap(owner: Any, name: str, make: Any) -> None:
+    """Replace ``owner.name`` with ``make(torch's)``, keeping torch's as ``__wrapped__`` (patched twice: it
+    wraps torch's, not itself)."""
+    original = getattr(owner, name)
+    original = getattr(original, "__wrapped__", original)
+    patched = make(original)
+    patched.__wrapped__ = original
+    setattr(owner, name, patched)
+
+
 def patch_rendezvous_delay(make: Any) -> None:
     """Replace the delay between two polls of a round's state with ``make(torch's delay)``."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    delay = getattr(dynamic_rendezvous._delay, "__wrapped__", dynamic_rendezvous._delay)
-    patched = make(delay)
-    patched.__wrapped__ = delay
-    dynamic_rendezvous._delay = patched
+    _wrap(dynamic_rendezvous, "_delay", make)
 
 
 def patch_agent_rendezvous(make: Any) -> bool:
@@ -35,10 +42,7 @@ def patch_agent_rendezvous(make: Any) -> bool:
         return False
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
-    rendezvous = getattr(SimpleElasticAgent._rendezvous, "__wrapped__", SimpleElasticAgent._rendezvous)
-    patched = make(rendezvous)
-    patched.__wrapped__ = rendezvous
-    SimpleElasticAgent._rendezvous = patched
+    _wrap(SimpleElasticAgent, "_rendezvous", make)
     return True
 
 
@@ -75,10 +79,7 @@ def patch_monitor_workers(make: Any) -> bool:
         return False
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    monitor = getattr(LocalElasticAgent._monitor_workers, "__wrapped__", LocalElasticAgent._monitor_workers)
-    patched = make(monitor)
-    patched.__wrapped__ = monitor
-    LocalElasticAgent._monitor_workers = patched
+    _wrap(LocalElasticAgent, "_monitor_workers", make)
     return True
 
 
