@@ -126,7 +126,8 @@ def _one_round(conn: Connection) -> int:
     os.environ.clear()
     os.environ.update(request["env"], **{STARTED_AT_ENV: str(request["started_at"])})
     done = threading.Event()
-    threading.Thread(target=_exit_if_the_worker_goes, args=(conn, done), daemon=True).start()
+    watcher = threading.Thread(target=_exit_if_the_worker_goes, args=(conn, done), daemon=True)
+    watcher.start()
     try:
         code = _train(request["argv"])
     except SystemExit as e:
@@ -137,6 +138,7 @@ def _one_round(conn: Connection) -> int:
         traceback.print_exc()
         code = 1
     done.set()
+    _stop_watching(conn, watcher)
     for sig in FORWARDED:  # the round ignored further signals while saving; idle, they end the host
         signal.signal(sig, signal.SIG_DFL)
     try:
@@ -198,6 +200,19 @@ def _exit_if_the_worker_goes(conn: Connection, done: threading.Event) -> None:
         pass
     if not done.is_set():
         os._exit(1)
+
+
+def _stop_watching(conn: Connection, watcher: threading.Thread) -> None:
+    """End the watcher's read before the connection closes: closed under it, its descriptor's number could
+    go to the next round's connection while the watcher is about to read, and the watcher would take that
+    round's request (seen: a host waiting for a request its watcher had read). Shutting the reading side
+    down makes the read end at once (end of file); the code is still sent after."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RD)
+    except OSError:  # the worker has gone already: its watcher has seen the end
+        pass
+    watcher.join(timeout=5.0)
 
 
 def _exit_when_orphaned(poll_s: float = 1.0) -> None:
