@@ -146,24 +146,34 @@ def get_provider_info() -> dict:
                         "description": (
                             "Who owns a run's jobs, as JSON: "
                             '{"users": {user: team}, "dags": {dag_id: team}}; '
-                            "the triggering user's team, else the DAG's, else the DAG id. A job's directory, "
-                            "ledger "
-                            "and registry entry belong to the owner that first wrote them."
+                            "the triggering user's team, else the DAG's, else the user itself (user:<name>), "
+                            "else (a scheduled run) the DAG id. A job's directory, ledger and registry entry "
+                            "belong to the owner that first wrote them."
                         ),
                         "version_added": "0.2.0",
                         "type": "string",
                         "example": '{"users": {"alice": "team-a"}, "dags": {"train_llama": "ml-platform"}}',
                         "default": "",
                     },
+                    "shared_reads": {
+                        "description": (
+                            "Prefixes (paths or s3://, comma-separated) that a run of any owner may read "
+                            "as init_from or dataset, e.g. a published model; empty: no read crosses owners."
+                        ),
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": "/srv/dtrain/models/train_llama/published",
+                        "default": "",
+                    },
                     "interruption_queues": {
                         "description": (
-                            "SQS queues SpotInterruptionSensor may read: comma-separated queue URLs, or "
-                            "account "
-                            "prefixes ending in / (any queue of that account and region); empty: none."
+                            "SQS queues SpotInterruptionSensor may read: comma-separated URLs of queues "
+                            "that only it reads (an account prefix is refused: a shared queue's messages "
+                            "would reach its dead-letter queue); empty: none."
                         ),
                         "version_added": "0.2.0",
                         "type": "string",
-                        "example": "https://sqs.us-east-1.amazonaws.com/123456789012/",
+                        "example": "https://sqs.us-east-1.amazonaws.com/123456789012/dtrain-spot-events",
                         "default": "",
                     },
                     "local_memory_per_node": {

@@ -358,7 +358,9 @@ def check_conf(author: Any = None) -> Any:
     @task(task_id="check_conf")
     def refuse_what_is_not_allowed(dag_run=None, dag=None, params=None) -> None:
         """Refuse dag_run.conf keys that are not params, and a run beyond the DAG author's limits."""
+        from airflow_dtrain.ownership import owner_for
+
         reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
-        check_run(params, author)
+        check_run(params, author, owner=owner_for(getattr(dag_run, "triggering_user_name", None), dag.dag_id))
 
     return refuse_what_is_not_allowed()

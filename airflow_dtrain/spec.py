@@ -29,7 +29,7 @@ from airflow_dtrain.errors import SpecError, checked
 from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity, kubernetes_for_run
 from airflow_dtrain.naming import group_base_name, group_name, relaunch_index
 from airflow_dtrain.resources import Resources
-from airflow_dtrain.trust import BACKENDS, Limits, within_roots
+from airflow_dtrain.trust import BACKENDS, Limits
 
 __all__ = [
     "BACKENDS",
@@ -45,7 +45,6 @@ __all__ = [
     "kubernetes_for_run",
     "parse_entrypoint",
     "relaunch_index",
-    "within_roots",
 ]
 
 GROUP = "Group"

@@ -24,14 +24,13 @@ Cheap at parse time: dataclasses and the stdlib; Airflow's ``conf`` and fsspec a
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from trainer.fields import check, field_types, setting
 
 from airflow_dtrain.errors import SpecError
+from airflow_dtrain.roots import conf_json, storage_roots, within_roots
 from airflow_dtrain.ownership import (
     JOB_NAME,
     OWNER_FILE,
@@ -43,7 +42,7 @@ from airflow_dtrain.ownership import (
 
 __all__ = [
     "ADMIN_DEFAULTS", "Limits", "OWNER_FILE", "OwnershipError", "admin_limits", "check_job_dir", "check_run",
-    "limits_for", "limits_table", "owner_of", "run_key", "within_roots",
+    "limits_for", "limits_table", "owner_of", "run_key",
 ]  # fmt: skip
 
 BACKENDS = ("local", "kubernetes")
@@ -256,32 +255,13 @@ WHO_SETS_WHAT: dict[str, str] = {
 """The README's "who sets what" rows of the limits (tests/unit/test_trust.py compares the two)."""
 
 
-def local_root() -> str:
-    """The local backend's own directory: checkpoints, data, registry and groups of the bundled DAGs."""
-    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-    return os.path.join(home, "dtrain")
-
-
 def admin_limits() -> Limits:
     """The platform admin's limits: ``[dtrain] limits`` (JSON of ``Limits`` fields; absent fields take
     ``ADMIN_DEFAULTS``) and ``[dtrain] storage_roots`` (comma-separated), always with the local backend's own
     directory among the roots. A bad value raises naming the option."""
-    from airflow.sdk import conf
-
-    raw = (conf.get("dtrain", "limits", fallback="") or "").strip()
-    try:
-        configured = json.loads(raw) if raw else {}
-    except ValueError as err:
-        raise SpecError(f"[dtrain] limits: not JSON ({err}), got {raw!r}") from None
-    if not isinstance(configured, dict):
-        raise SpecError(f"[dtrain] limits: expected a JSON object, got {raw!r}")
+    configured = conf_json("limits", "Limits fields")
     values = {**ADMIN_DEFAULTS.to_dict(), **configured}
-    roots = [
-        r.strip() for r in (conf.get("dtrain", "storage_roots", fallback="") or "").split(",") if r.strip()
-    ]
-    state = conf.get("dtrain", "local_state_dir", fallback="") or ""
-    values["storage_roots"] = [local_root(), *([os.path.dirname(state.rstrip("/"))] if state else []),
-                               *(values.get("storage_roots") or []), *roots]  # fmt: skip
+    values["storage_roots"] = storage_roots(values.get("storage_roots") or [])
     try:
         return Limits.from_value(values)
     except SpecError as err:
@@ -291,30 +271,6 @@ def admin_limits() -> Limits:
 def limits_for(author: Any = None) -> Limits:
     """The limits a DAG's runs live within: the admin's narrowed by the author's (``Limits`` or a mapping)."""
     return admin_limits().narrowed(Limits.from_value(author))
-
-
-def within_roots(uri: str, roots: tuple[str, ...] | list[str]) -> bool:
-    """``uri`` (a path, file:// or s3://) lies under one of ``roots``; a local path is normalised first
-    (``..``,
-    symbolic links), so it cannot climb out. The root ``s3://`` alone allows every bucket."""
-
-    def local(u: str) -> str | None:
-        if u.startswith("file://"):
-            u = u[len("file://") :]
-        return os.path.realpath(u) if "://" not in u else None
-
-    path = local(uri)
-    for root in roots:
-        base = local(root)
-        if path is not None and base is not None:
-            if path == base or path.startswith(base.rstrip("/") + "/"):
-                return True
-        elif path is None and base is None and ".." not in uri.split("/"):
-            if root == "s3://" and uri.startswith("s3://"):
-                return True
-            if (uri.rstrip("/") + "/").startswith(root.rstrip("/") + "/"):
-                return True
-    return False
 
 
 def limits_table() -> str:
@@ -330,10 +286,18 @@ _RUN_PRICES = ("max_price", "local_spot_price", "local_on_demand_price", "price_
 _RUN_MAXIMA = (("num_nodes", "max_nodes"), ("procs_per_node", "max_procs_per_node"), ("steps", "max_steps"))
 
 
-def check_run(params: Any, author: Any = None) -> None:
+_RUN_READS = ("init_from", "dataset")
+"""The trigger form's fields a run reads from: never another owner's directory (``check_read``)."""
+
+
+def check_run(params: Any, author: Any = None, owner: str | None = None) -> None:
     """A run's trigger form against the limits its DAG lives within, before any task reads or writes anything:
-    a DAG's first task calls it (the tasks check again what reaches them). Raises ``SpecError`` naming the
-    field and the value."""
+    a DAG's first task calls it (the tasks check again what reaches them). With ``owner`` (who the run acts
+    for), what it reads must not lie in another owner's directory. Raises ``SpecError`` naming the field and
+    the value."""
+    from airflow_dtrain.aws.sqs import check_queue
+    from airflow_dtrain.ownership import check_read
+
     limits = limits_for(author)
     if "job" in params and not JOB_NAME.fullmatch(str(params["job"] or "")):
         raise OwnershipError(
@@ -343,6 +307,11 @@ def check_run(params: Any, author: Any = None) -> None:
     for name in _RUN_URIS:
         if params.get(name):
             limits.check_uri(name, str(params[name]))
+    if owner is not None:
+        for name in _RUN_READS:
+            check_read(str(params[name]) if params.get(name) else None, owner=owner, what=name)
+    if params.get("interruption_queue_url"):  # read by the spot watch: only the admin's dedicated queues
+        check_queue(str(params["interruption_queue_url"]), field="interruption_queue_url")
     for name in _RUN_PRICES:
         limits.check_price(name, params.get(name))
     for name, limit in _RUN_MAXIMA:

@@ -16,6 +16,7 @@ from airflow.sdk import DAG, TriggerRule, task
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
 from airflow_dtrain.naming import default_checkpoint_uri
 from airflow_dtrain.params import BUNDLED_LIMITS, check_conf, form_limits, trigger_params
+from airflow_dtrain.ownership import job_dir
 from airflow_dtrain.trust import limits_for, run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
@@ -23,7 +24,12 @@ SWEEP_ROOT = default_checkpoint_uri(os.path.join(_HOME, "dtrain"), "sweep_llama"
 # This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/). run_key maps
 # run
 # ids to directory names one-to-one (two run ids never share one).
-SWEEP_DIR = "{{ (params.sweep_root or '" + SWEEP_ROOT + "') ~ '/' ~ run_key(run_id) }}"
+# The default root carries the run's owner unless it is the DAG's own (airflow_dtrain.ownership.job_dir).
+SWEEP_DIR = (
+    "{{ (params.sweep_root ~ '/' ~ run_key(run_id)) if params.sweep_root else dtrain_job_dir('"
+    + SWEEP_ROOT
+    + "', run_key(run_id), dag_run, dag) }}"
+)
 # The train_llama limits (nodes, processes, steps, tokens, prices, roots, runtime), and at most this many
 # members.
 LIMITS = BUNDLED_LIMITS
@@ -35,7 +41,7 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     render_template_as_native_obj=True,
-    user_defined_macros={"run_key": run_key},
+    user_defined_macros={"run_key": run_key, "dtrain_job_dir": job_dir},
     doc_md=__doc__,
     tags=["llm", "training", "sweep", "airflow-dtrain"],
     params=trigger_params(

@@ -47,6 +47,7 @@ from airflow_dtrain import (
     SpotPriceSensor,
 )
 from airflow_dtrain.naming import default_checkpoint_uri
+from airflow_dtrain.ownership import job_dir
 from airflow_dtrain.params import (
     BUNDLED_LIMITS,
     check_conf,
@@ -86,7 +87,12 @@ KUBERNETES_CHOICE = "{{ params.kubernetes if params.backend == 'kubernetes' else
 
 # One checkpoint directory per job, unless the trigger form names one: every run of a job (the next
 # scheduled one after a `wait`, a re-trigger after a budget stop) continues it, with its ledger.
-CHECKPOINT_URI = "{{ params.checkpoint_uri or '" + CHECKPOINT_ROOT + "/' ~ params.job }}"
+# The default directory carries the run's owner unless it is the DAG's own (a scheduled run): its triggering
+# user, or the team [dtrain] owners maps it to (airflow_dtrain.ownership.job_dir), so no trigger takes another
+# owner's job, nor the DAG's own, first.
+CHECKPOINT_URI = (
+    "{{ params.checkpoint_uri or dtrain_job_dir('" + CHECKPOINT_ROOT + "', params.job, dag_run, dag) }}"
+)
 LOCAL = "params.backend == 'local'"
 DATASET_PATTERN = r"^builtin$|" + URI_PATTERN.removeprefix("^$|")
 
@@ -98,6 +104,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
+    user_defined_macros={"dtrain_job_dir": job_dir},
     doc_md=__doc__,
     tags=["llm", "training", "fsdp", "spot", "airflow-dtrain"],
     # The form is generated from the fields' own declarations (types, bounds, titles, help,
@@ -357,11 +364,15 @@ with DAG(
         for key in ("job", "evaluation_set"):
             if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", str(info.get(key) or "")):
                 raise ValueError(f"the promotion event's {key} is not a name: {info.get(key)!r}")
-        entry = f"{registry}/{info['job']}/{info['evaluation_set']}"
+        # where the job's entry lies below the registry: <job> (the DAG owner's) or owners/<owner>/<job>
+        key = str(info.get("entry") or info["job"])
+        if not re.fullmatch(r"(owners/[A-Za-z0-9._-]{1,80}/)?" + re.escape(info["job"]), key):
+            raise ValueError(f"the promotion event's entry is not the job's: {key!r}")
+        entry = f"{registry}/{key}/{info['evaluation_set']}"
         fs, entry_path = fsspec.core.url_to_fs(entry, skip_instance_cache=True)
         owner_path = f"{entry_path.rsplit('/', 1)[0]}/{OWNER_FILE}"
         if not fs.exists(owner_path) or json.loads(fs.cat_file(owner_path)).get("job") != info["job"]:
-            raise ValueError(f"{registry}/{info['job']}: not a registry entry of job {info['job']!r}")
+            raise ValueError(f"{registry}/{key}: not a registry entry of job {info['job']!r}")
         best = json.loads(fs.cat_file(f"{entry_path}/{REGISTRY_BEST}"))
         export = str(best.get("export") or "")
         _, export_path = fsspec.core.url_to_fs(export) if export else (None, "")

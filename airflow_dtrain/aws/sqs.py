@@ -2,9 +2,12 @@
 ``SqsHook``.
 
 Which queues may be read at all is the platform admin's: ``[dtrain] interruption_queues``
-(``AIRFLOW__DTRAIN__INTERRUPTION_QUEUES``), comma-separated queue URLs, or prefixes ending in ``/``
-(``https://sqs.us-east-1.amazonaws.com/123456789012/``: any queue of that account in that region).
-Unset: none. A DAG's author may narrow the list for one task (``check_queue(allowed=...)``); a trigger
+(``AIRFLOW__DTRAIN__INTERRUPTION_QUEUES``), comma-separated URLs of queues dedicated to this provider's
+spot watch. Unset: none. An account prefix is refused: receiving a message counts toward its queue's
+``maxReceiveCount`` whatever the visibility is set back to, so a queue shared with another consumer would
+move that consumer's messages to its dead-letter queue after a few polls. So only exact URLs, of queues
+that only this provider reads; a foreign message in one is still made visible again at once. A DAG's
+author may narrow the list for one task (``check_queue(allowed=...)``); a trigger
 chooses within both. ``check_queue`` runs before any AWS call: reading a queue consumes its messages
 (receive counts toward its dead-letter queue, a received message is hidden from other consumers for
 the visibility timeout), so a run must not point a task at another team's queue.
@@ -50,7 +53,7 @@ def admin_queues() -> tuple[str, ...]:
 
 
 def queue_patterns(where: str, entries: Iterable[str]) -> tuple[str, ...]:
-    """Queue URLs and account prefixes (ending in ``/``), checked; blank entries dropped."""
+    """Queue URLs, checked; blank entries dropped. An account prefix (ending in ``/``) is refused."""
     if isinstance(entries, str):
         raise SpecError(f"{where}: expected a list of queue URLs, got {entries!r}")
     patterns = []
@@ -59,21 +62,23 @@ def queue_patterns(where: str, entries: Iterable[str]) -> tuple[str, ...]:
             continue
         if not isinstance(entry, str) or not _QUEUE.match(entry.strip()):
             raise SpecError(
-                f"{where}: not a queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>) "
-                f"or an account prefix ending in '/', got {entry!r}"
+                f"{where}: not a queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>), "
+                f"got {entry!r}"
+            )
+        if entry.strip().endswith("/"):
+            raise SpecError(
+                f"{where}: {entry.strip()!r} is an account prefix: list each queue dedicated to the spot "
+                f"watch by its URL (a queue shared with another consumer loses its messages to the "
+                f"dead-letter queue: every receive counts toward maxReceiveCount)"
             )
         patterns.append(entry.strip())
     return tuple(patterns)
 
 
 def queue_allowed(url: str, patterns: Iterable[str]) -> bool:
-    """``url`` is one of ``patterns``, or a queue directly under one that ends in ``/``."""
+    """``url`` is one of ``patterns`` (exact queue URLs)."""
     match = _QUEUE.match(url)
-    if not match or not match.group("name"):
-        return False
-    return any(
-        url == p or (p.endswith("/") and url.startswith(p) and "/" not in url[len(p) :]) for p in patterns
-    )
+    return bool(match and match.group("name")) and url in tuple(patterns)
 
 
 def check_queue(
@@ -85,16 +90,13 @@ def check_queue(
         return
     admin = admin_queues()
     if not queue_allowed(url, admin):
-        match = _QUEUE.match(url)
-        account = (
-            f", or its account prefix {url[: url.rfind('/') + 1]!r}," if match and match.group("name") else ""
-        )
         listed = (
             f"the admin's {QUEUES_OPTION}: {', '.join(admin)}" if admin else f"{QUEUES_OPTION} is not set"
         )
         raise SpecError(
             f"{field}: {url!r} is not an allowed interruption queue ({listed}). To allow it, the "
-            f"platform admin adds the queue URL{account} to {QUEUES_OPTION} (environment variable "
+            f"platform admin adds the queue URL, of a queue only the spot watch reads, to {QUEUES_OPTION} "
+            "(environment variable "
             "AIRFLOW__DTRAIN__INTERRUPTION_QUEUES, comma-separated)"
         )
     if allowed is not None:

@@ -15,7 +15,8 @@ from airflow_dtrain.launchers.base import (
     PredecessorStillRunning,
     poll_group,
 )
-from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs, local_state_dir, relaunches
+from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs, relaunches
+from airflow_dtrain.launchers.state_dir import local_state_dir
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",

@@ -6,10 +6,9 @@ so parsing a DAG imports nothing heavy. ``base`` (the interface) knows none of t
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_dtrain.launchers.state_dir import default_state_dir
+from airflow_dtrain.launchers.state_dir import local_state_dir
 
 if TYPE_CHECKING:
     from airflow_dtrain.launchers.base import PodGroupLauncher
@@ -26,15 +25,6 @@ def get_launcher(backend: str, **kwargs: Any) -> PodGroupLauncher:
 
         return KubernetesLauncher(**kwargs)
     raise ValueError(f"backend: unknown backend {backend!r}")
-
-
-def local_state_dir(configured: str | None = None) -> Path:
-    """The local backend's state directory: ``configured``, else ``[dtrain] local_state_dir``,
-    else ``default_state_dir()``."""
-    from airflow.sdk import conf
-
-    configured = configured or conf.get("dtrain", "local_state_dir", fallback="")
-    return Path(configured) if configured else default_state_dir()
 
 
 def launcher_kwargs(

@@ -1,6 +1,6 @@
-"""Where the ``local`` backend keeps its groups by default, and each job's compile cache. Its own module
-because both ``factory`` (``local_state_dir``) and ``local`` (``LocalLauncher``) need it, and ``factory``
-imports ``local``."""
+"""Where the ``local`` backend keeps its groups, and each job's compile cache. Its own module because
+``factory``, ``local`` (``LocalLauncher``) and ``ownership`` (the state directory is never a job's) need it,
+and ``factory`` imports ``local``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ def default_state_dir() -> Path:
         return Path(os.environ["DTRAIN_LOCAL_STATE_DIR"])
     airflow_home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
     return Path(airflow_home) / "dtrain" / "groups"
+
+
+def local_state_dir(configured: str | None = None) -> Path:
+    """The local backend's state directory: ``configured``, else ``[dtrain] local_state_dir``,
+    else ``default_state_dir()``."""
+    from airflow.sdk import conf
+
+    configured = configured or conf.get("dtrain", "local_state_dir", fallback="")
+    return Path(configured) if configured else default_state_dir()
 
 
 def compile_cache_key(owner: str, job: str) -> str:

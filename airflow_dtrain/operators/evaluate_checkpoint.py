@@ -14,7 +14,9 @@ from airflow_dtrain.launchers import get_launcher, launcher_kwargs
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template
-from airflow_dtrain.trust import OWNER_FILE, OwnershipError, check_job_dir, limits_for, owner_of, run_key
+from airflow_dtrain.ownership import OWNER_FILE, OwnershipError, check_job_dir, job_key, owner_of, run_key
+from airflow_dtrain.roots import within_roots
+from airflow_dtrain.trust import limits_for
 from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir
 
 if TYPE_CHECKING:
@@ -211,8 +213,19 @@ class EvaluateCheckpointOperator(BaseOperator):
         checkpoints = CheckpointDir(root)
         step = self._step(checkpoints, root)
         eval_set = evaluation_set(checkpoints.manifest(step), int(self.batches), int(self.batch_size))
-        job_entry = f"{str(self.registry_uri).rstrip('/')}/{job}"
-        check_job_dir(job_entry, owner=owner, job=job, what="registry_uri")  # claims a new job's entry
+        registry_root = str(self.registry_uri).rstrip("/")
+        if within_roots(registry_root, [root]) or within_roots(root, [registry_root]):
+            raise OwnershipError(
+                f"{type(self).__name__}(task_id={self.task_id!r}): registry_uri {registry_root!r} and "
+                f"checkpoint_uri {root!r} lie one inside the other: a registry is never a job's checkpoints"
+            )
+        entry_key = job_key(
+            owner, job, context["ti"].dag_id
+        )  # the DAG owner's: <job>; others: owners/<o>/<job>
+        job_entry, self._entry_key = f"{registry_root}/{entry_key}", entry_key
+        check_job_dir(
+            job_entry, owner=owner, job=job, what="registry_uri", kind="registry"
+        )  # claims a new one
         registry = CheckpointDir(f"{job_entry}/{eval_set}")
         out, report = checkpoints.path(EVAL_RESULTS), checkpoints.path(REPORT)
         entry = self._eval_entry(root, out, report, step)
@@ -317,6 +330,7 @@ class EvaluateCheckpointOperator(BaseOperator):
                         for k in ("checkpoint", "step", "loss", "perplexity", "job", "evaluation_set")
                     },
                     "registry": str(self.registry_uri).rstrip("/"),
+                    "entry": self._entry_key,  # where the entry lies below the registry (owners/<o>/<job>)
                 },
             )
         return summary

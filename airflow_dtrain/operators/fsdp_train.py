@@ -19,6 +19,7 @@ from airflow_dtrain.operators.train_arguments import ARGUMENTS, TEMPLATE_FIELDS,
 from airflow_dtrain.spec import JobSpec, SpecError, kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
+from airflow_dtrain.ownership import check_read
 from airflow_dtrain.trust import Limits, check_job_dir, limits_for, owner_of
 from trainer.capacity import Capacity
 from trainer.checkpoint_dir import CheckpointDir
@@ -166,6 +167,8 @@ class FSDPTrainOperator(BaseOperator):
             ):
                 check_job_dir(train.cost.ledger_uri, owner=owner, job=None, what="cost.ledger_uri")
             check_job_dir(train.checkpoint.uri, owner=owner, job=job)
+            check_read(train.model.init_from or None, owner=owner, what="init_from")
+            check_read(train.data.dataset or None, owner=owner, what="dataset")
         except SpecError as err:
             raise SpecError(f"{type(self).__name__}(task_id={self.task_id!r}): {err}") from None
         return owner

@@ -170,9 +170,9 @@ def _wait_for_the_publish_run(airflow: Airflow) -> None:
     )
     assert publish_run["run_type"] == "asset_triggered", publish_run
     # the registry's entry of the job and its evaluation set: <registry>/<job>/<evaluation
-    # set>/published/latest
+    # set>/published/latest, below owners/<owner>/ when the triggering user is not the DAG's owner
     cards = list(
-        (airflow.home / "dtrain" / "models" / "train_llama").glob("*/eval-*/published/latest/MODEL_CARD.md")
+        (airflow.home / "dtrain" / "models" / "train_llama").glob("**/eval-*/published/latest/MODEL_CARD.md")
     )
     assert len(cards) == 1, f"model cards: {cards}\n{airflow.diagnostics()}"
 

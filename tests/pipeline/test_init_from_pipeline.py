@@ -10,6 +10,7 @@ import uuid
 import pytest
 from airflow.utils.state import DagRunState
 
+from airflow_dtrain.ownership import owner_for, owner_segment
 from tests.hf_model_assets import tiny_llama
 from tests.hf_tokenizer_assets import tiny_tokenizer
 from trainer.builtin_text import builtin_documents
@@ -27,10 +28,12 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
     ckpt, registry = tmp_path / "ckpt", tmp_path / "registry"
     # a byte-level job's best model in the same registry (loss 2.14, measured with another tokenizer on other
     # data): this job's model is exported and becomes the best of its own job and evaluation set all the same
-    byte_entry = registry / "train-llama" / "eval-0123456789ab"
+    # (dag.test() runs are triggered by "dag_test": its jobs lie in that user's part of the registry)
+    mine = registry / "owners" / owner_segment(owner_for("dag_test", "train_llama"))
+    byte_entry = mine / "train-llama" / "eval-0123456789ab"
     byte_entry.mkdir(parents=True)
-    (registry / "train-llama" / "owner.json").write_text(
-        json.dumps({"owner": "train_llama", "job": "train-llama"})
+    (mine / "train-llama" / "owner.json").write_text(
+        json.dumps({"owner": "user:dag_test", "job": "train-llama", "kind": "registry"})
     )
     (byte_entry / "best.json").write_text(json.dumps({"loss": 2.14, "step": 60}))
     job = f"hf-{uuid.uuid4().hex[:8]}"
@@ -50,7 +53,7 @@ def test_train_llama_continues_a_hugging_face_model_and_exports_it(dags, tmp_pat
 
     # the job's own registry entry, on its evaluation set; the DAG run says what it exported and that it is
     # the best
-    (best_file,) = registry.glob(f"{job}/eval-*/best.json")
+    (best_file,) = mine.glob(f"{job}/eval-*/best.json")
     best = json.loads(best_file.read_text())
     assert (
         best_file.parent.parent.name == job

@@ -13,6 +13,7 @@ from airflow.exceptions import ParamValidationError
 from airflow.utils.state import DagRunState, TaskInstanceState
 
 from airflow_dtrain import metrics as orchestration
+from airflow_dtrain.ownership import job_key, owner_for
 from tests.conftest import StatsdListener
 from trainer.checkpoint_dir import CheckpointDir
 from trainer.statsd import parse_line
@@ -34,10 +35,12 @@ STATUS = re.compile(
 def _a_best_model_on_another_evaluation_set(registry: Path) -> tuple[Path, str]:
     """The job's best model on another evaluation set (other data): a lower loss measured here must not
     replace it. Returns the set's directory and its best.json text."""
-    other_set = registry / "train-llama" / "eval-0123456789ab"
+    # dag.test() runs are triggered by "dag_test": the job's entry lies in that user's part of the registry
+    entry = registry / job_key(owner_for("dag_test", "train_llama"), "train-llama", "train_llama")
+    other_set = entry / "eval-0123456789ab"
     other_set.mkdir(parents=True)
-    (registry / "train-llama" / "owner.json").write_text(
-        json.dumps({"owner": "train_llama", "job": "train-llama"})
+    (entry / "owner.json").write_text(
+        json.dumps({"owner": "user:dag_test", "job": "train-llama", "kind": "registry"})
     )
     other_best = json.dumps({"loss": 5.0, "step": 1000, "export": str(other_set / "run" / "step-00001000")})
     (other_set / "best.json").write_text(other_best)
@@ -58,7 +61,7 @@ def _assert_the_promoted_model_and_its_reports(ckpt: Path, registry: Path, other
     """The registry's best for this evaluation set, the reports and the curves; returns the best entry."""
     # the job's entry on this run's evaluation set; the other set's best is untouched though its loss is
     # higher
-    (best_file,) = [p for p in registry.glob("*/eval-*/best.json") if p.parent != other_set]
+    (best_file,) = [p for p in registry.glob("**/eval-*/best.json") if p.parent != other_set]
     best = json.loads(best_file.read_text())
     assert best["step"] == 60 and best["loss"] < 3.0
     assert (other_set / "best.json").read_text() == other_best

@@ -40,7 +40,7 @@ def _their_job(root, owner: str | None, job: str) -> None:
 
 @pytest.mark.parametrize(
     ("owner", "refusal"),
-    [("team-b", "belongs to job 'shared' of 'team-b', not to job 'shared' of 'train_llama'"),
+    [("team-b", "belongs to job 'shared' of 'team-b', not to job 'shared' of 'user:dag_test'"),
      (None, "holds data of no recorded owner (checkpoints of job other)")],
     ids=["another owner's job", "a foreign directory"],
 )  # fmt: skip

@@ -72,8 +72,8 @@ def warning_in_queue(sqs_queue):
     [
         (None, "[dtrain] interruption_queues is not set"),
         (
-            "https://sqs.us-east-1.amazonaws.com/111122223333/",
-            "the admin's [dtrain] interruption_queues: https://sqs.us-east-1.amazonaws.com/111122223333/",
+            "https://sqs.us-east-1.amazonaws.com/111122223333/spot-events",
+            "the admin's [dtrain] interruption_queues: https://sqs.us-east-1.amazonaws.com/111122223333/spot-events",
         ),
     ],
 )
@@ -96,8 +96,7 @@ def test_a_queue_not_on_the_admins_list_is_refused_before_any_sqs_call(
         f"SpotInterruptionSensor(task_id='spot_watch'): sqs_queue_url (from '{FORM_FIELD}'): "
         f"{url!r} is not an allowed interruption queue ({listed})."
     )
-    account = url[: url.rfind("/") + 1]
-    assert f"the platform admin adds the queue URL, or its account prefix {account!r}," in message
+    assert "the platform admin adds the queue URL, of a queue only the spot watch reads," in message
     assert "AIRFLOW__DTRAIN__INTERRUPTION_QUEUES" in message
     assert _untouched(client, url) == [(body, "1")]  # nobody received it before this look
 
@@ -105,8 +104,10 @@ def test_a_queue_not_on_the_admins_list_is_refused_before_any_sqs_call(
 def test_the_dag_authors_list_narrows_the_admins(warning_in_queue, tmp_path, monkeypatch):
     client, url, body = warning_in_queue
     account = url[: url.rfind("/") + 1]
-    monkeypatch.setenv(QUEUES_ENV, f" {account} , https://sqs.us-east-1.amazonaws.com/111122223333/q")
     elsewhere = f"{account}team-b-spot-events"
+    monkeypatch.setenv(
+        QUEUES_ENV, f" {url} , {elsewhere}, https://sqs.us-east-1.amazonaws.com/111122223333/q"
+    )
 
     with pytest.raises(
         SpecError, match=r"sqs_queue_url: .* is not allowed by this DAG \(interruption_queues: "
@@ -181,7 +182,7 @@ def test_an_allowed_queue_acts_on_our_warning_and_leaves_the_others_for_their_co
     cluster, sqs_queue, tmp_path, monkeypatch
 ):
     client, url = sqs_queue
-    monkeypatch.setenv(QUEUES_ENV, url[: url.rfind("/") + 1])  # the account prefix: any queue of it
+    monkeypatch.setenv(QUEUES_ENV, url)  # a queue the spot watch alone reads (foreign messages still left)
     launch_debug_group(GROUP, tmp_path, namespace=NAMESPACE)
     cluster.run(GROUP, namespace=NAMESPACE)
     foreign, ours, garbage = json.dumps(spot_warning(OTHER)), json.dumps(spot_warning(OURS)), "not json"
@@ -289,3 +290,35 @@ def test_a_namespace_written_in_the_dag_outside_its_kubernetes_settings_fails_at
         SpotInterruptionSensor(
             task_id="w", group="g", backend="kubernetes", kubernetes={"namespace": "{{ params.ns }}"}
         )
+
+
+def test_an_account_prefix_is_refused_and_a_shared_queue_keeps_every_message(
+    sqs_queue, tmp_path, monkeypatch
+):
+    """Another consumer's queue, with a dead-letter queue after 2 receives: an account prefix on the admin's
+    list would let a run point the watch at it, and each poke would count a receive of that consumer's
+    messages (ChangeMessageVisibility 0 does not undo it). The prefix is refused, naming the option and why,
+    before any call: three pokes later the other consumer's messages are all in its queue, received by no one,
+    and its dead-letter queue is empty."""
+    client, ours = sqs_queue
+    dead = client.create_queue(QueueName=f"{ours.rsplit('/', 1)[1]}-dlq")["QueueUrl"]
+    dead_arn = client.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    theirs = client.create_queue(
+        QueueName=f"{ours.rsplit('/', 1)[1]}-other-team",
+        Attributes={"RedrivePolicy": json.dumps({"deadLetterTargetArn": dead_arn, "maxReceiveCount": "2"})},
+    )["QueueUrl"]
+    bodies = [json.dumps(spot_warning(OTHER)), json.dumps(spot_warning(OURS))]
+    for body in bodies:
+        client.send_message(QueueUrl=theirs, MessageBody=body)
+    monkeypatch.setenv(QUEUES_ENV, ours[: ours.rfind("/") + 1])  # the account prefix
+    for _ in range(3):
+        with pytest.raises(SpecError, match=r"interruption_queues: .* is an account prefix: list each queue"):
+            _sensor(theirs, tmp_path).execute({})
+    monkeypatch.setenv(QUEUES_ENV, ours)  # the dedicated queue only: theirs is not on the list
+    for _ in range(3):
+        with pytest.raises(SpecError, match=r"is not an allowed interruption queue"):
+            _sensor(theirs, tmp_path).execute({})
+    assert _untouched(client, theirs) == sorted((body, "1") for body in bodies)  # this look is the first
+    assert client.receive_message(QueueUrl=dead, WaitTimeSeconds=0).get("Messages", []) == []

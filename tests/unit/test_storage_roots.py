@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_dtrain.operators.prepare_data import DataError, PrepareDataOperator
-from airflow_dtrain.spec import JobLimits, JobSpec, SpecError, within_roots
+from airflow_dtrain.roots import within_roots
+from airflow_dtrain.spec import JobLimits, JobSpec, SpecError
 
 
 def test_a_path_is_within_a_root_only_after_normalising_it(tmp_path):

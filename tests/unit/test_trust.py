@@ -113,7 +113,11 @@ def _ctx(dag_id: str = "train_llama") -> dict:
 def test_a_job_directory_belongs_to_its_owner_and_job(tmp_path, monkeypatch):
     d = str(tmp_path / "job")
     check_job_dir(d, owner="team-a", job="llama")
-    assert json.loads((tmp_path / "job" / "owner.json").read_text()) == {"owner": "team-a", "job": "llama"}
+    assert json.loads((tmp_path / "job" / "owner.json").read_text()) == {
+        "owner": "team-a",
+        "job": "llama",
+        "kind": "checkpoints",
+    }
     check_job_dir(d, owner="team-a", job="llama")  # the same job again: its own
     before = tree(tmp_path)
     with pytest.raises(
