@@ -124,6 +124,24 @@ class Storage:
             return []
         return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(path, detail=False)]
 
+    def listdir_modified(self, path: str) -> dict[str, float]:
+        """``{name: last change}`` of the files in a directory, in one listing (one LIST request on s3://:
+        nothing is read); {} when it does not exist."""
+        if not self.remote:
+            if not os.path.isdir(path):
+                return {}
+            with os.scandir(path) as entries:
+                return {e.name: e.stat().st_mtime for e in entries if e.is_file()}
+        if not self.fs.exists(path):
+            return {}
+        found = {}
+        for info in self.fs.ls(path, detail=True):
+            if info.get("type") == "file":
+                modified = info.get("LastModified")
+                at = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
+                found[info["name"].rstrip("/").rsplit("/", 1)[-1]] = at
+        return found
+
     def size(self, path: str) -> int | None:
         """Bytes in a file, None when it is missing."""
         if not self.remote:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
-from airflow_dtrain import metrics
+from airflow_dtrain import jobs_index, metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, kubernetes_for_run
@@ -208,8 +208,24 @@ class EvaluateCheckpointOperator(BaseOperator):
         return str(job), owner
 
     def execute(self, context: Context) -> dict[str, Any]:
+        ti = context["ti"]
+        summary = self._evaluate(context)
+        # the job's entry in the job index: the Training jobs pages read its registry entry's bests again
+        entry = summary["registry_entry"].rsplit("/", 1)[0]  # <registry>/<job key>, above its evaluation sets
+        jobs_index.record(
+            ti.dag_id,
+            self._owner,
+            summary["job"],
+            run=(ti.run_id, ti.task_id),
+            registry_entry=entry,
+            evaluated_at=time.time(),
+        )
+        return summary
+
+    def _evaluate(self, context: Context) -> dict[str, Any]:
         root = str(self.checkpoint_uri).rstrip("/")
         job, owner = self._entry(context, root)
+        self._owner = owner
         checkpoints = CheckpointDir(root)
         step = self._step(checkpoints, root)
         eval_set = evaluation_set(checkpoints.manifest(step), int(self.batches), int(self.batch_size))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 
-from airflow_dtrain import metrics
+from airflow_dtrain import jobs_index, metrics
 from airflow_dtrain.launchers import get_launcher, launcher_kwargs, local_state_dir
 from airflow_dtrain.links import TrainingDashboardLink, TrainingReportLink
 from airflow_dtrain.session import GroupFailed, GroupSession
@@ -143,6 +144,26 @@ class FSDPTrainOperator(BaseOperator):
             context, spec
         )  # before the session writes a lease or a spend file there
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, owner=owner))  # the manifests'
+        self._index = (
+            ti.dag_id,
+            owner,
+            self.job if self.job is not None else self._base,
+            (ti.run_id, ti.task_id),
+        )
+        self._record(
+            state="running",
+            checkpoint_uri=spec.train.checkpoint.uri,
+            steps=spec.train.steps,
+            ledger_uri=spec.train.cost.ledger_uri or None,
+            budget_usd=spec.train.cost.budget_usd,
+            num_nodes=spec.num_nodes,
+            min_nodes=spec.min_nodes or spec.num_nodes,
+            backend=spec.backend,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            error=None,
+            ended_at=None,
+        )
         launcher = get_launcher(spec.backend, **self._launcher_kwargs(spec.backend))
         self._session = GroupSession(
             launcher,
@@ -182,8 +203,18 @@ class FSDPTrainOperator(BaseOperator):
         return SpotPriceFeed(zone=spec.zone, instance_type=spec.instance_type, aws_conn_id=self.aws_conn_id,
                              every_s=self.spot_price_refresh_s)  # fmt: skip
 
+    def _record(self, **fields: Any) -> None:
+        """Write the job's entry in the job index (the Training jobs pages: ``airflow_dtrain.ui``)."""
+        if getattr(self, "_index", None) is not None:
+            dag_id, owner, job, run = self._index
+            jobs_index.record(dag_id, owner, job, run=run, **fields)
+
     # -- execution ----------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
+        with jobs_index.failed_unless_deferred(self._record):
+            return self._execute(context)
+
+    def _execute(self, context: Context) -> dict[str, Any]:
         session = self._open_session(context)
         name = session.attach_or_launch()
         context["ti"].xcom_push(key="group", value=name)
@@ -214,6 +245,10 @@ class FSDPTrainOperator(BaseOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any], **_: Any) -> dict[str, Any]:
+        with jobs_index.failed_unless_deferred(self._record):
+            return self._execute_complete(context, event)
+
+    def _execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         session = self._open_session(context)
         session.current = event.get("name")
         relaunched = session.on_end(event)
@@ -261,6 +296,7 @@ class FSDPTrainOperator(BaseOperator):
                 budget_stop={**(progress.get("budget") or {}), **at_cap},
             )
         summary_path = write_summary(spec.train.checkpoint.uri, summary)
+        self._record(state="finished" if at_cap is None else "stopped at cap", ended_at=time.time())
         if at_cap is not None:
             self.log.warning(
                 "Training stopped at step %s of %d to stay within its $%.2f budget: $%.4f spent; checkpoint "
