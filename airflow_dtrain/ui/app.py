@@ -10,7 +10,7 @@ entry, never from the request. Nothing here writes, and nothing reaches the job'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, RedirectResponse
@@ -22,7 +22,7 @@ from airflow_dtrain.ui.read import RowCache, job_detail
 __all__ = ["create_app"]
 
 STATIC = Path(__file__).parent / "static"
-SORTS = (
+Sort = Literal[
     "dag_id",
     "owner",
     "job",
@@ -34,7 +34,8 @@ SORTS = (
     "resizes",
     "checkpoint_at",
     "updated_at",
-)
+]
+"""What the jobs page sorts by: a column of its rows."""
 MAX_PER_PAGE = 200
 
 
@@ -127,7 +128,7 @@ def create_app() -> FastAPI:
         owner: str | None = None,
         dag_id: str | None = None,
         state: str | None = None,
-        sort: str = Query("updated_at", enum=list(SORTS)),
+        sort: Sort = "updated_at",
         desc: bool = True,
         page: int = Query(1, ge=1),
         per_page: int = Query(50, ge=1, le=MAX_PER_PAGE),

@@ -35,7 +35,7 @@ def _markers(events: list[dict[str, Any]], x: str) -> list[dict[str, Any]]:
 
 def _rules(x: dict[str, Any]) -> dict[str, Any]:
     return {
-        "mark": {"type": "rule", "strokeDash": [4, 3], "strokeWidth": 2},
+        "mark": {"type": "rule", "strokeDash": [4, 3]},
         "encoding": {
             "x": x,
             "color": {
@@ -46,6 +46,13 @@ def _rules(x: dict[str, Any]) -> dict[str, Any]:
                     "domain": [m[0] for m in MARKERS.values()],
                     "range": [m[1] for m in MARKERS.values()],
                 },
+            },
+            # a preemption and the relaunch after it share a step: the preemption is drawn wider, below
+            "strokeWidth": {
+                "field": "event",
+                "type": "nominal",
+                "legend": None,
+                "scale": {"domain": [m[0] for m in MARKERS.values()], "range": [5, 2, 2, 2]},
             },
             "description": {"field": "label"},
             "tooltip": [{"field": "label", "title": "event"}],

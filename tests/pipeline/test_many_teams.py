@@ -14,7 +14,7 @@ import pytest
 from airflow.utils.state import DagRunState, TaskInstanceState
 
 from airflow_dtrain.ownership import check_job_dir, job_dir, owner_for
-from tests.pipeline.trust_helpers import tree
+from tests.pipeline.trust_helpers import as_user, tree
 
 TEAMS = {"users": {"alice": "team-a", "bob": "team-b"}}
 TRAIN_TASKS = ("train_spot", "train_on_demand")
@@ -29,18 +29,6 @@ def teams(request, monkeypatch, tmp_path):
     else:
         monkeypatch.delenv("AIRFLOW__DTRAIN__OWNERS", raising=False)
     return request.param
-
-
-def as_user(monkeypatch, user: str) -> None:
-    """Every dag.test() run from now on is triggered by ``user`` (Airflow's own run, its triggering user)."""
-    from airflow.models import dagrun
-
-    create = dagrun.get_or_create_dagrun
-
-    def create_as_user(*args, **kwargs):
-        return create(*args, **{**kwargs, "triggering_user_name": user})
-
-    monkeypatch.setattr(dagrun, "get_or_create_dagrun", create_as_user)
 
 
 class _Run:

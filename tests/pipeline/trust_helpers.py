@@ -13,3 +13,15 @@ def tree(root: Path) -> dict[str, str]:
         rel = str(path.relative_to(root))
         out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return out
+
+
+def as_user(monkeypatch, user: str) -> None:
+    """Every dag.test() run from now on is triggered by ``user`` (Airflow's own run, its triggering user)."""
+    from airflow.models import dagrun
+
+    create = dagrun.get_or_create_dagrun
+
+    def create_as_user(*args, **kwargs):
+        return create(*args, **{**kwargs, "triggering_user_name": user})
+
+    monkeypatch.setattr(dagrun, "get_or_create_dagrun", create_as_user)

@@ -11,7 +11,10 @@ const dtrain = (() => {
     if (cls) node.className = cls;
     return node;
   }
-  function usd(x) { return x === null || x === undefined ? "–" : "$" + Number(x).toFixed(2); }
+  function usd(x) {
+    if (x === null || x === undefined) return "–";
+    return "$" + Number(x).toFixed(Math.abs(x) > 0 && Math.abs(x) < 1 ? 4 : 2);
+  }
   function age(unix) {
     if (!unix) return "none yet";
     const s = Math.max(0, Date.now() / 1000 - unix);
