@@ -69,7 +69,7 @@ faults: venv
 # 3 minutes on 2 cores; .ci/run runs it after the tests. gpu_check.sh says so and passes without a
 # GPU. benchmarks/spot_traces.py is not a script: the spot scripts read their traces
 # (../shared/data/spot) with it.
-BENCH_SCRIPTS := checkpoint.py data_throughput.py faults.py load.py mfu.py recovery.py spot_choice.py spot_cost.py \
+BENCH_SCRIPTS := checkpoint.py data_throughput.py faults.py load.py mfu.py recovery.py spot_choice.py spot_cost.py ui_jobs.py \
 	spot_hindsight.py trainer_overhead.py gpu_check.sh
 
 bench-smoke: venv

@@ -99,10 +99,11 @@ def jobs_page_of(
     }
 
 
-def create_app() -> FastAPI:
-    """The app (built on the api-server's first request of it: ``plugin.LazyApp``)."""
+def create_app(cache: RowCache | None = None) -> FastAPI:
+    """The app (built on the api-server's first request of it: ``plugin.LazyApp``); ``cache``: where the
+    jobs page keeps its rows (default a new ``RowCache``)."""
     app = FastAPI(title="Training jobs (airflow-dtrain)", docs_url=None, redoc_url=None, openapi_url=None)
-    cache = RowCache()
+    cache = cache if cache is not None else RowCache()
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/jobs", include_in_schema=False)
