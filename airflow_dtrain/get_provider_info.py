@@ -165,6 +165,17 @@ def get_provider_info() -> dict:
                         "example": "/srv/dtrain/models/train_llama/published",
                         "default": "",
                     },
+                    "jobs_index": {
+                        "description": (
+                            "Where the train and evaluate tasks record each job for the Training jobs "
+                            "pages (a path or s3:// prefix that the workers write and the api-server reads); "
+                            "empty: $AIRFLOW_HOME/dtrain/jobs."
+                        ),
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": "s3://ml-platform/dtrain/jobs",
+                        "default": "",
+                    },
                     "interruption_queues": {
                         "description": (
                             "SQS queues SpotInterruptionSensor may read: comma-separated URLs of queues "

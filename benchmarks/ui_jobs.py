@@ -63,25 +63,29 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def measure(args: argparse.Namespace, root: Path) -> None:
-    from airflow.api_fastapi.core_api.security import get_user
-
-    from airflow_dtrain import jobs_index
-    from airflow_dtrain.ui import app as ui_app
-    from airflow_dtrain.ui import read
+def write_jobs(args: argparse.Namespace, root: Path) -> None:
     from tests.ui.synthetic_jobs import write_job
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
     started = time.perf_counter()
     for i in range(args.jobs):
         live = i < args.live
         write_job(root, f"job-{i:05d}", owner=f"user:u{i % 37}", state="running" if live else "finished",
                   step=30 if live else 60, dollars=0.01 * i)  # fmt: skip
     print(
-        f"{args.jobs} jobs ({args.live} running) written in {time.perf_counter() - started:.1f} s",
-        f"under {root}",
+        f"{args.jobs} jobs ({args.live} running) written in {time.perf_counter() - started:.1f} s under", root
     )
+
+
+def measure(args: argparse.Namespace, root: Path) -> None:
+    from airflow.api_fastapi.core_api.security import get_user
+
+    from airflow_dtrain import jobs_index
+    from airflow_dtrain.ui import app as ui_app
+    from airflow_dtrain.ui import read
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    write_jobs(args, root)
 
     ui_app.readable_dags = lambda user: {"train_llama"}
     query = {"sort": "spent_usd", "per_page": 50}
@@ -117,6 +121,11 @@ def measure(args: argparse.Namespace, root: Path) -> None:
         results["live"].append(request(kept))
         read.LIVE_REFRESH_S = 5.0
 
+    report(args, results)
+
+
+def report(args: argparse.Namespace, results: dict[str, list[tuple[float, int]]]) -> None:
+    """The table: median and p95 of each kind of request, the files each read, and the ratios."""
     print(f"\nGET /api/jobs (50 rows of {args.jobs}, sorted by spend), {args.requests} requests each")
     print(f"{'request':<10} {'median ms':>10} {'p95 ms':>8} {'files read':>11}")
     medians = {}

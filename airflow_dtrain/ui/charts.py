@@ -23,9 +23,13 @@ MARKERS = {
 WIDTH, HEIGHT = "container", 220
 
 
+DRAWN_LAST = ("preempted", "stopped_at_budget", "failed")
+"""Drawn over the other markers of their step (a relaunch shares its preemption's step)."""
+
+
 def _markers(events: list[dict[str, Any]], x: str) -> list[dict[str, Any]]:
     out = []
-    for event in events:
+    for event in sorted(events, key=lambda e: e["kind"] in DRAWN_LAST):
         if event["kind"] in MARKERS and isinstance(event.get(x), (int, float)):
             label, _ = MARKERS[event["kind"]]
             at = event[x] if x == "step" else event[x] * 1000

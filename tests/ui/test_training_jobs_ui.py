@@ -10,7 +10,7 @@ through Playwright and Debian's chromium, with each user's own login:
 * bob (team_b) sees no job of team_a's DAG, and his request of alice's job's URL gets 403.
 
 Screenshots of each page are saved in the test's directory (their paths are printed), and one is copied to
-``$DTRAIN_UI_SCREENSHOTS`` when that is set (docs/ui.md's).
+``$DTRAIN_UI_SCREENSHOTS`` when that is set (docs/images/, for docs/ui.md).
 """
 
 from __future__ import annotations
