@@ -99,8 +99,9 @@ def _logged_in(browser, server: Airflow, user: str):
     return context
 
 
-def _alices_run(dags, tmp_path: Path, monkeypatch) -> str:  # noqa: F811 - dags is the fixture
-    """A train_llama run by alice that is preempted at step 6 of 12 and trains on; its job's index entry."""
+def _alices_run(dags, tmp_path: Path, monkeypatch) -> tuple[str, str]:  # noqa: F811 - dags is the fixture
+    """A train_llama run by alice that is preempted at step 6 of 12 and trains on: its job's index entry, and
+    the run's id."""
     as_user(monkeypatch, "alice")
     run = dags["train_llama"].test(run_conf={
         "job": "alice-llama", "checkpoint_uri": str(tmp_path / "ckpt"),
@@ -109,7 +110,7 @@ def _alices_run(dags, tmp_path: Path, monkeypatch) -> str:  # noqa: F811 - dags 
     })  # fmt: skip
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert run.state == DagRunState.SUCCESS, states
-    return jobs_index.entry_id("user:alice", "alice-llama")
+    return jobs_index.entry_id("user:alice", "alice-llama"), run.run_id
 
 
 def test_alice_sees_her_job_its_spend_and_preemption_and_bob_is_refused(
@@ -121,7 +122,7 @@ def test_alice_sees_her_job_its_spend_and_preemption_and_bob_is_refused(
 ):
     from playwright.sync_api import expect
 
-    entry = _alices_run(dags, tmp_path, monkeypatch)
+    entry, run_id = _alices_run(dags, tmp_path, monkeypatch)
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
@@ -148,6 +149,9 @@ def test_alice_sees_her_job_its_spend_and_preemption_and_bob_is_refused(
     expect(loss.locator("[aria-label*='preemption at step 6']").first).to_be_attached()
     expect(loss.locator("path[aria-roledescription='line mark']").first).to_be_attached()
     page.screenshot(path=str(shots / "job-alice.png"), full_page=True)
+    # the task instance's "Training job" tab shows the job that task ran
+    page.goto(f"{two_teams.url}/dtrain/ti/train_llama/{run_id}/train_spot")
+    expect(page.locator("#title")).to_have_text("Training job alice-llama")
     alice.close()
 
     bob = _logged_in(browser, two_teams, "bob")
