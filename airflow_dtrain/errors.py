@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.fields import ConfigError
+from trainer.config.fields import ConfigError
 
 
 class SpecError(ConfigError):

@@ -64,7 +64,7 @@ def entry_id(owner: str, job: str) -> str:
 
 
 def _storage(root: str | None = None) -> Any:
-    from trainer.storage import Storage
+    from trainer.base.storage import Storage
 
     return Storage(root or index_root())
 

@@ -2,11 +2,11 @@
 
 One naming scheme for the whole project, ``<prefix>.<area>.<name>`` (prefix ``dtrain``
 unless configured), units in the names (bytes, seconds, dollars). The trainer reports the
-training side (``trainer/metrics.py: TRAINING_METRICS``); this module reports the orchestration
+training side (``trainer/report/metrics.py: TRAINING_METRICS``); this module reports the orchestration
 side. Both lists are what the Grafana dashboard in ``docker/grafana/`` is built on, and a test
 checks the dashboard uses no other name.
 
-Every line carries DogStatsD tags (``trainer/statsd.py``, which says why that form): the task
+Every line carries DogStatsD tags (``trainer/base/statsd.py``, which says why that form): the task
 instance that sent it (``dag_id``, ``run_id``, ``task_id``, ``map_index``) and the ``job``, so two
 runs at once, or two members of a sweep, are separate series. A caller that knows them passes
 ``tags``; otherwise they are read from the running task's context (a worker), and whatever is
@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.statsd import RUN_TAGS, UNKNOWN, Sender, parse_tags
+from trainer.base.statsd import RUN_TAGS, UNKNOWN, Sender, parse_tags
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint_dir import OWNER
+from trainer.checkpoint.directory import OWNER
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.roots import conf_json, reserved_roots, within_roots
@@ -26,7 +26,7 @@ __all__ = [
 ]  # fmt: skip
 
 OWNER_FILE = OWNER
-"""At the root of a job's directory: ``{"owner", "job"}`` (``trainer.checkpoint_dir.OWNER``)."""
+"""At the root of a job's directory: ``{"owner", "job"}`` (``trainer.checkpoint.directory.OWNER``)."""
 JOB_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")
 """A job's name: what its checkpoints, ledger and models are found, and owned, by."""
 
@@ -155,7 +155,7 @@ def shared_reads() -> tuple[str, ...]:
 def check_read(uri: str | None, *, owner: str, what: str) -> None:
     """Refuse reading ``uri`` when it lies in another owner's claimed directory (a job's checkpoints, a
     registry entry), unless the admin shares it (``[dtrain] shared_reads``). Nothing is read when refused."""
-    from trainer.storage import Storage
+    from trainer.base.storage import Storage
 
     if not uri or uri == "builtin" or within_roots(uri, shared_reads()):
         return
@@ -170,7 +170,7 @@ def check_read(uri: str | None, *, owner: str, what: str) -> None:
 
 
 def _claimed(uri: str) -> dict[str, Any] | None:
-    from trainer.storage import Storage
+    from trainer.base.storage import Storage
 
     storage = Storage(uri)
     path = storage.path(OWNER_FILE)
@@ -222,8 +222,8 @@ def check_job_dir(
     job's directory from before owners were recorded); without ``claim`` (a read) it is refused only when a
     checkpoint there names another job. A new directory inside a claimed one must be the same owner's, and
     of the same job unless the one above is a shared ledger (a sweep's). Nothing is written when refused."""
-    from trainer.checkpoint_dir import CheckpointDir
-    from trainer.storage import Storage
+    from trainer.checkpoint.directory import CheckpointDir
+    from trainer.base.storage import Storage
 
     if job is not None and not JOB_NAME.fullmatch(job):
         raise OwnershipError(

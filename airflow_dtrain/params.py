@@ -2,8 +2,8 @@
 
 A DAG names the fields it offers on its trigger form and, where it wants, other defaults;
 everything else -- the JSON Schema type, bounds, enum, title, description and section of
-each ``Param`` -- comes from the one declaration of the field (``trainer.fields.setting``
-in ``trainer/config.py``, ``airflow_dtrain/spec.py`` and ``RunSettings`` below). The same
+each ``Param`` -- comes from the one declaration of the field (``trainer.config.fields.setting``
+in ``trainer/config/job_config.py``, ``airflow_dtrain/spec.py`` and ``RunSettings`` below). The same
 declarations give the README's table (``markdown_table``), so the form, the validation
 messages and the documentation cannot drift apart.
 
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import BUDGET_AND_SPOT, CHECKPOINTS, MODEL_AND_DATA, URI_PATTERN, TrainConfig
-from trainer.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
+from trainer.config.job_config import BUDGET_AND_SPOT, CHECKPOINTS, MODEL_AND_DATA, URI_PATTERN, TrainConfig
+from trainer.config.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
 
 from airflow_dtrain.deployed import (  # noqa: F401  (re-exported: the DAGs import them from here)
     BUNDLED_LIMITS,

@@ -28,11 +28,11 @@ FIELD_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("--image",), "airflow_dtrain.kubernetes.spec:KubernetesSpec", "image", ""),
     (
         ("--checkpoint-uri",),
-        "trainer.config_sections:CheckpointConfig",
+        "trainer.config.sections:CheckpointConfig",
         "uri",
         f" Default: {DEFAULT_CHECKPOINT}",
     ),
-    (("--flavor",), "trainer.config_sections:ModelConfig", "flavor", ""),
+    (("--flavor",), "trainer.config.sections:ModelConfig", "flavor", ""),
     (("--namespace",), "airflow_dtrain.kubernetes.spec:KubernetesSpec", "namespace", ""),
     (("--capacity",), "airflow_dtrain.spec:JobSpec", "capacity", ""),
     (("--zone",), "airflow_dtrain.spec:JobSpec", "zone", ""),
@@ -46,7 +46,7 @@ def _field_arg(flags: tuple[str, ...], where: str, name: str, extra: str) -> tup
     """The argparse keywords of a flag from the field's declaration: its help; int fields parse as int."""
     import importlib
 
-    from trainer.fields import declared, field_types, meta
+    from trainer.config.fields import declared, field_types, meta
 
     module, _, klass_name = where.partition(":")
     klass = getattr(importlib.import_module(module), klass_name)

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.fields import check, coerce, field_types, setting
+from trainer.config.fields import check, coerce, field_types, setting
 
 from airflow_dtrain.errors import SpecError, checked
 

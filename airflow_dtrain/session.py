@@ -27,8 +27,13 @@ from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLaunc
 from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchNodes, WatchPrices
 from airflow_dtrain.spec import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines, note_rank_errors
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import (
+    BUDGET_EXIT_CODE,
+    FENCED_EXIT_CODE,
+    STORAGE_EXIT_CODE,
+    WORKER_LOST_EXIT_CODE,
+)
 
 if TYPE_CHECKING:
     from airflow_dtrain.aws.prices import SpotPriceFeed
@@ -151,7 +156,7 @@ class GroupSession(SessionMoney):
     :param purpose: a word for the log, e.g. "training" or "eval".
     :param spot_prices: where a spot group's prices are read (``airflow_dtrain.aws.prices.SpotPriceFeed``):
         while it runs, for its trainer's cap (``GroupWatch.feed_prices``), and when it ends, to bill it again
-        (``airflow_dtrain.spot.ledger.at_prices_in_effect``). None: at its launch price only.
+        (``trainer.money.bill.at_prices_in_effect``). None: at its launch price only.
     """
 
     def __init__(

@@ -7,7 +7,7 @@ for the next launch's deadline, and before a relaunch the go-on decision is take
 runs, ``WatchPrices`` (mixed into ``GroupWatch``) feeds the prices in effect to its trainer's cap, and
 ``follow_deadline`` moves its budget deadline with what it spent: earlier when the price rises, later when
 an elastic group ran on fewer nodes. The arithmetic is
-``trainer.money``'s; the spend files are ``trainer.checkpoint_dir``'s.
+``trainer.money``'s; the spend files are ``trainer.checkpoint.directory``'s.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState
-from trainer.capacity import Capacity
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import BUDGET_EXIT_CODE
+from trainer.money.capacity import Capacity
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import BUDGET_EXIT_CODE
 from trainer.money.bill import at_prices_in_effect, billed
 from trainer.money.deadline import budget_deadline, deadline_words, repriced_deadline
 from trainer.money.ledger import opening_entry

@@ -6,7 +6,7 @@ rendered), the render CLI -- and then handed on as this frozen object: to the gr
 session, the launcher, the Kubernetes objects and the trainer's command line. The training
 half is the trainer's ``TrainConfig`` itself (stdlib-only, so importing it here costs
 nothing at parse time); the group half (nodes, processes, backend, capacity, price,
-resources) is declared with the same ``trainer.fields.setting``, so validation messages,
+resources) is declared with the same ``trainer.config.fields.setting``, so validation messages,
 the trigger form (``airflow_dtrain.params``) and the README table come from one place.
 The group's capacity, price and GPUs are what the trainer's cost ledger records.
 """
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.capacity import Capacity
-from trainer.config import BUDGET_AND_SPOT, ConfigError, TrainConfig  # noqa: F401  (re-exported)
-from trainer.fields import check, coerce, field_types, flatten, meta, setting, walk
+from trainer.money.capacity import Capacity
+from trainer.config.job_config import BUDGET_AND_SPOT, ConfigError, TrainConfig  # noqa: F401  (re-exported)
+from trainer.config.fields import check, coerce, field_types, flatten, meta, setting, walk
 
 from airflow_dtrain.spec_checks import check_elastic, check_kubernetes, uneven_batch
 from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint

@@ -1,6 +1,6 @@
 """Where a training job stands, in one line of the task log, and the group's output batched.
 
-``StatusLine`` reads the trainer's own events as they arrive (``trainer/metrics.py``: "train",
+``StatusLine`` reads the trainer's own events as they arrive (``trainer/report/metrics.py``: "train",
 "checkpoint", "resume", "preempted"; on the local backend from the ranks' events files, ``group_events``,
 on Kubernetes from the pods' logs) and the job's spend ledger, and every ``every_s`` seconds
 (not every step) gives one line::
@@ -98,7 +98,7 @@ class StatusLine:
         if not self.ledger_uri:
             return None
         try:
-            from trainer.checkpoint_dir import CheckpointDir
+            from trainer.checkpoint.directory import CheckpointDir
 
             return CheckpointDir(self.ledger_uri).spend().total_dollars
         except (OSError, ValueError):

@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.fields import check, field_types, setting
+from trainer.config.fields import check, field_types, setting
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.roots import conf_json, storage_roots, within_roots

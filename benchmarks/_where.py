@@ -1,14 +1,15 @@
 """Where a restart's time went, for benchmarks/recovery.py: the restarted rank 0's "startup" event
-(``trainer/startup.py``) and the time from SIGTERM to that process's start."""
+(``trainer/elastic/startup.py``) and the time from SIGTERM to that process's start."""
 
 import statistics
 import time
 
-from trainer.startup import PHASES
+from trainer.elastic.startup import PHASES
 
 
 def startup_after(stream, t0_wall: float) -> dict:
-    """Where the restart's time went: the restarted rank 0's "startup" event (``trainer/startup.py``, emitted
+    """Where the restart's time went: the restarted rank 0's "startup" event (``trainer/elastic/startup.py``,
+    emitted
     right after its first step's) and, before it, the time from SIGTERM to that process's start (the save,
     the exit, the agent's start and rendezvous)."""
     for e in stream:

@@ -19,7 +19,7 @@ Measured side by side in each round, on the same directory's filesystem:
                checkpoint.write_threads files per rank written and hashed in parallel
 * 1-stream:    the same with write_threads=1 (one file per rank: DCP's default)
 * with CRC32:  the sync save with torch.save's per-record CRC32, as before the trainer turned it off
-               (trainer/checkpointing/save.py: record_crc32)
+               (trainer/checkpoint/save.py: record_crc32)
 * DCP write:   the same save without our hashing and manifest (dcp.save alone)
 * load:        Checkpointer.load of that checkpoint
 * host copy:   DCP's DefaultStager copying the state to host memory synchronously
@@ -54,10 +54,10 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: E402
 
 from ckptlab.disk import dir_bytes, disk_read, disk_write, disk_write_files  # noqa: E402
-from trainer.checkpoint import Checkpointer  # noqa: E402
-from trainer.checkpointing.save import record_crc32  # noqa: E402
-from trainer.checkpointing.state import training_state  # noqa: E402
-from trainer.config import CheckpointConfig  # noqa: E402
+from trainer.checkpoint.checkpointer import Checkpointer  # noqa: E402
+from trainer.checkpoint.save import record_crc32  # noqa: E402
+from trainer.checkpoint.state import training_state  # noqa: E402
+from trainer.config.job_config import CheckpointConfig  # noqa: E402
 
 
 class _Stateful:

@@ -10,7 +10,7 @@ consumes on this machine, and the peak memory of loading a Hugging Face model wi
    document a line), written by ``trainer.prepare_data.prepare``: byte-level (uint16 ids) and a
    locally trained byte-level BPE padded to a vocabulary of --tokenizer-vocab ids (uint32 above
    65,535; tests/hf_tokenizer_assets.py, no download).
-2. The data path as the trainer runs it: ``trainer.data.TrainBatches.next_batch()`` for each rank
+2. The data path as the trainer runs it: ``trainer.data.loader.TrainBatches.next_batch()`` for each rank
    r of --world, with the trainer's global batch, micro-batch and seed: shard memmaps, the
    per-epoch permutation, np.stack, the int64 cast and the numpy -> torch (-> device) conversion.
    Tokens/s delivered per rank = the rank's (batch / world) x seq_len tokens per call over the time
@@ -31,9 +31,10 @@ consumes on this machine, and the peak memory of loading a Hugging Face model wi
    anonymous / file-backed split sampled from /proc/self/status (the safetensors files are
    memory-mapped: their pages count in RSS while mapped, but are page cache, not allocations):
    * trainer, 1 rank and --world ranks under torchrun: Job.build's init_from path for a fresh job:
-     ``trainer.hf.local_copy`` and ``model_args``, ``trainer.train.build_model(..., random_init=False)``
+     ``trainer.model.hf.local_copy`` and ``model_args``, ``trainer.train.build_model(..., random_init=False)``
      (meta device; FSDP2 on --world ranks, a plain module on one CPU process; only the rotary tables
-     computed) then ``trainer.hf.load_weights``; each rank's parameter bytes are its shard's (fp32 on CPU);
+     computed) then ``trainer.model.hf.load_weights``; each rank's parameter bytes are its shard's (fp32 on
+     CPU);
    * reference: ``transformers.AutoModelForCausalLM.from_pretrained`` on the same directory,
      in fp32 (the trainer's parameter dtype on CPU) and in the checkpoint's bf16; every parameter
      is then read once (in bf16 they may still be views of the mapped file, not in memory yet).
@@ -140,7 +141,7 @@ def build_stores(args: argparse.Namespace, tmp: str) -> dict[str, str]:
     """1. The byte-level and the BPE token store of one generated corpus: {name: directory}."""
     from tests.hf_tokenizer_assets import tiny_tokenizer
     from trainer.prepare_data import prepare
-    from trainer.token_store import read_meta
+    from trainer.data.token_store import read_meta
 
     corpus = os.path.join(tmp, "corpus.jsonl")
     start = time.perf_counter()
@@ -166,7 +167,7 @@ def build_stores(args: argparse.Namespace, tmp: str) -> dict[str, str]:
 def measure_rates(args: argparse.Namespace, stores: dict, tmp: str, env: dict) -> tuple[dict, dict]:
     """2-3. The data path's rates per rank before and after the trainer's runs, and the trainer's."""
     from tests.hf_model_assets import tiny_llama
-    from trainer.token_store import read_meta
+    from trainer.data.token_store import read_meta
 
     per_rank = args.batch // args.world
     print(
@@ -194,7 +195,7 @@ def measure_rates(args: argparse.Namespace, stores: dict, tmp: str, env: dict) -
 
 def print_rates(args: argparse.Namespace, stores: dict, data: dict, trainer: dict) -> dict[str, float]:
     """The data path's and the trainer's rates, and their ratios (returned: {label: data/trainer})."""
-    from trainer.token_store import read_meta
+    from trainer.data.token_store import read_meta
 
     print("\ndata path (TrainBatches.next_batch, tokens/s per rank; before / after the trainer runs):")
     delivered = {}

@@ -112,9 +112,9 @@ e2e)
         TAIL=20 run hf-parity $py - $ck $hf <<'PY'
 import json, sys, torch, torch.nn.functional as F
 from transformers import AutoModelForCausalLM
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import TrainConfig
-from trainer.data import eval_batches
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import TrainConfig
+from trainer.data.loader import eval_batches
 from trainer.evaluate import local_dataset
 ours = json.load(open("/tmp/eval-e2e.json"))
 root = CheckpointDir(sys.argv[1])

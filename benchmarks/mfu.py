@@ -8,10 +8,10 @@
 
 What runs is the trainer's own step: the model built by trainer.train.build_model (FSDP2
 over this rank, bf16 parameters with fp32 gradient reduction and master weights),
-trainer.parallelize's AdamW (fused on CUDA) and trainer.train.train_step, on random tokens
+trainer.model.parallelize's AdamW (fused on CUDA) and trainer.train.train_step, on random tokens
 (no data loading), after --warmup steps (compilation, allocator). MFU is
-tokens/s × trainer.metrics.flops_per_token ÷ the GPU's dense bf16 peak from
-trainer.metrics.PEAK_BF16_FLOPS (989 TFLOP/s for an H100 SXM). Without a GPU it exits 2
+tokens/s × trainer.report.metrics.flops_per_token ÷ the GPU's dense bf16 peak from
+trainer.report.metrics.PEAK_BF16_FLOPS (989 TFLOP/s for an H100 SXM). Without a GPU it exits 2
 with a message, unless --allow-cpu (a check that the script runs; no MFU).
 """
 
@@ -24,7 +24,7 @@ import _common  # noqa: F401 - the repository on sys.path, before the trainer
 
 import torch  # noqa: E402
 
-from trainer.config import TrainConfig  # noqa: E402
+from trainer.config.job_config import TrainConfig  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,7 +67,7 @@ def parse_args() -> argparse.Namespace:
 
 def set_up(args: argparse.Namespace):
     """The trainer's model, optimizer and scheduler on this rank, and a fixed batch of random tokens."""
-    from trainer.parallelize import build_optimizer, build_scheduler
+    from trainer.model.parallelize import build_optimizer, build_scheduler
     from trainer.train import build_model, setup_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -125,7 +125,7 @@ def timed_steps(args: argparse.Namespace, cfg, d, model, optimizer, scheduler, m
 
 def report(args: argparse.Namespace, cfg, d, model, loss, elapsed: float) -> None:
     """Rank 0 prints the set-up, tokens/s and the MFU against the device's bf16 peak."""
-    from trainer.metrics import flops_per_token, peak_flops
+    from trainer.report.metrics import flops_per_token, peak_flops
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tokens_per_s = args.steps * cfg.global_batch_size * args.seq_len / elapsed
@@ -134,7 +134,7 @@ def report(args: argparse.Namespace, cfg, d, model, loss, elapsed: float) -> Non
     if d.rank != 0:
         return
     name = torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"
-    # one CPU process trains a plain module (trainer.parallelize.needs_fsdp)
+    # one CPU process trains a plain module (trainer.model.parallelize.needs_fsdp)
     layout = (
         "bf16 FSDP2 (fp32 reduce)"
         if d.device.type == "cuda"

@@ -17,8 +17,8 @@ Beside it, in the same run, "one of two nodes lost" (``node_lost_round``), three
 again (the operator's relaunch). Elastic (min_nodes 1): the supervisor starts node 1's replacement and node
 0's agent re-rendezvouses without a relaunch; and the same with node 0 lost (the group's rendezvous store is
 a process of its own). And with no node to replace it (capacity 1): node 0 trains on alone once its round
-closes, when it is in (``trainer/rdzv_round.py``) beside torch's last call (``replace_timeout_s``). Clock:
-SIGTERM to the first step after it. ``--no-elastic`` leaves them out.
+closes, when it is in (``trainer/elastic/rdzv_round.py``) beside torch's last call
+(``replace_timeout_s``). Clock: SIGTERM to the first step after it. ``--no-elastic`` leaves them out.
 
 With ``--compile`` the 1-node rows run with ``parallel.compile=true`` instead, each round twice side by side:
 the restart given the first run's compile cache (``TORCHINDUCTOR_CACHE_DIR``: warm, as the local backend
@@ -27,16 +27,16 @@ compile too, with the job's cache. ``--two-node relaunch,alone`` runs only those
 (``_two_nodes.py``). ``--in-place``: the 1-node rows restart their workers under the live agent instead
 (``in_place_round``: an elastic node's resize, on one node, as on one GPU). ``--compare-env
 DTRAIN_KEEP_WORKERS=0`` sets an elastic group's survivors restarting their training processes beside
-keeping them (``trainer/worker_host.py``).
+keeping them (``trainer/elastic/worker_host.py``).
 
 With ``--compare-start`` every row runs twice in each round, side by side: the workers forked from their
 node's fork server, which has imported torch and the trainer once (``trainer.launch``, the default), and
 each started as its own ``python -m trainer`` (``DTRAIN_FORK_WORKERS=0``, torchrun's own start). With
 ``--compare-env KEY=VALUE`` (repeatable) every row runs also with that setting, e.g. ``DTRAIN_RDZV_POLL_S=1``
-(a resize round polled once a second, as torch does: ``trainer/rdzv_round.py``) or
+(a resize round polled once a second, as torch does: ``trainer/elastic/rdzv_round.py``) or
 ``DTRAIN_TORCH_PRIVATE_OFF=all`` (every private torch hook's fallback, as on a torch that changed them:
-``trainer/torch_private/``). Each row also says where
-the time went: SIGTERM to the restarted workers' start, then their startup phases (``trainer/startup.py``).
+``trainer/torch_private/``). Each row also says where the time went: SIGTERM to the restarted workers'
+start, then their startup phases (``trainer/elastic/startup.py``).
 
 Target: <= 10 s and 0 steps lost for the debug flavour.
 """
@@ -57,9 +57,9 @@ from _common import REPO, events_env, trainer_command
 from _two_nodes import ROWS, join_line, node_lost_round
 from _where import after_resume, startup_after
 from _where import where_it_went
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 from trainer.events import EventCursor
-from trainer.workers import FORK_ENV, worker_pids
+from trainer.elastic.workers import FORK_ENV, worker_pids
 
 STDERR = subprocess.DEVNULL  # where the trainers' stderr goes (--stderr FILE)
 POLL_S = 0.01  # how often a run's events directory is looked at: the clock's resolution
@@ -160,8 +160,8 @@ def one_round(nproc: int, at_step: int, env: dict, extra: list[str], restart_env
 def in_place_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dict:
     """An elastic node's resize, on one node: SIGTERM to one worker (not the agent) once step ``at_step`` is
     logged; every rank saves and exits 75, the live agent starts its workers again (in the kept training
-    processes, ``trainer/worker_host.py``, or new ones with ``DTRAIN_KEEP_WORKERS=0``); the clock stops at
-    the first step after the resume."""
+    processes, ``trainer/elastic/worker_host.py``, or new ones with ``DTRAIN_KEEP_WORKERS=0``); the clock
+    stops at the first step after the resume."""
     ckpt, events_dir = tempfile.mkdtemp(prefix="dtrain-recovery-"), tempfile.mkdtemp(prefix="dtrain-events-")
     store, endpoint = _rendezvous_store(env)  # as an elastic group's: a process of its own, not the agent's
     agent = [sys.executable, "-m", "trainer.launch", "--nnodes", "1", "--nproc-per-node", str(nproc),
@@ -193,11 +193,12 @@ def in_place_round(nproc: int, at_step: int, env: dict, extra: list[str]) -> dic
 
 
 def _rendezvous_store(env: dict) -> tuple[subprocess.Popen, str]:
-    """``python -m trainer.rdzv_store`` on a free port of 127.0.0.1, serving once it says so."""
+    """``python -m trainer.elastic.rdzv_store`` on a free port of 127.0.0.1, serving once it says so."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    store = subprocess.Popen([sys.executable, "-m", "trainer.rdzv_store", "127.0.0.1", str(port)], cwd=REPO,
+    store = subprocess.Popen([sys.executable, "-m", "trainer.elastic.rdzv_store", "127.0.0.1", str(port)],
+                             cwd=REPO,
                              env=env, stdout=subprocess.PIPE, stderr=STDERR, text=True)  # fmt: skip
     store.stdout.readline()  # "rendezvous store serving on ..."
     return store, f"127.0.0.1:{port}"

@@ -5,7 +5,7 @@
     python benchmarks/trainer_overhead.py --quick   # 2 rounds x 2 steps at seq_len 32: a check that it runs
 
 Both drive the same model (the debug flavour, as the trainer lays it out: FSDP2-sharded on
-several ranks or a GPU, a plain module on one CPU process, see trainer.parallelize.needs_fsdp)
+several ranks or a GPU, a plain module on one CPU process, see trainer.model.parallelize.needs_fsdp)
 with the same AdamW and schedule:
 
 * plain:   (one process only) the same Llama as a plain ``nn.Module`` built by hand, with the
@@ -48,7 +48,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from trainer.config import TrainConfig  # noqa: E402
+from trainer.config.job_config import TrainConfig  # noqa: E402
 from trainer.train import Job, setup_distributed  # noqa: E402
 
 
@@ -90,8 +90,8 @@ def make_config(args: argparse.Namespace, world: int, root: str) -> TrainConfig:
 
 def one_process_variants(model, cfg: TrainConfig, d, batches) -> dict:
     """The same model unwrapped (what a plain single-device script runs), and wrapped with FSDP2."""
-    from trainer.model import Llama
-    from trainer.parallelize import build_optimizer, build_scheduler
+    from trainer.model.llama import Llama
+    from trainer.model.parallelize import build_optimizer, build_scheduler
 
     variants = {}
     with torch.device(d.device):
@@ -102,7 +102,7 @@ def one_process_variants(model, cfg: TrainConfig, d, batches) -> dict:
 
     variants["plain"] = bare_loop(plain_model, plain_opt, plain_sched, batches, cfg.optim.grad_clip)
 
-    from trainer.parallelize import parallelize
+    from trainer.model.parallelize import parallelize
 
     with torch.device("meta"):
         fsdp_model = Llama(model.args)

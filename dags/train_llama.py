@@ -34,8 +34,8 @@ import os
 
 import pendulum
 from airflow.sdk import DAG, Asset, TriggerRule, task
-from trainer.capacity import Capacity
-from trainer.config import URI_PATTERN
+from trainer.money.capacity import Capacity
+from trainer.config.job_config import URI_PATTERN
 
 from airflow_dtrain import (
     BudgetBranchOperator,
@@ -355,7 +355,7 @@ with DAG(
         import fsspec
 
         from airflow_dtrain.trust import OWNER_FILE, limits_for
-        from trainer.checkpoint_dir import REGISTRY_BEST
+        from trainer.checkpoint.directory import REGISTRY_BEST
 
         event = triggering_asset_events[BEST_MODEL][-1]
         info = dict(event.extra)

@@ -4,7 +4,7 @@
 Every field of the training config is a flag, named after its dotted path
 (``checkpoint.every`` is ``--checkpoint-every``; the operator's short names such as
 ``--flavor`` and ``--lr`` work too): the flags are generated from the field definitions
-in ``trainer/config.py``. Flags override the config file; ``--set`` overrides anything
+in ``trainer/config/job_config.py``. Flags override the config file; ``--set`` overrides anything
 (applied last, in order). A bad configuration prints the ConfigError to stderr and exits
 2 before training.
 """
@@ -12,19 +12,19 @@ in ``trainer/config.py``. Flags override the config file; ``--set`` overrides an
 import argparse
 import sys
 
-from trainer.checkpoint_dir import CheckpointStorageError, WriterFenced
+from trainer.checkpoint.directory import CheckpointStorageError, WriterFenced
 from trainer.contract import die_with_agent  # stdlib only; shared with programs of your own
-from trainer.config import (
+from trainer.config.job_config import (
     FENCED_EXIT_CODE,
     STORAGE_EXIT_CODE,
     WORKER_LOST_EXIT_CODE,
     ConfigError,
     TrainConfig,
 )
-from trainer.fields import add_arguments
-from trainer.say import say
-from trainer.startup import StartupClock  # stdlib only
-from trainer.workers import remember_a_stop, stopped_for_good  # stdlib only
+from trainer.config.fields import add_arguments
+from trainer.base.say import say
+from trainer.elastic.startup import StartupClock  # stdlib only
+from trainer.elastic.workers import remember_a_stop, stopped_for_good  # stdlib only
 
 
 def parse_config(argv: list[str]) -> TrainConfig:
@@ -67,7 +67,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv)
         from trainer.train import train, world_size_from_env  # torch: only once the config is good
-        from trainer.checkpointing.faults import faults_from_env  # none unless DTRAIN_FAULTS names some
+        from trainer.checkpoint.faults import faults_from_env  # none unless DTRAIN_FAULTS names some
 
         cfg.validate_world_size(world_size_from_env())
         startup.mark("imports")

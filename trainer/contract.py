@@ -69,7 +69,7 @@ __all__ = [
     "progress", "simulate_preemption", "step_path", "take_lease",
 ]  # fmt: skip
 
-# -- exit codes (trainer/config.py's; tests/trainer/test_contract.py holds this copy to them) ----------------
+# -- exit codes (trainer/config/job_config.py's; tests/trainer/test_contract.py holds this copy to them) ----
 PREEMPTED_EXIT_CODE = 75
 """Saved the step it was on after SIGTERM: the operator relaunches the group from that checkpoint."""
 STORAGE_EXIT_CODE = 74
@@ -80,7 +80,7 @@ FENCED_EXIT_CODE = 78
 """Another group took over the checkpoint directory (a newer writer lease): the task fails, not relaunched."""
 # 76 (a worker was lost) is the torchrun agent's to report for a process a signal killed, never a program's.
 
-# -- the checkpoint directory's layout (trainer/checkpoint_dir.py's) -----------------------------------------
+# -- the checkpoint directory's layout (trainer/checkpoint/directory.py's) ----------------------------------
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 BEST = "BEST"

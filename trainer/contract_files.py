@@ -2,7 +2,7 @@
 
 Standard library only and no import from this package, like trainer/contract.py, which re-exports what a
 program uses from here: copy both files next to your program (or import ``trainer.contract``). The
-checkpoint layout's names that trainer/checkpoint_dir.py also spells stay in trainer/contract.py.
+checkpoint layout's names that trainer/checkpoint/directory.py also spells stay in trainer/contract.py.
 """
 
 from __future__ import annotations

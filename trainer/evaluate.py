@@ -25,18 +25,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
-from trainer.checkpoint import storage_reader
-from trainer.checkpoint_dir import CheckpointDir, step_dir_name
-from trainer.config import TrainConfig
+from trainer.checkpoint.checkpointer import storage_reader
+from trainer.checkpoint.directory import CheckpointDir, step_dir_name
+from trainer.config.job_config import TrainConfig
 from trainer.events import emit
-from trainer.data import default_data_dir, ensure_builtin, eval_batches
-from trainer.eval_report import RunRecord, html_report, plot, put
+from trainer.data.loader import default_data_dir, ensure_builtin, eval_batches
+from trainer.report.eval_report import RunRecord, html_report, plot, put
 from trainer.export import export_weights
-from trainer.model import Llama, ModelArgs
-from trainer.safe_pickle import UnsafeCheckpoint
-from trainer.say import say
-from trainer.storage import Storage
-from trainer.token_store import cache_remote, is_remote
+from trainer.model.llama import Llama, ModelArgs
+from trainer.checkpoint.safe_pickle import UnsafeCheckpoint
+from trainer.base.say import say
+from trainer.base.storage import Storage
+from trainer.data.token_store import cache_remote, is_remote
 
 
 def load_model(step_dir: str, device: torch.device) -> tuple[Llama, dict]:

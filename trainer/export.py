@@ -7,14 +7,14 @@ latest committed checkpoint) or a step directory, and DIR a directory, each loca
 s3:// export is written to a local temporary directory, then uploaded, config.json last: a
 reader that finds it finds the weights).
 Our parameter names are HF's without its "model." prefix and rotary embeddings use its
-rotate-half layout (see trainer/model.py), so the weights map one to one.
+rotate-half layout (see trainer/model/llama.py), so the weights map one to one.
 
 A model continued from a Hugging Face model (``model.init_from``) is given back as the source was,
 only its weights trained: the source's config.json (context length, RoPE settings, special token
 ids, everything training does not change), its generation_config.json (or one made from the
 config's bos/eos/pad ids, so ``generate`` stops at EOS) and its weights' dtype, unless ``--dtype``
 says otherwise. These come from the manifest, which records them at training start (``hf_source``,
-trainer/hf.py), so the source directory need not exist any more; for a checkpoint from before that
+trainer/model/hf.py), so the source directory need not exist any more; for a checkpoint from before that
 record, from the source directory if it is still readable. What could not be kept is listed in the
 result (``not_kept``) and said on stderr.
 """
@@ -33,14 +33,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from trainer import hf
-from trainer.checkpoint import storage_reader
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import ConfigError
-from trainer.model import ModelArgs
-from trainer.safe_pickle import UnsafeCheckpoint
-from trainer.say import say
-from trainer.storage import Storage
+from trainer.model import hf
+from trainer.checkpoint.checkpointer import storage_reader
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import ConfigError
+from trainer.model.llama import ModelArgs
+from trainer.checkpoint.safe_pickle import UnsafeCheckpoint
+from trainer.base.say import say
+from trainer.base.storage import Storage
 
 SHARD_BYTES = 4 << 30  # per safetensors file, as HF hub checkpoints are split
 # config.json's dtype field: transformers >= 5 writes "dtype", older releases "torch_dtype"
@@ -151,7 +151,8 @@ def source_of(manifest: dict) -> Source | None:
 
 
 def _read_source(uri: str) -> tuple[dict | None, str]:
-    """(the record trainer.hf.source_record would have made, or None, and why not) of a source read now."""
+    """(the record trainer.model.hf.source_record would have made, or None, and why not) of a source read
+    now."""
     try:
         storage = Storage(uri)
         record = {"uri": uri}
@@ -212,7 +213,7 @@ def export_weights(
 def copy_tokenizer(dataset: str, out: str) -> list[str]:
     """The tokenizer files of the token store the model was trained on (its ``tokenizer/`` directory,
     local or s3://) copied into ``out``; [] for the built-in byte-level data, which has none."""
-    from trainer.token_store import TOKENIZER_FILES, is_remote, remote_fs
+    from trainer.data.token_store import TOKENIZER_FILES, is_remote, remote_fs
 
     if dataset in ("", "builtin"):
         return []

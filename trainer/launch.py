@@ -13,9 +13,7 @@ from "crashed". This maps the outcome to the node's exit code:
   forwarded SIGTERM to its workers and waited for them to save               -> 75
 * anything else                                           -> 1
 
-On Kubernetes it also delivers "checkpoint now" without ``pods/exec``: the launcher sets the pod
-annotation ``dtrain.io/checkpoint-now``, the kubelet writes the pod's annotations into a downward-API
-volume (``$DTRAIN_REQUESTS_FILE``), and a thread here sends each new request to the workers as SIGUSR1.
+On Kubernetes it also delivers "checkpoint now" to the workers (``trainer.elastic.checkpoint_requests``).
 """
 
 import atexit
@@ -26,7 +24,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext, SignalException
@@ -35,85 +32,27 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 import torch.distributed.run as torchrun
 from torch.distributed.run import parse_args, run
 
-from trainer.config import (
+from trainer.config.job_config import (
     BUDGET_EXIT_CODE,
     FENCED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     STORAGE_EXIT_CODE,
     WORKER_LOST_EXIT_CODE,
 )
-from trainer.rdzv_round import (
+from trainer.elastic.rdzv_round import (
     close_the_round_once_all_are_in,
     name_each_world,
     replacements_warm_up_first,
     started_workers,
 )
-from trainer import torch_private, warm_join, worker_host
+from trainer import torch_private
+from trainer.elastic import warm_join, worker_host
 from trainer.torch_private import elastic_hooks
-from trainer.say import say
-from trainer.workers import AGENT_PID_ENV, FORK_ENV, remember_stops_for_restarts, worker_pids
+from trainer.base.say import say
+from trainer.elastic.checkpoint_requests import REQUESTS_FILE_ENV, watch_checkpoint_requests
+from trainer.elastic.workers import AGENT_PID_ENV, FORK_ENV, remember_stops_for_restarts
 
 _KILLED = 128 + 9  # a container runtime's way of saying SIGKILL (OOMKilled)
-
-REQUESTS_FILE_ENV = "DTRAIN_REQUESTS_FILE"
-"""The pod's annotations as the kubelet writes them (a downward-API volume): where "checkpoint now"
-arrives."""
-CHECKPOINT_NOW_ANNOTATION = "dtrain.io/checkpoint-now"
-
-
-def read_annotation(path: str, key: str) -> str | None:
-    """``key``'s value in a downward-API annotations file (``key="value"`` lines, the value JSON-quoted)."""
-    import json
-
-    try:
-        with open(path) as f:
-            for line in f:
-                name, sep, value = line.rstrip("\n").partition("=")
-                if sep and name == key:
-                    try:
-                        return json.loads(value)
-                    except ValueError:
-                        return value.strip('"')
-    except OSError:
-        return None
-    return None
-
-
-def signal_workers(sig: int = signal.SIGUSR1) -> int:
-    """Send ``sig`` to this node's workers (the agent runs in this process; ``workers.worker_pids``): never
-    the agent's fork server, nor what the workers start in turn (data loader workers). Returns how many were
-    signalled."""
-    asked = 0
-    for pid in worker_pids(os.getpid()):
-        try:
-            os.kill(pid, sig)
-            asked += 1
-        except OSError:
-            pass
-    return asked
-
-
-def watch_checkpoint_requests(
-    path: str, poll_s: float = 1.0, stop: threading.Event | None = None
-) -> threading.Thread:
-    """Follow the annotations file at ``path``: each new value of ``dtrain.io/checkpoint-now`` (the launcher's
-    request, set on the pod) sends the workers SIGUSR1, "checkpoint at the next step boundary and carry on".
-    The value when the watch starts is an old request (a relaunched pod keeps none; this one may): ignored."""
-    stop = stop or threading.Event()
-
-    def run() -> None:
-        seen = read_annotation(path, CHECKPOINT_NOW_ANNOTATION)
-        while not stop.wait(poll_s):
-            value = read_annotation(path, CHECKPOINT_NOW_ANNOTATION)
-            if value is not None and value != seen:
-                seen = value
-                asked = signal_workers()
-                say(f"[trainer.launch] checkpoint-now request {value}: SIGUSR1 to {asked} worker(s)")
-
-    thread = threading.Thread(target=run, name="checkpoint-now-watch", daemon=True)
-    thread.start()
-    return thread
-
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
@@ -287,12 +226,13 @@ def use_a_writable_compile_cache() -> bool:
     return True
 
 
-_PRELOAD = ["torch.distributed.run", "trainer.__main__", "trainer.train", "trainer.checkpointing.faults"]
+_PRELOAD = ["torch.distributed.run", "trainer.__main__", "trainer.train", "trainer.checkpoint.faults"]
 
 
 def fork_the_trainers_from_a_warm_process() -> None:
     """Make torchrun start ``python -u -m trainer ...`` workers by forking them from a fork server that
-    has imported torch and the trainer once (``trainer.forked_worker``), in place of a new interpreter each.
+    has imported torch and the trainer once (``trainer.elastic.forked_worker``), in place of a new
+    interpreter each.
 
     A worker's imports take some 2.5 s of CPU here (torch, its distributed checkpoint, FSDP2), paid by
     every local rank at every start and again at every restart of an elastic group's workers (a resize);
@@ -301,9 +241,10 @@ def fork_the_trainers_from_a_warm_process() -> None:
     threads; importing initialises no GPU, no process group and no OpenMP pool, so each worker starts
     these itself, as a new interpreter would. Any other command (a program of your own, ``--no-python``)
     and ``DTRAIN_FORK_WORKERS=0`` keep torchrun's own start. A worker names itself ``dtrain-r<rank>``
-    (``trainer.workers``). An elastic group (``--max-restarts`` > 0) also keeps a host process per local rank,
-    in which every start of its workers trains (``trainer.worker_host``): a resize restarts no process; they
-    compile in a world of their own before the agent joins (``trainer.warm_join``)."""
+    (``trainer.elastic.workers``). An elastic group (``--max-restarts`` > 0) also keeps a host process per
+    local rank, in which every start of its workers trains (``trainer.elastic.worker_host``): a resize
+    restarts no process; they compile in a world of their own before the agent joins
+    (``trainer.elastic.warm_join``)."""
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -315,7 +256,7 @@ def fork_the_trainers_from_a_warm_process() -> None:
         ours = cmd == sys.executable and cmd_args[:3] == ["-u", "-m", "trainer"]
         if not ours or os.environ.get(FORK_ENV, "1") == "0":
             return config, cmd, cmd_args
-        from trainer.forked_worker import run as run_trainer
+        from trainer.elastic.forked_worker import run as run_trainer
 
         # a process kept across worlds needs each world named and torch's mesh caches cleared between them
         keep = (

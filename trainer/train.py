@@ -2,7 +2,7 @@
 
 Runs under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the
 environment) or as one plain process, which still joins a 1-rank process group so
-that both take the same code path. Returns the process exit code (see trainer.config).
+that both take the same code path. Returns the process exit code (see trainer.config.job_config).
 """
 
 import math
@@ -13,28 +13,39 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trainer import hf, job_setup, torch_private
-from trainer.budget import BudgetGuard
-from trainer.checkpoint import Checkpointer
-from trainer.config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, TrainConfig
+from trainer import torch_private
+
+from trainer.model import hf
+
+from trainer.step import setup as job_setup
+from trainer.money.cap import BudgetGuard
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.config.job_config import BUDGET_EXIT_CODE, PREEMPTED_EXIT_CODE, TrainConfig
 from trainer.contract import JobEnv, simulate_preemption
-from trainer.cost import CostLedger
-from trainer.data import TrainBatches, eval_batches
-from trainer.distributed import Dist, StopRequests, log, setup_distributed, world_fields, world_size_from_env
-from trainer.job_reports import CheckpointReports
-from trainer.metrics import Metrics, SaveOverlap
-from trainer.model import Llama
-from trainer.parallelize import build_optimizer, build_scheduler
-from trainer.progress import Progress
-from trainer.startup import StartupClock
-from trainer.train_step import build_model, train_step
+from trainer.money.ledger import CostLedger
+from trainer.data.loader import TrainBatches, eval_batches
+from trainer.step.process_group import (
+    Dist,
+    StopRequests,
+    log,
+    setup_distributed,
+    world_fields,
+    world_size_from_env,
+)
+from trainer.report.checkpoint_reports import CheckpointReports
+from trainer.report.metrics import Metrics, SaveOverlap
+from trainer.model.llama import Llama
+from trainer.model.parallelize import build_optimizer, build_scheduler
+from trainer.report.progress import Progress
+from trainer.elastic.startup import StartupClock
+from trainer.step.train_step import build_model, train_step
 
 # Imported from here by benchmarks and tests: the process group and the step live in their own modules.
 __all__ = ["Dist", "Job", "StopRequests", "build_model", "setup_distributed", "train", "train_step",
            "world_size_from_env"]  # fmt: skip
 
 StepHook = Callable[[int], None]
-"""Called with each step number once the step is queued: a seam for tests (checkpointing/faults.py)."""
+"""Called with each step number once the step is queued: a seam for tests (checkpoint/faults.py)."""
 
 INIT_EVAL_BATCHES = 4
 """Held-out micro-batches evaluated at step 0 of a job that starts from an init_from model."""
@@ -42,7 +53,7 @@ INIT_EVAL_BATCHES = 4
 
 def train(cfg: TrainConfig, *, step_hook: StepHook | None = None, startup: StartupClock | None = None) -> int:
     """Train to cfg.steps or until stopped; returns 0 or PREEMPTED_EXIT_CODE. ``startup``: the process's
-    start clock (``trainer/startup.py``), from ``python -m trainer``'s main; else from here."""
+    start clock (``trainer/elastic/startup.py``), from ``python -m trainer``'s main; else from here."""
     cfg.validate_world_size(world_size_from_env())  # fail before joining the group
     startup = startup or StartupClock(started_at=time.time())
     d = setup_distributed(cfg.parallel)
@@ -76,7 +87,9 @@ class Job(CheckpointReports):
     data_dir: str = ""  # the token directory (the held-out split is read from it)
     resume_point: tuple[int, str] | None = None  # the verified checkpoint to resume from (None: from scratch)
     resumed_from: int | None = None  # the step this attempt resumed from (None: from scratch)
-    hf_source: dict | None = None  # the init_from model's config files and dtype, for the export (trainer.hf)
+    hf_source: dict | None = (
+        None  # the init_from model's config files and dtype, for the export (trainer.model.hf)
+    )
     _unsettled: tuple | None = None  # (step, lr, loss, grad_norm) of the last step, not read yet
     _last_step_end: float = 0.0
     _budget_stop: dict | None = None  # rank 0: why the job stops at its cap

@@ -18,7 +18,7 @@ always, size and checksum where the manifest records them; its report says the D
 
 A failure raises CheckpointInvalid, whose message names the checkpoint, the check and
 the file (or tensor). Nothing a checkpoint holds is run: .metadata is unpickled with an allowlist and
-every other object with torch's weights-only unpickler (trainer/safe_pickle.py); a file that holds
+every other object with torch's weights-only unpickler (trainer/checkpoint/safe_pickle.py); a file that holds
 anything else fails ``dcp_metadata`` or ``dcp_objects``, naming what it holds. Standard library only at
 module level: torch is imported for the DCP checks only, so the Airflow operator module that imports
 this stays light.
@@ -29,7 +29,7 @@ import json
 import sys
 import warnings
 
-from trainer.checkpoint_dir import (
+from trainer.checkpoint.directory import (
     FORMAT_DCP,
     MANIFEST,
     STEP_DIR_GLOB,
@@ -38,8 +38,8 @@ from trainer.checkpoint_dir import (
     manifest_format,
     step_of,
 )
-from trainer.say import say
-from trainer.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
+from trainer.base.say import say
+from trainer.base.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
 
 
 def validate_checkpoint(
@@ -179,8 +179,8 @@ def _check_files(storage: Storage, path: str, files: dict, dcp_format: bool) -> 
 
 def _dcp_metadata(storage: Storage, path: str, manifest: dict):
     """DCP's index of the step directory, loaded safely; every file it references must be in the manifest."""
-    from trainer.checkpoint_reader import storage_reader  # torch from here on
-    from trainer.safe_pickle import UnsafeCheckpoint
+    from trainer.checkpoint.reader import storage_reader  # torch from here on
+    from trainer.checkpoint.safe_pickle import UnsafeCheckpoint
 
     try:
         metadata = storage_reader(storage, path).read_metadata()
@@ -219,8 +219,8 @@ def _check_objects(storage: Storage, path: str, metadata) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from trainer.checkpoint_reader import storage_reader
-    from trainer.safe_pickle import UnsafeCheckpoint, refusals_raised
+    from trainer.checkpoint.reader import storage_reader
+    from trainer.checkpoint.safe_pickle import UnsafeCheckpoint, refusals_raised
 
     items = metadata.state_dict_metadata.items()
     state = dict.fromkeys(
@@ -243,7 +243,7 @@ def _check_finite(storage: Storage, path: str, metadata, sample_tensors: int | N
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from trainer.checkpoint_reader import storage_reader
+    from trainer.checkpoint.reader import storage_reader
 
     keys = sorted(
         k

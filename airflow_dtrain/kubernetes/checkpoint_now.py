@@ -18,14 +18,16 @@ from airflow_dtrain.kubernetes.names import (
 )
 from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE
 
-# SIGUSR1 to the training processes of the group's torchrun agent (trainer.workers.worker_pids), whatever
+# SIGUSR1 to the training processes of the group's torchrun agent (trainer.elastic.workers.worker_pids),
+# whatever
 # program they run (the bundled trainer or your own), never the agent itself (for which it is fatal), its
 # fork server, nor the workers' own children (data loader workers would die of it). It runs in the pod,
-# under the image's python, with the trainer package the agent runs from (trainer.workers: stdlib only).
+# under the image's python, with the trainer package the agent runs from (trainer.elastic.workers: stdlib
+# only).
 _SIGNAL_WORKERS = (
     """
 import os, signal, sys
-from trainer.workers import worker_pids
+from trainer.elastic.workers import worker_pids
 tag = b"DTRAIN_GROUP_NAME=" + sys.argv[1].encode()
 agents = []
 for pid in filter(str.isdigit, os.listdir("/proc")):

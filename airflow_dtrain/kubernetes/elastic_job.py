@@ -30,7 +30,7 @@ from typing import Any
 
 from airflow_dtrain.kubernetes.names import ANNOTATION_ELASTIC, CONTAINER
 from airflow_dtrain.spec import JobSpec
-from trainer.config import (
+from trainer.config.job_config import (
     BUDGET_EXIT_CODE,
     FENCED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,

@@ -57,9 +57,9 @@ from airflow_dtrain.kubernetes.pod_template import (
     render_pod_template,
     termination_grace_period_s,
 )
-from airflow_dtrain.launchers.base import budget_deadline
+from trainer.money.deadline import budget_deadline
 from airflow_dtrain.spec import JobSpec
-from trainer.config import PREEMPTED_EXIT_CODE
+from trainer.config.job_config import PREEMPTED_EXIT_CODE
 
 # The names this module has always offered, wherever they live now.
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_dtrain.kubernetes.status import pod_index
 from airflow_dtrain.spec_checks import INSTANCE_TYPE_LABEL, ZONE_LABEL
-from trainer.capacity import Capacity
+from trainer.money.capacity import Capacity
 
 # Capacity-type labels of Karpenter and EKS managed node groups, in their own spellings.
 _CAPACITY_LABELS = ("karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType")

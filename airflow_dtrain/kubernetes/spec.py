@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.capacity import Capacity
-from trainer.fields import check_field, check_value, declared, setting
+from trainer.money.capacity import Capacity
+from trainer.config.fields import check_field, check_value, declared, setting
 
 from airflow_dtrain.errors import SpecError, checked
 

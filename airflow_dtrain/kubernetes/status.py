@@ -33,7 +33,9 @@ from airflow_dtrain.kubernetes.names import (
     ANNOTATION_PENDING_TIMEOUT,
     CONTAINER,
 )
-from airflow_dtrain.launchers.base import PREEMPTED_EXIT_CODE, GroupState, GroupStatus, deadline_words
+from airflow_dtrain.launchers.base import GroupState, GroupStatus
+from trainer.config.job_config import PREEMPTED_EXIT_CODE
+from trainer.money.deadline import deadline_words
 
 TAIL_LINES = 20
 _FAILJOB_MESSAGE = re.compile(r"for pod [^/\s]+/(?P<pod>\S+) failed with exit code (?P<code>-?\d+)")

@@ -2,7 +2,8 @@
 
 An all-or-nothing group rendezvous with pod 0, whose agent hosts the c10d store: harmless there, since any
 lost pod ends the group. An elastic group goes on without a lost pod, index 0 included, so its store runs in
-a small pod ``<group>-rdzv`` (``python -m trainer.rdzv_store``: torch's TCPStore, from the group's image),
+a small pod ``<group>-rdzv`` (``python -m trainer.elastic.rdzv_store``: torch's TCPStore, from the group's
+image),
 behind a headless Service of the same name; every node's agent is its client (``is_host=0``). Both are
 created before the Job, owned by it once it exists, and deleted with it. A lost store pod is a lost
 rendezvous: the group ends as preempted and is relaunched as a whole (``elastic_status``).
@@ -22,7 +23,7 @@ from typing import Any
 from airflow_dtrain.kubernetes.container import _CONTAINER_SECURITY
 from airflow_dtrain.kubernetes.names import LABEL_GROUP, LABEL_STORE, group_labels, store_name
 from airflow_dtrain.spec import JobSpec
-from trainer.capacity import Capacity
+from trainer.money.capacity import Capacity
 
 STORE_CONTAINER = "rdzv"
 STORE_RESOURCES = {"cpu": "250m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
@@ -67,7 +68,7 @@ def render_store_pod(name: str, spec: JobSpec, *, namespace: str) -> dict[str, A
             "name": STORE_CONTAINER,
             "image": k8s.image,
             "imagePullPolicy": k8s.image_pull_policy,
-            "command": ["python", "-m", "trainer.rdzv_store", "0.0.0.0", str(k8s.rdzv_port)],
+            "command": ["python", "-m", "trainer.elastic.rdzv_store", "0.0.0.0", str(k8s.rdzv_port)],
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": "/tmp"}],
             "ports": [{"name": "rdzv", "containerPort": k8s.rdzv_port, "protocol": "TCP"}],
             "securityContext": {**copy.deepcopy(_CONTAINER_SECURITY), "readOnlyRootFilesystem": True},

@@ -7,7 +7,6 @@ builds the command every node runs. Nothing here imports a backend at import tim
 from __future__ import annotations
 
 from airflow_dtrain.launchers.base import (
-    PREEMPTED_EXIT_CODE,
     GroupState,
     GroupStatus,
     LogChunk,
@@ -15,11 +14,11 @@ from airflow_dtrain.launchers.base import (
     PredecessorStillRunning,
     poll_group,
 )
+
 from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs, relaunches
 from airflow_dtrain.launchers.state_dir import local_state_dir
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE",
     "GroupState",
     "GroupStatus",
     "LogChunk",

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.config import PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
+from trainer.config.job_config import PREEMPTED_EXIT_CODE, WORKER_LOST_EXIT_CODE
 
 CAPACITY_FILE = "capacity.json"
 NODE_CHANGES_FILE = "nodes.jsonl"

@@ -13,18 +13,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import PREEMPTED_EXIT_CODE
-from trainer.money.deadline import budget_deadline, deadline_terms, deadline_words, repriced_deadline
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
-_deadline = deadline_terms  # the name it had here
-
 __all__ = [
-    "DEADLINE_STEP_S", "PREEMPTED_EXIT_CODE", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher",
-    "PredecessorStillRunning", "budget_deadline", "deadline_moves", "deadline_words", "poll_group",
-    "repriced_deadline",
+    "DEADLINE_STEP_S", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "PredecessorStillRunning",
+    "deadline_moves", "poll_group",
 ]  # fmt: skip
 
 

@@ -37,14 +37,8 @@ import psutil
 from airflow_dtrain.launchers._local_elastic import CAPACITY_FILE, elastic_terms, read_node_changes
 from airflow_dtrain.launchers._local_supervisor import write_json_atomic
 from airflow_dtrain.launchers.ports import free_port as _free_port
-from airflow_dtrain.launchers.base import (
-    GroupState,
-    GroupStatus,
-    LogChunk,
-    PodGroupLauncher,
-    budget_deadline,
-    deadline_moves,
-)
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, deadline_moves
+from trainer.money.deadline import budget_deadline
 from airflow_dtrain.launchers.local_memory import (  # noqa: F401 - re-exported: importers use this module's names
     DEFAULT_MEMORY_GI_PER_PROCESS,
     MEMORY_OPTION,
@@ -61,7 +55,7 @@ from airflow_dtrain.launchers.local_processes import (
 from airflow_dtrain.launchers.state_dir import compile_cache_env, default_state_dir
 from airflow_dtrain.launchers.torchrun import agent_env, node_command
 from trainer.events import EVENTS_DIR_ENV, EventCursor
-from trainer.rdzv_round import CAPACITY_FILE_ENV
+from trainer.elastic.rdzv_round import CAPACITY_FILE_ENV
 
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
@@ -180,13 +174,14 @@ class LocalLauncher(PodGroupLauncher):
         }
         if spec.elastic:  # the supervisor goes on without a lost node and replaces it (_local_elastic)
             group["elastic"] = elastic_terms(spec)
-            # a resize round awaits as many nodes as the capacity (trainer/rdzv_round.py): a replacement
+            # a resize round awaits as many nodes as the capacity (trainer/elastic/rdzv_round.py): a
+            # replacement
             # the supervisor starts at once joins the survivors' round
             env[CAPACITY_FILE_ENV] = str((group_dir / CAPACITY_FILE).resolve())
             group["rdzv_store"] = [
                 self.python,
                 "-m",
-                "trainer.rdzv_store",
+                "trainer.elastic.rdzv_store",
                 "127.0.0.1",
                 str(port),
             ]

@@ -18,7 +18,7 @@ import psutil
 
 from airflow_dtrain.launchers._local_supervisor import kill_tree
 from airflow_dtrain.launchers.torchrun import LAUNCH_MODULE
-from trainer.workers import worker_pids
+from trainer.elastic.workers import worker_pids
 
 GROUP_DIR_ENV = "DTRAIN_LOCAL_GROUP_DIR"
 """Set on every process of a local group: its group directory, which (with DTRAIN_GROUP_NAME) tells it from a
@@ -79,7 +79,8 @@ def signal_workers(processes: list[psutil.Process], sig: int = signal.SIGUSR1) -
 
 
 def workers(processes: list[psutil.Process]) -> list[psutil.Process]:
-    """The training processes of a group's nodes (``trainer.workers.worker_pids`` of each torchrun agent):
+    """The training processes of a group's nodes (``trainer.elastic.workers.worker_pids`` of each torchrun
+    agent):
     never the agents, their fork servers, nor what the workers start in turn."""
     found = []
     for agent in agents(processes):

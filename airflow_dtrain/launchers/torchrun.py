@@ -114,7 +114,8 @@ def node_command(
     if spec.elastic:
         # A lost node: its peers' workers save the step and the same agents meet again (a new rendezvous
         # round, which closes once every survivor is back and the nodes the platform says it runs are in:
-        # trainer/rdzv_round.py; replace_timeout_s at most for those), then train on without it while at least
+        # trainer/elastic/rdzv_round.py; replace_timeout_s at most for those), then train on without it while
+        # at least
         # min_nodes are there; below that for min_nodes_timeout_s, the group ends as preempted. A node that
         # joins later makes the agents restart their workers (they save first) at the bigger size. Only
         # resumable exits restart workers (trainer/launch.py), at most max_preemptions times per agent.

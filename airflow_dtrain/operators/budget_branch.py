@@ -11,10 +11,10 @@ from airflow.sdk import BaseBranchOperator
 
 from airflow_dtrain.operators.inputs import build, check_given, names, param_doc, parameters
 from airflow_dtrain.spec import JobSpec
-from trainer.budget import FIRST_SAVE_GUESS_S
-from trainer.config import CheckpointConfig, CostConfig, TrainConfig
-from trainer.cost import stop_reserve_s
-from trainer.fields import REQUIRED, ConfigError, borrow, check, setting
+from trainer.money.cap import FIRST_SAVE_GUESS_S
+from trainer.config.job_config import CheckpointConfig, CostConfig, TrainConfig
+from trainer.money.projection import stop_reserve_s
+from trainer.config.fields import REQUIRED, ConfigError, borrow, check, setting
 
 DEFAULT_STOP_RESERVE_S = stop_reserve_s(
     FIRST_SAVE_GUESS_S, CheckpointConfig().grace_period_s, CostConfig().stop_margin_s
@@ -33,7 +33,7 @@ def _chance(help: str, default: float | None) -> Any:
 @dataclass(frozen=True, kw_only=True)
 class BudgetBranchInputs:
     """What the decision is taken from (every one templated). The job's own settings are borrowed from their
-    declarations (``trainer.config``, ``airflow_dtrain.spec``); the rest are the decision's own."""
+    declarations (``trainer.config.job_config``, ``airflow_dtrain.spec``); the rest are the decision's own."""
 
     total_steps: int = borrow(TrainConfig, "steps", REQUIRED, help="Optimizer steps of the whole job.")
     budget_usd: float | None = borrow(CostConfig, "budget_usd")
@@ -103,12 +103,12 @@ class BudgetBranchInputs:
     stop_reserve_s: float = setting(
         DEFAULT_STOP_RESERVE_S, ge=0,
         help="Seconds of the group that the training task keeps back of the money left, to stop within the "
-        "cap (``trainer.cost.stop_reserve_s``: the bundled trainer's save and exit, then the platform budget "
-        "deadline's grace period and margin, which also stop a program of your own); the decision spends "
-        "only the money left beyond them, counted as the trainer counts them, at its price ceiling: the "
-        "on-demand price when there is one, since a spot price can rise to it while the group runs; the "
-        'lower price for a fixed-price offer (``source`` "fixed": the local backend). Default: the bundled '
-        "trainer's defaults, 175 s.",
+        "cap (``trainer.money.projection.stop_reserve_s``: the bundled trainer's save and exit, then the "
+        "platform budget deadline's grace period and margin, which also stop a program of your own); the "
+        "decision spends only the money left beyond them, counted as the trainer counts them, at its price "
+        "ceiling: the on-demand price when there is one, since a spot price can rise to it while the group "
+        'runs; the lower price for a fixed-price offer (``source`` "fixed": the local backend). Default: the '
+        "bundled trainer's defaults, 175 s.",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -145,7 +145,7 @@ _INTRO = """
 Choose how the job goes on from what is left to train, the prices and the money left.
 
 Reads the cost ledger and the measured step time from the latest committed checkpoint
-manifest under ``checkpoint_uri`` (``airflow_dtrain.spot.ledger``), takes the spot offer
+manifest under ``checkpoint_uri`` (``CheckpointDir.ledger``), takes the spot offer
 chosen by a ``SpotPriceSensor`` (``price_task_id``) or the prices you give, and follows
 the decision table of ``airflow_dtrain.spot.budget``: ``spot``, ``on_demand``, ``wait`` or
 ``stop``. It never chooses work whose estimate exceeds the remaining budget (the money left, less
@@ -244,9 +244,9 @@ class BudgetBranchOperator(BaseBranchOperator):
 
     def _ledger(self) -> Any:
         """The job's ledger (an empty one before its first checkpoint), its skipped checkpoints logged."""
-        from airflow_dtrain.spot.ledger import Ledger, read_ledger
+        from trainer.checkpoint.directory import CheckpointDir, Ledger
 
-        ledger = read_ledger(self.checkpoint_uri) if self.checkpoint_uri else Ledger()
+        ledger = CheckpointDir(self.checkpoint_uri).ledger() if self.checkpoint_uri else Ledger()
         for bad in ledger.skipped:  # the trainer's resume skips them too (and verifies the shards as well)
             self.log.warning(
                 "Checkpoint %s skipped: its %s check failed for %s: %s",

@@ -17,7 +17,7 @@ from airflow_dtrain.templating import check_author_template
 from airflow_dtrain.ownership import OWNER_FILE, OwnershipError, check_job_dir, job_key, owner_of, run_key
 from airflow_dtrain.roots import within_roots
 from airflow_dtrain.trust import limits_for
-from trainer.checkpoint_dir import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir
+from trainer.checkpoint.directory import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

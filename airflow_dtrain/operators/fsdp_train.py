@@ -22,9 +22,9 @@ from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from airflow_dtrain.ownership import check_read
 from airflow_dtrain.trust import Limits, check_job_dir, limits_for, owner_of
-from trainer.capacity import Capacity
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.statsd import format_tags, parse_tags
+from trainer.money.capacity import Capacity
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.base.statsd import format_tags, parse_tags
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -316,11 +316,12 @@ class FSDPTrainOperator(BaseOperator):
 
     def _cost(self, spec: JobSpec) -> dict[str, Any]:
         """The job's spend so far, from the ledger in the latest checkpoint manifest."""
-        from airflow_dtrain.spot.ledger import read_ledger
 
         try:
             ledger_uri = spec.train.cost.ledger_uri
-            ledger = read_ledger(spec.train.checkpoint.uri, ledger_uri or None)
+            ledger = CheckpointDir(spec.train.checkpoint.uri).ledger(
+                CheckpointDir(ledger_uri) if ledger_uri else None
+            )
         except Exception:  # the summary must not fail on a ledger it cannot read
             self.log.warning(
                 "Could not read the cost ledger under %s", spec.train.checkpoint.uri, exc_info=True

@@ -1,7 +1,8 @@
 """An operator's or a sensor's inputs: declared once, as a ``setting()`` dataclass, and validated once.
 
 The inputs an operator shares with the job (``budget_usd``, ``num_nodes``, the steps) are ``borrow``-ed from
-their declaration in ``trainer.config`` / ``airflow_dtrain.spec``: the same help, bounds and error messages;
+their declaration in ``trainer.config.job_config`` / ``airflow_dtrain.spec``: the same help, bounds and error
+messages;
 its own (prices, estimates) are declared in its module. From that one dataclass come the operator's keyword
 arguments (``parameters``: its ``__init__`` signature, by which Airflow applies ``default_args``), its
 ``:param`` docs (``param_doc``), the check of what is known when the DAG is parsed (``check_given``: every
@@ -14,7 +15,7 @@ import dataclasses
 import inspect
 from typing import Any
 
-from trainer.fields import ConfigError, check_value, coerce, field_types, meta, nullable
+from trainer.config.fields import ConfigError, check_value, coerce, field_types, meta, nullable
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.templating import is_template

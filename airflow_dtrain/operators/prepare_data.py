@@ -25,7 +25,7 @@ class DataError(ValueError):
 
 class PrepareDataOperator(BaseOperator):
     """
-    Tokenise a dataset into the token store the trainer reads (``trainer/token_store.py``), with the
+    Tokenise a dataset into the token store the trainer reads (``trainer/data/token_store.py``), with the
     Hugging Face ``tokenizers`` tokenizer of the model being trained, and return the store's location
     (XCom ``return_value``) for ``FSDPTrainOperator(dataset=...)``.
 
@@ -142,7 +142,7 @@ class PrepareDataOperator(BaseOperator):
             return self._prepare(dataset, tok, local_spec, text_field, scratch, limits, on_bad_row, seq_len)
 
     def _use_store(self, dataset: str, meta: dict, tok, tokenizer_spec: str, seq_len: int | None) -> str:
-        from trainer.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
+        from trainer.data.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
         saved = meta.get("tokenizer")
         saved = BYTES_TOKENIZER if saved in (None, "bytes") else saved
@@ -232,7 +232,7 @@ class PrepareDataOperator(BaseOperator):
         from trainer.prepare_data import PrepareError, expand_input
 
         if dataset == BUILTIN:
-            from trainer.builtin_text import BUILTIN_NAME, builtin_documents
+            from trainer.data.builtin_text import BUILTIN_NAME, builtin_documents
 
             inputs = [os.path.join(scratch, f"{BUILTIN_NAME}.jsonl")]
             with open(inputs[0], "w") as f:
@@ -310,7 +310,7 @@ def _tokens(meta: dict) -> str:
 
 def _read_store_meta(location: str) -> dict | None:
     """The meta.json of a complete token store at `location` (a directory or remote prefix); None if none."""
-    from trainer.token_store import FORMAT, is_remote, remote_fs
+    from trainer.data.token_store import FORMAT, is_remote, remote_fs
 
     try:
         if is_remote(location):
@@ -331,7 +331,7 @@ def _fingerprint(dataset: str, files: list[tuple[str, str]]) -> list:
     """What identifies the input's content cheaply: each file's location, size and modification time (the
     ETag for object storage), a shard added to a directory or a glob included; a datasets directory by its
     files'."""
-    from trainer.token_store import is_remote, remote_fs
+    from trainer.data.token_store import is_remote, remote_fs
 
     if is_remote(dataset):
         fs, _ = remote_fs(dataset)
@@ -364,7 +364,7 @@ def _fingerprint(dataset: str, files: list[tuple[str, str]]) -> list:
 def _local_tokenizer(spec: str, scratch: str) -> str:
     """A local path for the tokenizer `spec`: itself, or its files copied from object storage into
     `scratch` (the tokenizer files only, never the model's weights)."""
-    from trainer.token_store import TOKENIZER_FILES, is_remote, remote_fs
+    from trainer.data.token_store import TOKENIZER_FILES, is_remote, remote_fs
 
     if not is_remote(spec):
         path = spec.removeprefix("file://")

@@ -1,7 +1,8 @@
 """FSDPTrainOperator's keyword arguments: generated from the job spec's declarations, plus its own few.
 
 Every field of ``JobSpec`` (its train config included) declared with an operator argument (``arg=`` of
-``trainer.fields.setting``) is an argument of the operator: templated, default None ("the declared default,
+``trainer.config.fields.setting``) is an argument of the operator: templated, default None ("the declared
+default,
 or ``config``'s"), documented by the field's help text. The operator's own arguments -- what is not a field
 of the spec (connections, polling, the author's pod settings and limits) -- are the table below. From the
 two come the operator's ``__init__`` signature (what Airflow's ``default_args`` are applied by),
@@ -14,7 +15,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.fields import meta, walk
+from trainer.config.fields import meta, walk
 
 from airflow_dtrain.spec import JobSpec
 

@@ -20,7 +20,7 @@ from airflow_dtrain.spot.interruptions import DEFAULT_KINDS
 from airflow_dtrain.spot.members import InstanceSource, StaticInstances
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.spot_interruption import SpotInterruptionTrigger
-from trainer.fields import check, setting
+from trainer.config.fields import check, setting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -12,7 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow_dtrain.operators.inputs import build, check_given, names
 from airflow_dtrain.templating import is_template
 from airflow_dtrain.triggers.spot_price import SpotPriceTrigger
-from trainer.fields import check, check_value, setting
+from trainer.config.fields import check, check_value, setting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -15,5 +15,5 @@ taints), and ``airflow_dtrain.interruption_watch`` (the watch that looks and act
   ``InstanceSource`` interface, ``StaticInstances``).
 - ``budget``: the decision spot / on-demand / wait / stop, as pure functions.
 - ``ledger``: the cost ledger in the trainer's checkpoint manifests (read through
-  ``trainer.checkpoint_dir``).
+  ``trainer.checkpoint.directory``).
 """

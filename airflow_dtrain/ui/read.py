@@ -19,8 +19,8 @@ from typing import Any
 
 from airflow_dtrain import jobs_index
 from airflow_dtrain.roots import within_roots
-from trainer.checkpoint_dir import EVAL_RESULTS, PROGRESS, REGISTRY_BEST, SUMMARY, CheckpointDir
-from trainer.checkpoint_ledger import SPEND
+from trainer.checkpoint.directory import EVAL_RESULTS, PROGRESS, REGISTRY_BEST, SUMMARY, CheckpointDir
+from trainer.checkpoint.spend_files import SPEND
 
 __all__ = ["LIVE_STATES", "JobRow", "Reads", "RowCache", "job_detail", "read_row"]
 
@@ -147,7 +147,7 @@ def _spend(row: JobRow, ledger: Any) -> dict[str, dict[str, Any]]:
 
 def _best(row: JobRow, registry_entry: str | None) -> dict[str, dict[str, Any]]:
     """The registry's best.json of each evaluation set of the job's entry, into ``row``."""
-    from trainer.storage import Storage
+    from trainer.base.storage import Storage
 
     if not registry_entry:
         return {}
@@ -220,7 +220,7 @@ def read_row(entry: dict[str, Any], *, detail: dict[str, Any] | None = None) -> 
 
 def _checkpoints(uri: str) -> list[dict[str, Any]]:
     """Each committed checkpoint: its step, and valid or refused (the manifest's checks) and why."""
-    from trainer.checkpoint_errors import CheckpointInvalid
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     found, checkpoints = [], CheckpointDir(uri)
     for checkpoint in checkpoints.committed():

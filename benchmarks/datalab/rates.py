@@ -40,7 +40,7 @@ def train_events(cmd: list[str], env: dict | None = None) -> list[dict]:
 def make_corpus(path: str, megabytes: float) -> list[str]:
     """A JSON-lines corpus of about `megabytes` MB in the built-in corpus's grammar; returns its first
     documents."""
-    from trainer.data import DOC_SEPARATOR, generate_builtin_text
+    from trainer.data.loader import DOC_SEPARATOR, generate_builtin_text
 
     docs = generate_builtin_text(int(megabytes * 1e6), seed=7).split(DOC_SEPARATOR)
     with open(path, "w") as f:
@@ -54,7 +54,7 @@ def data_rate(store: str, world: int, seq_len: int, batch: int, seconds: float) 
     `seconds` each)."""
     import torch
 
-    from trainer.data import TrainBatches
+    from trainer.data.loader import TrainBatches
 
     rates = []
     for rank in range(world):

@@ -63,9 +63,9 @@ def worker_trainer_load(model_dir: str, seq_len: int) -> None:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from trainer import hf
-    from trainer.config import TrainConfig
-    from trainer.data import default_data_dir
+    from trainer.model import hf
+    from trainer.config.job_config import TrainConfig
+    from trainer.data.loader import default_data_dir
     from trainer.train import build_model, setup_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -92,7 +92,7 @@ def worker_trainer_load(model_dir: str, seq_len: int) -> None:
     peak = max_rss()  # the parameters are copies: resident already
     split = sampler.stop()
     params = list(model.parameters())
-    # DTensors on several ranks; plain tensors on one CPU process (trainer.parallelize.needs_fsdp)
+    # DTensors on several ranks; plain tensors on one CPU process (trainer.model.parallelize.needs_fsdp)
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in params)
     full = sum(p.numel() * p.element_size() for p in params)
     print_json_line(

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers.local_processes import GROUP_DIR_ENV
-from trainer.workers import rank_of
+from trainer.elastic.workers import rank_of
 from loadlab.checks import checkpoint_dir
 from loadlab.cluster import Cluster
 from loadlab.database import Database
@@ -37,7 +37,7 @@ DB_DOWN_S = 30.0
 
 
 def _progress(cluster: Cluster, run: Run) -> dict:
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
 
     try:
         return CheckpointDir(checkpoint_dir(cluster.home, run)).progress()

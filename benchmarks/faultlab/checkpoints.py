@@ -1,7 +1,8 @@
 """What a trial reads of its checkpoint directory: the final tensors against the reference's, the
 progress file, the manifests and leases, and the row of figures a fault returns.
 
-Every read goes through the trainer's one reader of the directory, ``trainer.checkpoint_dir.CheckpointDir``:
+Every read goes through the trainer's one reader of the directory,
+``trainer.checkpoint.directory.CheckpointDir``:
 what "committed" means, where progress and leases live, is named there once. (corruption.py WRITES broken
 manifests: that is the fault, not a read.)"""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 
 from . import runs
 from .runs import STEPS
@@ -17,8 +18,8 @@ from .runs import STEPS
 
 def load_tensors(step_dir: Path, scratch: Path) -> dict:
     """The model and optimizer tensors of a checkpoint, unsharded
-    (``trainer.checkpoint.checkpoint_tensors``)."""
-    from trainer.checkpoint import checkpoint_tensors
+    (``trainer.checkpoint.checkpointer.checkpoint_tensors``)."""
+    from trainer.checkpoint.checkpointer import checkpoint_tensors
 
     return {k: v for k, v in checkpoint_tensors(str(step_dir)).items() if k.startswith(("model.", "optim."))}
 

@@ -12,7 +12,7 @@ import uuid
 
 import psutil
 
-from trainer.workers import rank_of
+from trainer.elastic.workers import rank_of
 
 from . import runs
 from .checkpoints import bitwise_equal, fenced_commits, lease_of, progress, row

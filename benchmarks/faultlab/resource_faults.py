@@ -15,7 +15,7 @@ from .runs import EVERY, NPROC, PRICE, STEPS, Run, open_spend, train_event
 
 
 def f_full_disk(rng, ckpt, work):
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
     from trainer.validate import validate_checkpoint
 
     k, rank = rng.choice(range(2 * EVERY, STEPS, EVERY)), rng.randint(0, NPROC - 1)
@@ -54,8 +54,8 @@ def budget_trial(rng, ckpt, work, env: dict | None = None, label: str = ""):
     """A run admitted under a cap it cannot fit in (``env``: more of its environment, ``label``: what that
     is, for the note): it must stop at the cap, the spend (billed to its exit by this process's clock)
     within it."""
-    from trainer.checkpoint_dir import CheckpointDir
-    from trainer.cost import billed
+    from trainer.checkpoint.directory import CheckpointDir
+    from trainer.money.bill import billed
 
     cap = round(
         rng.uniform(14.0, 20.0), 2

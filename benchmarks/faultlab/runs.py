@@ -14,7 +14,7 @@ import psutil
 
 from _common import REPO, events_env, trainer_command
 from trainer.events import EventCursor
-from trainer.workers import rank_of
+from trainer.elastic.workers import rank_of
 
 STEPS, EVERY = 40, 5
 ARGS = [
@@ -157,7 +157,7 @@ def kill_leftovers() -> None:
 def open_spend(root, attempt: str, cap: float) -> float:
     """The attempt's spend file, opened at the launch as the operator does (``opening_entry``: billing runs
     from now, at ``PRICE`` under the cap ``cap``); returns the launch time."""
-    from trainer.config_sections import CostConfig
+    from trainer.config.sections import CostConfig
     from trainer.money.ledger import opening_entry
 
     launched = time.time()

@@ -15,7 +15,7 @@ import signal
 import uuid
 from pathlib import Path
 
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 
 from . import runs
 from .checkpoints import load_tensors, row

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers.local_processes import agents, group_processes
-from trainer.workers import worker_pids
+from trainer.elastic.workers import worker_pids
 
 from .cluster import Cluster
 

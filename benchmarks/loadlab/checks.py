@@ -11,9 +11,9 @@ from pathlib import Path
 
 from airflow_dtrain.naming import default_checkpoint_uri
 from airflow_dtrain.ownership import run_key
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 from trainer.money.bill import dollars_at
-from trainer.statsd import UNKNOWN, parse_line
+from trainer.base.statsd import UNKNOWN, parse_line
 
 from .runs import Run
 
@@ -100,7 +100,8 @@ def ledger_problems(home: Path, runs: list[Run]) -> tuple[list[str], dict[str, t
 def metric_problems(lines: list[str], runs: list[Run]) -> list[str]:
     """Every datagram tagged with one of our runs names that run's job (train_llama: the job of its conf;
     a sweep's member: one job per member, none shared with another run). A datagram whose sender knows no
-    job (``trainer.statsd.UNKNOWN``: a sweep's budget task, its members without a ``job``) names none."""
+    job (``trainer.base.statsd.UNKNOWN``: a sweep's budget task, its members without a ``job``) names
+    none."""
     ours = {r.run_id: r for r in runs}
     jobs: dict[tuple[str, str], set[str]] = {}
     for line in lines:

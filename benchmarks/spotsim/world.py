@@ -38,7 +38,8 @@ class Mechanics:
     risk_window_h: float = 24.0
     rerendezvous_s: float = 60.0  # an elastic group's resize: the survivors re-rendezvous, nothing relaunches
     # a resize to fewer than all N also waits for more nodes (a lost node's survivors, for its replacement):
-    # with the launchers, until every survivor is back (REJOIN_WAIT_S, trainer/rdzv_round.py); torch's own
+    # with the launchers, until every survivor is back (REJOIN_WAIT_S, trainer/elastic/rdzv_round.py);
+    # torch's own
     # rendezvous waits its last call (the JobSpec's replace_timeout_s, 30 s by default)
     replace_timeout_s: float = REJOIN_WAIT_S
     # a resize that only adds nodes (a replacement joins, the group grows back); None: rerendezvous_s, as the

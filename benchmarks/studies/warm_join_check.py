@@ -1,4 +1,5 @@
-"""Does a node's warm-up before it joins (``trainer/warm_join.py``) serve the world it then trains in, on this
+"""Does a node's warm-up before it joins (``trainer/elastic/warm_join.py``) serve the world it then trains
+in, on this
 machine's device? Not part of CI: a check for a lent GPU (``bash benchmarks/gpu_check.sh warm-join``), where
 the compiled blocks are Triton kernels in bf16 under FSDP2's mixed precision, not the CPU's C++ ones.
 
@@ -8,7 +9,7 @@ steps as rank 0 of a real world of 1 (the trainer's own ``main``, with its event
 training with no warm-up (a node that joins at once). It prints, per variant: the warm-up's seconds, the
 trainer's start-up phases and the graphs compiled at its first step. The claim holds when the warmed-up
 variant compiles 0 graphs and its first step takes about what a step does. On a CPU one process trains an
-unsharded model (``trainer.parallelize.needs_fsdp``), which dynamo guards on: there only ``--world 1``
+unsharded model (``trainer.model.parallelize.needs_fsdp``), which dynamo guards on: there only ``--world 1``
 matches (0 graphs; ``--world 2``: 1); on a GPU every world is sharded.
 
     python benchmarks/studies/warm_join_check.py [--world 16] [--steps 3] [--set KEY=VALUE ...] [--flavor F]
@@ -27,7 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, time
-from trainer import warm_join, worker_host
+from trainer.elastic import warm_join
+from trainer.elastic import worker_host
 from trainer.__main__ import main
 world, argv = int(sys.argv[1]), sys.argv[2:]
 if world:

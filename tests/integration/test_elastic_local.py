@@ -17,7 +17,7 @@ from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.spec import JobSpec
 from tests.conftest import STEP_SLEEP_ENV, slow_steps_env
 from tests.integration.helpers import SMALL, group_events, node_pids, wait_for, wait_for_step, wait_terminal
-from trainer.data import TRACE_SAMPLES_ENV
+from trainer.data.loader import TRACE_SAMPLES_ENV
 from trainer.testing.faults import HOLD_ENV
 from trainer.torch_private import OFF_ENV
 
@@ -108,9 +108,10 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     slow_steps_env(monkeypatch)  # a window to take a node away in
     state_dir, launcher = tmp_path / "groups", LocalLauncher(tmp_path / "groups", peer_exit_grace_s=5)
     # 3 steps at 1 node, then it waits for the node that joins (it would otherwise end first, the join being
-    # whenever that node is ready: trainer/warm_join.py)
+    # whenever that node is ready: trainer/elastic/warm_join.py)
     monkeypatch.setenv(HOLD_ENV, "1:3")
-    # a last call of 10 minutes: the survivor goes on once it is back (trainer/rdzv_round.py), not then;
+    # a last call of 10 minutes: the survivor goes on once it is back (trainer/elastic/rdzv_round.py), not
+    # then;
     # with the hooks off, torch's rule: the round closes at its last call
     launcher.launch("resize-r0", _spec(tmp_path, "resize", replace_timeout_s=5 if off else 600))
     wait_for_step(tmp_path / "resize" / "ckpt", 3)
@@ -127,7 +128,7 @@ def test_two_nodes_down_to_one_and_back_keep_the_data_order_and_the_loss(tmp_pat
     assert attempts[2][0] >= at_one + 2, attempts  # trained at 1 node in between
     assert [n for _, n in launcher.node_changes("resize-r0")] == [2, 1, 2]
     # node 0's training process trained all three worlds: its host outlived both resizes
-    # (trainer/worker_host.py); with the hooks off, a new process each world
+    # (trainer/elastic/worker_host.py); with the hooks off, a new process each world
     assert len(_training_pids(state_dir, "resize-r0", node=0)) == 3
     assert len(set(_training_pids(state_dir, "resize-r0", node=0))) == (3 if off else 1)
     log = (state_dir / "resize-r0" / "group.log").read_text()
@@ -175,7 +176,7 @@ def test_one_of_two_nodes_preempted_is_replaced_and_its_peer_trains_on(tmp_path,
     ups = [b for a, b in zip(launcher.node_changes("replace-r0"), launcher.node_changes("replace-r0")[1:])
            if b[1] > a[1]]  # fmt: skip
     assert len(ups) == 1, launcher.node_changes("replace-r0")
-    # the peer went on alone while the replacement warmed up (trainer/warm_join.py), then took it in
+    # the peer went on alone while the replacement warmed up (trainer/elastic/warm_join.py), then took it in
     assert [n for _, n in _trained_at(state_dir, "replace-r0")] == [2, 1, 2]
     joined = (state_dir / "replace-r0" / "group.log").read_text()
     assert f"[node{lost}][trainer.launch] this node its training processes built the model" in joined
@@ -222,7 +223,8 @@ def test_one_of_two_nodes_preempted_with_every_private_torch_hook_off(tmp_path, 
 
 def test_a_node_that_joins_compiles_before_it_joins(tmp_path, monkeypatch):
     """parallel.compile: a node joining a group that trains at 1 node first builds the model and compiles in a
-    world of its own (trainer/warm_join.py), so the group's first step at 2 nodes compiles no graph on any
+    world of its own (trainer/elastic/warm_join.py), so the group's first step at 2 nodes compiles no graph
+    on any
     rank: the survivor waits for the rendezvous and the load, not for the newcomer's compile."""
     monkeypatch.setenv(HOLD_ENV, "1:2")  # at 1 node, 2 steps, then it waits for the node that joins
     slow_steps_env(monkeypatch)

@@ -177,7 +177,7 @@ def test_a_rank_killed_with_sigkill_is_relaunched_from_the_last_checkpoint_and_t
     )
     deferred = _defer(op, ti)
     wait_for_step(tmp_path / "ckpt", 8)
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
 
     # an async save commits a few steps after its step: wait for one to be committed, not just trained past
     committed = wait_for(
@@ -210,7 +210,7 @@ def test_a_hung_trainer_is_stopped_by_its_supervisor_with_every_billed_second_wi
     end of the grace, so even the seconds of a trainer that ignores SIGTERM are billed within the budget (the
     deadline used to come a grace period after the money ran out: SIGKILL at 65 s, $0.65)."""
     from tests.conftest import slow_steps_env
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
 
     slow_steps_env(monkeypatch, "600")  # the trainer's test hook: the first step sleeps 10 minutes
     budget = 0.45

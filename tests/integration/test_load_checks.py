@@ -13,7 +13,7 @@ if str(REPO / "benchmarks") not in sys.path:
 
 from loadlab import checks  # noqa: E402 - benchmarks/ on sys.path first
 from loadlab.runs import Run  # noqa: E402
-from trainer.checkpoint_dir import CheckpointDir  # noqa: E402
+from trainer.checkpoint.directory import CheckpointDir  # noqa: E402
 
 
 def _run(job: str) -> Run:

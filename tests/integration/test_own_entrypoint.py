@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from airflow_dtrain import FSDPTrainOperator
-from airflow_dtrain.launchers.base import GroupState, budget_deadline, repriced_deadline
+from airflow_dtrain.launchers.base import GroupState
+from trainer.money.deadline import budget_deadline, repriced_deadline
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.spec import JobSpec
-from airflow_dtrain.spot.ledger import read_ledger
+from trainer.checkpoint.directory import CheckpointDir
 from tests.conftest import REPO, RecordingTI
 from tests.integration.helpers import group_events, progress, wait_for, wait_for_step
 from trainer.contract import latest_checkpoint
@@ -73,7 +74,7 @@ def test_your_program_is_preempted_relaunched_resumes_its_own_checkpoint_and_is_
     spend = {p.stem: json.loads(p.read_text()) for p in (ckpt / "spend").glob("*.json")}
     assert sorted(spend) == [first, second]
     assert all(e["ended"] and e["dollars"] > 0 and e["capacity"] == "spot" for e in spend.values()), spend
-    ledger = read_ledger(str(ckpt))
+    ledger = CheckpointDir(str(ckpt)).ledger()
     assert ledger.total_dollars == pytest.approx(sum(e["dollars"] for e in spend.values()))
     assert summary["dollars"] == pytest.approx(ledger.total_dollars)
     assert ledger.step == STEPS and ledger.step_time_s and ledger.step_time_s > 0  # from its manifest
@@ -103,7 +104,7 @@ def test_your_program_is_stopped_at_the_dollar_cap_with_its_step_saved_and_the_s
     assert last.step > EVERY and _manifest(last.path)["reason"] == "preemption"
     assert progress(ckpt)["step"] == last.step
     # what the ledger bills (from the launch until the group's end was seen) is within the cap
-    ledger = read_ledger(str(ckpt))
+    ledger = CheckpointDir(str(ckpt)).ledger()
     assert 0.25 < ledger.total_dollars <= budget, ledger
     assert summary["dollars"] == pytest.approx(ledger.total_dollars)
 

@@ -20,7 +20,7 @@ from airflow_dtrain.launchers.local import GROUP_DIR_ENV, LocalLauncher
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI
 from tests.integration.helpers import SMALL, group_events, progress, wait_for_step
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 
 pytestmark = pytest.mark.torchrun
 

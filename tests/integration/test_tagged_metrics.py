@@ -12,8 +12,8 @@ from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.spec import group_base_name
 from tests.conftest import RecordingTI
 from tests.integration.helpers import SMALL, group_events
-from trainer.metrics import PER_RANK_METRICS
-from trainer.statsd import RANK_TAGS, RUN_TAGS, parse_line
+from trainer.report.metrics import PER_RANK_METRICS
+from trainer.base.statsd import RANK_TAGS, RUN_TAGS, parse_line
 
 pytestmark = pytest.mark.torchrun
 

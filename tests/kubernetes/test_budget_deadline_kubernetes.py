@@ -21,7 +21,7 @@ from tests.kubernetes.conftest import Background
 
 # fixtures: the zone's spot price history
 from tests.spot.conftest import moto_server, spot_market  # noqa: F401
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 
 BUDGET, PRICE, NODES, STEPS = 5.0, 3.6, 2, 20  # the group costs $7.20/h: the budget buys 2,500 s of it
 GRACE, MARGIN = 110, 30  # the trainer's default checkpoint.grace_period_s and cost.stop_margin_s

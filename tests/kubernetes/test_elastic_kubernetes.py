@@ -181,7 +181,7 @@ def test_losing_node_0_replaces_index_0_only_as_the_store_is_a_pod_of_its_own(fa
     launcher.launch("el-r0", _spec(tmp_path))
     store = fake.get("pods", "el-r0-rdzv")
     assert store is not None and LABEL_GROUP not in store["metadata"]["labels"], "the store is no node"
-    assert store["spec"]["containers"][0]["command"][:3] == ["python", "-m", "trainer.rdzv_store"]
+    assert store["spec"]["containers"][0]["command"][:3] == ["python", "-m", "trainer.elastic.rdzv_store"]
     # it prefers on-demand nodes, Karpenter's or an EKS node group's, and requires none (the group's spot
     # capacity, whose reclaim it outlives, is never required of it)
     affinity = store["spec"]["affinity"]["nodeAffinity"]

@@ -285,7 +285,7 @@ def test_pod_logs_reach_the_task_log_while_the_group_runs(fake, tmp_path, capfd)
 def test_the_task_instance_and_job_reach_the_pods_as_statsd_tags(fake, tmp_path):
     """What tells this run's metrics from every other's: in the trainer's config (ConfigMap) and the pods'
     env."""
-    from trainer.statsd import parse_tags
+    from trainer.base.statsd import parse_tags
 
     run_id = "manual__2026-05-01T09:30:00+00:00"
     op = _operator(tmp_path, job="demo", kubernetes={"statsd_host": "node"})

@@ -28,7 +28,7 @@ from airflow_dtrain.operators.evaluate_checkpoint import EvaluationFailed
 from airflow_dtrain.spec import JobSpec
 from tests.conftest import REPO, RecordingTI
 from tests.kubernetes.conftest import Background
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 
 REPOSITORY = "ghcr.io/acme/dtrain"
 SECRET = "hf_secret_0123456789"

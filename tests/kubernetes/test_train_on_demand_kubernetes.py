@@ -145,8 +145,8 @@ def test_a_gpu_groups_summary_counts_gpu_hours(fake, tmp_path, monkeypatch):
     The fake runs no trainer: the test plays rank 0 with the trainer's own CostLedger, built
     from the config the pods mount, and writes the manifest fields the trainer writes.
     """
-    from trainer.config import TrainConfig
-    from trainer.cost import CostLedger
+    from trainer.config.job_config import TrainConfig
+    from trainer.money.ledger import CostLedger
 
     ti = BudgetTI(dag_id="train_llama", run_id="manual__gpus", task_id="train_on_demand")
     op = _train_on_demand(tmp_path, ti, monkeypatch)
@@ -186,7 +186,7 @@ def test_a_gpu_groups_summary_counts_gpu_hours(fake, tmp_path, monkeypatch):
     )  # each rounded to 1e-9
     # The job is billed from the group's launch to the moment its end was seen (the spend file the
     # session opened and closed), which covers more than the trainer's own ledger in the manifest.
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
 
     spend = CheckpointDir(str(tmp_path / "ckpt")).spend()
     assert list(spend.attempts) == [name] and spend.attempts[name]["ended"]

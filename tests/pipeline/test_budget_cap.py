@@ -10,7 +10,7 @@ import uuid
 import pytest
 from airflow.utils.state import DagRunState, TaskInstanceState
 
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 
 pytestmark = pytest.mark.torchrun
 

@@ -11,7 +11,7 @@ import yaml
 
 from airflow_dtrain.metrics import ORCHESTRATION_METRICS
 from tests.conftest import REPO
-from trainer.metrics import TRAINING_METRICS
+from trainer.report.metrics import TRAINING_METRICS
 
 PREFIX = "dtrain"
 DASHBOARD = REPO / "docker" / "grafana" / "dtrain-dashboard.json"

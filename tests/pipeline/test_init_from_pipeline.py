@@ -13,7 +13,7 @@ from airflow.utils.state import DagRunState
 from airflow_dtrain.ownership import owner_for, owner_segment
 from tests.hf_model_assets import tiny_llama
 from tests.hf_tokenizer_assets import tiny_tokenizer
-from trainer.builtin_text import builtin_documents
+from trainer.data.builtin_text import builtin_documents
 
 pytestmark = pytest.mark.torchrun
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")

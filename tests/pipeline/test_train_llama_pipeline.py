@@ -15,8 +15,8 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 from airflow_dtrain import metrics as orchestration
 from airflow_dtrain.ownership import job_key, owner_for
 from tests.conftest import StatsdListener
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.statsd import parse_line
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.base.statsd import parse_line
 
 pytestmark = pytest.mark.torchrun
 

@@ -183,7 +183,7 @@ def write_manifest(
             "local": entry(local_dollars),
             "total_dollars": spot_dollars + on_demand_dollars + local_dollars,
         }
-    # every field a committed manifest has (trainer.checkpoint_dir.MANIFEST_REQUIRED): the budget reads
+    # every field a committed manifest has (trainer.checkpoint.directory.MANIFEST_REQUIRED): the budget reads
     # only manifests that pass the checks validation makes
     manifest = {
         "step": step,

@@ -6,7 +6,7 @@ import pytest
 
 from airflow_dtrain.operators.budget_branch import BudgetBranchOperator
 from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
-from airflow_dtrain.spot.ledger import read_ledger
+from trainer.checkpoint.directory import CheckpointDir
 from tests.spot.conftest import write_manifest
 
 # 1,000 steps × 3.6 s = 1 h on 2 nodes: on-demand 2 × $3.06 = $6.12;
@@ -149,7 +149,7 @@ def test_ledger_reads_the_latest_committed_manifest(tmp_path):
     write_manifest(tmp_path, 300, spot_dollars=25.5, on_demand_dollars=4.5, step_time_s=2.5)
     write_manifest(tmp_path, 400, spot_dollars=99.0, committed=False)  # an interrupted save
 
-    ledger = read_ledger(str(tmp_path))
+    ledger = CheckpointDir(str(tmp_path)).ledger()
 
     assert (ledger.step, ledger.step_time_s, ledger.total_dollars) == (300, 2.5, 30.0)
     assert ledger.by_capacity["on_demand"]["dollars"] == 4.5
@@ -158,14 +158,14 @@ def test_ledger_reads_the_latest_committed_manifest(tmp_path):
 
 
 def test_ledger_before_any_checkpoint_is_empty(tmp_path):
-    assert read_ledger(str(tmp_path / "nothing")).total_dollars == 0.0
-    assert read_ledger(str(tmp_path / "nothing")).path is None
+    assert CheckpointDir(str(tmp_path / "nothing")).ledger().total_dollars == 0.0
+    assert CheckpointDir(str(tmp_path / "nothing")).ledger().path is None
 
 
 def test_ledger_with_a_malformed_cost_names_the_manifest_and_field_and_uses_the_one_before(tmp_path):
     write_manifest(tmp_path, 50, spot_dollars=1.0)
     write_manifest(tmp_path, 100, cost={"spot": {"dollars": "lots"}})
-    ledger = read_ledger(str(tmp_path))
+    ledger = CheckpointDir(str(tmp_path)).ledger()
     assert (ledger.step, ledger.total_dollars) == (50, 1.0)
     [skipped] = ledger.skipped
     assert "step-00000100/manifest.json: cost.spot: expected numbers" in skipped["detail"]

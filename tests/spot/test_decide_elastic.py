@@ -182,7 +182,8 @@ def test_an_elastic_group_on_spot_stays_on_its_k_nodes_while_on_demand_can_still
 
 
 def test_the_operator_counts_the_survivors_rejoin_not_the_last_call_at_each_loss(tmp_path):
-    """The launchers close a resize round once every survivor is back (trainer/rdzv_round.py): a loss waits
+    """The launchers close a resize round once every survivor is back (trainer/elastic/rdzv_round.py): a loss
+    waits
     ``REJOIN_WAIT_S``, whatever last call (``replace_timeout_s``) bounds it; a shorter last call, itself."""
     from airflow_dtrain.spot.estimates import REJOIN_WAIT_S
     from tests.spot.conftest import write_manifest

@@ -10,7 +10,7 @@ def test_spot_modules_import_nothing_heavy():
     code = (
         "import sys\n"
         "from airflow_dtrain import BudgetBranchOperator, SpotInterruptionSensor, SpotPriceSensor\n"
-        "import airflow_dtrain.spot.offers, airflow_dtrain.spot.ledger, airflow_dtrain.spot.members\n"
+        "import airflow_dtrain.spot.offers, airflow_dtrain.spot.members\n"
         "import airflow_dtrain.spot.interruptions, airflow_dtrain.interruption_watch\n"
         "import airflow_dtrain.aws.prices, airflow_dtrain.aws.sqs, airflow_dtrain.kubernetes.nodes\n"
         "SpotPriceSensor(task_id='p', instance_types=['p3.2xlarge'], max_price=1.0)\n"

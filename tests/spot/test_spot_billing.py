@@ -15,12 +15,12 @@ import time
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from airflow_dtrain.launchers.base import deadline_words, repriced_deadline
+from trainer.money.deadline import deadline_words, repriced_deadline
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
 from airflow_dtrain.session import GroupSession, GroupWatch
-from airflow_dtrain.spot.ledger import at_prices_in_effect, dollars_at_prices, read_ledger
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.money.bill import at_prices_in_effect, dollars_at_prices
 
 HOUR = 3600.0
 
@@ -106,7 +106,7 @@ def test_a_price_rise_while_the_group_ran_is_in_the_ledger_the_cap_and_the_log(t
     assert [p for _, p in entry["prices_in_effect"]] == [0.9, 1.8]
     # what the next relaunch's cap, its Kubernetes deadline and the task's summary read
     assert session._spent() == pytest.approx(5.4, rel=1e-3)
-    assert read_ledger(str(tmp_path / "ckpt")).total_dollars == pytest.approx(5.4, rel=1e-3)
+    assert CheckpointDir(str(tmp_path / "ckpt")).ledger().total_dollars == pytest.approx(5.4, rel=1e-3)
     said = [r.getMessage() for r in caplog.records if "prices in effect" in r.getMessage()]
     assert said and "$5.4" in said[0] and "$3.6" in said[0], said
 

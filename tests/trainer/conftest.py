@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from trainer.events import EVENTS_DIR_ENV, EventCursor, read_events
-from trainer import workers
+from trainer.elastic import workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ def gloo_group():
 def data_dir(tmp_path_factory) -> str:
     """A DTRAIN_DATA_DIR shared by the session: the built-in corpus is built once."""
     d = tmp_path_factory.mktemp("dtrain-data")
-    from trainer.data import ensure_builtin
+    from trainer.data.loader import ensure_builtin
 
     ensure_builtin(str(d))
     return str(d)
@@ -273,6 +273,6 @@ def read_json(path) -> dict:
 def load_checkpoint_tensors(step_dir) -> dict:
     """Every tensor of a DCP checkpoint as full (unsharded) tensors:
     {"model.x": t, "optim.state.x.exp_avg": t, ...}."""
-    from trainer.checkpoint import checkpoint_tensors
+    from trainer.checkpoint.checkpointer import checkpoint_tensors
 
     return checkpoint_tensors(str(step_dir))

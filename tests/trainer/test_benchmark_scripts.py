@@ -96,7 +96,7 @@ def test_benchmarks_read_checkpoints_through_checkpoint_dir(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from faultlab.checkpoints import lease_of, manifests, progress
 
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
 
     root = CheckpointDir(str(tmp_path))
     assert progress(tmp_path) == {} and manifests(tmp_path) == []

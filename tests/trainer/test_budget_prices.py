@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from trainer.budget import BudgetGuard
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import CostConfig
-from trainer.cost import CostLedger
+from trainer.money.cap import BudgetGuard
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import CostConfig
+from trainer.money.ledger import CostLedger
 
 HOUR = 3600.0
 

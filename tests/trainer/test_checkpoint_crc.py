@@ -12,9 +12,9 @@ import torch.distributed.checkpoint as dcp
 from conftest import FAST, run_trainer
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from trainer.checkpoint_reader import storage_reader
-from trainer.checkpointing.state import checkpoint_tensors
-from trainer.storage import Storage
+from trainer.checkpoint.reader import storage_reader
+from trainer.checkpoint.state import checkpoint_tensors
+from trainer.base.storage import Storage
 
 
 def _records(step_dir) -> list[zipfile.ZipInfo]:

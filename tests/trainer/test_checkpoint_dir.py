@@ -1,4 +1,4 @@
-"""trainer.checkpoint_dir against directories built by hand, locally and on a moto S3 server:
+"""trainer.checkpoint.directory against directories built by hand, locally and on a moto S3 server:
 what resume, the ledger, validation, evaluation and the summary all take as "the latest"."""
 
 import json
@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from conftest import BUCKET, REPO
-from trainer.checkpoint_dir import (
+from trainer.checkpoint.directory import (
     BEST,
     EVAL_RESULTS,
     MANIFEST,
@@ -162,7 +162,7 @@ def test_a_malformed_cost_entry_is_skipped_naming_the_manifest_and_the_field(roo
 def test_the_budget_ledger_and_validation_skip_a_bad_newest_manifest_and_never_wait(root, damage):
     """The budget task reads the newest manifest that passes the checks validation makes; a truncated
     manifest, a NaN in it, or one that is not an object is named and skipped, the one before is used."""
-    from trainer.checkpoint_dir import CheckpointInvalid
+    from trainer.checkpoint.directory import CheckpointInvalid
 
     root.save(2, cost={"spot": {"dollars": 1.0}})
     root.save(4, cost={"spot": {"dollars": 2.0}})
@@ -234,7 +234,7 @@ def test_mark_best_refuses_an_uncommitted_save(root):
 def test_importing_it_loads_neither_torch_nor_numpy_nor_fsspec():
     """The provider imports it at DAG-parse time."""
     code = (
-        "import sys, trainer.checkpoint_dir\n"
+        "import sys, trainer.checkpoint.directory\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'fsspec', 's3fs')))"
     )
     out = subprocess.run(
@@ -291,7 +291,7 @@ def test_writer_leases_taken_concurrently_get_distinct_increasing_tokens(root):
 def test_lease_creation_is_exclusive_across_processes(tmp_path):
     """Processes, not threads: ``Storage.create_exclusive`` must hold against other writers of the file."""
     script = (
-        "import sys; from trainer.checkpoint_dir import CheckpointDir\n"
+        "import sys; from trainer.checkpoint.directory import CheckpointDir\n"
         "d = CheckpointDir(sys.argv[1])\n"
         "print(' '.join(str(d.acquire_lease({'pid': 0}).token) for _ in range(10)))\n"
     )

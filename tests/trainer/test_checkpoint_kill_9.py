@@ -81,7 +81,7 @@ def _kill_9_while_step_4_is_written(args: list[str], data_dir: str) -> None:
 def test_kill_9_during_a_save_leaves_the_previous_checkpoint_and_the_run_resumes_from_it(
     reference, data_dir, tmp_path
 ):
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
 
     ckpt = tmp_path / "ckpt"
     args = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from trainer.launch import CHECKPOINT_NOW_ANNOTATION, read_annotation
+from trainer.elastic.checkpoint_requests import CHECKPOINT_NOW_ANNOTATION, read_annotation
 
 pytestmark = pytest.mark.torchrun
 

@@ -24,7 +24,7 @@ def _gauges(sock) -> list[str]:
 def _preempted_first_attempt(uri: str, common: list[str], data_dir: str):
     """Attempt 1 on spot capacity, preempted at step 3: its checkpoints, progress and spot ledger."""
     from airflow_dtrain.operators.fsdp_train import read_progress
-    from airflow_dtrain.spot.ledger import read_ledger
+    from trainer.checkpoint.directory import CheckpointDir
 
     first = run_trainer(
         [
@@ -48,7 +48,7 @@ def _preempted_first_attempt(uri: str, common: list[str], data_dir: str):
         3,
         f"{uri}/step-00000003",
     )
-    spot = read_ledger(uri)
+    spot = CheckpointDir(uri).ledger()
     assert spot.step == 3 and spot.by_capacity["spot"]["node_hours"] > 0
     assert spot.total_dollars == pytest.approx(spot.by_capacity["spot"]["node_hours"] * 3600, rel=1e-3)
     assert spot.by_capacity["spot"]["gpu_hours"] == pytest.approx(
@@ -96,7 +96,7 @@ def _assert_retention_and_leases(fs, uri: str) -> None:
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{BUCKET}/runs/r1", detail=False))
     assert names == ["lease", "progress.json", "spend", "step-00000004", "step-00000006"]
     # Each attempt took a writer lease of its own (a conditional PUT); the second one committed the last two.
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
 
     root = CheckpointDir(uri)
     assert root.leases() == [1, 2]
@@ -105,10 +105,10 @@ def _assert_retention_and_leases(fs, uri: str) -> None:
 
 def _assert_ledger_and_live_spend(uri: str, spot, statsd):
     """The ledger across both attempts, and the live spend gauges; returns the final ledger."""
-    from airflow_dtrain.spot.ledger import read_ledger
+    from trainer.checkpoint.directory import CheckpointDir
 
     # The ledger carried the spot spend over and added the on-demand attempt.
-    ledger = read_ledger(uri)
+    ledger = CheckpointDir(uri).ledger()
     assert ledger.step == 6
     assert ledger.by_capacity["spot"] == spot.by_capacity["spot"]
     assert ledger.by_capacity["on_demand"]["dollars"] > 0

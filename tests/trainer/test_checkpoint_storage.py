@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from conftest import FAST, run_trainer
 
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import STORAGE_EXIT_CODE
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import STORAGE_EXIT_CODE
 from trainer.testing.faults import activate as activate_faults
 from trainer.validate import validate_checkpoint
 

@@ -1,4 +1,4 @@
-"""The chunked cross-entropy (trainer/loss.py) is the whole-logits loss, value and gradients."""
+"""The chunked cross-entropy (trainer/model/loss.py) is the whole-logits loss, value and gradients."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.loss import cross_entropy
-from trainer.model import Llama, ModelArgs
-from trainer.flavors import FLAVORS
+from trainer.model.loss import cross_entropy
+from trainer.model.llama import Llama, ModelArgs
+from trainer.config.flavors import FLAVORS
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 10_000])

@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from trainer import checkpoint_dir, config, contract
-from trainer.checkpoint_dir import CheckpointDir, CheckpointInvalid
+from trainer import contract
+
+from trainer.checkpoint import directory as checkpoint_dir
+
+from trainer.config import job_config as config
+from trainer.checkpoint.directory import CheckpointDir, CheckpointInvalid
 from trainer.contract import (
     Fenced,
     JobEnv,
@@ -26,7 +30,7 @@ from trainer.contract import (
     take_lease,
 )
 from trainer.validate import validate_checkpoint
-from trainer.workers import AGENT_PID_ENV
+from trainer.elastic.workers import AGENT_PID_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 

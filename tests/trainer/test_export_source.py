@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import FAST, REPO, run_trainer
-from trainer.builtin_text import builtin_documents
+from trainer.data.builtin_text import builtin_documents
 from trainer.export import export, export_weights, load_weights
 from trainer.prepare_data import prepare
 

@@ -68,7 +68,7 @@ class _Payload:
 
 
 def _metadata(step: Path):
-    from trainer.safe_pickle import load_metadata
+    from trainer.checkpoint.safe_pickle import load_metadata
 
     with open(step / ".metadata", "rb") as f:
         return load_metadata(f, str(step / ".metadata"))
@@ -76,7 +76,7 @@ def _metadata(step: Path):
 
 def _recommit(step: Path, *names: str) -> None:
     """Rewrite the manifest's size and checksum of ``names`` as the forger would: every file check passes."""
-    from trainer.storage import checksum_file, manifest_checksum
+    from trainer.base.storage import checksum_file, manifest_checksum
 
     manifest = read_json(step / "manifest.json")
     for name in names:
@@ -195,9 +195,9 @@ def test_the_readers_resume_loads_through_refuse_without_validation_first(ckpt, 
     refuses on its own: the validation in front of it is not the only guard."""
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint import storage_reader
-    from trainer.safe_pickle import UnsafeCheckpoint, refusals_raised
-    from trainer.storage import Storage
+    from trainer.checkpoint.checkpointer import storage_reader
+    from trainer.checkpoint.safe_pickle import UnsafeCheckpoint, refusals_raised
+    from trainer.base.storage import Storage
 
     storage = Storage(str(ckpt))
     forged_metadata, forged_item = ckpt / "step-00000006", ckpt / "step-00000004"
@@ -219,8 +219,8 @@ def test_the_readers_resume_loads_through_refuse_without_validation_first(ckpt, 
 
 
 def test_checkpoint_tensors_refuses_a_forged_metadata(ckpt, marker):
-    from trainer.checkpoint import checkpoint_tensors
-    from trainer.safe_pickle import UnsafeCheckpoint
+    from trainer.checkpoint.checkpointer import checkpoint_tensors
+    from trainer.checkpoint.safe_pickle import UnsafeCheckpoint
 
     sound = checkpoint_tensors(str(ckpt / "step-00000006"))
     assert "model.norm.weight" in sound and "optim.state.norm.weight.exp_avg" in sound

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import FAST, REPO, run_trainer
-from trainer.data import generate_builtin_text
+from trainer.data.loader import generate_builtin_text
 from trainer.prepare_data import prepare
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")

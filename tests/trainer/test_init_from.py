@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import FAST, REPO, run_trainer
-from trainer.config import ConfigError
-from trainer.data import BUILTIN_NAME, eval_batches
-from trainer.hf import model_args_from_config
+from trainer.config.job_config import ConfigError
+from trainer.data.loader import BUILTIN_NAME, eval_batches
+from trainer.model.hf import model_args_from_config
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")
 sys.path.insert(0, str(REPO / "tests"))

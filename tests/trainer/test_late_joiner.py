@@ -1,7 +1,8 @@
 """A node that comes once its elastic group has ended (a replacement that warmed up while the group finished,
-trainer/warm_join.py) finds the rendezvous closed: it exits 0 and says so, not 1 as a launcher error, which
+trainer/elastic/warm_join.py) finds the rendezvous closed: it exits 0 and says so, not 1 as a launcher error,
+which
 would mark a group that trained to the end as failed. A real ``trainer.launch`` agent and a real rendezvous
-store process (``trainer.rdzv_store``, as an elastic group's)."""
+store process (``trainer.elastic.rdzv_store``, as an elastic group's)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def test_a_node_that_comes_after_its_group_ended_exits_0_having_trained_nothing(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    store = subprocess.Popen([sys.executable, "-m", "trainer.rdzv_store", "127.0.0.1", str(port)], cwd=REPO,
+    store = subprocess.Popen([sys.executable, "-m", "trainer.elastic.rdzv_store", "127.0.0.1", str(port)],
+                             cwd=REPO,
                              env=trainer_env(data_dir), stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         store.stdout.readline()  # serving

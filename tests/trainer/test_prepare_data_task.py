@@ -12,8 +12,8 @@ import pytest
 from airflow_dtrain.operators.prepare_data import DataError, PrepareDataOperator
 from tests.hf_tokenizer_assets import tiny_tokenizer
 from tests.trainer.conftest import BUCKET
-from trainer.builtin_text import builtin_documents
-from trainer.token_store import open_split, read_meta
+from trainer.data.builtin_text import builtin_documents
+from trainer.data.token_store import open_split, read_meta
 
 tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is in the `trainer` extra of setup.cfg")
 

@@ -16,10 +16,10 @@ import torch
 
 from conftest import FAST, REPO, run_trainer
 from tests.hf_tokenizer_assets import tiny_tokenizer
-from trainer.config import ConfigError
-from trainer.data import TrainBatches
+from trainer.config.job_config import ConfigError
+from trainer.data.loader import TrainBatches
 from trainer.prepare_data import PrepareError, main, prepare
-from trainer.token_store import open_split, read_meta
+from trainer.data.token_store import open_split, read_meta
 
 pytest.importorskip("tokenizers")
 pa = pytest.importorskip("pyarrow")

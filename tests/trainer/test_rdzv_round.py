@@ -1,4 +1,5 @@
-"""An elastic group's resize round closes once every survivor is back (trainer/rdzv_round.py), on torch's own
+"""An elastic group's resize round closes once every survivor is back (trainer/elastic/rdzv_round.py), on
+torch's own
 rendezvous state and join: not at the first round, not with a survivor still in the wait list, not before
 the platform's capacity is in, and torch's last call where it says so."""
 
@@ -19,7 +20,9 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
 )
 
-from trainer import rdzv_round, torch_private
+from trainer import torch_private
+
+from trainer.elastic import rdzv_round
 
 LAST_CALL = timedelta(seconds=600)
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)

@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import TrainConfig
-from trainer.eval_report import RunRecord, _nodes_axis, plot
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import TrainConfig
+from trainer.report.eval_report import RunRecord, _nodes_axis, plot
 from trainer.money.bill import resizes
 
 T0 = 1_800_000_000.0

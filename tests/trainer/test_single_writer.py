@@ -14,8 +14,8 @@ import pytest
 
 from conftest import FAST, REPO, run_trainer, trainer_cmd, trainer_env
 
-from trainer.checkpoint_dir import CheckpointDir
-from trainer.config import FENCED_EXIT_CODE
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.config.job_config import FENCED_EXIT_CODE
 from trainer.testing.faults import activate as activate_faults
 
 

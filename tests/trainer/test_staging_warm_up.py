@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.checkpoint import Checkpointer
-from trainer.checkpointing.state import checkpoint_tensors
-from trainer.config import CheckpointConfig
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.state import checkpoint_tensors
+from trainer.config.job_config import CheckpointConfig
 
 
 class _Position:

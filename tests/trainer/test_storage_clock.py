@@ -18,7 +18,7 @@ import pytest
 from conftest import BUCKET
 from trainer.money import clock
 from trainer.money.ledger import CostLedger
-from trainer.storage import Storage
+from trainer.base.storage import Storage
 
 SKEW_S = 300.0
 

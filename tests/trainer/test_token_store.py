@@ -1,4 +1,4 @@
-"""The token store v2 (trainer.token_store) and its preparation (trainer.prepare_data) with real
+"""The token store v2 (trainer.data.token_store) and its preparation (trainer.prepare_data) with real
 Hugging Face tokenizers built locally, every input form, shards, tokenizer identity at resume
 (the real trainer under torchrun) and a store on S3 (moto server)."""
 
@@ -11,10 +11,10 @@ import torch
 
 from conftest import BUCKET, FAST, run_trainer
 from tests.hf_tokenizer_assets import EOS, tiny_tokenizer
-from trainer.config import DataConfig
-from trainer.data import TrainBatches, eval_batches, resolve_dataset
+from trainer.config.job_config import DataConfig
+from trainer.data.loader import TrainBatches, eval_batches, resolve_dataset
 from trainer.prepare_data import main, prepare
-from trainer.token_store import BYTES_TOKENIZER, open_split, same_tokenizer
+from trainer.data.token_store import BYTES_TOKENIZER, open_split, same_tokenizer
 
 pytest.importorskip("tokenizers")
 

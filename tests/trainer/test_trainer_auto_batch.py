@@ -1,4 +1,4 @@
-"""trainer.auto_batch: the search for the largest micro-batch that fits, and recovery from an OOM.
+"""trainer.step.auto_batch: the search for the largest micro-batch that fits, and recovery from an OOM.
 
 No GPU here: the search runs against injected "fits" predicates, and an out-of-memory error
 is raised by a hook inside a real FSDP2 model on CPU, as CUDA would raise it mid-forward or
@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.auto_batch import candidates, fit_micro_batch_size, largest_fitting, probe
-from trainer.config import ParallelConfig, TrainConfig
-from trainer.model import Llama, ModelArgs
-from trainer.parallelize import build_mesh, parallelize
+from trainer.step.auto_batch import candidates, fit_micro_batch_size, largest_fitting, probe
+from trainer.config.job_config import ParallelConfig, TrainConfig
+from trainer.model.llama import Llama, ModelArgs
+from trainer.model.parallelize import build_mesh, parallelize
 
 
 def test_candidates_are_the_divisors_of_the_per_rank_batch():

@@ -1,4 +1,4 @@
-"""trainer.config: what a user sees when a job spec is wrong, and that good specs round-trip."""
+"""trainer.config.job_config: what a user sees when a job spec is wrong, and that good specs round-trip."""
 
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainer.config import (
+from trainer.config.job_config import (
     FLAVORS,
     PREEMPTED_EXIT_CODE,
     CheckpointConfig,
@@ -32,7 +32,8 @@ def test_flavours_are_the_documented_ones():
 
 def test_importing_config_does_not_import_torch_or_numpy():
     # The Airflow provider imports this at DAG-parse time on schedulers without torch.
-    code = "import sys, trainer.config; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    heavy = "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    code = f"import sys, trainer.config.job_config\n{heavy}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

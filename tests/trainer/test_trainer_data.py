@@ -1,4 +1,4 @@
-"""trainer.data and trainer.prepare_data: the corpus, the on-disk format, each rank's slice."""
+"""trainer.data.loader and trainer.prepare_data: the corpus, the on-disk format, each rank's slice."""
 
 import json
 import subprocess
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from conftest import REPO
-from trainer.data import (
+from trainer.data.loader import (
     BUILTIN_NAME,
     TrainBatches,
     ensure_builtin,

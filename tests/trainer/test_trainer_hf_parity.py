@@ -1,4 +1,4 @@
-"""trainer.model against a peer: Hugging Face transformers' LlamaForCausalLM with the same weights.
+"""trainer.model.llama against a peer: Hugging Face transformers' LlamaForCausalLM with the same weights.
 
 The logits must agree to 1e-5 in fp32 for multi-head and grouped-query attention, untied
 and tied embeddings, and Llama 3.1's long-context RoPE scaling. HF runs its eager
@@ -11,7 +11,7 @@ import inspect
 import pytest
 import torch
 
-from trainer.model import Llama, ModelArgs, rope_inv_freq
+from trainer.model.llama import Llama, ModelArgs, rope_inv_freq
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")
 

@@ -1,4 +1,5 @@
-"""trainer.metrics: the names dashboards rely on, their tags, MFU, and GPU telemetry that is absent without
+"""trainer.report.metrics: the names dashboards rely on, their tags, MFU, and GPU telemetry that is absent
+without
 a GPU."""
 
 import json
@@ -10,10 +11,10 @@ import types
 import pytest
 import torch
 
-from trainer import metrics as m
-from trainer.config import MetricsConfig
+from trainer.report import metrics as m
+from trainer.config.job_config import MetricsConfig
 from trainer.events import EVENTS_DIR_ENV, read_events
-from trainer.metrics import (
+from trainer.report.metrics import (
     PER_RANK_METRICS,
     TRAINING_METRICS,
     GpuTelemetry,
@@ -21,13 +22,13 @@ from trainer.metrics import (
     SaveOverlap,
     flops_per_token,
 )
-from trainer.model import ModelArgs
-from trainer.statsd import RANK_TAGS, RUN_TAGS, parse_line
+from trainer.model.llama import ModelArgs
+from trainer.base.statsd import RANK_TAGS, RUN_TAGS, parse_line
 
 
 def test_importing_metrics_does_not_import_torch():
     # TRAINING_METRICS is read by the Airflow side (dashboards, their tests), which has no torch.
-    code = "import sys, trainer.metrics as m; print(len(m.TRAINING_METRICS), 'torch' in sys.modules)"
+    code = "import sys, trainer.report.metrics as m; print(len(m.TRAINING_METRICS), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(len(TRAINING_METRICS)), "False"]
 

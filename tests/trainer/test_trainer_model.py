@@ -1,9 +1,9 @@
-"""trainer.model: shapes, causality, and the real Llama 3 sizes."""
+"""trainer.model.llama: shapes, causality, and the real Llama 3 sizes."""
 
 import pytest
 import torch
 
-from trainer.model import Llama, ModelArgs
+from trainer.model.llama import Llama, ModelArgs
 
 
 def build(flavor="debug", seq_len=32, seed=0, device="cpu"):

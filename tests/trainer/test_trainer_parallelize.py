@@ -1,4 +1,4 @@
-"""trainer.parallelize and the `parallel` config section: the learning-rate schedule a user sees
+"""trainer.model.parallelize and the `parallel` config section: the learning-rate schedule a user sees
 in the "lr" of train events, HSDP, activation checkpointing, torch.compile, auto micro-batch size."""
 
 import json
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import read_json, run_trainer
-from trainer.config import ConfigError, OptimConfig, ParallelConfig, TrainConfig
-from trainer.model import Llama, ModelArgs
-from trainer.parallelize import apply_ac, lr_lambda, replicate_degree
+from trainer.config.job_config import ConfigError, OptimConfig, ParallelConfig, TrainConfig
+from trainer.model.llama import Llama, ModelArgs
+from trainer.model.parallelize import apply_ac, lr_lambda, replicate_degree
 
 
 def test_linear_warmup_then_cosine_to_min_lr_on_the_last_step():

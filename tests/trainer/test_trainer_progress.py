@@ -3,7 +3,7 @@ step, the loss history thinned evenly past HISTORY_POINTS, and carried over a re
 
 import json
 
-from trainer.progress import HISTORY_POINTS, Progress
+from trainer.report.progress import HISTORY_POINTS, Progress
 
 
 def read(tmp_path):

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from trainer.metrics import TRAINING_METRICS
-from trainer.statsd import RUN_TAGS, parse_line
+from trainer.report.metrics import TRAINING_METRICS
+from trainer.base.statsd import RUN_TAGS, parse_line
 from conftest import (
     FAST,
     REPO,

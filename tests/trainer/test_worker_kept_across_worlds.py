@@ -1,6 +1,8 @@
 """A node whose agent restarts its workers (an elastic group's resize: ``--max-restarts`` > 0) trains the next
-world in the same training processes (trainer/worker_host.py), and each world meets under its own keys in
-the agent's store (trainer/rdzv_round.py, ``name_each_world``). Real torchrun, 2 ranks, gloo on CPU."""
+world in the same training processes (trainer/elastic/worker_host.py), and each world meets under its own
+keys in
+the agent's store (trainer/elastic/rdzv_round.py, ``name_each_world``). Real torchrun, 2 ranks, gloo on
+CPU."""
 
 from __future__ import annotations
 

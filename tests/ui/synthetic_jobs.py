@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from airflow_dtrain import jobs_index
-from trainer.checkpoint_dir import MANIFEST, PROGRESS, REGISTRY_BEST, step_dir_name
+from trainer.checkpoint.directory import MANIFEST, PROGRESS, REGISTRY_BEST, step_dir_name
 
 
 def _progress(

@@ -21,7 +21,7 @@ from airflow_dtrain.ui import read
 from airflow_dtrain.ui.read import Reads, RowCache, job_detail, read_row
 from tests.conftest import REPO
 from tests.ui.synthetic_jobs import write_job
-from trainer.checkpoint_dir import PROGRESS
+from trainer.checkpoint.directory import PROGRESS
 
 VENDOR = REPO / "airflow_dtrain" / "ui" / "static" / "vendor"
 

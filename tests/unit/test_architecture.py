@@ -33,16 +33,16 @@ NOT_A_CAPACITY = {("dags/train_llama.py", "spot"): "the DAG's tag"}
 def test_the_capacity_words_are_spelled_only_in_trainer_capacity():
     found = [
         f"{path.relative_to(REPO)}:{line}: {value!r}"
-        for path in SOURCES if path != REPO / "trainer" / "capacity.py"
+        for path in SOURCES if path != REPO / "trainer" / "money" / "capacity.py"
         for line, value in _string_literals(path)
         if value in CAPACITY_WORDS and (str(path.relative_to(REPO)), value) not in NOT_A_CAPACITY
     ]  # fmt: skip
-    assert not found, "capacity spelled outside trainer/capacity.py:\n" + "\n".join(found)
+    assert not found, "capacity spelled outside trainer/money/capacity.py:\n" + "\n".join(found)
 
 
 # trainer/contract.py spells its own copy: a program of your own may copy the file without the package
-# (tests/trainer/test_contract.py holds the copy to trainer/checkpoint_dir.py's names).
-LAYOUT_COPIES = {REPO / "trainer" / "checkpoint_dir.py", REPO / "trainer" / "contract.py"}
+# (tests/trainer/test_contract.py holds the copy to trainer/checkpoint/directory.py's names).
+LAYOUT_COPIES = {REPO / "trainer" / "checkpoint" / "directory.py", REPO / "trainer" / "contract.py"}
 
 
 NOT_THE_LAYOUT = {"step-after"}  # Vega-Lite's step interpolation (airflow_dtrain/ui/charts.py)
@@ -56,7 +56,9 @@ def test_the_checkpoint_layout_is_spelled_only_in_trainer_checkpoint_dir():
         for line, value in _string_literals(path)
         if any(name in value for name in names) and value not in NOT_THE_LAYOUT
     ]  # fmt: skip
-    assert not found, "checkpoint layout spelled outside trainer/checkpoint_dir.py:\n" + "\n".join(found)
+    assert not found, "checkpoint layout spelled outside trainer/checkpoint/directory.py:\n" + "\n".join(
+        found
+    )
 
 
 def test_the_launcher_interface_imports_no_concrete_launcher():
@@ -80,8 +82,8 @@ def test_the_launcher_interface_imports_no_concrete_launcher():
 PACKAGES = ("airflow_dtrain", "trainer")
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def _module_name(path: Path, root: Path = REPO) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -93,9 +95,9 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _imports(path: Path, root: Path = REPO) -> list[tuple[int, str]]:
     """(line, dotted name) of every import that can run: ``from x import y`` gives ``x.y`` and ``x``."""
-    module = _module_name(path)
+    module = _module_name(path, root)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[tuple[int, str]] = []
 
@@ -122,17 +124,17 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def import_graph() -> dict[str, dict[str, int]]:
-    """module -> {imported module of ours: line of the first such import}."""
-    files = [p for d in PACKAGES for p in sorted((REPO / d).rglob("*.py"))]
-    modules = {_module_name(p) for p in files}
+def import_graph(root: Path = REPO) -> dict[str, dict[str, int]]:
+    """module -> {imported module of ours: line of the first such import}, for the packages under ``root``."""
+    files = [p for d in PACKAGES for p in sorted((root / d).rglob("*.py"))]
+    modules = {_module_name(p, root) for p in files}
     graph: dict[str, dict[str, int]] = {}
     for path in files:
-        edges = graph.setdefault(_module_name(path), {})
-        for line, name in _imports(path):
+        edges = graph.setdefault(_module_name(path, root), {})
+        for line, name in _imports(path, root):
             while name and name not in modules:  # x.y where y is a name, not a module: x
                 name = name.rpartition(".")[0]
-            if name and name != _module_name(path):
+            if name and name != _module_name(path, root):
                 edges.setdefault(name, line)
     return graph
 
@@ -196,3 +198,120 @@ def test_no_import_circle():
         for component in strongly_connected(graph)
     ]  # fmt: skip
     assert not circles, "import circles (imports inside functions count):\n" + "\n".join(circles)
+
+
+# The trainer's parts and what each may import besides itself (each package's docstring says the same). A
+# module at the trainer's top level (an entry point, the training loop, the contract) may import any part.
+LAYERS = {
+    "base": set(),
+    "config": {"base", "money"},  # money.capacity: the capacity vocabulary a config names
+    "money": {"base"},
+    "torch_private": {"base"},
+    "data": {"base", "config", "events"},
+    "model": {"base", "config", "data", "torch_private"},
+    "checkpoint": {"base", "config", "data", "money", "report", "torch_private", "validate"},
+    "report": {"base", "config", "checkpoint", "money", "step", "events"},
+    "step": {"base", "config", "data", "model", "checkpoint", "money", "report", "torch_private", "contract"},
+    "elastic": {"base", "config", "data", "model", "step", "report", "torch_private", "__main__", "contract"},
+    "prepare_data": {"base", "config", "data"},
+    "testing": {"base", "checkpoint", "report"},
+}
+ELASTIC_AGENT = "torch.distributed.elastic"
+MAY_IMPORT_THE_AGENT = ("trainer.elastic", "trainer.torch_private", "trainer.launch")
+"""Only these touch torch's elastic agent (its rendezvous, its workers, its exit codes)."""
+
+
+def _part(module: str) -> str | None:
+    """The trainer's part a module belongs to: its package, or its own name at the top level."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "trainer" and len(parts) > 1 else None
+
+
+def crossed_boundaries(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import from one part of the trainer into a part it may not import (``LAYERS``)."""
+    crossed = []
+    for module, edges in sorted(graph.items()):
+        mine = _part(module)
+        for imported, line in sorted(edges.items()):
+            theirs = _part(imported)
+            if mine in LAYERS and theirs is not None and theirs != mine and theirs not in LAYERS[mine]:
+                crossed.append(
+                    f"{module} imports {imported} (line {line}): {mine} may import {sorted(LAYERS[mine])}"
+                )
+    return crossed
+
+
+def agent_imports(root: Path = REPO) -> list[str]:
+    """Every import of torch's elastic agent outside ``MAY_IMPORT_THE_AGENT``."""
+    return [
+        f"{_module_name(path, root)} imports {name} (line {line})"
+        for path in sorted((root / "trainer").rglob("*.py"))
+        if not _module_name(path, root).startswith(MAY_IMPORT_THE_AGENT)
+        for line, name in _imports(path, root) if name.startswith(ELASTIC_AGENT)
+    ]  # fmt: skip
+
+
+def test_every_part_of_the_trainer_is_a_declared_package():
+    packages = sorted(p.parent.name for p in (REPO / "trainer").glob("*/__init__.py"))
+    assert set(packages) - {"__pycache__"} == set(LAYERS), (
+        "a package without its LAYERS entry, or the reverse"
+    )
+    top = sorted(p.name for p in (REPO / "trainer").glob("*.py"))
+    assert len(top) <= 12, f"trainer/ holds {len(top)} modules at its top level (at most 12): {top}"
+
+
+def test_no_part_of_the_trainer_imports_across_its_boundary():
+    crossed = crossed_boundaries(import_graph())
+    assert not crossed, "imports across the trainer's boundaries (LAYERS):\n" + "\n".join(crossed)
+    assert not agent_imports(), f"torch's elastic agent imported outside {MAY_IMPORT_THE_AGENT}"
+
+
+def test_a_synthetic_module_that_crosses_a_boundary_or_closes_a_circle_fails(tmp_path):
+    for package in ("trainer", "trainer/model", "trainer/checkpoint", "airflow_dtrain"):
+        (tmp_path / package).mkdir(exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    # a model that knows how it is saved, and a checkpoint directory that builds the model: a circle
+    (tmp_path / "trainer/model/llama.py").write_text(
+        "from trainer.checkpoint.directory import CheckpointDir\n"
+    )
+    (tmp_path / "trainer/checkpoint/directory.py").write_text(
+        "def f():\n    from trainer.model import llama\n    from torch.distributed.elastic import agent\n"
+    )
+    graph = import_graph(tmp_path)
+    assert crossed_boundaries(graph) == [
+        "trainer.checkpoint.directory imports trainer.model.llama (line 2): checkpoint may import "
+        "['base', 'config', 'data', 'money', 'report', 'torch_private', 'validate']",
+        "trainer.model.llama imports trainer.checkpoint.directory (line 1): model may import "
+        "['base', 'config', 'data', 'torch_private']",
+    ]
+    assert strongly_connected(graph) == [["trainer.checkpoint.directory", "trainer.model.llama"]]
+    assert agent_imports(tmp_path) == [
+        "trainer.checkpoint.directory imports torch.distributed.elastic.agent (line 3)"
+    ]
+
+
+def _dtrain_variables() -> dict[str, list[str]]:
+    """Every DTRAIN_* name production code spells (the provider, the trainer, the DAGs): where."""
+    import re
+
+    found: dict[str, list[str]] = {}
+    for path in SOURCES:
+        if path.name == "wiring.py":
+            continue
+        for line, value in _string_literals(path):
+            for name in re.findall(r"\bDTRAIN_[A-Z0-9_]+\b", value):
+                found.setdefault(name, []).append(f"{path.relative_to(REPO)}:{line}")
+    return found
+
+
+def test_every_dtrain_variable_the_code_reads_is_listed_once_in_trainer_base_wiring():
+    from trainer.base import wiring
+
+    tables = (wiring.WIRING, wiring.ENVIRONMENT, wiring.TEST_SEAMS, wiring.SWITCHES)
+    listed = [name for table in tables for name in table]
+    assert len(listed) == len(set(listed)), "a variable listed twice"
+    found = _dtrain_variables()
+    unlisted = {name: where for name, where in found.items() if name not in listed}
+    assert not unlisted, f"DTRAIN_* variables read but not listed in trainer/base/wiring.py: {unlisted}"
+    gone = sorted(set(listed) - set(found))
+    assert not gone, f"listed in trainer/base/wiring.py but read nowhere: {gone}"

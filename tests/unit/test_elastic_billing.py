@@ -18,7 +18,7 @@ from airflow_dtrain.session import GroupSession
 from airflow_dtrain.spec import JobSpec
 from trainer.money.bill import at_prices_in_effect, billed, node_intervals
 from trainer.money.ledger import CostLedger
-from trainer.statsd import parse_line
+from trainer.base.statsd import parse_line
 
 NAME = "dag-train-abc-r0"
 
@@ -133,8 +133,8 @@ def test_old_entries_bill_num_nodes_and_changes_reach_back_to_the_launch():
 
 
 def test_the_trainer_bills_the_recorded_sizes_and_keeps_them_when_it_rewrites_the_file(tmp_path):
-    from trainer.checkpoint_dir import CheckpointDir
-    from trainer.config_sections import CostConfig
+    from trainer.checkpoint.directory import CheckpointDir
+    from trainer.config.sections import CostConfig
     from trainer.money.cap import BudgetGuard
 
     t0 = time.time() - 150
@@ -160,7 +160,7 @@ def _follow(tmp_path, *, ran_s: float, shrunk_at_s: float, prices=None) -> dict:
     launched ``ran_s`` ago and went down to 1 node ``shrunk_at_s`` after its launch (``prices``: the spot
     prices in effect, ``[(seconds after the launch, price), ...]``)."""
     from airflow_dtrain.session_money import follow_deadline
-    from trainer.checkpoint_dir import CheckpointDir
+    from trainer.checkpoint.directory import CheckpointDir
     from trainer.money.deadline import budget_deadline
 
     spec = JobSpec.from_arguments(

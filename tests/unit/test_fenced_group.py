@@ -12,7 +12,7 @@ from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec
-from trainer.config import FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from trainer.config.job_config import FENCED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 
 def test_a_node_that_exits_78_ends_its_group_failed_saying_why():

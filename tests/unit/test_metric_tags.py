@@ -8,7 +8,7 @@ import pytest
 
 from airflow_dtrain import metrics
 from airflow_dtrain.operators.fsdp_train import _with_statsd_defaults
-from trainer.statsd import RUN_TAGS, format_tags, line, parse_line, parse_tags, tag_value
+from trainer.base.statsd import RUN_TAGS, format_tags, line, parse_line, parse_tags, tag_value
 
 
 def test_a_line_round_trips_and_no_value_can_break_it():

@@ -1,4 +1,5 @@
-"""A node's ranks share one log: each line the trainer writes to stderr reaches it whole (trainer/say.py).
+"""A node's ranks share one log: each line the trainer writes to stderr reaches it whole
+(trainer/base/say.py).
 
 ``print(..., file=sys.stderr)`` writes the text and its newline apart, and two ranks' lines came out merged
 (``... backend gloo[trainer] rank 0/2 ...``)."""
@@ -10,11 +11,11 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
-from trainer import say as say_module
+from trainer.base import say as say_module
 
 RANK = """
 import sys
-from trainer.say import say
+from trainer.base.say import say
 for i in range(400):
     say(f"[trainer] rank {sys.argv[1]} line {i} " + "x" * 100)
 """
@@ -61,4 +62,6 @@ def test_no_trainer_module_prints_to_stderr():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
                 if any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr" for k in node.keywords):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert not found, f"print(..., file=sys.stderr) writes a line in two writes; use trainer.say: {found}"
+    assert not found, (
+        f"print(..., file=sys.stderr) writes a line in two writes; use trainer.base.say: {found}"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from airflow_dtrain.status_line import StatusLine, log_lines
-from trainer.checkpoint_dir import CheckpointDir
+from trainer.checkpoint.directory import CheckpointDir
 
 
 def _event(**fields) -> str:

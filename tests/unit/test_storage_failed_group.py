@@ -12,8 +12,8 @@ from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec
-from trainer.checkpoint_dir import storage_cause
-from trainer.config import PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE
+from trainer.checkpoint.directory import storage_cause
+from trainer.config.job_config import PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE
 
 LINE = (
     "checkpoint step 40 could not be written to /x/ckpt/step-00000040 (rank 1): [Errno 28] No space left on "

@@ -188,7 +188,7 @@ def test_with_the_metadata_globals_off_dcp_metadata_still_loads_and_a_forged_glo
     import torch
     from torch.distributed.checkpoint import metadata as dcp_metadata
 
-    from trainer import safe_pickle
+    from trainer.checkpoint import safe_pickle
 
     monkeypatch.setenv(OFF_ENV, "dcp_metadata_globals")
     stripped = {k: v for k, v in safe_pickle.ALLOWED.items() if _private(k[1])}

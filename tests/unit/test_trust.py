@@ -10,7 +10,7 @@ import re
 import pytest
 
 from airflow_dtrain.errors import SpecError
-from airflow_dtrain.launchers.base import budget_deadline
+from trainer.money.deadline import budget_deadline
 from airflow_dtrain.spec import JobSpec
 from airflow_dtrain.trust import (
     ADMIN_DEFAULTS,

@@ -1,4 +1,5 @@
-"""A node's warm-up before it joins (trainer/warm_join.py): the shapes it trains, what its agent says when the
+"""A node's warm-up before it joins (trainer/elastic/warm_join.py): the shapes it trains, what its agent says
+when the
 warm-up fails or a host ends, and that the agent never waits for a host that is gone. (A real join through
 torchrun, compiled, with 0 graphs compiled in the group's round: tests/integration/test_elastic_local.py.)"""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import warm_join
+from trainer.elastic import warm_join
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ def test_the_warm_up_trains_the_micro_batches_a_rank_of_the_full_world_trains(
     global_batch, micro, rank, world, rows
 ):
     assert warm_join.micro_batch_rows(global_batch, micro, rank, world) == rows
-    # the union over the ranks is the global batch (trainer.data's split), whatever the world
+    # the union over the ranks is the global batch (trainer.data.loader's split), whatever the world
     assert (
         sum(sum(warm_join.micro_batch_rows(global_batch, micro, r, world)) for r in range(world))
         == global_batch
@@ -82,7 +83,7 @@ def test_off_with_the_environment(monkeypatch):
 def test_a_node_preempted_while_it_warms_up_exits_as_preempted(tmp_path):
     """A spot reclaim before the node joined: exit 75 (its group absorbs it), said, not killed by SIGTERM."""
     waiting = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from trainer import warm_join; "
+        [sys.executable, "-c", "import sys; from trainer.elastic import warm_join; "
          f"warm_join.wait_for_the_hosts({str(tmp_path)!r}, 1, ended=lambda: False); print('joined')"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

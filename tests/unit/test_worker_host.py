@@ -1,4 +1,5 @@
-"""An elastic group's worker and its host (trainer/worker_host.py), over their real Unix socket, in real
+"""An elastic group's worker and its host (trainer/elastic/worker_host.py), over their real Unix socket, in
+real
 processes: the host trains each round the worker hands it while rounds end resumable, the worker forwards
 its signals and exits with the host's code, and dies as a killed worker would when its host dies. (A real
 resize through torchrun, with the same training process across worlds:
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import worker_host
+from trainer.elastic import worker_host
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOST = textwrap.dedent(
     """
     import socket, sys
-    from trainer import worker_host
+    from trainer.elastic import worker_host
     worker_host._train = lambda argv: int(argv[0])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(worker_host.socket_path(sys.argv[1], 0))
@@ -36,7 +37,9 @@ HOST = textwrap.dedent(
     """
 )
 # A worker (the proxy its agent forks): hands its round to the host, exits with its code.
-WORKER = "import sys; from trainer.worker_host import run_in_host; sys.exit(run_in_host(0, sys.argv[1:]))"
+WORKER = (
+    "import sys; from trainer.elastic.worker_host import run_in_host; sys.exit(run_in_host(0, sys.argv[1:]))"
+)
 
 
 def _python(code: str, *args: str, env: dict | None = None, pass_fds: tuple = ()) -> subprocess.Popen:

@@ -1,7 +1,8 @@
 """Money: one home for what a job's nodes cost, what it has spent, and when it must stop.
 
-Standard library only: every training process imports it (the trainer's cap), and so does the provider at
-DAG-parse time. Nothing here calls a cloud; a price read from one comes in through ``prices.PriceSource``.
+May import: ``base``. Standard library only: every training process imports it (the trainer's cap),
+and so does the provider at DAG-parse time. Nothing here calls a cloud; a price read from one comes in
+through ``prices.PriceSource``.
 
 - ``prices``: price types (``SpotPrice``), the ``PriceSource`` interface every price read implements
   (``airflow_dtrain.aws.prices.AwsPrices``: EC2 and the Price List API; ``StaticPrices``: a fixed table,
@@ -19,5 +20,5 @@ DAG-parse time. Nothing here calls a cloud; a price read from one comes in throu
   spend while it runs (``repriced_deadline``), and in words (``deadline_words``).
 
 The spend files themselves (where they live, how they are read and summed) are
-``trainer.checkpoint_dir``'s, the one reader and writer of a checkpoint directory.
+``trainer.checkpoint.directory``'s, the one reader and writer of a checkpoint directory.
 """

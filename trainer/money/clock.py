@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any
 
-from trainer.say import say
+from trainer.base.say import say
 
 TOLERANCE_S = 2.0
 """A difference up to this is the probe's own round trip and the storage's whole seconds: not corrected."""
@@ -42,7 +42,7 @@ class Clock:
 
 def storage_skew(storage: Any, directory: str) -> float:
     """This node's clock minus the storage's, measured with one probe object written and removed in
-    ``directory`` of ``storage`` (a ``trainer.storage.Storage``); the storage's time is the probe's
+    ``directory`` of ``storage`` (a ``trainer.base.storage.Storage``); the storage's time is the probe's
     modification time, taken against the midpoint of the write on this node's clock."""
     name = f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     probe = f"{directory.rstrip('/')}/{name}"

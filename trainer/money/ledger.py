@@ -4,7 +4,7 @@ Node-hours accrue from the moment the attempt's group was launched (``DTRAIN_LAU
 set by the provider's launchers: start-up, image pull and rendezvous are billed too) under
 the attempt's capacity type; a resumed attempt carries the ledger of the checkpoint it
 resumed from, so the manifest's totals add up over preemptions and relaunches. The spend
-past the last checkpoint is in the job's spend files (``trainer.checkpoint_dir.SPEND``:
+past the last checkpoint is in the job's spend files (``trainer.checkpoint.directory.SPEND``:
 ``CostLedger.attempt_entry`` here, opened by the provider at the launch (``opening_entry``) and
 finalised when the group ends), which the budget reads. The dollars are ``trainer.money.bill``'s.
 Standard library only.
@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable
 
-from trainer.capacity import CAPACITIES, Capacity
+from trainer.money.capacity import CAPACITIES, Capacity
 from trainer.money.bill import billed, dollars_at, dollars_at_prices, node_hours
 
 CAPACITY_TYPES = CAPACITIES
@@ -74,7 +74,7 @@ class CostLedger:
         self.prior = empty_cost()
         self.prices_in_effect: list[tuple[float, float]] = []
         """``[(since, usd_per_node_hour), ...]``: the spot prices in effect since the launch, as the provider
-        last read them (``trainer.checkpoint_dir.PRICES``); empty: the launch price is all there is."""
+        last read them (``trainer.checkpoint.directory.PRICES``); empty: the launch price is all there is."""
         self.node_changes: list[tuple[float, int]] = []
         """``[(at, nodes), ...]``: an elastic group's sizes since the launch, as the provider recorded them in
         this attempt's spend file (``trainer.money.bill``); empty: ``nodes`` throughout."""
@@ -125,7 +125,8 @@ class CostLedger:
         return out
 
     def attempt_entry(self, **extra) -> dict:
-        """This attempt's spend file as of now (``trainer.checkpoint_dir.SPEND``): at the launch price, or at
+        """This attempt's spend file as of now (``trainer.checkpoint.directory.SPEND``): at the launch price,
+        or at
         the prices in effect where that is more."""
         now = self.clock()
         entry = {

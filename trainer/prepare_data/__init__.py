@@ -1,7 +1,7 @@
 """``python -m trainer.prepare_data --input PATH... --out DIR|s3://... [--tokenizer FILE|DIR]
 [--text-field text] [--val-fraction F] [--seq-len N] [--on-bad-row error|skip] [--shard-tokens N]``
 
-Tokenises documents into the trainer's token store (format: trainer/token_store.py), streaming:
+Tokenises documents into the trainer's token store (format: trainer/data/token_store.py), streaming:
 documents are read and tokenised in batches and shards are written as they fill, so memory
 does not grow with the corpus. The same is ``prepare(inputs, out, ...)`` for a DAG task.
 
@@ -59,7 +59,7 @@ from trainer.prepare_data.readers import BLOCK_BYTES, LONG_LINE_BYTES, Piece, _t
 from trainer.prepare_data.rows import BAD_ROW_POLICIES, FIRST_BAD_ROWS, JSON_TYPES, MAGIC, Rows
 from trainer.prepare_data.shards import ShardWriter, Sink
 from trainer.prepare_data.tokenizer import EOS_NAMES, ByteTokenizer, HFTokenizer, load_tokenizer
-from trainer.token_store import DEFAULT_SHARD_TOKENS
+from trainer.data.token_store import DEFAULT_SHARD_TOKENS
 
 __all__ = [
     "BAD_ROW_POLICIES",

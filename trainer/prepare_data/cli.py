@@ -5,11 +5,11 @@ import argparse
 from trainer.prepare_data.errors import PrepareError
 from trainer.prepare_data.pipeline import prepare
 from trainer.prepare_data.rows import BAD_ROW_POLICIES
-from trainer.say import say
-from trainer.token_store import DEFAULT_SHARD_TOKENS
+from trainer.base.say import say
+from trainer.data.token_store import DEFAULT_SHARD_TOKENS
 
 DESCRIPTION = (
-    "Tokenises documents into the trainer's token store (format: trainer/token_store.py), streaming: "
+    "Tokenises documents into the trainer's token store (format: trainer/data/token_store.py), streaming: "
     "documents are read and tokenised in batches and shards are written as they fill, so memory "
     "does not grow with the corpus. The same is ``prepare(inputs, out, ...)`` for a DAG task."
 )

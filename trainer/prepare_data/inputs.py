@@ -5,7 +5,7 @@ import glob
 import os
 
 from trainer.prepare_data.errors import PrepareError
-from trainer.token_store import is_remote, remote_fs
+from trainer.data.token_store import is_remote, remote_fs
 
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")

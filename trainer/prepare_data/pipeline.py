@@ -9,7 +9,7 @@ from trainer.prepare_data.readers import read_inputs
 from trainer.prepare_data.rows import BAD_ROW_POLICIES, Rows, where
 from trainer.prepare_data.shards import Sink
 from trainer.prepare_data.tokenizer import HFTokenizer, load_tokenizer
-from trainer.token_store import DEFAULT_SHARD_TOKENS, FORMAT, VERSION, dtype_for_vocab
+from trainer.data.token_store import DEFAULT_SHARD_TOKENS, FORMAT, VERSION, dtype_for_vocab
 
 
 def _source(inputs: list[str]) -> str:
@@ -99,7 +99,7 @@ def _write_tokenizer(sink: Sink, tok) -> None:
 def _meta(
     tok, dtype: str, shard_tokens: int, packer: Packer, source: str, text_field: str, rows: Rows
 ) -> dict:
-    """The store's meta.json (format: trainer/token_store.py)."""
+    """The store's meta.json (format: trainer/data/token_store.py)."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -145,7 +145,8 @@ def prepare(
     files = [f for spec in inputs for f in expand_input(spec)]  # every input checked before any work
     tok = load_tokenizer(tokenizer)
     dtype = dtype_for_vocab(tok.vocab_size)
-    # What the trainer reads of each split (trainer.data): a sequence of seq_len + 1 tokens; else a document.
+    # What the trainer reads of each split (trainer.data.loader): a sequence of seq_len + 1 tokens; else a
+    # document.
     need = seq_len + 1 if seq_len else 1
     rows = Rows(val_fraction, on_bad_row, log)
     sink = Sink(out)

@@ -10,7 +10,7 @@ import uuid
 import numpy as np
 
 from trainer.prepare_data.errors import PrepareError
-from trainer.token_store import is_remote, remote_fs
+from trainer.data.token_store import is_remote, remote_fs
 
 
 class Sink:

@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from trainer.prepare_data.errors import PrepareError
-from trainer.token_store import BYTES_TOKENIZER, BYTES_VOCAB, TOKENIZER_FILES, canonical_sha256
+from trainer.data.token_store import BYTES_TOKENIZER, BYTES_VOCAB, TOKENIZER_FILES, canonical_sha256
 
 EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 

@@ -1,5 +1,5 @@
 """Checkpoint faults a test injects, driven by the environment: activate with
-``DTRAIN_FAULTS=trainer.testing.faults:from_env`` (the seam: trainer/checkpointing/faults.py).
+``DTRAIN_FAULTS=trainer.testing.faults:from_env`` (the seam: trainer/checkpoint/faults.py).
 
 ``DTRAIN_TEST_COMMIT_DELAY="STEP:SECONDS[:FILE]"`` makes rank 0 sleep after the files of that step are
 written (and uploaded) but before its manifest, so that a test can kill -9 a group in the middle of a save
@@ -31,8 +31,8 @@ import time
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from trainer.checkpointing.faults import FAULTS_ENV, Faults
-from trainer.say import say
+from trainer.checkpoint.faults import FAULTS_ENV, Faults
+from trainer.base.say import say
 
 COMMIT_DELAY_ENV = "DTRAIN_TEST_COMMIT_DELAY"
 ENOSPC_ENV = "DTRAIN_TEST_ENOSPC_AT_STEP"

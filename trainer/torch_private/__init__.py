@@ -17,7 +17,8 @@ line and in ``progress.json`` (``torch``), which ``summary.json`` carries (``fal
 
 This package: the hooks and what is in force (here); the private names of the elastic agent, its rendezvous
 and the training processes it keeps (``elastic_hooks``); those of DTensor, FSDP2, DCP and the compiler
-(``tensor_hooks``). It imports only the standard library and ``trainer.say`` at module level; torch where
+(``tensor_hooks``). It imports only the standard library and ``trainer.base.say`` at module level; torch
+where
 a hook runs.
 
 Public extension points are used wherever torch has one; where it has none, the hook says why:
@@ -30,7 +31,8 @@ Public extension points are used wherever torch has one; where it has none, the 
   Until torch makes the rule pluggable, the hook wraps the private join and falls back to torch's rule;
 * the warm-up's fake world (``fake_process_group``) has no public home: ``FakeProcessGroup`` is torch's test
   backend, and a Python ``ProcessGroup`` of our own needs ``torch._C``'s private work objects to answer a
-  collective. Without it the joining node compiles after it joins (``trainer.warm_join``'s own fallback).
+  collective. Without it the joining node compiles after it joins (``trainer.elastic.warm_join``'s own
+  fallback).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.say import say
+from trainer.base.say import say
 
 TESTED = ("2.11", "2.14")
 """The oldest and newest torch releases the trainer is tested on (setup.cfg's range; the Makefile's pins)."""
@@ -69,14 +71,16 @@ HOOKS: dict[str, Hook] = {
     for h in (
         Hook(
             "rdzv_close_round",
-            "a resize round closes once every survivor is back, not at its last call (trainer/rdzv_round.py)",
+            "a resize round closes once every survivor is back, not at its last call "
+            "(trainer/elastic/rdzv_round.py)",
             "rendezvous rounds wait their last call (replace_timeout_s) after a lost node",
             (f"{_DR}:_RendezvousJoinOp.__call__", f"{_DR}:_Action.MARK_RENDEZVOUS_COMPLETE",
              f"{_DR}:_Action.KEEP_ALIVE", f"{_DR}:_Action.SYNC", f"{_DR}:_delay"),
         ),
         Hook(
             "rdzv_name_world",
-            "every world's keys in the group's store carry its rendezvous round (trainer/rdzv_round.py)",
+            "every world's keys in the group's store carry its rendezvous round "
+            "(trainer/elastic/rdzv_round.py)",
             "a resize starts new training processes, which meet in torch's own per-round keys",
             (f"{_AGENT}.api:SimpleElasticAgent._rendezvous", f"{_DR}:DynamicRendezvousHandler.get_run_id"),
         ),
@@ -109,7 +113,8 @@ HOOKS: dict[str, Hook] = {
         ),
         Hook(
             "fake_process_group",
-            "a joining node compiles in a fake world of the group's size before it joins (trainer.warm_join)",
+            "a joining node compiles in a fake world of the group's size before it joins "
+            "(trainer.elastic.warm_join)",
             "a joining node compiles after it joins, in the group's first step",
             ("torch.testing._internal.distributed.fake_pg:FakeStore",),
         ),
