@@ -71,6 +71,8 @@ class Run:
     first_task_at: float | None = None
     ended_at: float | None = None
     summaries: list[dict] = field(default_factory=list)
+    triggering_user_name: str | None = None
+    """Who triggered it (the REST API's): a run acts for that user, and its default directories say so."""
 
 
 def plan(train_runs: int, sweeps: int, steps: int) -> list[Run]:
@@ -112,6 +114,7 @@ def observe(cluster: Cluster, run: Run) -> bool:
     if got is None:
         return False
     run.state = got.get("state") or ""
+    run.triggering_user_name = got.get("triggering_user_name")
     if run.first_task_at is None:
         tis = cluster.get(f"/api/v2/dags/{run.dag_id}/dagRuns/{run.run_id}/taskInstances") or {}
         starts = [_stamp(t.get("start_date")) for t in tis.get("task_instances", [])]
