@@ -22,7 +22,9 @@ set +e
 status=${PIPESTATUS[0]}
 set -e
 elapsed=$(( $(date +%s) - start ))
-summary=$(ls -t "$AIRFLOW_HOME"/dtrain/checkpoints/train_llama/*/summary.json 2>/dev/null | head -n 1 || true)
+# newest first; a run acts for its triggering user (dag.test(): "dag_test"), whose jobs lie under owners/
+newest() { find "$1" -path "$2" -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -n 1 | cut -d' ' -f2-; }
+summary=$(newest "$AIRFLOW_HOME/dtrain/checkpoints/train_llama" '*/summary.json')
 if [ "$status" -ne 0 ] || [ -z "$summary" ]; then
   echo "==> train_llama FAILED after ${elapsed}s; full log: $DEMO_HOME/train_llama.log" >&2
   exit 1
@@ -34,7 +36,7 @@ grep -E 'status: step|Decision: |simulating preemption|"reason": "preemption"|"e
 echo
 echo "==> train_llama succeeded in ${elapsed}s"
 echo "    run summary:  $summary"
-best=$(ls -t "$AIRFLOW_HOME"/dtrain/models/train_llama/*/eval-*/best.json 2>/dev/null | head -n 1 || true)
+best=$(newest "$AIRFLOW_HOME/dtrain/models/train_llama" '*/eval-*/best.json')
 "$PY" - "$summary" "${best:-none}" <<'PYEOF'
 import json, os, sys
 s = json.load(open(sys.argv[1]))
