@@ -20,7 +20,6 @@ from typing import Any
 from airflow_dtrain import jobs_index
 from airflow_dtrain.roots import within_roots
 from trainer.checkpoint.directory import EVAL_RESULTS, PROGRESS, REGISTRY_BEST, SUMMARY, CheckpointDir
-from trainer.checkpoint.spend_files import SPEND
 
 __all__ = ["LIVE_STATES", "JobRow", "Reads", "RowCache", "job_detail", "read_row"]
 
@@ -79,11 +78,9 @@ def _number(value: Any, kind: type = float) -> Any:
     return kind(value)
 
 
-def _readable(uri: Any) -> str | None:
-    """``uri`` when it is a string under the storage roots (the admin's), else None."""
-    from airflow_dtrain.roots import reserved_roots
-
-    return uri if isinstance(uri, str) and uri and within_roots(uri, reserved_roots()) else None
+def _readable(uri: Any, roots: list[str]) -> str | None:
+    """``uri`` when it is a string under ``roots`` (the admin's storage roots), else None."""
+    return uri if isinstance(uri, str) and uri and within_roots(uri, roots) else None
 
 
 def _progress(row: JobRow, checkpoints: Any) -> dict[str, Any]:
@@ -125,8 +122,8 @@ def _spend(row: JobRow, ledger: Any) -> dict[str, dict[str, Any]]:
     from trainer.money.bill import resizes
 
     try:
-        Reads.count += len(ledger.storage.listdir(ledger.path(SPEND)))
-        spend = ledger.spend()
+        spend = ledger.spend()  # one listing, then each spend file
+        Reads.count += len(spend.attempts)
     except (OSError, ValueError) as err:
         row.problems.append(f"spend files cannot be read: {err}")
         return {}
@@ -185,7 +182,10 @@ def read_row(entry: dict[str, Any], *, detail: dict[str, Any] | None = None) -> 
         num_nodes=_number(entry.get("num_nodes"), int),
         budget_usd=_number(entry.get("budget_usd")),
     )
-    uri = _readable(entry.get("checkpoint_uri"))
+    from airflow_dtrain.roots import reserved_roots
+
+    roots = reserved_roots()  # read once a row: the [dtrain] options behind it are parsed each call
+    uri = _readable(entry.get("checkpoint_uri"), roots)
     if uri is None:
         row.problems.append(
             f"checkpoint directory {entry.get('checkpoint_uri')!r} is outside the storage roots"
@@ -196,9 +196,9 @@ def read_row(entry: dict[str, Any], *, detail: dict[str, Any] | None = None) -> 
         row.problems.append(f"checkpoint directory {uri} is missing")
         return row
     progress = _progress(row, checkpoints)
-    ledger_uri = _readable(entry.get("ledger_uri")) or uri
+    ledger_uri = _readable(entry.get("ledger_uri"), roots) or uri
     attempts = _spend(row, CheckpointDir(ledger_uri))
-    bests = _best(row, _readable(entry.get("registry_entry")))
+    bests = _best(row, _readable(entry.get("registry_entry"), roots))
     if detail is not None:
         detail.update(
             progress=progress,
