@@ -18,7 +18,7 @@ _LAZY = {
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
     "PrepareDataOperator": "airflow_dtrain.operators.prepare_data",
     "JobSpec": "airflow_dtrain.spec",
-    "SpecError": "airflow_dtrain.spec",
+    "SpecError": "airflow_dtrain.errors",
     "SpotInterruptionSensor": "airflow_dtrain.sensors.spot_interruption",
     "SpotPriceSensor": "airflow_dtrain.sensors.spot_price",
 }
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from airflow_dtrain.operators.prepare_data import PrepareDataOperator
     from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
     from airflow_dtrain.sensors.spot_price import SpotPriceSensor
-    from airflow_dtrain.spec import JobSpec, SpecError
+    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.errors import SpecError
 
 
 def __getattr__(name: str) -> Any:

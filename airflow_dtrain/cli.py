@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_dtrain.render_args import DEFAULT_CHECKPOINT, render_args
-
-__all__ = ["DEFAULT_CHECKPOINT", "RENDER_HELP", "get_dtrain_cli_commands", "render_args", "render_command"]
+from airflow_dtrain.render_args import render_args
 
 RENDER_HELP = "Print a pod group's Kubernetes objects as YAML (what FSDPTrainOperator creates for the spec)"
 

@@ -10,14 +10,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "BUNDLED_LIMITS",
-    "deployed_interruption_rate",
-    "deployed_kubernetes",
-    "deployed_storage_roots",
-    "form_limits",
-]
-
 
 def deployed_kubernetes() -> dict[str, Any]:
     """The bundled DAGs' pod settings: ``[dtrain] kubernetes`` (``AIRFLOW__DTRAIN__KUBERNETES``), a JSON

@@ -8,8 +8,6 @@ from typing import Any
 
 from airflow_dtrain.errors import SpecError
 
-__all__ = ["TRAINER_MODULE", "parse_entrypoint"]
-
 TRAINER_MODULE = re.compile(r"trainer(\.[a-z_][a-z0-9_]*)*")
 """The bundled trainer package and its modules (``trainer``, ``trainer.evaluate``)."""
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

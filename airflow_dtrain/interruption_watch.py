@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 def current_group(launcher: Any, group: str) -> tuple[str, Any]:
     """(name, status) of ``group``, or of the newest relaunch of it (``<group>-r<n>``, highest n)."""
-    from airflow_dtrain.launchers import GroupState, relaunches
+    from airflow_dtrain.launchers.base import GroupState
+    from airflow_dtrain.launchers.factory import relaunches
 
     status = launcher.status(group)
     if status.state == GroupState.NOT_FOUND:

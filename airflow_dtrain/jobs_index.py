@@ -24,20 +24,6 @@ from typing import Any
 from airflow_dtrain.ownership import run_key
 from airflow_dtrain.roots import local_root
 
-__all__ = [
-    "DAG_ID",
-    "ENTRY",
-    "STATES",
-    "entry_id",
-    "find_task",
-    "index_root",
-    "list_dags",
-    "list_entries",
-    "read_entry",
-    "failed_unless_deferred",
-    "record",
-]
-
 log = logging.getLogger(__name__)
 
 STATES = ("running", "waiting", "stopped at cap", "finished", "failed")

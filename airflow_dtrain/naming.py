@@ -11,8 +11,6 @@ import hashlib
 import os
 import re
 
-__all__ = ["default_checkpoint_uri", "group_base_name", "group_name", "relaunch_index"]
-
 _MAX_NAME = 46  # leaves room for Kubernetes' "-<index>-<5 chars>" pod suffixes within 63
 
 

@@ -20,11 +20,6 @@ from trainer.checkpoint.directory import OWNER
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.roots import conf_json, reserved_roots, within_roots
 
-__all__ = [
-    "JOB_NAME", "KINDS", "OWNER_FILE", "OwnershipError", "check_job_dir", "check_read", "job_dir", "job_key",
-    "location_refusal", "owner_for", "owner_of", "owner_segment", "run_key",
-]  # fmt: skip
-
 OWNER_FILE = OWNER
 """At the root of a job's directory: ``{"owner", "job"}`` (``trainer.checkpoint.directory.OWNER``)."""
 JOB_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")

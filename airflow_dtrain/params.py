@@ -23,16 +23,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config.job_config import BUDGET_AND_SPOT, CHECKPOINTS, MODEL_AND_DATA, URI_PATTERN, TrainConfig
+from trainer.config.job_config import TrainConfig
+from trainer.config.sections import CHECKPOINTS, MODEL_AND_DATA
+from trainer.config.sections import BUDGET_AND_SPOT, URI_PATTERN
 from trainer.config.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
 
-from airflow_dtrain.deployed import (  # noqa: F401  (re-exported: the DAGs import them from here)
-    BUNDLED_LIMITS,
-    deployed_interruption_rate,
-    deployed_kubernetes,
-    deployed_storage_roots,
-    form_limits,
-)
 from airflow_dtrain.kubernetes.spec import TRIGGER_KEYS
 from airflow_dtrain.spec import GROUP, KUBERNETES, JobSpec
 from airflow_dtrain.trust import check_run

@@ -15,8 +15,6 @@ from typing import Any
 DEFAULT_CHECKPOINT = "s3://change-me/dtrain/{name}"
 """The placeholder checkpoint.uri of a group rendered without ``--checkpoint-uri``."""
 
-__all__ = ["DEFAULT_CHECKPOINT", "FIELD_FLAGS", "render_args"]
-
 FIELD_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("--num-nodes", "--nodes"), "airflow_dtrain.spec:JobSpec", "num_nodes", ""),
     (

@@ -10,8 +10,6 @@ from trainer.config.fields import check, coerce, field_types, setting
 
 from airflow_dtrain.errors import SpecError, checked
 
-__all__ = ["Resources"]
-
 _QUANTITY = r"[0-9]+(\.[0-9]+)?([mkMGTPE]i?)?"
 
 

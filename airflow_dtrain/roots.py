@@ -14,8 +14,6 @@ from typing import Any
 
 from airflow_dtrain.errors import SpecError
 
-__all__ = ["conf_json", "local_root", "reserved_roots", "storage_roots", "within_roots"]
-
 
 def conf_json(option: str, what: str) -> dict[str, Any]:
     """The ``[dtrain] <option>`` JSON object ({} when unset); a bad value raises naming the option."""

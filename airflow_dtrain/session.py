@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
-from airflow_dtrain.session_money import STARTUP_GUESS_S, SessionMoney, WatchNodes, WatchPrices
-from airflow_dtrain.spec import group_name, relaunch_index
+from airflow_dtrain.session_money import SessionMoney, WatchNodes, WatchPrices
+from airflow_dtrain.naming import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines, note_rank_errors
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.config.job_config import (
@@ -38,11 +38,6 @@ from trainer.config.job_config import (
 if TYPE_CHECKING:
     from airflow_dtrain.aws.prices import SpotPriceFeed
     from airflow_dtrain.spec import JobSpec
-
-__all__ = [
-    "EVENT_STATUS", "LOG_TAIL_LINES", "STARTUP_GUESS_S", "GroupFailed", "GroupSession", "GroupWatch",
-    "group_event", "report",
-]  # fmt: skip
 
 log = logging.getLogger(__name__)
 

@@ -20,32 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.money.capacity import Capacity
-from trainer.config.job_config import BUDGET_AND_SPOT, ConfigError, TrainConfig  # noqa: F401  (re-exported)
+from trainer.config.job_config import TrainConfig
+from trainer.config.fields import ConfigError
 from trainer.config.fields import check, coerce, field_types, flatten, meta, setting, walk
 
 from airflow_dtrain.spec_checks import check_elastic, check_kubernetes, uneven_batch
 from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
 from airflow_dtrain.errors import SpecError, checked
-from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity, kubernetes_for_run
-from airflow_dtrain.naming import group_base_name, group_name, relaunch_index
+from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity
 from airflow_dtrain.resources import Resources
 from airflow_dtrain.trust import BACKENDS, Limits
-
-__all__ = [
-    "BACKENDS",
-    "JobLimits",
-    "JobSpec",
-    "KubernetesSpec",
-    "Limits",
-    "Resources",
-    "SpecError",
-    "TRAIN_ARGUMENTS",
-    "group_base_name",
-    "group_name",
-    "kubernetes_for_run",
-    "parse_entrypoint",
-    "relaunch_index",
-]
 
 GROUP = "Group"
 """Trigger-form section of the group's shape."""

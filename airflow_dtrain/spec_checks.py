@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainer.config.job_config import ConfigError
+from trainer.config.fields import ConfigError
 
 from airflow_dtrain.errors import SpecError
 

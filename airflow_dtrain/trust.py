@@ -31,19 +31,7 @@ from trainer.config.fields import check, field_types, setting
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.roots import conf_json, storage_roots, within_roots
-from airflow_dtrain.ownership import (
-    JOB_NAME,
-    OWNER_FILE,
-    OwnershipError,
-    check_job_dir,
-    owner_of,
-    run_key,
-)
-
-__all__ = [
-    "ADMIN_DEFAULTS", "Limits", "OWNER_FILE", "OwnershipError", "admin_limits", "check_job_dir", "check_run",
-    "limits_for", "limits_table", "owner_of", "run_key",
-]  # fmt: skip
+from airflow_dtrain.ownership import JOB_NAME, OwnershipError
 
 BACKENDS = ("local", "kubernetes")
 """Backends this version can launch."""
@@ -236,9 +224,8 @@ ADMIN_DEFAULTS = Limits(
     max_tokens_per_micro_batch=1 << 18, max_price_per_node_hour=500.0, max_runtime_s=86_400
 )
 """What bounds every DAG when ``[dtrain] limits`` leaves a field out: 262,144 tokens per micro-batch (32 x
-8,192),
-$500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain] limits``
-removes one."""
+8,192), $500 per node-hour (above any EC2 GPU instance), a day per group launch. ``null`` in ``[dtrain]
+limits`` removes one."""
 
 WHO_SETS_WHAT: dict[str, str] = {
     "max_nodes": "admin, narrowed by the author",

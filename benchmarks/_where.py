@@ -9,9 +9,8 @@ from trainer.elastic.startup import PHASES
 
 def startup_after(stream, t0_wall: float) -> dict:
     """Where the restart's time went: the restarted rank 0's "startup" event (``trainer/elastic/startup.py``,
-    emitted
-    right after its first step's) and, before it, the time from SIGTERM to that process's start (the save,
-    the exit, the agent's start and rendezvous)."""
+    emitted right after its first step's) and, before it, the time from SIGTERM to that process's start (the
+    save, the exit, the agent's start and rendezvous)."""
     for e in stream:
         if e["event"] == "startup":
             phases = {f"{p}_s": e[f"{p}_s"] for p in PHASES}

@@ -57,7 +57,7 @@ from ckptlab.disk import dir_bytes, disk_read, disk_write, disk_write_files  # n
 from trainer.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from trainer.checkpoint.save import record_crc32  # noqa: E402
 from trainer.checkpoint.state import training_state  # noqa: E402
-from trainer.config.job_config import CheckpointConfig  # noqa: E402
+from trainer.config.sections import CheckpointConfig  # noqa: E402
 
 
 class _Stateful:

@@ -7,7 +7,7 @@ consumes on this machine, and the peak memory of loading a Hugging Face model wi
     python benchmarks/data_throughput.py --quick          # small corpus and model: a check that it runs
 
 1. Two token stores from one generated JSON-lines corpus (the built-in corpus's grammar, one
-   document a line), written by ``trainer.prepare_data.prepare``: byte-level (uint16 ids) and a
+   document a line), written by ``trainer.prepare_data.pipeline.prepare``: byte-level (uint16 ids) and a
    locally trained byte-level BPE padded to a vocabulary of --tokenizer-vocab ids (uint32 above
    65,535; tests/hf_tokenizer_assets.py, no download).
 2. The data path as the trainer runs it: ``trainer.data.loader.TrainBatches.next_batch()`` for each rank
@@ -31,10 +31,10 @@ consumes on this machine, and the peak memory of loading a Hugging Face model wi
    anonymous / file-backed split sampled from /proc/self/status (the safetensors files are
    memory-mapped: their pages count in RSS while mapped, but are page cache, not allocations):
    * trainer, 1 rank and --world ranks under torchrun: Job.build's init_from path for a fresh job:
-     ``trainer.model.hf.local_copy`` and ``model_args``, ``trainer.train.build_model(..., random_init=False)``
-     (meta device; FSDP2 on --world ranks, a plain module on one CPU process; only the rotary tables
-     computed) then ``trainer.model.hf.load_weights``; each rank's parameter bytes are its shard's (fp32 on
-     CPU);
+     ``trainer.model.hf.local_copy`` and ``model_args``,
+     ``trainer.step.train_step.build_model(..., random_init=False)`` (meta device; FSDP2 on --world ranks, a
+     plain module on one CPU process; only the rotary tables computed) then ``trainer.model.hf.load_weights``;
+     each rank's parameter bytes are its shard's (fp32 on CPU);
    * reference: ``transformers.AutoModelForCausalLM.from_pretrained`` on the same directory,
      in fp32 (the trainer's parameter dtype on CPU) and in the checkpoint's bf16; every parameter
      is then read once (in bf16 they may still be views of the mapped file, not in memory yet).
@@ -140,7 +140,7 @@ def print_machine() -> None:
 def build_stores(args: argparse.Namespace, tmp: str) -> dict[str, str]:
     """1. The byte-level and the BPE token store of one generated corpus: {name: directory}."""
     from tests.hf_tokenizer_assets import tiny_tokenizer
-    from trainer.prepare_data import prepare
+    from trainer.prepare_data.pipeline import prepare
     from trainer.data.token_store import read_meta
 
     corpus = os.path.join(tmp, "corpus.jsonl")

@@ -20,11 +20,10 @@ held").
 
 Default trials per fault: 2 for the quick ones, 1 for the slow ones (kill -9 of a rank, of the agent, of
 the supervisor, a full disk, a second writer, an S3 outage), so the whole run stays about 15 minutes on 2
-CPU cores;
-``--trials N`` sets every fault's count. ``--quick`` runs the reference and one trial of two faults, a
-signal (``sigterm-agent``) and a corruption (``flipped-byte-shard``): a check that the benchmark runs, in
-about a minute (``--trials 1`` is one trial of every fault). Exit 1 when a property does not hold (a trial
-that could not run did not finish).
+CPU cores; ``--trials N`` sets every fault's count. ``--quick`` runs the reference and one trial of two
+faults, a signal (``sigterm-agent``) and a corruption (``flipped-byte-shard``): a check that the benchmark
+runs, in about a minute (``--trials 1`` is one trial of every fault). Exit 1 when a property does not hold (a
+trial that could not run did not finish).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
     python benchmarks/mfu.py --flavor debug --allow-cpu --steps 2 --warmup 1 --seq-len 64  # CPU smoke test
     python benchmarks/mfu.py --quick               # the same on a GPU (compiled) or a CPU (eager, no MFU)
 
-What runs is the trainer's own step: the model built by trainer.train.build_model (FSDP2
+What runs is the trainer's own step: the model built by trainer.step.train_step.build_model (FSDP2
 over this rank, bf16 parameters with fp32 gradient reduction and master weights),
 trainer.model.parallelize's AdamW (fused on CUDA) and trainer.train.train_step, on random tokens
 (no data loading), after --warmup steps (compilation, allocator). MFU is
@@ -68,7 +68,8 @@ def parse_args() -> argparse.Namespace:
 def set_up(args: argparse.Namespace):
     """The trainer's model, optimizer and scheduler on this rank, and a fixed batch of random tokens."""
     from trainer.model.parallelize import build_optimizer, build_scheduler
-    from trainer.train import build_model, setup_distributed
+    from trainer.step.process_group import setup_distributed
+    from trainer.step.train_step import build_model
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = TrainConfig.from_dict(
@@ -104,7 +105,7 @@ def set_up(args: argparse.Namespace):
 
 def timed_steps(args: argparse.Namespace, cfg, d, model, optimizer, scheduler, micro_batches):
     """--warmup steps, then --steps timed ones: (the last loss, seconds)."""
-    from trainer.train import train_step
+    from trainer.step.train_step import train_step
 
     def sync():
         if d.device.type == "cuda":

@@ -49,7 +49,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from trainer.config.job_config import TrainConfig  # noqa: E402
-from trainer.train import Job, setup_distributed  # noqa: E402
+from trainer.train import Job  # noqa: E402
+from trainer.step.process_group import setup_distributed
 
 
 def parse_args() -> argparse.Namespace:

@@ -15,9 +15,11 @@ from airflow.sdk import DAG, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
 from airflow_dtrain.naming import default_checkpoint_uri
-from airflow_dtrain.params import BUNDLED_LIMITS, check_conf, form_limits, trigger_params
+from airflow_dtrain.params import check_conf, trigger_params
+from airflow_dtrain.deployed import BUNDLED_LIMITS, form_limits
 from airflow_dtrain.ownership import job_dir
-from airflow_dtrain.trust import limits_for, run_key
+from airflow_dtrain.trust import limits_for
+from airflow_dtrain.ownership import run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = default_checkpoint_uri(os.path.join(_HOME, "dtrain"), "sweep_llama")

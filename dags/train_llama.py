@@ -35,7 +35,7 @@ import os
 import pendulum
 from airflow.sdk import DAG, Asset, TriggerRule, task
 from trainer.money.capacity import Capacity
-from trainer.config.job_config import URI_PATTERN
+from trainer.config.sections import URI_PATTERN
 
 from airflow_dtrain import (
     BudgetBranchOperator,
@@ -48,13 +48,12 @@ from airflow_dtrain import (
 )
 from airflow_dtrain.naming import default_checkpoint_uri
 from airflow_dtrain.ownership import job_dir
-from airflow_dtrain.params import (
+from airflow_dtrain.params import check_conf, trigger_params
+from airflow_dtrain.deployed import (
     BUNDLED_LIMITS,
-    check_conf,
     deployed_interruption_rate,
     deployed_kubernetes,
     form_limits,
-    trigger_params,
 )
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
@@ -346,15 +345,15 @@ with DAG(
     @task
     def publish(triggering_asset_events=None) -> dict:
         """Publish what the registry itself holds for the promoted job and evaluation set: its best.json, and
-        the
-        export it names inside that entry. The event names only the registry's root (under the storage roots),
-        the job and the evaluation set; no path is copied from it."""
+        the export it names inside that entry. The event names only the registry's root (under the storage
+        roots), the job and the evaluation set; no path is copied from it."""
         import json
         import re
 
         import fsspec
 
-        from airflow_dtrain.trust import OWNER_FILE, limits_for
+        from airflow_dtrain.trust import limits_for
+        from airflow_dtrain.ownership import OWNER_FILE
         from trainer.checkpoint.directory import REGISTRY_BEST
 
         event = triggering_asset_events[BEST_MODEL][-1]

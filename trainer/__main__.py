@@ -12,15 +12,10 @@ in ``trainer/config/job_config.py``. Flags override the config file; ``--set`` o
 import argparse
 import sys
 
-from trainer.checkpoint.directory import CheckpointStorageError, WriterFenced
+from trainer.checkpoint.errors import CheckpointStorageError, WriterFenced
 from trainer.contract import die_with_agent  # stdlib only; shared with programs of your own
-from trainer.config.job_config import (
-    FENCED_EXIT_CODE,
-    STORAGE_EXIT_CODE,
-    WORKER_LOST_EXIT_CODE,
-    ConfigError,
-    TrainConfig,
-)
+from trainer.config.job_config import FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE, TrainConfig
+from trainer.config.fields import ConfigError
 from trainer.config.fields import add_arguments
 from trainer.base.say import say
 from trainer.elastic.startup import StartupClock  # stdlib only
@@ -66,7 +61,8 @@ def _main(argv: list[str] | None) -> int:
     startup = StartupClock()
     try:
         cfg = parse_config(sys.argv[1:] if argv is None else argv)
-        from trainer.train import train, world_size_from_env  # torch: only once the config is good
+        from trainer.train import train  # torch: only once the config is good
+        from trainer.step.process_group import world_size_from_env
         from trainer.checkpoint.faults import faults_from_env  # none unless DTRAIN_FAULTS names some
 
         cfg.validate_world_size(world_size_from_env())

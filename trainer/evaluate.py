@@ -25,7 +25,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
-from trainer.checkpoint.checkpointer import storage_reader
+from trainer.checkpoint.reader import storage_reader
 from trainer.checkpoint.directory import CheckpointDir, step_dir_name
 from trainer.config.job_config import TrainConfig
 from trainer.events import emit

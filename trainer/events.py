@@ -1,9 +1,8 @@
 """The trainer's events as data: one JSON-lines file per rank, line-atomic under concurrency.
 
 A rank's events (``{"event": "train", ...}``, see ``trainer/report/metrics.py``) used to reach their readers
-only
-as lines of its stdout, scraped out of the group's log: there a ``print`` writes the text and its newline as
-two writes, and another process's torchrun-prefixed output can land between them, so an event line came out
+only as lines of its stdout, scraped out of the group's log: there a ``print`` writes the text and its newline
+as two writes, and another process's torchrun-prefixed output can land between them, so an event line came out
 merged with another (``{"event": "checkpoint", ...}[rank0]:``). Now each event is
 
 * appended to ``<events dir>/rank-<global rank>.jsonl`` as ONE ``os.write`` of ``json + "\\n"`` on a file

@@ -34,9 +34,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainer.model import hf
-from trainer.checkpoint.checkpointer import storage_reader
+from trainer.checkpoint.reader import storage_reader
 from trainer.checkpoint.directory import CheckpointDir
-from trainer.config.job_config import ConfigError
+from trainer.config.fields import ConfigError
 from trainer.model.llama import ModelArgs
 from trainer.checkpoint.safe_pickle import UnsafeCheckpoint
 from trainer.base.say import say

@@ -38,11 +38,9 @@ from trainer.model.llama import Llama
 from trainer.model.parallelize import build_optimizer, build_scheduler
 from trainer.report.progress import Progress
 from trainer.elastic.startup import StartupClock
-from trainer.step.train_step import build_model, train_step
+from trainer.step.train_step import train_step
 
 # Imported from here by benchmarks and tests: the process group and the step live in their own modules.
-__all__ = ["Dist", "Job", "StopRequests", "build_model", "setup_distributed", "train", "train_step",
-           "world_size_from_env"]  # fmt: skip
 
 StepHook = Callable[[int], None]
 """Called with each step number once the step is queued: a seam for tests (checkpoint/faults.py)."""

@@ -34,10 +34,10 @@ from trainer.checkpoint.directory import (
     MANIFEST,
     STEP_DIR_GLOB,
     CheckpointDir,
-    CheckpointInvalid,
     manifest_format,
     step_of,
 )
+from trainer.checkpoint.errors import CheckpointInvalid
 from trainer.base.say import say
 from trainer.base.storage import CHECKSUM_ALGORITHMS, Storage, checksum_stream, manifest_checksum
 

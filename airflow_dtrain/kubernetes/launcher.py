@@ -61,8 +61,6 @@ from airflow_dtrain.launchers.base import (
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
-__all__ = ["Conflict", "KubernetesLauncher"]
-
 
 class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher):
     """Runs pod groups as Indexed Jobs through the cncf.kubernetes provider's ``KubernetesHook``.

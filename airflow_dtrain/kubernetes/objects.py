@@ -10,8 +10,7 @@ own instead, with a Service of its own (``store``): it outlives any node's loss.
 
 Pure functions, no kubernetes client: ``python -m airflow_dtrain render`` prints
 exactly what the launcher creates. The vocabulary (labels, annotations) lives in ``names``, the trainer
-container in ``container``, the pod template in ``pod_template``; this module assembles the group and
-re-exports their names, so ``from airflow_dtrain.kubernetes.objects import ...`` keeps working.
+container in ``container``, the pod template in ``pod_template``; this module assembles the group.
 """
 
 from __future__ import annotations
@@ -19,84 +18,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from airflow_dtrain.kubernetes.container import (
-    mount_compile_cache,
-    DEFAULT_CPU_PER_GPU,
-    DEFAULT_MEMORY_GI_PER_GPU,
-    EnvRef,
-    literal,
-    node_command,
-    node_resources,
-)
+from airflow_dtrain.kubernetes.container import mount_compile_cache
 from airflow_dtrain.kubernetes.elastic_job import elastic_annotation, elastic_job_fields
 from airflow_dtrain.kubernetes.names import (
     ANNOTATION_CHECKPOINT_DELIVERY,
     ANNOTATION_DEADLINE,
-    ANNOTATION_EARLIER,
-    ANNOTATION_OUTCOME,
     ANNOTATION_PENDING_TIMEOUT,
-    ANNOTATION_PLACEMENT,
-    CHECKPOINT_NOW_ANNOTATION,
-    CONFIG_DIR,
     CONFIG_FILE,
     CONTAINER,
     LABEL_GROUP,
-    LABEL_MANAGED_BY,
-    LABEL_TASK,
-    MANAGED_BY,
-    PODINFO_DIR,
-    REQUESTS_FILE_ENV,
     config_map_name,
     group_labels,
-    rendezvous_endpoint,
-    task_name,
 )
 from airflow_dtrain.kubernetes.store import render_store_pod, render_store_service
-from airflow_dtrain.kubernetes.pod_template import (
-    merge_pod_template,
-    render_pod_template,
-    termination_grace_period_s,
-)
+from airflow_dtrain.kubernetes.pod_template import render_pod_template
 from trainer.money.deadline import budget_deadline
 from airflow_dtrain.spec import JobSpec
 from trainer.config.job_config import PREEMPTED_EXIT_CODE
 
 # The names this module has always offered, wherever they live now.
-__all__ = [
-    "ANNOTATION_CHECKPOINT_DELIVERY",
-    "ANNOTATION_DEADLINE",
-    "ANNOTATION_EARLIER",
-    "ANNOTATION_OUTCOME",
-    "ANNOTATION_PENDING_TIMEOUT",
-    "ANNOTATION_PLACEMENT",
-    "CHECKPOINT_NOW_ANNOTATION",
-    "CONFIG_DIR",
-    "CONFIG_FILE",
-    "CONTAINER",
-    "DEFAULT_CPU_PER_GPU",
-    "DEFAULT_MEMORY_GI_PER_GPU",
-    "LABEL_GROUP",
-    "LABEL_MANAGED_BY",
-    "LABEL_TASK",
-    "MANAGED_BY",
-    "PODINFO_DIR",
-    "REQUESTS_FILE_ENV",
-    "EnvRef",
-    "config_map_name",
-    "group_labels",
-    "literal",
-    "merge_pod_template",
-    "node_command",
-    "node_resources",
-    "pod_failure_policy",
-    "render_config_map",
-    "render_group",
-    "render_job",
-    "render_service",
-    "rendezvous_endpoint",
-    "task_name",
-    "termination_grace_period_s",
-]
 
 
 def render_group(

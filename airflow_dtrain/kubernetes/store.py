@@ -3,8 +3,7 @@
 An all-or-nothing group rendezvous with pod 0, whose agent hosts the c10d store: harmless there, since any
 lost pod ends the group. An elastic group goes on without a lost pod, index 0 included, so its store runs in
 a small pod ``<group>-rdzv`` (``python -m trainer.elastic.rdzv_store``: torch's TCPStore, from the group's
-image),
-behind a headless Service of the same name; every node's agent is its client (``is_host=0``). Both are
+image), behind a headless Service of the same name; every node's agent is its client (``is_host=0``). Both are
 created before the Job, owned by it once it exists, and deleted with it. A lost store pod is a lost
 rendezvous: the group ends as preempted and is relaunched as a whole (``elastic_status``).
 

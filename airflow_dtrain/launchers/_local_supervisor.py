@@ -32,11 +32,9 @@ from pathlib import Path
 import psutil
 
 from airflow_dtrain.launchers._local_elastic import ElasticNodes, append_node_change
-from airflow_dtrain.launchers._local_outcome import classify, outcome
+from airflow_dtrain.launchers._local_outcome import outcome
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local_memory import OUT_OF_MEMORY, MemoryLimit
-
-__all__ = ["classify", "kill_tree", "main", "write_json_atomic"]  # classify: its old home
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1

@@ -17,11 +17,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from airflow_dtrain.spec import JobSpec
 
-__all__ = [
-    "DEADLINE_STEP_S", "GroupState", "GroupStatus", "LogChunk", "PodGroupLauncher", "PredecessorStillRunning",
-    "deadline_moves", "poll_group",
-]  # fmt: skip
-
 
 class PredecessorStillRunning(RuntimeError):
     """An earlier group of the same task is still running: launching another would put two writers

@@ -39,12 +39,7 @@ from airflow_dtrain.launchers._local_supervisor import write_json_atomic
 from airflow_dtrain.launchers.ports import free_port as _free_port
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, LogChunk, PodGroupLauncher, deadline_moves
 from trainer.money.deadline import budget_deadline
-from airflow_dtrain.launchers.local_memory import (  # noqa: F401 - re-exported: importers use this module's names
-    DEFAULT_MEMORY_GI_PER_PROCESS,
-    MEMORY_OPTION,
-    memory_limit,
-    quantity_bytes,
-)
+from airflow_dtrain.launchers.local_memory import memory_limit
 from airflow_dtrain.launchers.local_processes import (
     GROUP_DIR_ENV,
     alive,

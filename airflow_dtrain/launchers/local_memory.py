@@ -62,7 +62,7 @@ def memory_limit(spec: JobSpec) -> dict[str, Any]:
     configured = _configured(MEMORY_OPTION)
     if configured:
         return {"bytes": quantity_bytes(configured, option), "source": option}
-    from airflow_dtrain.kubernetes.objects import DEFAULT_MEMORY_GI_PER_GPU
+    from airflow_dtrain.kubernetes.container import DEFAULT_MEMORY_GI_PER_GPU
 
     gpus = spec.resources.gpus_per_node
     per, unit = (DEFAULT_MEMORY_GI_PER_GPU, "GPU") if gpus else (DEFAULT_MEMORY_GI_PER_PROCESS, "process")

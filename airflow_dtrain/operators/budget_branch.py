@@ -11,8 +11,9 @@ from airflow.sdk import BaseBranchOperator
 
 from airflow_dtrain.operators.inputs import build, check_given, names, param_doc, parameters
 from airflow_dtrain.spec import JobSpec
-from trainer.money.cap import FIRST_SAVE_GUESS_S
-from trainer.config.job_config import CheckpointConfig, CostConfig, TrainConfig
+from trainer.money.projection import FIRST_SAVE_GUESS_S
+from trainer.config.job_config import TrainConfig
+from trainer.config.sections import CheckpointConfig, CostConfig
 from trainer.money.projection import stop_reserve_s
 from trainer.config.fields import REQUIRED, ConfigError, borrow, check, setting
 
@@ -214,7 +215,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         """Before the ledger is read or a branch taken: the run's prices within the limits, its directory
         under the storage roots and its owner's (another team's ledger is neither read nor billed)."""
         from airflow_dtrain.errors import SpecError
-        from airflow_dtrain.trust import check_job_dir, limits_for, owner_of
+        from airflow_dtrain.trust import limits_for
+        from airflow_dtrain.ownership import check_job_dir, owner_of
 
         limits = limits_for(self.limits)
         try:
@@ -244,7 +246,8 @@ class BudgetBranchOperator(BaseBranchOperator):
 
     def _ledger(self) -> Any:
         """The job's ledger (an empty one before its first checkpoint), its skipped checkpoints logged."""
-        from trainer.checkpoint.directory import CheckpointDir, Ledger
+        from trainer.checkpoint.directory import CheckpointDir
+        from trainer.checkpoint.spend_files import Ledger
 
         ledger = CheckpointDir(self.checkpoint_uri).ledger() if self.checkpoint_uri else Ledger()
         for bad in ledger.skipped:  # the trainer's resume skips them too (and verifies the shards as well)
@@ -277,7 +280,7 @@ class BudgetBranchOperator(BaseBranchOperator):
         self, x: BudgetBranchInputs, ledger: Any, prices: tuple[Any, Any, dict], reserve_usd: float
     ) -> Any:
         """What ``airflow_dtrain.spot.budget.decide`` takes, from the inputs, the ledger and the prices."""
-        from airflow_dtrain.spot.budget import BudgetInputs
+        from airflow_dtrain.spot.estimates import BudgetInputs
         from airflow_dtrain.spot.estimates import rejoin_wait_s
 
         spot, od, offer = prices
@@ -319,7 +322,7 @@ class BudgetBranchOperator(BaseBranchOperator):
     def _report(self, context: Context, decision: Any, pushed: dict[str, Any]) -> None:
         """Log the decision, count it in the metrics and push it to XCom (key ``decision``)."""
         from airflow_dtrain import metrics
-        from airflow_dtrain.spot.budget import Choice
+        from airflow_dtrain.spot.estimates import Choice
 
         self.log.info("Decision: %s. %s", decision.choice.value, decision.reason)
         tags = metrics.task_tags(context)
@@ -334,7 +337,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         context["ti"].xcom_push(key="decision", value={**decision.to_dict(), **pushed})
 
     def choose_branch(self, context: Context) -> str | list[str] | None:
-        from airflow_dtrain.spot.budget import Choice, decide
+        from airflow_dtrain.spot.budget import decide
+        from airflow_dtrain.spot.estimates import Choice
 
         x = self.inputs()
         self._check_trust(context, x)

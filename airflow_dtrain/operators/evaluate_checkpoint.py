@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_dtrain import jobs_index, metrics
-from airflow_dtrain.launchers import get_launcher, launcher_kwargs
+from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs
 from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import JobSpec, SpecError, group_base_name, kubernetes_for_run
+from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.errors import SpecError
+from airflow_dtrain.kubernetes.spec import kubernetes_for_run
+from airflow_dtrain.naming import group_base_name
 from airflow_dtrain.templating import check_author_template
 from airflow_dtrain.ownership import OWNER_FILE, OwnershipError, check_job_dir, job_key, owner_of, run_key
 from airflow_dtrain.roots import within_roots
@@ -36,19 +39,15 @@ class EvaluateCheckpointOperator(BaseOperator):
     (the eval curve), writing ``evals/latest.json`` and ``report.png`` (train and held-out loss
     curves) next to the checkpoints. If the latest checkpoint's held-out loss is lower than
     the best so far *of the same job on the same evaluation set* (``<registry_uri>/<job>/<eval
-    set>/best.json``;
-    the evaluation set is the dataset, tokenizer, sequence length and batches the loss was measured on, so a
-    loss on easier data never displaces another model) it is promoted: marked best (retention keeps it),
-    recorded in ``best.json``, and an asset event for ``asset`` is emitted. Promoted or not, the evaluated
-    checkpoint is exported as Hugging Face safetensors under ``<registry_uri>/<job>/<eval set>/<run>/`` (by
-    the
-    evaluation job itself: one job, one pod), and the XCom says where (``export``) and whether it became the
-    best
-    (``promoted``, ``best_loss_before``).
+    set>/best.json``; the evaluation set is the dataset, tokenizer, sequence length and batches the loss was
+    measured on, so a loss on easier data never displaces another model) it is promoted: marked best
+    (retention keeps it), recorded in ``best.json``, and an asset event for ``asset`` is emitted. Promoted or
+    not, the evaluated checkpoint is exported as Hugging Face safetensors under ``<registry_uri>/<job>/<eval
+    set>/<run>/`` (by the evaluation job itself: one job, one pod), and the XCom says where (``export``) and
+    whether it became the best (``promoted``, ``best_loss_before``).
 
     The checkpoint directory must be the run's owner's directory of ``job`` (``airflow_dtrain.trust``), and
-    the
-    registry must lie under the storage roots; a job's registry entry is claimed for its owner like its
+    the registry must lie under the storage roots; a job's registry entry is claimed for its owner like its
     checkpoints.
 
     :param checkpoint_uri: the run's checkpoint directory (as given to FSDPTrainOperator). (templated)
@@ -359,8 +358,7 @@ class EvaluateCheckpointOperator(BaseOperator):
 
 def evaluation_set(manifest: dict[str, Any], batches: int, batch_size: int) -> str:
     """What a held-out loss was measured on, as a registry key: the dataset, the tokenizer, the sequence
-    length
-    and the batches. Two losses compare only when this is equal."""
+    length and the batches. Two losses compare only when this is equal."""
     import hashlib
     import json
 

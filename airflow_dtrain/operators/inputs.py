@@ -2,9 +2,8 @@
 
 The inputs an operator shares with the job (``budget_usd``, ``num_nodes``, the steps) are ``borrow``-ed from
 their declaration in ``trainer.config.job_config`` / ``airflow_dtrain.spec``: the same help, bounds and error
-messages;
-its own (prices, estimates) are declared in its module. From that one dataclass come the operator's keyword
-arguments (``parameters``: its ``__init__`` signature, by which Airflow applies ``default_args``), its
+messages; its own (prices, estimates) are declared in its module. From that one dataclass come the operator's
+keyword arguments (``parameters``: its ``__init__`` signature, by which Airflow applies ``default_args``), its
 ``:param`` docs (``param_doc``), the check of what is known when the DAG is parsed (``check_given``: every
 value that is not a template) and, once the templates have rendered, the inputs themselves (``build``).
 """
@@ -19,8 +18,6 @@ from trainer.config.fields import ConfigError, check_value, coerce, field_types,
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.templating import is_template
-
-__all__ = ["build", "check_given", "names", "param_doc", "parameters"]
 
 
 def names(klass: type) -> tuple[str, ...]:

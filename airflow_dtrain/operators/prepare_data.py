@@ -128,7 +128,8 @@ class PrepareDataOperator(BaseOperator):
             self.log.info("dataset: the built-in demo corpus, byte-level (the trainer builds it)")
             return BUILTIN
 
-        from trainer.prepare_data import PrepareError, load_tokenizer
+        from trainer.prepare_data.errors import PrepareError
+        from trainer.prepare_data.tokenizer import load_tokenizer
 
         with tempfile.TemporaryDirectory(prefix="dtrain-tokenizer-") as scratch:
             local_spec = _local_tokenizer(tokenizer_spec, scratch) if tokenizer_spec else None
@@ -180,7 +181,9 @@ class PrepareDataOperator(BaseOperator):
         on_bad_row: str,
         seq_len: int | None,
     ) -> str:
-        from trainer.prepare_data import DEFAULT_SHARD_TOKENS, PrepareError, prepare
+        from trainer.data.token_store import DEFAULT_SHARD_TOKENS
+        from trainer.prepare_data.errors import PrepareError
+        from trainer.prepare_data.pipeline import prepare
 
         shard_tokens = int(self.shard_tokens or DEFAULT_SHARD_TOKENS)
         inputs, source, text_field, name = self._inputs(dataset, text_field, scratch, limits)
@@ -229,7 +232,8 @@ class PrepareDataOperator(BaseOperator):
         """What to prepare: (input files, source identity, text field, store name); the builtin corpus
         written to ``scratch``, a path's files checked against the storage roots."""
         from airflow_dtrain.errors import SpecError
-        from trainer.prepare_data import PrepareError, expand_input
+        from trainer.prepare_data.errors import PrepareError
+        from trainer.prepare_data.inputs import expand_input
 
         if dataset == BUILTIN:
             from trainer.data.builtin_text import BUILTIN_NAME, builtin_documents

@@ -2,10 +2,9 @@
 
 Every field of ``JobSpec`` (its train config included) declared with an operator argument (``arg=`` of
 ``trainer.config.fields.setting``) is an argument of the operator: templated, default None ("the declared
-default,
-or ``config``'s"), documented by the field's help text. The operator's own arguments -- what is not a field
-of the spec (connections, polling, the author's pod settings and limits) -- are the table below. From the
-two come the operator's ``__init__`` signature (what Airflow's ``default_args`` are applied by),
+default, or ``config``'s"), documented by the field's help text. The operator's own arguments -- what is not a
+field of the spec (connections, polling, the author's pod settings and limits) -- are the table below. From
+the two come the operator's ``__init__`` signature (what Airflow's ``default_args`` are applied by),
 ``template_fields`` and the ``:param`` list of its docstring: no argument is spelled twice.
 """
 
@@ -18,8 +17,6 @@ from typing import Any
 from trainer.config.fields import meta, walk
 
 from airflow_dtrain.spec import JobSpec
-
-__all__ = ["ARGUMENTS", "Argument", "SPEC_ARGUMENTS", "TEMPLATE_FIELDS", "operator_doc", "signature"]
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ class SpotPriceSensor(BaseSensorOperator):
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
                 raise ValueError(f"{name}: expected a list of names, got {value!r}")
         if self.availability_zones and not skip(self.availability_zones):
-            from airflow_dtrain.spot.offers import region_of_zone
+            from trainer.money.prices import region_of_zone
 
             for zone in self.availability_zones:
                 region_of_zone(zone)

@@ -51,13 +51,9 @@ Decision, first row that applies:
     in time
 5   spot offered for all ``num_nodes`` at once (an elastic group:     spot
     at least ``min_nodes``, trained on the k offered), acceptable
-    risk, spot cost ≤ budget, spot in time (with
-    ``min_finish_chance``: the chance of each is at least that) --
-    unless
-    on-demand also fits (budget and deadline) and costs no more,
-    start-ups included:
-    then on-demand (a job on on-demand stays for a saving smaller
-    than the switch's start-up)
+    risk, spot cost ≤ budget, spot in time (with ``min_finish_chance``: the chance of each is at least that)
+    -- unless on-demand also fits (budget and deadline) and costs no more, start-ups included: then on-demand
+    (a job on on-demand stays for a saving smaller than the switch's start-up)
 5b  an elastic group on spot within budget but, on its k nodes, not  spot
     in time: on-demand begun after one more ``wait_interval_s``
     (its start-up, no progress counted) still in time within the
@@ -93,21 +89,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from airflow_dtrain.spot.budget_facts import Facts
-from airflow_dtrain.spot.estimates import (
-    GUARD_RISK,
-    BudgetInputs,
-    Choice,
-    Decision,
-    budget_chance,
-    deadline_chance,
-    spot_hours,
-    spot_overhead,
-)
-
-__all__ = [
-    "GUARD_RISK", "RULES", "BudgetInputs", "Choice", "Decision", "Facts", "Rule", "budget_chance",
-    "deadline_chance", "decide", "spot_hours", "spot_overhead",
-]  # fmt: skip
+from airflow_dtrain.spot.estimates import GUARD_RISK, BudgetInputs, Choice, Decision, spot_overhead
 
 
 class Rule(NamedTuple):

@@ -85,10 +85,9 @@ class BudgetInputs:
     """How long an elastic group's survivors wait, at each lost node, for its replacement before they train
     on without it: billed on all of them in the loss's resize (``loss_s``). With the launchers that is
     ``REJOIN_WAIT_S``: their round closes once every survivor is back (trainer/elastic/rdzv_round.py),
-    bounded by
-    ``JobSpec.replace_timeout_s`` (torchrun's last call), what ``BudgetBranchOperator`` passes
-    (``rejoin_wait_s``). A replacement that needs a new node comes later and joins with a resize of its own;
-    a round that has all ``num_nodes`` does not wait."""
+    bounded by ``JobSpec.replace_timeout_s`` (torchrun's last call), what ``BudgetBranchOperator`` passes
+    (``rejoin_wait_s``). A replacement that needs a new node comes later and joins with a resize of its own; a
+    round that has all ``num_nodes`` does not wait."""
     top_up_on_demand: bool = False
     """An elastic group offered fewer spot nodes than ``num_nodes`` may train on all ``num_nodes`` at once:
     the k spot nodes on offer (at least one) and ``num_nodes`` - k on-demand ones, at full speed, each billed
@@ -283,8 +282,7 @@ def spot_fits(
 REJOIN_WAIT_S = 2.0
 """What an elastic group's survivors wait at a lost node with the launchers: their rendezvous round closes
 once every one of them is back (0.3 s of grace, polled every 0.1 s: ``trainer.elastic.rdzv_round``), or once
-the
-replacement a local group starts at once has joined (its agent's start-up, about 2.5 s on the 2-core VM:
+the replacement a local group starts at once has joined (its agent's start-up, about 2.5 s on the 2-core VM:
 benchmarks/RESULTS.md, recovery). A bound, not a mean: the decision prices the wait no lower than this."""
 
 

@@ -3,8 +3,8 @@
 No I/O here: ``airflow_dtrain.aws.prices`` reads the spot price history and the on-demand
 prices from AWS and hands them to ``choose_offer``. What is left is plain data and arithmetic:
 
-- re-exported from ``trainer.money.prices``, their home: ``ON_DEMAND_USD_PER_HOUR`` (the built-in
-  on-demand table), ``SpotPrice`` (one offer), ``region_of_zone``, ``parse_price_list_product``;
+- in ``trainer.money.prices``: ``ON_DEMAND_USD_PER_HOUR`` (the built-in on-demand table), ``SpotPrice``
+  (one offer), ``region_of_zone``, ``parse_price_list_product``;
 - ``price_limit`` and ``choose_offer``: the cheapest offer at or below its limit, with the
   reasons; ``PriceChoice``, what ``SpotPriceSensor`` pushes to XCom, and
   ``fixed_price_choice`` for a backend with a fixed price (the local backend).
@@ -17,12 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from trainer.money.prices import ON_DEMAND_USD_PER_HOUR, SpotPrice, parse_price_list_product, region_of_zone
-
-__all__ = [
-    "ON_DEMAND_USD_PER_HOUR", "PriceChoice", "SpotPrice", "choose_offer", "fixed_price_choice",
-    "parse_price_list_product", "price_limit", "region_of_zone",
-]  # fmt: skip
+from trainer.money.prices import SpotPrice
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,6 @@ from fastapi.staticfiles import StaticFiles
 from airflow_dtrain import jobs_index
 from airflow_dtrain.ui.read import RowCache, job_detail
 
-__all__ = ["create_app"]
-
 STATIC = Path(__file__).parent / "static"
 Sort = Literal[
     "dag_id",

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MARKERS", "curves"]
-
 MARKERS = {
     "preempted": ("preemption", "#d62728"),
     "relaunch": ("relaunch", "#2ca02c"),

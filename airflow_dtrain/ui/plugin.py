@@ -12,8 +12,6 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-__all__ = ["DtrainPlugin", "LazyApp"]
-
 URL_PREFIX = "/dtrain"
 
 

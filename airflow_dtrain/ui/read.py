@@ -21,8 +21,6 @@ from airflow_dtrain import jobs_index
 from airflow_dtrain.roots import within_roots
 from trainer.checkpoint.directory import EVAL_RESULTS, PROGRESS, REGISTRY_BEST, SUMMARY, CheckpointDir
 
-__all__ = ["LIVE_STATES", "JobRow", "Reads", "RowCache", "job_detail", "read_row"]
-
 LIVE_STATES = ("running", "waiting")
 """A job in these states changes while nothing is written to its entry: its live files are read again."""
 LIVE_REFRESH_S = 5.0

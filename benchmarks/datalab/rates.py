@@ -40,7 +40,8 @@ def train_events(cmd: list[str], env: dict | None = None) -> list[dict]:
 def make_corpus(path: str, megabytes: float) -> list[str]:
     """A JSON-lines corpus of about `megabytes` MB in the built-in corpus's grammar; returns its first
     documents."""
-    from trainer.data.loader import DOC_SEPARATOR, generate_builtin_text
+    from trainer.data.builtin_text import generate_builtin_text
+    from trainer.data.builtin_text import DOC_SEPARATOR
 
     docs = generate_builtin_text(int(megabytes * 1e6), seed=7).split(DOC_SEPARATOR)
     with open(path, "w") as f:

@@ -66,7 +66,8 @@ def worker_trainer_load(model_dir: str, seq_len: int) -> None:
     from trainer.model import hf
     from trainer.config.job_config import TrainConfig
     from trainer.data.loader import default_data_dir
-    from trainer.train import build_model, setup_distributed
+    from trainer.step.process_group import setup_distributed
+    from trainer.step.train_step import build_model
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     baseline = proc_status()["VmRSS"]

@@ -18,8 +18,8 @@ from .runs import STEPS
 
 def load_tensors(step_dir: Path, scratch: Path) -> dict:
     """The model and optimizer tensors of a checkpoint, unsharded
-    (``trainer.checkpoint.checkpointer.checkpoint_tensors``)."""
-    from trainer.checkpoint.checkpointer import checkpoint_tensors
+    (``trainer.checkpoint.state.checkpoint_tensors``)."""
+    from trainer.checkpoint.state import checkpoint_tensors
 
     return {k: v for k, v in checkpoint_tensors(str(step_dir)).items() if k.startswith(("model.", "optim."))}
 

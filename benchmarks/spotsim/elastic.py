@@ -41,7 +41,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from airflow_dtrain.spot.budget import BudgetInputs, Choice
+from airflow_dtrain.spot.estimates import BudgetInputs, Choice
 
 from .strategies import Policy, State, _cheapest
 from .world import ELASTIC, Job, Outcome, World

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
+from airflow_dtrain.spot.budget import decide
+from airflow_dtrain.spot.estimates import BudgetInputs, Choice
 from spot_traces import Market
 
 from .world import INPUTS, OURS, Job, Outcome, World

@@ -1,7 +1,7 @@
 """Does a node's warm-up before it joins (``trainer/elastic/warm_join.py``) serve the world it then trains
-in, on this
-machine's device? Not part of CI: a check for a lent GPU (``bash benchmarks/gpu_check.sh warm-join``), where
-the compiled blocks are Triton kernels in bf16 under FSDP2's mixed precision, not the CPU's C++ ones.
+in, on this machine's device? Not part of CI: a check for a lent GPU (``bash benchmarks/gpu_check.sh
+warm-join``), where the compiled blocks are Triton kernels in bf16 under FSDP2's mixed precision, not the
+CPU's C++ ones.
 
 One process, as one training process of a joining node: it builds the model and runs a step in a fake world
 of ``--world`` ranks (the group's full size, 16 by default) as its local rank 0, then trains ``--steps``

@@ -16,7 +16,8 @@ import pytest
 
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.launchers.base import GroupState
-from airflow_dtrain.launchers.local import GROUP_DIR_ENV, LocalLauncher
+from airflow_dtrain.launchers.local import LocalLauncher
+from airflow_dtrain.launchers.local_processes import GROUP_DIR_ENV
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
 from tests.conftest import RecordingTI
 from tests.integration.helpers import SMALL, group_events, progress, wait_for_step

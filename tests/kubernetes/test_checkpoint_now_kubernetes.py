@@ -181,7 +181,7 @@ def test_checkpoint_now_by_annotation_reaches_a_real_agents_workers_without_exec
     file, as the downward-API volume does) refreshes the file; trainer.launch signals its two workers."""
     import threading
 
-    from airflow_dtrain.kubernetes.objects import CHECKPOINT_NOW_ANNOTATION, PODINFO_DIR, REQUESTS_FILE_ENV
+    from airflow_dtrain.kubernetes.names import CHECKPOINT_NOW_ANNOTATION, PODINFO_DIR, REQUESTS_FILE_ENV
 
     launcher = launch_debug_group(GROUP, tmp_path)
     job = fake.get("jobs", GROUP)

@@ -12,7 +12,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
-from airflow_dtrain.launchers import GroupState
+from airflow_dtrain.launchers.base import GroupState
 from tests.kubernetes.conftest import launch_debug_group
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
@@ -76,7 +76,7 @@ def test_an_existing_object_is_not_retried_and_leaves_nothing_behind(fake, tmp_p
 
 
 def test_a_launch_fails_naming_an_earlier_group_of_the_task_that_is_still_running(fake, tmp_path):
-    from airflow_dtrain.launchers import PredecessorStillRunning
+    from airflow_dtrain.launchers.base import PredecessorStillRunning
     from airflow_dtrain.spec import JobSpec
 
     launch_debug_group("writer-r0", tmp_path)

@@ -247,7 +247,7 @@ def test_a_dag_authors_privileged_pod_needs_the_admin(fake, tmp_path, monkeypatc
 
     _set_policy(monkeypatch, fake, tmp_path, {"allow_privileged": True})
     caplog.set_level(logging.WARNING)
-    from airflow_dtrain.launchers import get_launcher
+    from airflow_dtrain.launchers.factory import get_launcher
 
     launcher = get_launcher("kubernetes", kubernetes_conn_id="kubernetes_default", namespace=None)
     spec = _operator(tmp_path, pod_template=PRIVILEGED_TEMPLATE).job_spec()

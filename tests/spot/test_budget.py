@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_dtrain.operators.budget_branch import BudgetBranchOperator
-from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
+from airflow_dtrain.spot.budget import decide
+from airflow_dtrain.spot.estimates import BudgetInputs, Choice
 from trainer.checkpoint.directory import CheckpointDir
 from tests.spot.conftest import write_manifest
 

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from airflow_dtrain.spot.budget import BudgetInputs, Choice, decide
+from airflow_dtrain.spot.budget import decide
+from airflow_dtrain.spot.estimates import BudgetInputs, Choice
 
 # 1,000 steps of 3.6 s: one hour on all 4 nodes. No interruptions unless a test says so, so every figure
 # below is exact: spot $1/node-h, on-demand $3/node-h, a 600 s start-up, a 90 s resize, and (the JobSpec's

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_dtrain.spot.budget import Choice, decide
+from airflow_dtrain.spot.budget import decide
+from airflow_dtrain.spot.estimates import Choice
 from tests.spot.test_decide_elastic import _inputs
 
 # BASE of test_decide_elastic: 1 h of work on 4 nodes, spot $1, on-demand $3 a node-hour, a 600 s start-up,

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from airflow_dtrain.aws.prices import on_demand_price
-from airflow_dtrain.spot.offers import ON_DEMAND_USD_PER_HOUR
+from trainer.money.prices import ON_DEMAND_USD_PER_HOUR
 
 
 def _product(instance_type: str, region: str, usd: str) -> str:

@@ -120,7 +120,8 @@ def test_the_simulated_policy_sees_the_offer_spot_price_sensor_would_choose():
     # below the limit), among the zones that have the group's nodes; not a choice the product cannot make
     import random
 
-    from airflow_dtrain.spot.offers import SpotPrice, choose_offer
+    from airflow_dtrain.spot.offers import choose_offer
+    from trainer.money.prices import SpotPrice
 
     spot_cost, spot_traces = _benchmark_modules()
     Market, Zone = spot_traces.Market, spot_traces.Zone

@@ -126,7 +126,8 @@ def test_a_one_node_elastic_group_is_an_all_or_nothing_group():
 def test_the_elastic_simulator_asks_decide_itself_about_k_of_n_nodes():
     """No translation of its own: decide() is told the group's N, min_nodes, the capacity and the resize's
     cost, and the node count it chooses is the one the group runs on."""
-    from airflow_dtrain.spot.budget import Choice, decide
+    from airflow_dtrain.spot.budget import decide
+    from airflow_dtrain.spot.estimates import Choice
 
     sc, world = _losing_one_node(drop_at=5)
     policy = sc.ElasticPolicy(0.5, float("inf"), 1.0, allow_late=True, record=True)

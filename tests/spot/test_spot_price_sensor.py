@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_dtrain.aws.prices import on_demand_price
 from airflow_dtrain.sensors.spot_price import SpotPriceSensor
-from airflow_dtrain.spot.offers import ON_DEMAND_USD_PER_HOUR, parse_price_list_product
+from trainer.money.prices import ON_DEMAND_USD_PER_HOUR, parse_price_list_product
 from airflow_dtrain.triggers.spot_price import SpotPriceTrigger
 from tests.conftest import run_trigger
 

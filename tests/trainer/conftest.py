@@ -273,6 +273,6 @@ def read_json(path) -> dict:
 def load_checkpoint_tensors(step_dir) -> dict:
     """Every tensor of a DCP checkpoint as full (unsharded) tensors:
     {"model.x": t, "optim.state.x.exp_avg": t, ...}."""
-    from trainer.checkpoint.checkpointer import checkpoint_tensors
+    from trainer.checkpoint.state import checkpoint_tensors
 
     return checkpoint_tensors(str(step_dir))

@@ -3,7 +3,7 @@
 torch 2.11's DCP stager broke at the second async save of a run (``KeyError: <class 'type'>``),
 killing the default config; the trainer now hands DCP only tensors and plain values and, on
 such a torch, a stager that keeps its host buffers from one save to the next
-(trainer.checkpoint.checkpointer._new_stager).
+(trainer.checkpoint.state.new_stager).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_unset_async_save_is_sync_on_a_cpu_node(data_dir, tmp_path):
     the training threads' cores and costs more than a sync save (benchmarks/RESULTS.md). On a GPU they are
     async."""
     from trainer.checkpoint.checkpointer import Checkpointer
-    from trainer.config.job_config import CheckpointConfig
+    from trainer.config.sections import CheckpointConfig
 
     run = run_trainer(
         [
@@ -111,10 +111,10 @@ def test_every_save_of_a_run_reuses_the_host_buffers_of_the_first():
     GPU), with the new values. On torch 2.11 DCP's own DefaultStager dropped them after every save (and then
     failed at the next): on an H100 the first step after each async save of a 14 GB state waited 5-11 s for
     them to be allocated and pinned again."""
-    from trainer.checkpoint.checkpointer import _new_stager
+    from trainer.checkpoint.state import new_stager
 
     params = {"w": torch.arange(1024, dtype=torch.float32), "b": torch.ones(16)}
-    stager = _new_stager(cuda=False)
+    stager = new_stager(cuda=False)
     try:
         first = stager.stage({"model": params}).result()
         pointers = {k: t.data_ptr() for k, t in first["model"].items()}

@@ -10,7 +10,7 @@ import pytest
 
 from trainer.money.cap import BudgetGuard
 from trainer.checkpoint.directory import CheckpointDir
-from trainer.config.job_config import CostConfig
+from trainer.config.sections import CostConfig
 from trainer.money.ledger import CostLedger
 
 HOUR = 3600.0

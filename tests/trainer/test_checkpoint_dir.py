@@ -16,9 +16,9 @@ from trainer.checkpoint.directory import (
     PROGRESS,
     SUMMARY,
     CheckpointDir,
-    Ledger,
     step_dir_name,
 )
+from trainer.checkpoint.spend_files import Ledger
 
 
 class Root:
@@ -162,7 +162,7 @@ def test_a_malformed_cost_entry_is_skipped_naming_the_manifest_and_the_field(roo
 def test_the_budget_ledger_and_validation_skip_a_bad_newest_manifest_and_never_wait(root, damage):
     """The budget task reads the newest manifest that passes the checks validation makes; a truncated
     manifest, a NaN in it, or one that is not an object is named and skipped, the one before is used."""
-    from trainer.checkpoint.directory import CheckpointInvalid
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     root.save(2, cost={"spot": {"dollars": 1.0}})
     root.save(4, cost={"spot": {"dollars": 2.0}})

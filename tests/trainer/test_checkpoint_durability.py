@@ -47,7 +47,8 @@ def ckpt_copy(reference, tmp_path):
 
 
 def test_a_sound_checkpoint_validates_and_a_flipped_byte_in_one_shard_is_named(ckpt_copy):
-    from trainer.validate import CheckpointInvalid, validate_checkpoint
+    from trainer.validate import validate_checkpoint
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     report = validate_checkpoint(str(ckpt_copy))
     assert (report["checkpoint"], report["step"], report["valid"]) == (
@@ -84,7 +85,8 @@ def test_a_sound_checkpoint_validates_and_a_flipped_byte_in_one_shard_is_named(c
 def test_manifests_record_xxh3_and_older_sha256_manifests_still_validate(ckpt_copy):
     import xxhash
 
-    from trainer.validate import CheckpointInvalid, validate_checkpoint
+    from trainer.validate import validate_checkpoint
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     step = ckpt_copy / "step-00000008"
     manifest = read_json(step / "manifest.json")
@@ -108,7 +110,8 @@ def test_a_nan_in_a_saved_tensor_fails_validation_naming_the_tensor(ckpt_copy, t
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from trainer.validate import CheckpointInvalid, validate_checkpoint
+    from trainer.validate import validate_checkpoint
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     # A checkpoint whose files match its manifest but whose weights went NaN.
     dcp_to_torch_save(str(ckpt_copy / "step-00000006"), str(tmp_path / "state.pt"))
@@ -131,8 +134,8 @@ def test_a_nan_in_a_saved_tensor_fails_validation_naming_the_tensor(ckpt_copy, t
 
 
 def test_checkpoint_validation_operator_reports_falls_back_and_raises_naming_the_file(ckpt_copy):
-    from airflow_dtrain.operators import CheckpointValidationOperator
-    from trainer.validate import CheckpointInvalid
+    from airflow_dtrain.operators.checkpoint_validation import CheckpointValidationOperator
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     op = CheckpointValidationOperator(task_id="validate", checkpoint_uri=str(ckpt_copy))
     report = op.execute({"ti": RecordingTI(task_id="validate")})
@@ -290,7 +293,8 @@ def test_evaluate_all_evaluates_only_what_changed_and_keeps_the_points_retention
 def test_a_nan_in_a_manifest_field_fails_validation_naming_the_field(ckpt_copy, field):
     """json writes NaN as a bare token and reads it back as a float: a NaN step time or cost would turn
     the budget's projection off on resume, so such a manifest is not a checkpoint to resume from."""
-    from trainer.validate import CheckpointInvalid, validate_checkpoint
+    from trainer.validate import validate_checkpoint
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     path = ckpt_copy / "step-00000008" / "manifest.json"
     manifest = read_json(path)

@@ -18,7 +18,8 @@ from trainer import contract
 from trainer.checkpoint import directory as checkpoint_dir
 
 from trainer.config import job_config as config
-from trainer.checkpoint.directory import CheckpointDir, CheckpointInvalid
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.checkpoint.errors import CheckpointInvalid
 from trainer.contract import (
     Fenced,
     JobEnv,

@@ -17,7 +17,7 @@ import torch
 from conftest import FAST, REPO, run_trainer
 from trainer.data.builtin_text import builtin_documents
 from trainer.export import export, export_weights, load_weights
-from trainer.prepare_data import prepare
+from trainer.prepare_data.pipeline import prepare
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")
 sys.path.insert(0, str(REPO / "tests"))

@@ -119,7 +119,8 @@ def _forge_byte_item(step: Path, fqn: str, marker: Path) -> str:
 
 
 def test_validation_refuses_a_forged_metadata_naming_what_it_holds_and_falls_back(ckpt, marker):
-    from trainer.validate import CheckpointInvalid, validate_checkpoint
+    from trainer.validate import validate_checkpoint
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     _forge_metadata(ckpt / "step-00000006", marker)
     with pytest.raises(CheckpointInvalid) as err:
@@ -133,7 +134,8 @@ def test_validation_refuses_a_forged_metadata_naming_what_it_holds_and_falls_bac
 
 
 def test_validation_refuses_a_forged_byte_item_naming_its_shard_and_item(ckpt, marker):
-    from trainer.validate import CheckpointInvalid, validate_checkpoint
+    from trainer.validate import validate_checkpoint
+    from trainer.checkpoint.errors import CheckpointInvalid
 
     shard = _forge_byte_item(ckpt / "step-00000006", "step", marker)
     with pytest.raises(CheckpointInvalid) as err:
@@ -151,7 +153,7 @@ def test_the_validation_operator_under_dag_test_fails_on_a_forged_checkpoint_and
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
     from airflow.sdk import DAG
 
-    from airflow_dtrain.operators import CheckpointValidationOperator
+    from airflow_dtrain.operators.checkpoint_validation import CheckpointValidationOperator
 
     _forge_metadata(ckpt / "step-00000006", marker)
     start = datetime(2026, 5, 1, tzinfo=timezone.utc)
@@ -195,7 +197,7 @@ def test_the_readers_resume_loads_through_refuse_without_validation_first(ckpt, 
     refuses on its own: the validation in front of it is not the only guard."""
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint.checkpointer import storage_reader
+    from trainer.checkpoint.reader import storage_reader
     from trainer.checkpoint.safe_pickle import UnsafeCheckpoint, refusals_raised
     from trainer.base.storage import Storage
 
@@ -219,7 +221,7 @@ def test_the_readers_resume_loads_through_refuse_without_validation_first(ckpt, 
 
 
 def test_checkpoint_tensors_refuses_a_forged_metadata(ckpt, marker):
-    from trainer.checkpoint.checkpointer import checkpoint_tensors
+    from trainer.checkpoint.state import checkpoint_tensors
     from trainer.checkpoint.safe_pickle import UnsafeCheckpoint
 
     sound = checkpoint_tensors(str(ckpt / "step-00000006"))

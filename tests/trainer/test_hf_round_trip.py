@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import FAST, REPO, run_trainer
-from trainer.data.loader import generate_builtin_text
-from trainer.prepare_data import prepare
+from trainer.data.builtin_text import generate_builtin_text
+from trainer.prepare_data.pipeline import prepare
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")
 sys.path.insert(0, str(REPO / "tests"))

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from conftest import FAST, REPO, run_trainer
-from trainer.config.job_config import ConfigError
-from trainer.data.loader import BUILTIN_NAME, eval_batches
+from trainer.config.fields import ConfigError
+from trainer.data.loader import eval_batches
+from trainer.data.builtin_text import BUILTIN_NAME
 from trainer.model.hf import model_args_from_config
 
 transformers = pytest.importorskip("transformers", reason="transformers is in the `test` extra of setup.cfg")

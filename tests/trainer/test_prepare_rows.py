@@ -16,9 +16,11 @@ import torch
 
 from conftest import FAST, REPO, run_trainer
 from tests.hf_tokenizer_assets import tiny_tokenizer
-from trainer.config.job_config import ConfigError
+from trainer.config.fields import ConfigError
 from trainer.data.loader import TrainBatches
-from trainer.prepare_data import PrepareError, main, prepare
+from trainer.prepare_data.cli import main
+from trainer.prepare_data.errors import PrepareError
+from trainer.prepare_data.pipeline import prepare
 from trainer.data.token_store import open_split, read_meta
 
 pytest.importorskip("tokenizers")

@@ -7,7 +7,7 @@ import torch
 
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.state import checkpoint_tensors
-from trainer.config.job_config import CheckpointConfig
+from trainer.config.sections import CheckpointConfig
 
 
 class _Position:

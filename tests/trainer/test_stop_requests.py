@@ -4,7 +4,7 @@ import signal
 
 import torch.distributed as dist
 
-from trainer.train import StopRequests
+from trainer.step.process_group import StopRequests
 
 
 def test_a_checkpoint_request_during_the_collective_is_kept_for_the_next_boundary(monkeypatch):

@@ -11,9 +11,10 @@ import torch
 
 from conftest import BUCKET, FAST, run_trainer
 from tests.hf_tokenizer_assets import EOS, tiny_tokenizer
-from trainer.config.job_config import DataConfig
+from trainer.config.sections import DataConfig
 from trainer.data.loader import TrainBatches, eval_batches, resolve_dataset
-from trainer.prepare_data import main, prepare
+from trainer.prepare_data.cli import main
+from trainer.prepare_data.pipeline import prepare
 from trainer.data.token_store import BYTES_TOKENIZER, open_split, same_tokenizer
 
 pytest.importorskip("tokenizers")
@@ -209,7 +210,7 @@ def test_tokenizer_identity(small_tok, tmp_path):
     other = tiny_tokenizer(tmp_path / "tok-b", vocab_size=180)
     a, b = (json.load(open(f"{d}/tokenizer.json")) for d in (small_tok, other))
     assert a != b
-    from trainer.prepare_data import HFTokenizer
+    from trainer.prepare_data.tokenizer import HFTokenizer
 
     ia, ib = HFTokenizer(small_tok).identity, HFTokenizer(other).identity
     assert same_tokenizer(ia, dict(ia, name="renamed")) and not same_tokenizer(ia, ib)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from trainer.step.auto_batch import candidates, fit_micro_batch_size, largest_fitting, probe
-from trainer.config.job_config import ParallelConfig, TrainConfig
+from trainer.config.job_config import TrainConfig
+from trainer.config.sections import ParallelConfig
 from trainer.model.llama import Llama, ModelArgs
 from trainer.model.parallelize import build_mesh, parallelize
 

@@ -6,17 +6,10 @@ import sys
 
 import pytest
 
-from trainer.config.job_config import (
-    FLAVORS,
-    PREEMPTED_EXIT_CODE,
-    CheckpointConfig,
-    ConfigError,
-    DataConfig,
-    MetricsConfig,
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-)
+from trainer.config.job_config import PREEMPTED_EXIT_CODE, TrainConfig
+from trainer.config.fields import ConfigError
+from trainer.config.sections import CheckpointConfig, DataConfig, MetricsConfig, ModelConfig, OptimConfig
+from trainer.config.flavors import FLAVORS
 
 
 def test_preempted_exit_code_is_ex_tempfail():

@@ -8,14 +8,9 @@ import numpy as np
 import torch
 
 from conftest import REPO
-from trainer.data.loader import (
-    BUILTIN_NAME,
-    TrainBatches,
-    ensure_builtin,
-    eval_batches,
-    generate_builtin_text,
-    open_split,
-)
+from trainer.data.loader import TrainBatches, ensure_builtin, eval_batches
+from trainer.data.builtin_text import BUILTIN_NAME, generate_builtin_text
+from trainer.data.token_store import open_split
 
 
 def test_builtin_corpus_is_deterministic_english_like_text():

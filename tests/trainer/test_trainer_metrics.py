@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainer.report import metrics as m
-from trainer.config.job_config import MetricsConfig
+from trainer.config.sections import MetricsConfig
 from trainer.events import EVENTS_DIR_ENV, read_events
 from trainer.report.metrics import (
     PER_RANK_METRICS,

@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import read_json, run_trainer
-from trainer.config.job_config import ConfigError, OptimConfig, ParallelConfig, TrainConfig
+from trainer.config.job_config import TrainConfig
+from trainer.config.fields import ConfigError
+from trainer.config.sections import OptimConfig, ParallelConfig
 from trainer.model.llama import Llama, ModelArgs
 from trainer.model.parallelize import apply_ac, lr_lambda, replicate_degree
 

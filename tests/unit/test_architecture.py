@@ -182,7 +182,7 @@ def test_the_strongly_connected_search_finds_a_circle():
 def test_the_import_graph_sees_lazy_relative_and_submodule_imports():
     graph = import_graph()
     assert "airflow_dtrain.__main__" in graph["airflow_dtrain.cli"]  # inside render_command
-    assert "airflow_dtrain.launchers.factory" in graph["airflow_dtrain.launchers"]  # from x import name
+    assert "airflow_dtrain.launchers.ports" in graph["airflow_dtrain.launchers.local"]  # from x import name
     assert "airflow_dtrain.launchers.base" not in graph["airflow_dtrain.launchers.factory"]  # TYPE_CHECKING
 
 

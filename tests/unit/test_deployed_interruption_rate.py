@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from airflow_dtrain.params import deployed_interruption_rate
+from airflow_dtrain.deployed import deployed_interruption_rate
 from tests.conftest import REPO
 
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from airflow_dtrain.launchers._local_supervisor import classify
+from airflow_dtrain.launchers._local_outcome import classify
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.session import GroupFailed, GroupSession

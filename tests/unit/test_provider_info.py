@@ -53,7 +53,7 @@ def test_provider_info_lists_every_operator_and_trigger_module():
 
 
 def test_public_names_are_importable_from_the_package():
-    from airflow_dtrain.operators import FSDPTrainOperator as from_operators
+    from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator as from_operators
 
     assert airflow_dtrain.FSDPTrainOperator is from_operators
 

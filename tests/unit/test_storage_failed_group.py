@@ -7,12 +7,12 @@ import logging
 
 import pytest
 
-from airflow_dtrain.launchers._local_supervisor import classify
+from airflow_dtrain.launchers._local_outcome import classify
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.session import GroupFailed, GroupSession
 from airflow_dtrain.spec import JobSpec
-from trainer.checkpoint.directory import storage_cause
+from trainer.checkpoint.errors import storage_cause
 from trainer.config.job_config import PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE
 
 LINE = (

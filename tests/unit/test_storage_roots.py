@@ -7,7 +7,8 @@ import pytest
 
 from airflow_dtrain.operators.prepare_data import DataError, PrepareDataOperator
 from airflow_dtrain.roots import within_roots
-from airflow_dtrain.spec import JobLimits, JobSpec, SpecError
+from airflow_dtrain.spec import JobLimits, JobSpec
+from airflow_dtrain.errors import SpecError
 
 
 def test_a_path_is_within_a_root_only_after_normalising_it(tmp_path):

@@ -16,14 +16,13 @@ from airflow_dtrain.trust import (
     ADMIN_DEFAULTS,
     WHO_SETS_WHAT,
     Limits,
-    OwnershipError,
     admin_limits,
-    check_job_dir,
     check_run,
     limits_for,
     limits_table,
-    run_key,
 )
+from airflow_dtrain.ownership import OwnershipError
+from airflow_dtrain.ownership import check_job_dir, run_key
 from tests.conftest import REPO, RecordingTI
 from tests.pipeline.trust_helpers import tree
 
@@ -157,7 +156,7 @@ def test_an_unclaimed_directory_with_another_jobs_data_is_refused(tmp_path):
 
 
 def test_owners_map_users_and_dags_to_teams(monkeypatch):
-    from airflow_dtrain.trust import owner_of
+    from airflow_dtrain.ownership import owner_of
 
     class Run:
         triggering_user_name = "alice"

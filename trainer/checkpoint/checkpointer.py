@@ -41,23 +41,17 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint.directory import CheckpointDir, CheckpointStorageError, Lease, WriterFenced
-from trainer.checkpoint.reader import storage_reader
-from trainer.checkpoint.commit import Committer, checksum_files
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.checkpoint.lease_files import Lease
+from trainer.checkpoint.commit import Committer
 from trainer.checkpoint.context import CheckpointContext, RunIdentity
 from trainer.checkpoint.failure import SaveFailures
 from trainer.checkpoint.faults import Faults, faults_from_env
 from trainer.checkpoint.lease import WriterLease
-from trainer.checkpoint.resume import MUST_MATCH, Resumer, failed_steps
+from trainer.checkpoint.resume import Resumer, failed_steps
 from trainer.checkpoint.save import Saver
-from trainer.checkpoint.state import checkpoint_tensors, new_stager as _new_stager
-from trainer.config.job_config import CheckpointConfig
-from trainer.base.storage import Storage, write_json_atomic
-
-__all__ = [
-    "MUST_MATCH", "CheckpointStorageError", "Checkpointer", "WriterFenced", "checkpoint_tensors",
-    "checksum_files", "storage_reader", "write_json_atomic", "_new_stager",
-]  # fmt: skip
+from trainer.config.sections import CheckpointConfig
+from trainer.base.storage import Storage
 
 
 class Checkpointer:

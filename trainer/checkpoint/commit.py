@@ -14,7 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer.checkpoint.directory import FORMAT_DCP, Lease
+from trainer.checkpoint.directory import FORMAT_DCP
+from trainer.checkpoint.lease_files import Lease
 from trainer.checkpoint.context import CheckpointContext, RunIdentity, describe, say
 from trainer.checkpoint.failure import Failure, SaveFailures
 from trainer.checkpoint.faults import Faults

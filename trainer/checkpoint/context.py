@@ -8,7 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from trainer.checkpoint.directory import CheckpointDir
-from trainer.config.job_config import CheckpointConfig
+from trainer.config.sections import CheckpointConfig
 from trainer.base.say import say as say_line
 from trainer.base.storage import Storage
 
@@ -68,5 +68,4 @@ class RunIdentity:
     """The model's ModelArgs as a dict: resume, evaluate and export rebuild it from this."""
     tokenizer: dict | None = None
     """The identity of the data's tokenizer (trainer.data.token_store): recorded in every manifest and
-    checked at
-    resume, since the embedding rows mean one tokenizer's tokens. None: neither."""
+    checked at resume, since the embedding rows mean one tokenizer's tokens. None: neither."""

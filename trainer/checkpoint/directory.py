@@ -49,23 +49,9 @@ from typing import Any, NamedTuple
 
 # The errors, the lease files and the money a checkpoint directory holds live in modules of their own; their
 # names are importable from here as before.
-from trainer.checkpoint.errors import (  # noqa: F401 - re-exported
-    _NOT_STORAGE,
-    _S3_REFUSALS,
-    CheckpointInvalid,
-    CheckpointStorageError,
-    WriterFenced,
-    storage_cause,
-)
-from trainer.checkpoint.lease_files import (  # noqa: F401 - re-exported
-    LEASE_FILE,
-    LEASES,
-    LEASES_KEPT,
-    Lease,
-    LeaseFiles,
-    lease_file_name,
-)
-from trainer.checkpoint.spend_files import PRICES, SPEND, Ledger, Spend, SpendFiles  # noqa: F401 - re-exported
+from trainer.checkpoint.errors import CheckpointInvalid
+from trainer.checkpoint.lease_files import LeaseFiles
+from trainer.checkpoint.spend_files import Ledger, SpendFiles
 from trainer.base.storage import Storage
 
 MANIFEST = "manifest.json"
@@ -81,7 +67,7 @@ REGISTRY_BEST = "best.json"
 """In a model registry, not a checkpoint directory: the best checkpoint so far."""
 OWNER = "owner.json"
 """At the root of a job's directory (its checkpoints, a sweep's ledger, its registry entry):
-``{"owner", "job"}``, written once, before anything else is (``airflow_dtrain.trust.check_job_dir``)."""
+``{"owner", "job"}``, written once, before anything else is (``airflow_dtrain.ownership.check_job_dir``)."""
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 STEP_DIR_GLOB = "step-*"

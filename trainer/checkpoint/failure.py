@@ -12,7 +12,7 @@ import shutil
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer.checkpoint.directory import CheckpointStorageError, storage_cause
+from trainer.checkpoint.errors import CheckpointStorageError, storage_cause
 from trainer.checkpoint.context import CheckpointContext, describe
 from trainer.checkpoint.lease import WriterLease
 

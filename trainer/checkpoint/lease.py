@@ -12,9 +12,10 @@ import os
 import socket
 import time
 
-from trainer.checkpoint.directory import Lease, WriterFenced
+from trainer.checkpoint.errors import WriterFenced
+from trainer.checkpoint.lease_files import Lease
 from trainer.checkpoint.context import CheckpointContext, say
-from trainer.config.job_config import ConfigError
+from trainer.config.fields import ConfigError
 
 
 class WriterLease:

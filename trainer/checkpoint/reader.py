@@ -1,13 +1,10 @@
 """``storage_reader``: the one reader of a committed step directory. Its own module so that
 trainer/validate.py (which trainer/checkpoint/checkpointer.py runs on resume) reads checkpoints without
-importing
-trainer/checkpoint/checkpointer.py; ``trainer.checkpoint.checkpointer.storage_reader`` is this same
+importing trainer/checkpoint/checkpointer.py; ``trainer.checkpoint.reader.storage_reader`` is this same
 function."""
 
 from trainer.checkpoint.safe_pickle import safe_reader
 from trainer.base.storage import Storage
-
-__all__ = ["storage_reader"]
 
 
 def storage_reader(storage: Storage, step_dir: str):

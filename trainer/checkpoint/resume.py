@@ -15,7 +15,7 @@ from trainer.checkpoint.directory import step_of
 from trainer.checkpoint.reader import storage_reader
 from trainer.checkpoint.context import CheckpointContext, RunIdentity
 from trainer.checkpoint.state import set_rng_state, training_state
-from trainer.config.job_config import ConfigError
+from trainer.config.fields import ConfigError
 from trainer.config.fields import flatten
 from trainer.base.say import say
 from trainer.data.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
@@ -41,7 +41,8 @@ class Resumer:
         Raises when nothing committed verifies."""
         choice: list = [None]
         if self.ctx.rank == 0 and self.ctx.dir.committed():
-            from trainer.validate import CheckpointInvalid, validate_checkpoint
+            from trainer.validate import validate_checkpoint
+            from trainer.checkpoint.errors import CheckpointInvalid
 
             try:
                 report = validate_checkpoint(self.ctx.root, sample_tensors=8, fallback_to_valid=True)

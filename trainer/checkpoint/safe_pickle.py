@@ -7,7 +7,7 @@ directory that a job is pointed at (a trigger's ``checkpoint_uri``) could leave 
 runs code in the validation task, the trainer, the evaluation and the export; the manifest's checksums
 do not help, the same hand writes them.
 
-So every reader of the trainer's checkpoints (``trainer.checkpoint.checkpointer.storage_reader``) is one of
+So every reader of the trainer's checkpoints (``trainer.checkpoint.reader.storage_reader``) is one of
 these:
 
 * ``.metadata`` is unpickled by ``MetadataUnpickler``, which resolves only the globals a DCP
@@ -43,15 +43,6 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType
 
 from trainer.torch_private import tensor_hooks
-
-__all__ = [
-    "ALLOWED",
-    "MetadataUnpickler",
-    "UnsafeCheckpoint",
-    "load_metadata",
-    "refusals_raised",
-    "safe_reader",
-]
 
 
 def _allowed() -> dict[tuple[str, str], Any]:

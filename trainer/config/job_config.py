@@ -35,12 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.config.sections import (
-    ACTIVATION_CHECKPOINTING,
-    BUDGET_AND_SPOT,
     CHECKPOINTS,
     JOB_PATTERN,
     MODEL_AND_DATA,
-    URI_PATTERN,
     CheckpointConfig,
     CostConfig,
     DataConfig,
@@ -50,19 +47,11 @@ from trainer.config.sections import (
     ParallelConfig,
 )
 from trainer.config.fields import ConfigError, check, coerce, field_types, setting
-from trainer.config.flavors import FLAVORS
-
-__all__ = [
-    "ACTIVATION_CHECKPOINTING", "BUDGET_AND_SPOT", "CHECKPOINTS", "FLAVORS", "JOB_PATTERN", "MODEL_AND_DATA",
-    "URI_PATTERN", "BUDGET_EXIT_CODE", "FENCED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "STORAGE_EXIT_CODE",
-    "WORKER_LOST_EXIT_CODE", "CheckpointConfig", "ConfigError", "CostConfig", "DataConfig", "MetricsConfig",
-    "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig",
-]  # fmt: skip
 
 STORAGE_EXIT_CODE = 74
 """A checkpoint could not be written (EX_IOERR: ENOSPC, EACCES, EROFS, S3 AccessDenied): the older
-checkpoints are
-intact; a failure, never a relaunch -- the same storage fails the same way until someone frees or fixes it."""
+checkpoints are intact; a failure, never a relaunch -- the same storage fails the same way until someone frees
+or fixes it."""
 PREEMPTED_EXIT_CODE = 75
 """Exit status meaning "preempted, resumable" (EX_TEMPFAIL): a checkpoint of the current step was saved."""
 WORKER_LOST_EXIT_CODE = 76
@@ -137,9 +126,8 @@ class TrainConfig:
     owner: str = setting(
         "",
         cli=False,
-        help="Who the job belongs to (a team the platform admin maps: airflow_dtrain.trust.owner_of), set "
-        "by the "
-        "operator once the directory is known to be the owner's; every manifest records it.",
+        help="Who the job belongs to (a team the platform admin maps: airflow_dtrain.ownership.owner_of), "
+        "set by the operator once the directory is known to be the owner's; every manifest records it.",
     )
     simulate_preemption_at_step: int = setting(
         0,

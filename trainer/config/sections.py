@@ -1,10 +1,7 @@
 """The sections of the trainer's config (``trainer.config.job_config.TrainConfig``): model, data, optimizer,
-checkpoints,
-cost, metrics and parallelism, each a frozen dataclass of ``setting()`` fields.
+checkpoints, cost, metrics and parallelism, each a frozen dataclass of ``setting()`` fields.
 
-Imported through ``trainer.config.job_config``, which re-exports every name here. Standard library only: the
-provider
-imports it at DAG-parse time.
+Standard library only: the provider imports it at DAG-parse time.
 """
 
 import re

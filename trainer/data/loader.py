@@ -26,10 +26,10 @@ from trainer.data.builtin_text import (
     BUILTIN_NAME,
     BUILTIN_TRAIN_BYTES,
     BUILTIN_VAL_BYTES,
-    DOC_SEPARATOR,  # noqa: F401
     generate_builtin_text,
 )
-from trainer.config.job_config import ConfigError, DataConfig
+from trainer.config.fields import ConfigError
+from trainer.config.sections import DataConfig
 from trainer.events import emit
 from trainer.data.token_store import cache_remote, is_remote, open_split
 

@@ -14,8 +14,7 @@ Here a round after the first (a resize: its nodes were in the group before) clos
   local group's capacity: its supervisor starts a replacement at once, which joins within seconds, one resize
   not two). Where nothing says (Kubernetes), none is awaited; nor where nodes compile before they join
   (``trainer.elastic.warm_join``, ``replacements_warm_up_first``): the survivors train on while the
-  replacement
-  warms up, and its join costs them a resize of seconds, less than the wait for its warm-up;
+  replacement warms up, and its join costs them a resize of seconds, less than the wait for its warm-up;
 * ``REJOIN_GRACE_S`` has passed since ``min_nodes`` were in: a node between leaving the previous round and
   waiting for the next (milliseconds) is in neither list.
 
@@ -152,9 +151,8 @@ def name_each_world() -> bool:
     holds only where the agent hosts a new store each round. Elsewhere a rank of the next world could read
     a peer's key of the last one: its gloo address or NCCL id, a connection to a process that has left (or,
     in a process kept across worlds, ``trainer/elastic/worker_host.py``, to its own old group: a hang). On
-    torch's
-    private rendezvous state (``trainer.torch_private``, hook ``rdzv_name_world``): where it differs, no
-    name is given, torch's keys are used, and ``trainer.launch`` keeps no training process across worlds.
+    torch's private rendezvous state (``trainer.torch_private``, hook ``rdzv_name_world``): where it differs,
+    no name is given, torch's keys are used, and ``trainer.launch`` keeps no training process across worlds.
     True if the worlds are named."""
     from torch.distributed.elastic.agent.server import local_elastic_agent
 

@@ -3,10 +3,9 @@
 In an all-or-nothing group node 0's agent hosts the store, and that is harmless: any lost node ends the group.
 An elastic group goes on without a lost node, so the store must outlive every one of them, node 0 included:
 ``python -m trainer.elastic.rdzv_store HOST PORT`` serves it (torch's ``TCPStore``) until SIGTERM, and every
-agent
-connects to it as a client (``--rdzv-conf is_host=0``). The local supervisor starts it before the agents and
-ends it with the group; on Kubernetes it is the group's store pod (``airflow_dtrain.kubernetes.store``). It
-lives here, beside ``trainer.launch``, because every training image has this package (torch only).
+agent connects to it as a client (``--rdzv-conf is_host=0``). The local supervisor starts it before the agents
+and ends it with the group; on Kubernetes it is the group's store pod (``airflow_dtrain.kubernetes.store``).
+It lives here, beside ``trainer.launch``, because every training image has this package (torch only).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import time
 PHASES = ("imports", "process_group", "build", "load", "first_step")
 STARTED_AT_ENV = "DTRAIN_STARTED_AT"
 """Where a round trained in an elastic group's host (``trainer/elastic/worker_host.py``) started: the start
-of the
-worker its agent forked, seconds since the epoch; its start-up is timed from there, not from the host's."""
+of the worker its agent forked, seconds since the epoch; its start-up is timed from there, not from the
+host's."""
 
 
 def process_started_at() -> float:

@@ -1,6 +1,6 @@
 """A node of an elastic group compiles before it joins: its kept training processes
-(``trainer.elastic.worker_host``)
-build the model and run one step in a world of their own before its agent meets the others.
+(``trainer.elastic.worker_host``) build the model and run one step in a world of their own before its agent
+meets the others.
 
 A node that joins a group already training (a replacement, or the group growing back) makes every survivor
 stop at a new rendezvous and wait, at the first collective, for the newcomer's first step: its GPU's context,

@@ -10,11 +10,10 @@ measured on CPU, the first step after a rebuild at a smaller world took 0.2 s in
 
 How: ``trainer.launch`` starts the hosts from its fork server (torch and the trainer imported) when the group
 is elastic (``--max-restarts`` > 0). The worker the agent forks (``trainer.elastic.forked_worker``) stays
-what the
-agent sees and signals, a small proxy named ``dtrain-p<rank>``: it hands its arguments and environment to
-its local rank's host over a Unix socket, forwards every signal it gets (SIGTERM, SIGINT, SIGHUP, SIGUSR1),
-and exits with the host's exit code. The host, named ``dtrain-r<rank>`` while it trains (``dtrain-h<local
-rank>`` while it waits), runs ``python -m trainer``'s main in itself, with that environment.
+what the agent sees and signals, a small proxy named ``dtrain-p<rank>``: it hands its arguments and
+environment to its local rank's host over a Unix socket, forwards every signal it gets (SIGTERM, SIGINT,
+SIGHUP, SIGUSR1), and exits with the host's exit code. The host, named ``dtrain-r<rank>`` while it trains
+(``dtrain-h<local rank>`` while it waits), runs ``python -m trainer``'s main in itself, with that environment.
 
 A host trains again only after a clean resumable stop (exit 75: every rank saved and left its process
 group); after anything else it exits, and the next worker trains in its own process as it would without

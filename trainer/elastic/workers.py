@@ -3,10 +3,9 @@ their ranks. Standard library only (the provider, the tests and the benchmarks r
 
 ``trainer.launch`` forks the trainer's processes from a fork server that has already imported torch and
 the trainer (``trainer.elastic.forked_worker``): they skip the interpreter's start-up and imports at every
-start
-and restart. So they carry the fork server's command line and environment, not ``python -m trainer`` and
-their ``RANK``: each names itself ``dtrain-r<rank>`` (``/proc/<pid>/comm``: what ``ps`` and ``top``
-show). A program of your own is started as a command, as torchrun does, with ``RANK`` in its environment.
+start and restart. So they carry the fork server's command line and environment, not ``python -m trainer`` and
+their ``RANK``: each names itself ``dtrain-r<rank>`` (``/proc/<pid>/comm``: what ``ps`` and ``top`` show). A
+program of your own is started as a command, as torchrun does, with ``RANK`` in its environment.
 """
 
 from __future__ import annotations

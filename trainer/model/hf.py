@@ -29,7 +29,8 @@ import shutil
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from trainer.config.job_config import ConfigError, TrainConfig
+from trainer.config.job_config import TrainConfig
+from trainer.config.fields import ConfigError
 from trainer.model.llama import ModelArgs
 from trainer.data.token_store import BYTES_TOKENIZER, canonical_sha256, describe_tokenizer, same_tokenizer
 
@@ -246,8 +247,8 @@ def source_record(directory: str, uri: str) -> dict:
 
 def model_tokenizer(directory: str, uri: str) -> dict | None:
     """The identity (trainer.data.token_store) of the tokenizer the init_from model ships (its
-    tokenizer.json),
-    as ``prepare_data --tokenizer`` computes it for a store prepared with that directory; None: none there."""
+    tokenizer.json), as ``prepare_data --tokenizer`` computes it for a store prepared with that directory;
+    None: none there."""
     path = os.path.join(directory, "tokenizer.json")
     if not os.path.exists(path):
         return None

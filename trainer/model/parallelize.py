@@ -11,7 +11,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from trainer.torch_private import tensor_hooks
-from trainer.config.job_config import ConfigError, OptimConfig, ParallelConfig
+from trainer.config.fields import ConfigError
+from trainer.config.sections import OptimConfig, ParallelConfig
 from trainer.model.llama import Llama
 
 

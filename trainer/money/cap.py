@@ -26,14 +26,12 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from trainer.money.ledger import CostLedger
-from trainer.money.projection import FIRST_SAVE_GUESS_S, save_estimate_s, stop_reserve_s, usd_per_second
+from trainer.money.projection import save_estimate_s, stop_reserve_s, usd_per_second
 from trainer.base.say import say
 
 if TYPE_CHECKING:
     from trainer.checkpoint.directory import CheckpointDir
-    from trainer.config.job_config import CostConfig
-
-__all__ = ["FIRST_SAVE_GUESS_S", "BudgetGuard", "attempt_name", "stop_reserve_s"]
+    from trainer.config.sections import CostConfig
 
 
 def attempt_name() -> str:

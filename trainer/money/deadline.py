@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["budget_deadline", "deadline_terms", "deadline_words", "repriced_deadline"]
-
 
 def budget_deadline(spec: Any, spent_usd: float = 0.0) -> dict[str, Any] | None:
     """When the platform stops a group at the job's dollar cap, in seconds after its launch, and how (None: no

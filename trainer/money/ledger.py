@@ -4,7 +4,7 @@ Node-hours accrue from the moment the attempt's group was launched (``DTRAIN_LAU
 set by the provider's launchers: start-up, image pull and rendezvous are billed too) under
 the attempt's capacity type; a resumed attempt carries the ledger of the checkpoint it
 resumed from, so the manifest's totals add up over preemptions and relaunches. The spend
-past the last checkpoint is in the job's spend files (``trainer.checkpoint.directory.SPEND``:
+past the last checkpoint is in the job's spend files (``trainer.checkpoint.spend_files.SPEND``:
 ``CostLedger.attempt_entry`` here, opened by the provider at the launch (``opening_entry``) and
 finalised when the group ends), which the budget reads. The dollars are ``trainer.money.bill``'s.
 Standard library only.
@@ -73,8 +73,9 @@ class CostLedger:
         self.launched_at = launched_at(now=clock()) if since is None else min(since, launched_at(now=since))
         self.prior = empty_cost()
         self.prices_in_effect: list[tuple[float, float]] = []
-        """``[(since, usd_per_node_hour), ...]``: the spot prices in effect since the launch, as the provider
-        last read them (``trainer.checkpoint.directory.PRICES``); empty: the launch price is all there is."""
+        """``[(since, usd_per_node_hour), ...]``: the spot prices in effect since the launch, as the
+        provider last read them (``trainer.checkpoint.spend_files.PRICES``); empty: the launch price is all
+        there is."""
         self.node_changes: list[tuple[float, int]] = []
         """``[(at, nodes), ...]``: an elastic group's sizes since the launch, as the provider recorded them in
         this attempt's spend file (``trainer.money.bill``); empty: ``nodes`` throughout."""
@@ -125,9 +126,8 @@ class CostLedger:
         return out
 
     def attempt_entry(self, **extra) -> dict:
-        """This attempt's spend file as of now (``trainer.checkpoint.directory.SPEND``): at the launch price,
-        or at
-        the prices in effect where that is more."""
+        """This attempt's spend file as of now (``trainer.checkpoint.spend_files.SPEND``): at the launch
+        price, or at the prices in effect where that is more."""
         now = self.clock()
         entry = {
             "capacity": Capacity(self.capacity).value,

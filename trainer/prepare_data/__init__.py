@@ -2,8 +2,8 @@
 [--text-field text] [--val-fraction F] [--seq-len N] [--on-bad-row error|skip] [--shard-tokens N]``
 
 Tokenises documents into the trainer's token store (format: trainer/data/token_store.py), streaming:
-documents are read and tokenised in batches and shards are written as they fill, so memory
-does not grow with the corpus. The same is ``prepare(inputs, out, ...)`` for a DAG task.
+documents are read and tokenised in batches and shards are written as they fill, so memory does not grow
+with the corpus. The same is ``trainer.prepare_data.pipeline.prepare(inputs, out, ...)`` for a DAG task.
 
 Inputs, by their form:
 
@@ -40,57 +40,3 @@ document with the encoding of a blank line ("\\n\\n"), as byte-level stores alwa
 A document's first block is encoded with the tokenizer's special tokens (a BOS its
 post-processor adds, say); the continuation blocks of a long .txt are not.
 """
-
-from trainer.prepare_data.cli import main
-from trainer.prepare_data.errors import PrepareError
-from trainer.prepare_data.held_out import HeldBack
-from trainer.prepare_data.inputs import (
-    DATASETS_MARKERS,
-    GLOB_CHARS,
-    JSONL_SUFFIXES,
-    SHARD_SUFFIXES,
-    TEXT_SUFFIXES,
-    expand_input,
-    input_kind,
-)
-from trainer.prepare_data.packing import BATCH_CHARS, LOG_EVERY_S, Packer
-from trainer.prepare_data.pipeline import prepare
-from trainer.prepare_data.readers import BLOCK_BYTES, LONG_LINE_BYTES, Piece, _txt, read_inputs
-from trainer.prepare_data.rows import BAD_ROW_POLICIES, FIRST_BAD_ROWS, JSON_TYPES, MAGIC, Rows
-from trainer.prepare_data.shards import ShardWriter, Sink
-from trainer.prepare_data.tokenizer import EOS_NAMES, ByteTokenizer, HFTokenizer, load_tokenizer
-from trainer.data.token_store import DEFAULT_SHARD_TOKENS
-
-__all__ = [
-    "BAD_ROW_POLICIES",
-    "BATCH_CHARS",
-    "BLOCK_BYTES",
-    "DATASETS_MARKERS",
-    "DEFAULT_SHARD_TOKENS",
-    "EOS_NAMES",
-    "FIRST_BAD_ROWS",
-    "GLOB_CHARS",
-    "JSONL_SUFFIXES",
-    "JSON_TYPES",
-    "LOG_EVERY_S",
-    "LONG_LINE_BYTES",
-    "MAGIC",
-    "SHARD_SUFFIXES",
-    "TEXT_SUFFIXES",
-    "ByteTokenizer",
-    "HFTokenizer",
-    "HeldBack",
-    "Packer",
-    "Piece",
-    "PrepareError",
-    "Rows",
-    "ShardWriter",
-    "Sink",
-    "_txt",
-    "expand_input",
-    "input_kind",
-    "load_tokenizer",
-    "main",
-    "prepare",
-    "read_inputs",
-]

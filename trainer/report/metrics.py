@@ -43,7 +43,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from trainer.config.job_config import MetricsConfig
+from trainer.config.sections import MetricsConfig
 from trainer.events import EventLog
 from trainer.base.say import say
 from trainer.base.statsd import RANK_TAGS, RUN_TAGS, UNKNOWN, Sender, parse_tags

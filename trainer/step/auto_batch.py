@@ -29,7 +29,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from trainer import torch_private
 from trainer.torch_private import tensor_hooks
-from trainer.config.job_config import ConfigError, TrainConfig
+from trainer.config.job_config import TrainConfig
+from trainer.config.fields import ConfigError
 
 HEADROOM = 0.05
 """Fraction of the GPU's memory kept free on top of the probe's peak (allocator

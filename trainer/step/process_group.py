@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from trainer.config.job_config import ParallelConfig
+from trainer.config.sections import ParallelConfig
 from trainer.contract import Signals
 from trainer.model.parallelize import build_mesh
 from trainer.base.say import say
@@ -76,8 +76,7 @@ def setup_distributed(parallel: ParallelConfig | None = None) -> Dist:
 def world_store(rank: int, world_size: int, timeout: timedelta):
     """The agent's store (``TORCHELASTIC_USE_AGENT_STORE``), its keys prefixed with this world's name
     (``$DTRAIN_WORLD``, ``trainer.elastic.rdzv_round.name_each_world``): what ``env://`` connects to, without
-    the
-    keys a rank of the last world left there. None where the agent named no world: ``env://`` as is."""
+    the keys a rank of the last world left there. None where the agent named no world: ``env://`` as is."""
     world = os.environ.get("DTRAIN_WORLD")
     if not world or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None

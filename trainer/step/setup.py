@@ -13,8 +13,10 @@ from trainer.model import hf
 from trainer.step.auto_batch import fit_micro_batch_size
 from trainer.money.cap import BudgetGuard, attempt_name
 from trainer.checkpoint.checkpointer import Checkpointer
-from trainer.checkpoint.directory import SPEND, CheckpointDir
-from trainer.config.job_config import ConfigError, TrainConfig
+from trainer.checkpoint.directory import CheckpointDir
+from trainer.checkpoint.spend_files import SPEND
+from trainer.config.job_config import TrainConfig
+from trainer.config.fields import ConfigError
 from trainer.money.ledger import CostLedger, nodes_in_group
 from trainer.data.loader import TrainBatches, default_data_dir, resolve_dataset
 from trainer.step.process_group import Dist, log

@@ -37,8 +37,7 @@ def check_meshes_are_this_ranks(model: torch.nn.Module) -> None:
     """Refuse a model whose sharded parameters are laid out for another rank: their device mesh says this
     process sits elsewhere than its rank does. A process that trains a second world (an elastic group's
     host, ``trainer/elastic/worker_host.py``) would otherwise save and train another rank's shard without an
-    error,
-    had a cache of torch's handed it a mesh of the last world (each is cleared between worlds)."""
+    error, had a cache of torch's handed it a mesh of the last world (each is cleared between worlds)."""
     from torch.distributed.tensor import DTensor
 
     meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
