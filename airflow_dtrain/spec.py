@@ -76,7 +76,7 @@ class JobSpec:
         help="The longest an elastic group's survivors wait, at a lost node, for a replacement the platform "
         "runs (a local group's capacity) before they go on without it. Their round closes once every one of "
         "them is back, and no replacement is awaited where nodes warm up before they join (the default: "
-        "DTRAIN_WARM_BEFORE_JOIN) or on Kubernetes: a replacement joins when it is ready, with a resize of "
+        "warm_before_join) or on Kubernetes: a replacement joins when it is ready, with a resize of "
         "its own that costs the survivors seconds.",
     )
     min_nodes_timeout_s: float = setting(
@@ -88,6 +88,28 @@ class JobSpec:
         help="An elastic group's wait for min_nodes nodes to join; after it the group ends as preempted and "
         "the job decides again (relaunch, fall back or stop).",
     )
+    keep_workers: bool = setting(
+        True, arg="keep_workers",
+        help="An elastic group's survivors keep their training processes across a resize: no new "
+        "interpreter, no compile again (trainer/elastic/worker_host.py). False: new processes at every "
+        "resize, as torchrun starts them.",
+    )  # fmt: skip
+    warm_before_join: bool = setting(
+        True, arg="warm_before_join",
+        help="A node that joins an elastic group builds its model and compiles before it joins, while its "
+        "peers train (trainer/elastic/warm_join.py). False: it joins at once and compiles in the group's "
+        "first step.",
+    )  # fmt: skip
+    resize_poll_s: float = setting(
+        0.1, gt=0, le=10, arg="resize_poll_s",
+        help="Seconds between two looks of a node at an elastic group's resize round (torch's: 1).",
+    )  # fmt: skip
+    fork_workers: bool = setting(
+        True, arg="fork_workers",
+        help="Each node forks its training processes from a process that has imported torch and the "
+        "trainer already (trainer/elastic/workers.py). False: each starts as a new interpreter, as torchrun "
+        "starts it: for a library that does not survive a fork.",
+    )  # fmt: skip
     procs_per_node: int = setting(
         1,
         ge=1,
@@ -265,26 +287,15 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (for the render CLI and for humans); ``from_dict`` reads it back."""
+        plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {
+            **plain,
             "train": self.train.to_dict(),
-            "num_nodes": self.num_nodes,
-            "min_nodes": self.min_nodes,
-            "replace_timeout_s": self.replace_timeout_s,
-            "min_nodes_timeout_s": self.min_nodes_timeout_s,
-            "procs_per_node": self.procs_per_node,
-            "backend": self.backend,
             "capacity": self.capacity.value,
-            "price_per_node_hour": self.price_per_node_hour,
-            "price_ceiling_per_node_hour": self.price_ceiling_per_node_hour,
             "budget_usd": self.budget_usd,
             "resources": self.resources.to_dict(),
-            "max_preemptions": self.max_preemptions,
-            "max_failures": self.max_failures,
-            "max_runtime_s": self.max_runtime_s,
             "kubernetes": self.kubernetes.to_dict(),
             "entrypoint": list(self.entrypoint),
-            "zone": self.zone,
-            "instance_type": self.instance_type,
         }
 
     @classmethod

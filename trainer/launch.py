@@ -240,11 +240,11 @@ def fork_the_trainers_from_a_warm_process() -> None:
     rendezvous, with the agent's final environment). The fork server is a process of its own, without
     threads; importing initialises no GPU, no process group and no OpenMP pool, so each worker starts
     these itself, as a new interpreter would. Any other command (a program of your own, ``--no-python``)
-    and ``DTRAIN_FORK_WORKERS=0`` keep torchrun's own start. A worker names itself ``dtrain-r<rank>``
-    (``trainer.elastic.workers``). An elastic group (``--max-restarts`` > 0) also keeps a host process per
-    local rank, in which every start of its workers trains (``trainer.elastic.worker_host``): a resize
-    restarts no process; they compile in a world of their own before the agent joins
-    (``trainer.elastic.warm_join``)."""
+    and ``DTRAIN_FORK_WORKERS=0`` (``JobSpec.fork_workers=False``) keep torchrun's own start. A worker names
+    itself ``dtrain-r<rank>`` (``trainer.elastic.workers``). An elastic group (``--max-restarts`` > 0) also
+    keeps a host process per local rank, in which every start of its workers trains
+    (``trainer.elastic.worker_host``): a resize restarts no process; they compile in a world of their own
+    before the agent joins (``trainer.elastic.warm_join``)."""
     import multiprocessing
     from multiprocessing import forkserver
 

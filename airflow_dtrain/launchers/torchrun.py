@@ -47,7 +47,8 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
     And the job's contract with a program of your own (``trainer/contract.py``, docs/own_training_code.md):
     where its checkpoints go, the job's name, its steps, how often to save, how long a preemption save
     may take, for tests and demos the step at which to simulate one, and the DogStatsD tags its metrics
-    carry (``DTRAIN_STATSD_TAGS``: the task instance and the job).
+    carry (``DTRAIN_STATSD_TAGS``: the task instance and the job). And the group's own settings that its
+    agents read (``keep_workers``, ``warm_before_join``, ``fork_workers``, ``resize_poll_s``).
     """
     train = spec.train
     env = {
@@ -65,11 +66,19 @@ def agent_env(spec: JobSpec) -> dict[str, str]:
         # round's keys: a replacement node joining a later round waits for that address forever (and its
         # peers for it). Without the sharing, each round's rank 0 publishes a fresh address.
         env[SHARED_STORE_OPT_OUT] = "1"
+    # The group's settings its agents and workers read (trainer/base/wiring.py), where not their defaults:
+    # unset, the trainer takes the default.
+    switched_off = {
+        "DTRAIN_KEEP_WORKERS": not spec.keep_workers,
+        "DTRAIN_WARM_BEFORE_JOIN": not spec.warm_before_join,
+        "DTRAIN_FORK_WORKERS": not spec.fork_workers,
+    }
+    env.update({name: "0" for name, off in switched_off.items() if off})
+    if spec.resize_poll_s != type(spec).resize_poll_s:
+        env["DTRAIN_RDZV_POLL_S"] = f"{spec.resize_poll_s:g}"
     if train.simulate_preemption_at_step:
         env["DTRAIN_SIMULATE_PREEMPTION_AT_STEP"] = str(train.simulate_preemption_at_step)
-    if (
-        train.owner
-    ):  # who the job belongs to (FSDPTrainOperator sets it once the directory is known to be theirs)
+    if train.owner:  # who the job belongs to (FSDPTrainOperator sets it once the directory is theirs)
         env["DTRAIN_OWNER"] = train.owner
     if train.metrics.statsd_tags:  # the task instance and job (the trainer reads its config's copy)
         env["DTRAIN_STATSD_TAGS"] = train.metrics.statsd_tags

@@ -89,7 +89,9 @@ def test_a_synthetic_re_export_and_an_import_through_it_fail(tmp_path):
     (package / "__init__.py").write_text('"""A package."""\n')
     (package / "home.py").write_text("NAME = 1\n")
     (package / "shim.py").write_text('"""Old names."""\nfrom trainer.home import NAME  # noqa: F401\n')
-    (package / "user.py").write_text("from trainer.shim import NAME\nfrom trainer.home import NAME as N\n\nBOTH = NAME + N\n")
+    (package / "user.py").write_text(
+        "from trainer.shim import NAME\nfrom trainer.home import NAME as N\n\nBOTH = NAME + N\n"
+    )
     (tmp_path / "airflow_dtrain").mkdir()
     assert modules_of_imports_only(tmp_path) == ["trainer/shim.py"]
     assert imports_through_another_module(tmp_path) == ["trainer/user.py:1: NAME from trainer.shim"]

@@ -3,10 +3,10 @@
 Most are **wiring**: what a launcher sets for its own processes (the node agent, the ranks, a program of
 your own) to find their group, job and files. None of them is a setting a user chooses: a setting is a
 declared field (``trainer.config.fields.setting``), with its default, help and bounds. The deployment's
-own directories are ``ENVIRONMENT``; ``TEST_SEAMS`` exist only for the tests and the fault benchmarks;
-``SWITCHES`` are behaviour switches still read from the environment, each to become a declared field
-(or to go). tests/unit/test_architecture.py compares these tables with every ``DTRAIN_*`` name the code
-spells.
+own directories are ``ENVIRONMENT``; ``TEST_SEAMS`` exist only for the tests and the fault benchmarks.
+The group's settings that its agents read (``JobSpec.keep_workers``, ...) reach them as wiring too: the
+launcher sets one where the field is not its default. tests/unit/test_architecture.py compares these
+tables with every ``DTRAIN_*`` name the code spells.
 """
 
 WIRING = {
@@ -15,14 +15,17 @@ WIRING = {
     "DTRAIN_CHECKPOINT_EVERY": "the job's checkpoint interval, for a program of your own (trainer.contract)",
     "DTRAIN_CHECKPOINT_URI": "the job's checkpoint directory, for a program of your own",
     "DTRAIN_EVENTS_DIR": "where each rank appends its events (trainer.events)",
+    "DTRAIN_FORK_WORKERS": "0: JobSpec.fork_workers=False, each worker a new interpreter",
     "DTRAIN_GRACE_PERIOD_S": "the seconds a rank has to save after SIGTERM",
     "DTRAIN_GROUP_NAME": "the local group a process belongs to (found again by the launcher)",
     "DTRAIN_JOB": "the job's name",
+    "DTRAIN_KEEP_WORKERS": "0: JobSpec.keep_workers=False, new training processes at a resize",
     "DTRAIN_LAUNCHED_AT": "when the attempt was launched, where its billing starts (trainer.money.ledger)",
     "DTRAIN_LOCAL_GROUP_DIR": "a local group's state directory",
     "DTRAIN_NODE_RANK": "a pod's node rank (Kubernetes: its completion index)",
     "DTRAIN_NODE_STOPPED_FILE": "a node stopped for good: a restart exits at once with its code",
     "DTRAIN_OWNER": "the job's owner, recorded in its manifests",
+    "DTRAIN_RDZV_POLL_S": "JobSpec.resize_poll_s, where not 0.1: seconds between two polls of a resize round",
     "DTRAIN_REQUESTS_FILE": "a pod's annotations, where checkpoint-now requests arrive",
     "DTRAIN_SIMULATE_PREEMPTION_AT_STEP": "the step at which the demo's preemption is simulated",
     "DTRAIN_STARTED_AT": "when a kept process's round started (trainer.elastic.startup)",
@@ -30,6 +33,7 @@ WIRING = {
     "DTRAIN_STATSD_PORT": "its port",
     "DTRAIN_STATSD_TAGS": "the task instance's and job's tags on every metric",
     "DTRAIN_STEPS": "the job's target steps, for a program of your own",
+    "DTRAIN_WARM_BEFORE_JOIN": "0: JobSpec.warm_before_join=False, a joining node joins before it compiles",
     "DTRAIN_WORKER_HOSTS": "the directory of a node's kept training processes' sockets",
     "DTRAIN_WORLD": "the rendezvous round a world's keys carry (trainer.elastic.rdzv_round)",
 }
@@ -48,10 +52,4 @@ TEST_SEAMS = {
     "DTRAIN_TEST_HOLD": "a rank that hangs (a hung-rank trial)",
     "DTRAIN_TEST_SLOW_FSYNC": "seconds each fsync takes",
     "DTRAIN_TEST_STEP_SLEEP": "seconds each step also sleeps (a slower machine)",
-}
-SWITCHES = {
-    "DTRAIN_FORK_WORKERS": "0: each worker a new interpreter, not forked from the node's warm process",
-    "DTRAIN_KEEP_WORKERS": "0: an elastic group restarts its training processes at a resize",
-    "DTRAIN_RDZV_POLL_S": "seconds between two polls of a resize round (default 0.1; torch: 1)",
-    "DTRAIN_WARM_BEFORE_JOIN": "0: a joining node joins before it compiles",
 }

@@ -19,10 +19,10 @@ Here a round after the first (a resize: its nodes were in the group before) clos
   waiting for the next (milliseconds) is in neither list.
 
 Otherwise the last call still applies: it is the most a round waits for a replacement it was told of.
-And a resize round is polled every ``RESIZE_POLL_S`` (``$DTRAIN_RDZV_POLL_S``), not once a second as torch
-polls every round: a node sees the round close, and closes it, within a tenth of a second, not up to a second
-later, and the survivors' new workers start together. A sync is one compare-and-set of the state on the
-group's store: 16 nodes polling 10 times a second ask it little.
+And a resize round is polled every ``RESIZE_POLL_S`` (``JobSpec.resize_poll_s``: ``$DTRAIN_RDZV_POLL_S``),
+not once a second as torch polls every round: a node sees the round close, and closes it, within a tenth of
+a second, not up to a second later, and the survivors' new workers start together. A sync is one
+compare-and-set of the state on the group's store: 16 nodes polling 10 times a second ask it little.
 The first round (the group's launch, nodes starting at different times) is torch's own.
 ``DTRAIN_TORCH_PRIVATE_OFF=rdzv_close_round`` keeps torch's rule and polling for every round
 (benchmarks/recovery.py compares the two).

@@ -13,7 +13,8 @@ code, so the round that follows, in the real world, compiles nothing (its guards
 or the world's size, tested); the survivors wait for a rendezvous, a process group and a checkpoint's load.
 
 Best effort: a warm-up that fails, or that takes longer than ``WARM_WAIT_S``, is said and the node joins as
-it would have. ``DTRAIN_WARM_BEFORE_JOIN=0`` joins at once. Stdlib only at import.
+it would have. ``DTRAIN_WARM_BEFORE_JOIN=0`` (``JobSpec.warm_before_join=False``) joins at once. Stdlib only
+at import.
 """
 
 from __future__ import annotations

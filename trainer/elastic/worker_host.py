@@ -19,8 +19,9 @@ A host trains again only after a clean resumable stop (exit 75: every rank saved
 group); after anything else it exits, and the next worker trains in its own process as it would without
 hosts. A host whose proxy is gone mid-round (the agent killed it) exits at once: the agent counts that
 worker as dead. If the proxy loses its host (killed, out of memory), it kills itself with SIGKILL, so that
-its agent sees what it would see of a killed worker. ``DTRAIN_KEEP_WORKERS=0`` starts every worker as its
-own process, as before. Stdlib only until a round runs.
+its agent sees what it would see of a killed worker. ``DTRAIN_KEEP_WORKERS=0``
+(``JobSpec.keep_workers=False``) starts every worker as its own process, as before. Stdlib only until a round
+runs.
 """
 
 from __future__ import annotations
