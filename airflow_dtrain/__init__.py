@@ -17,7 +17,7 @@ _LAZY = {
     "EvaluateCheckpointOperator": "airflow_dtrain.operators.evaluate_checkpoint",
     "FSDPTrainOperator": "airflow_dtrain.operators.fsdp_train",
     "PrepareDataOperator": "airflow_dtrain.operators.prepare_data",
-    "JobSpec": "airflow_dtrain.spec",
+    "JobSpec": "airflow_dtrain.job.spec",
     "SpecError": "airflow_dtrain.errors",
     "SpotInterruptionSensor": "airflow_dtrain.sensors.spot_interruption",
     "SpotPriceSensor": "airflow_dtrain.sensors.spot_price",
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from airflow_dtrain.operators.prepare_data import PrepareDataOperator
     from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
     from airflow_dtrain.sensors.spot_price import SpotPriceSensor
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
     from airflow_dtrain.errors import SpecError
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from airflow_dtrain.render_args import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT
 from airflow_dtrain.render_args import render_args
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.errors import SpecError
 
 if TYPE_CHECKING:

@@ -39,13 +39,13 @@ BUNDLED_LIMITS: dict[str, Any] = {
     "max_sweep_members": 16,
 }
 """What the bundled DAGs' author allows a run (train_llama and sweep_llama alike), within the platform admin's
-``[dtrain] limits`` (``airflow_dtrain.trust.limits_for``)."""
+``[dtrain] limits`` (``airflow_dtrain.trust.limits.limits_for``)."""
 
 
 def form_limits(author: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """The trigger form's maxima from the limits a DAG's runs live within (the admin's narrowed by
     ``author``), so the form shows and refuses what the tasks would refuse again."""
-    from airflow_dtrain.trust import limits_for
+    from airflow_dtrain.trust.limits import limits_for
 
     return limits_for(author).form_maxima()
 

@@ -130,8 +130,8 @@ def get_provider_info() -> dict:
                     },
                     "limits": {
                         "description": (
-                            "What any DAG's run may ask for, as JSON of airflow_dtrain.trust.Limits fields "
-                            "(max_nodes, max_procs_per_node, max_steps, max_tokens_per_micro_batch, "
+                            "What any DAG's run may ask for, as JSON of airflow_dtrain.trust.limits.Limits "
+                            "fields (max_nodes, max_procs_per_node, max_steps, max_tokens_per_micro_batch, "
                             "max_sweep_members, max_price_per_node_hour, max_runtime_s, backends); a DAG "
                             "author's "
                             "limits only narrow them. A field left out takes its default (262144 tokens per "

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_dtrain.ownership import run_key
-from airflow_dtrain.roots import local_root
+from airflow_dtrain.trust.ownership import run_key
+from airflow_dtrain.trust.roots import local_root
 
 log = logging.getLogger(__name__)
 

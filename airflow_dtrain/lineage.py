@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
 BUILTIN = "builtin"
 """The bundled demo corpus: part of the package, not a dataset anyone else produced or reads."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink, conf
 
-from airflow_dtrain.naming import group_base_name
+from airflow_dtrain.job.naming import group_base_name
 from airflow_dtrain.templating import is_template
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 A DAG names the fields it offers on its trigger form and, where it wants, other defaults;
 everything else -- the JSON Schema type, bounds, enum, title, description and section of
 each ``Param`` -- comes from the one declaration of the field (``trainer.config.fields.setting``
-in ``trainer/config/job_config.py``, ``airflow_dtrain/spec.py`` and ``RunSettings`` below). The same
+in ``trainer/config/job_config.py``, ``airflow_dtrain/job/spec.py`` and ``RunSettings`` below). The same
 declarations give the README's table (``markdown_table``), so the form, the validation
 messages and the documentation cannot drift apart.
 
@@ -29,8 +29,8 @@ from trainer.config.sections import BUDGET_AND_SPOT, URI_PATTERN
 from trainer.config.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
 
 from airflow_dtrain.kubernetes.spec import TRIGGER_KEYS
-from airflow_dtrain.spec import GROUP, KUBERNETES, JobSpec
-from airflow_dtrain.trust import check_run
+from airflow_dtrain.job.spec import GROUP, KUBERNETES, JobSpec
+from airflow_dtrain.trust.limits import check_run
 
 SECTIONS = (MODEL_AND_DATA, GROUP, CHECKPOINTS, BUDGET_AND_SPOT, KUBERNETES)
 """The trigger form's sections, in the order they are shown."""
@@ -353,7 +353,7 @@ def check_conf(author: Any = None) -> Any:
     @task(task_id="check_conf")
     def refuse_what_is_not_allowed(dag_run=None, dag=None, params=None) -> None:
         """Refuse dag_run.conf keys that are not params, and a run beyond the DAG author's limits."""
-        from airflow_dtrain.ownership import owner_for
+        from airflow_dtrain.trust.ownership import owner_for
 
         reject_unknown_conf(dag_run.conf, dag.params)  # the declared ones: params merges the conf in
         check_run(params, author, owner=owner_for(getattr(dag_run, "triggering_user_name", None), dag.dag_id))

@@ -16,10 +16,10 @@ DEFAULT_CHECKPOINT = "s3://change-me/dtrain/{name}"
 """The placeholder checkpoint.uri of a group rendered without ``--checkpoint-uri``."""
 
 FIELD_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
-    (("--num-nodes", "--nodes"), "airflow_dtrain.spec:JobSpec", "num_nodes", ""),
+    (("--num-nodes", "--nodes"), "airflow_dtrain.job.spec:JobSpec", "num_nodes", ""),
     (
         ("--gpus-per-node",),
-        "airflow_dtrain.resources:Resources",
+        "airflow_dtrain.job.resources:Resources",
         "gpus_per_node",
         " (and training processes)",
     ),
@@ -32,9 +32,9 @@ FIELD_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     ),
     (("--flavor",), "trainer.config.sections:ModelConfig", "flavor", ""),
     (("--namespace",), "airflow_dtrain.kubernetes.spec:KubernetesSpec", "namespace", ""),
-    (("--capacity",), "airflow_dtrain.spec:JobSpec", "capacity", ""),
-    (("--zone",), "airflow_dtrain.spec:JobSpec", "zone", ""),
-    (("--instance-type",), "airflow_dtrain.spec:JobSpec", "instance_type", ""),
+    (("--capacity",), "airflow_dtrain.job.spec:JobSpec", "capacity", ""),
+    (("--zone",), "airflow_dtrain.job.spec:JobSpec", "zone", ""),
+    (("--instance-type",), "airflow_dtrain.job.spec:JobSpec", "instance_type", ""),
 )
 """Flags that set one declared field: (flags, ``module:class``, field, what the flag adds to its help).
 The first flag is the name; the others are deprecated aliases (``--nodes``: use ``--num-nodes``)."""

@@ -28,7 +28,7 @@ ROWS = {  # --two-node KEY: (elastic, the node lost, node_lost_round's options, 
 def _two_node_spec(root: str, flavor: str, elastic: bool, compiled: bool):
     """recovery.py's job as a group of 2 nodes x 1 process, the same sizes: elastic (min_nodes 1) or all or
     nothing; ``compiled``: ``parallel.compile=true``."""
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
     return JobSpec.from_arguments(
         flavor=flavor, seq_len=32, global_batch_size=8, micro_batch_size=4, log_every=1, steps=1000,

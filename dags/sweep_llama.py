@@ -14,19 +14,20 @@ import pendulum
 from airflow.sdk import DAG, TriggerRule, task
 
 from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
-from airflow_dtrain.naming import default_checkpoint_uri
+from airflow_dtrain.job.naming import default_checkpoint_uri
 from airflow_dtrain.params import check_conf, trigger_params
 from airflow_dtrain.deployed import BUNDLED_LIMITS, form_limits
-from airflow_dtrain.ownership import job_dir
-from airflow_dtrain.trust import limits_for
-from airflow_dtrain.ownership import run_key
+from airflow_dtrain.trust.ownership import job_dir
+from airflow_dtrain.trust.limits import limits_for
+from airflow_dtrain.trust.ownership import run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = default_checkpoint_uri(os.path.join(_HOME, "dtrain"), "sweep_llama")
 # This run's directory: one subdirectory per member, and the sweep's one spend ledger (spend/). run_key maps
 # run
 # ids to directory names one-to-one (two run ids never share one).
-# The default root carries the run's owner unless it is the DAG's own (airflow_dtrain.ownership.job_dir).
+# The default root carries the run's owner unless it is the DAG's own
+# (airflow_dtrain.trust.ownership.job_dir).
 SWEEP_DIR = (
     "{{ (params.sweep_root ~ '/' ~ run_key(run_id)) if params.sweep_root else dtrain_job_dir('"
     + SWEEP_ROOT

@@ -46,8 +46,8 @@ from airflow_dtrain import (
     SpotInterruptionSensor,
     SpotPriceSensor,
 )
-from airflow_dtrain.naming import default_checkpoint_uri
-from airflow_dtrain.ownership import job_dir
+from airflow_dtrain.job.naming import default_checkpoint_uri
+from airflow_dtrain.trust.ownership import job_dir
 from airflow_dtrain.params import check_conf, trigger_params
 from airflow_dtrain.deployed import (
     BUNDLED_LIMITS,
@@ -87,8 +87,8 @@ KUBERNETES_CHOICE = "{{ params.kubernetes if params.backend == 'kubernetes' else
 # One checkpoint directory per job, unless the trigger form names one: every run of a job (the next
 # scheduled one after a `wait`, a re-trigger after a budget stop) continues it, with its ledger.
 # The default directory carries the run's owner unless it is the DAG's own (a scheduled run): its triggering
-# user, or the team [dtrain] owners maps it to (airflow_dtrain.ownership.job_dir), so no trigger takes another
-# owner's job, nor the DAG's own, first.
+# user, or the team [dtrain] owners maps it to (airflow_dtrain.trust.ownership.job_dir), so no trigger takes
+# another owner's job, nor the DAG's own, first.
 CHECKPOINT_URI = (
     "{{ params.checkpoint_uri or dtrain_job_dir('" + CHECKPOINT_ROOT + "', params.job, dag_run, dag) }}"
 )
@@ -352,8 +352,8 @@ with DAG(
 
         import fsspec
 
-        from airflow_dtrain.trust import limits_for
-        from airflow_dtrain.ownership import OWNER_FILE
+        from airflow_dtrain.trust.limits import limits_for
+        from airflow_dtrain.trust.ownership import OWNER_FILE
         from trainer.checkpoint.directory import REGISTRY_BEST
 
         event = triggering_asset_events[BEST_MODEL][-1]

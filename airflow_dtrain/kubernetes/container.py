@@ -23,7 +23,7 @@ from airflow_dtrain.errors import SpecError
 from airflow_dtrain.launchers import torchrun
 from airflow_dtrain.launchers.state_dir import compile_cache_key
 from airflow_dtrain.launchers.torchrun import NodeCommand
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 
 DEFAULT_CPU_PER_GPU = 4
 """CPUs per GPU when ``node_resources`` gives no ``cpu``."""

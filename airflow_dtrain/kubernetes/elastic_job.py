@@ -29,7 +29,7 @@ import json
 from typing import Any
 
 from airflow_dtrain.kubernetes.names import ANNOTATION_ELASTIC, CONTAINER
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from trainer.config.job_config import (
     BUDGET_EXIT_CODE,
     FENCED_EXIT_CODE,

@@ -59,7 +59,7 @@ from airflow_dtrain.launchers.base import (
 )
 
 if TYPE_CHECKING:
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
 
 class KubernetesLauncher(GroupLogs, CheckpointNow, GroupMemory, PodGroupLauncher):

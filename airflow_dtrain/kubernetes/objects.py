@@ -33,7 +33,7 @@ from airflow_dtrain.kubernetes.names import (
 from airflow_dtrain.kubernetes.store import render_store_pod, render_store_service
 from airflow_dtrain.kubernetes.pod_template import render_pod_template
 from trainer.money.deadline import budget_deadline
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from trainer.config.job_config import PREEMPTED_EXIT_CODE
 
 # The names this module has always offered, wherever they live now.

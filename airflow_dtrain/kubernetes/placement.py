@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_dtrain.kubernetes.status import pod_index
-from airflow_dtrain.spec_checks import INSTANCE_TYPE_LABEL, ZONE_LABEL
+from airflow_dtrain.job.checks import INSTANCE_TYPE_LABEL, ZONE_LABEL
 from trainer.money.capacity import Capacity
 
 # Capacity-type labels of Karpenter and EKS managed node groups, in their own spellings.

@@ -13,8 +13,8 @@ from typing import Any
 
 from airflow_dtrain.kubernetes.container import _CONTAINER_SECURITY, render_container, volumes_and_mounts
 from airflow_dtrain.kubernetes.names import LABEL_GROUP, group_labels
-from airflow_dtrain.spec import JobSpec
-from airflow_dtrain.spec_checks import INSTANCE_TYPE_LABEL, ZONE_LABEL
+from airflow_dtrain.job.spec import JobSpec
+from airflow_dtrain.job.checks import INSTANCE_TYPE_LABEL, ZONE_LABEL
 
 # Leave torchrun's agent time after the workers' save to exit on its own, before SIGKILL.
 _GRACE_MARGIN_S = 15

@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow_dtrain.kubernetes.container import _CONTAINER_SECURITY
 from airflow_dtrain.kubernetes.names import LABEL_GROUP, LABEL_STORE, group_labels, store_name
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from trainer.money.capacity import Capacity
 
 STORE_CONTAINER = "rdzv"

@@ -51,7 +51,7 @@ def launcher_kwargs(
 
 def relaunches(launcher: PodGroupLauncher, base: str) -> list[str]:
     """The groups of one task, named ``<base>-r<n>`` (see spec.group_name), oldest first."""
-    from airflow_dtrain.naming import relaunch_index
+    from airflow_dtrain.job.naming import relaunch_index
 
     names = [n for n in launcher.find(base) if relaunch_index(base, n) is not None]
     return sorted(names, key=lambda n: relaunch_index(base, n))

@@ -53,7 +53,7 @@ from trainer.events import EVENTS_DIR_ENV, EventCursor
 from trainer.elastic.rdzv_round import CAPACITY_FILE_ENV
 
 if TYPE_CHECKING:
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
 EVENTS_SUBDIR = "events"
 """The group's events directory, under its group directory (``DTRAIN_EVENTS_DIR`` of its ranks)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
 MEMORY_OPTION = "local_memory_per_node"
 """``[dtrain] local_memory_per_node``: the memory limit of each node of a local group, unless its

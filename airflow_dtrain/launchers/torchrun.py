@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
 LAUNCH_MODULE = "trainer.launch"
 """torchrun with exit codes that say "preempted" (see trainer/launch.py)."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseBranchOperator
 
 from airflow_dtrain.operators.inputs import build, check_given, names, param_doc, parameters
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from trainer.money.projection import FIRST_SAVE_GUESS_S
 from trainer.config.job_config import TrainConfig
 from trainer.config.sections import CheckpointConfig, CostConfig
@@ -34,7 +34,8 @@ def _chance(help: str, default: float | None) -> Any:
 @dataclass(frozen=True, kw_only=True)
 class BudgetBranchInputs:
     """What the decision is taken from (every one templated). The job's own settings are borrowed from their
-    declarations (``trainer.config.job_config``, ``airflow_dtrain.spec``); the rest are the decision's own."""
+    declarations (``trainer.config.job_config``, ``airflow_dtrain.job.spec``); the rest are the decision's
+    own."""
 
     total_steps: int = borrow(TrainConfig, "steps", REQUIRED, help="Optimizer steps of the whole job.")
     budget_usd: float | None = borrow(CostConfig, "budget_usd")
@@ -160,11 +161,12 @@ decision and its reason are logged and pushed to XCom (key ``decision``).
 :param wait_task_id: task to run when waiting for a better price (None: skip everything).
 :param stop_task_id: task to run when stopping (None: skip everything).
 :param checkpoint_uri: the job's checkpoint directory (local path or ``s3://``): under the storage roots, and
-    the run's owner's directory of ``job`` (``airflow_dtrain.trust``); read, never written here. (templated)
+    the run's owner's directory of ``job`` (``airflow_dtrain.trust.ownership``); read, never written here.
+    (templated)
 :param job: the job whose ledger this is (None: any job of the run's owner, e.g. a sweep's shared ledger).
     (templated)
-:param limits: the DAG author's limits (``airflow_dtrain.trust.Limits``), within the platform admin's: the
-    prices a run gives (``spot_price``, ``on_demand_price``, ``max_spot_price``) are at most
+:param limits: the DAG author's limits (``airflow_dtrain.trust.limits.Limits``), within the platform
+    admin's: the prices a run gives (``spot_price``, ``on_demand_price``, ``max_spot_price``) are at most
     ``max_price_per_node_hour``, the directory lies under ``storage_roots``.
 :param price_task_id: a ``SpotPriceSensor`` whose XCom gives ``spot_price`` and ``on_demand_price``.
 """
@@ -215,8 +217,8 @@ class BudgetBranchOperator(BaseBranchOperator):
         """Before the ledger is read or a branch taken: the run's prices within the limits, its directory
         under the storage roots and its owner's (another team's ledger is neither read nor billed)."""
         from airflow_dtrain.errors import SpecError
-        from airflow_dtrain.trust import limits_for
-        from airflow_dtrain.ownership import check_job_dir, owner_of
+        from airflow_dtrain.trust.limits import limits_for
+        from airflow_dtrain.trust.ownership import check_job_dir, owner_of
 
         limits = limits_for(self.limits)
         try:
@@ -235,7 +237,7 @@ class BudgetBranchOperator(BaseBranchOperator):
 
     def _check_prices(self, spot: Any, on_demand: Any) -> None:
         from airflow_dtrain.errors import SpecError
-        from airflow_dtrain.trust import limits_for
+        from airflow_dtrain.trust.limits import limits_for
 
         limits = limits_for(self.limits)
         try:

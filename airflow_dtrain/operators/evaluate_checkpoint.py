@@ -11,15 +11,22 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_dtrain import jobs_index, metrics
 from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs
-from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.session.group import GroupFailed, GroupSession
+from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import kubernetes_for_run
-from airflow_dtrain.naming import group_base_name
+from airflow_dtrain.job.naming import group_base_name
 from airflow_dtrain.templating import check_author_template
-from airflow_dtrain.ownership import OWNER_FILE, OwnershipError, check_job_dir, job_key, owner_of, run_key
-from airflow_dtrain.roots import within_roots
-from airflow_dtrain.trust import limits_for
+from airflow_dtrain.trust.ownership import (
+    OWNER_FILE,
+    OwnershipError,
+    check_job_dir,
+    job_key,
+    owner_of,
+    run_key,
+)
+from airflow_dtrain.trust.roots import within_roots
+from airflow_dtrain.trust.limits import limits_for
 from trainer.checkpoint.directory import EVAL_RESULTS, REGISTRY_BEST, REPORT, CheckpointDir
 
 if TYPE_CHECKING:
@@ -46,9 +53,9 @@ class EvaluateCheckpointOperator(BaseOperator):
     set>/<run>/`` (by the evaluation job itself: one job, one pod), and the XCom says where (``export``) and
     whether it became the best (``promoted``, ``best_loss_before``).
 
-    The checkpoint directory must be the run's owner's directory of ``job`` (``airflow_dtrain.trust``), and
-    the registry must lie under the storage roots; a job's registry entry is claimed for its owner like its
-    checkpoints.
+    The checkpoint directory must be the run's owner's directory of ``job``
+    (``airflow_dtrain.trust.ownership``), and the registry must lie under the storage roots; a job's registry
+    entry is claimed for its owner like its checkpoints.
 
     :param checkpoint_uri: the run's checkpoint directory (as given to FSDPTrainOperator). (templated)
     :param step: the checkpoint step to evaluate and maybe promote, e.g. the one validation
@@ -57,9 +64,8 @@ class EvaluateCheckpointOperator(BaseOperator):
         set; under the storage roots (``limits``). (templated)
     :param job: the job the checkpoints belong to (default: the one recorded in the directory's owner.json,
         which the train task wrote). (templated)
-    :param limits: the DAG author's limits (``airflow_dtrain.trust.Limits``; only ``storage_roots`` applies
-    here),
-        within the platform admin's.
+    :param limits: the DAG author's limits (``airflow_dtrain.trust.limits.Limits``; only ``storage_roots``
+        applies here), within the platform admin's.
     :param asset: the asset a promotion updates (a downstream DAG can be scheduled on it).
     :param batches: held-out batches per checkpoint. (templated)
     :param batch_size: sequences per batch. (templated)

@@ -15,17 +15,17 @@ from airflow_dtrain import jobs_index, metrics
 from airflow_dtrain.launchers.factory import get_launcher, launcher_kwargs
 from airflow_dtrain.launchers.state_dir import local_state_dir
 from airflow_dtrain.links import TrainingDashboardLink, TrainingReportLink
-from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.naming import default_checkpoint_uri, group_base_name
+from airflow_dtrain.session.group import GroupFailed, GroupSession
+from airflow_dtrain.job.naming import default_checkpoint_uri, group_base_name
 from airflow_dtrain.operators.train_arguments import ARGUMENTS, TEMPLATE_FIELDS, operator_doc, signature
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
-from airflow_dtrain.ownership import check_read
-from airflow_dtrain.trust import Limits, limits_for
-from airflow_dtrain.ownership import check_job_dir, owner_of
+from airflow_dtrain.trust.ownership import check_read
+from airflow_dtrain.trust.limits import Limits, limits_for
+from airflow_dtrain.trust.ownership import check_job_dir, owner_of
 from trainer.money.capacity import Capacity
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.base.statsd import format_tags, parse_tags

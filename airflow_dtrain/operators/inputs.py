@@ -1,11 +1,12 @@
 """An operator's or a sensor's inputs: declared once, as a ``setting()`` dataclass, and validated once.
 
 The inputs an operator shares with the job (``budget_usd``, ``num_nodes``, the steps) are ``borrow``-ed from
-their declaration in ``trainer.config.job_config`` / ``airflow_dtrain.spec``: the same help, bounds and error
-messages; its own (prices, estimates) are declared in its module. From that one dataclass come the operator's
-keyword arguments (``parameters``: its ``__init__`` signature, by which Airflow applies ``default_args``), its
-``:param`` docs (``param_doc``), the check of what is known when the DAG is parsed (``check_given``: every
-value that is not a template) and, once the templates have rendered, the inputs themselves (``build``).
+their declaration in ``trainer.config.job_config`` / ``airflow_dtrain.job.spec``: the same help, bounds and
+error messages; its own (prices, estimates) are declared in its module. From that one dataclass come the
+operator's keyword arguments (``parameters``: its ``__init__`` signature, by which Airflow applies
+``default_args``), its ``:param`` docs (``param_doc``), the check of what is known when the DAG is parsed
+(``check_given``: every value that is not a template) and, once the templates have rendered, the inputs
+themselves (``build``).
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class PrepareDataOperator(BaseOperator):
         if seq_len is not None and seq_len < 1:
             raise DataError(f"seq_len: must be a whole number of tokens, at least 1, got {self.seq_len!r}")
         from airflow_dtrain.errors import SpecError
-        from airflow_dtrain.trust import limits_for
+        from airflow_dtrain.trust.limits import limits_for
 
         # the platform's storage roots, narrowed by this DAG's (allowed_roots): where a run may read and write
         limits = limits_for(None if self.allowed_roots is None else {"storage_roots": self.allowed_roots})

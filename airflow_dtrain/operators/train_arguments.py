@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer.config.fields import meta, walk
 
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ _OWN = (
     Argument(
         "limits",
         "What a run may ask for, set by the DAG author (not templated, so a trigger form "
-        "cannot widen it), within the platform admin's ``[dtrain] limits`` (``airflow_dtrain.trust."
+        "cannot widen it), within the platform admin's ``[dtrain] limits`` (``airflow_dtrain.trust.limits."
         'Limits``): ``{"max_nodes", "max_procs_per_node", "max_steps", "max_tokens_per_micro_batch", '
         '"max_price_per_node_hour", "max_runtime_s", "backends", "storage_roots"}``.',
         templated=False,

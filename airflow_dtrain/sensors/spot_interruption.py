@@ -275,7 +275,7 @@ class SpotInterruptionSensor(BaseSensorOperator):
 
     def _group(self, context: Context) -> str:
         if self.train_task_id is not None:
-            from airflow_dtrain.naming import group_base_name
+            from airflow_dtrain.job.naming import group_base_name
 
             ti = context["ti"]
             return group_base_name(ti.dag_id, ti.run_id, self.train_task_id, getattr(ti, "map_index", -1))

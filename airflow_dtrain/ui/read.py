@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_dtrain import jobs_index
-from airflow_dtrain.roots import within_roots
+from airflow_dtrain.trust.roots import within_roots
 from trainer.checkpoint.directory import EVAL_RESULTS, PROGRESS, REGISTRY_BEST, SUMMARY, CheckpointDir
 
 LIVE_STATES = ("running", "waiting")
@@ -180,7 +180,7 @@ def read_row(entry: dict[str, Any], *, detail: dict[str, Any] | None = None) -> 
         num_nodes=_number(entry.get("num_nodes"), int),
         budget_usd=_number(entry.get("budget_usd")),
     )
-    from airflow_dtrain.roots import reserved_roots
+    from airflow_dtrain.trust.roots import reserved_roots
 
     roots = reserved_roots()  # read once a row: the [dtrain] options behind it are parsed each call
     uri = _readable(entry.get("checkpoint_uri"), roots)

@@ -99,7 +99,7 @@ def f_kill_agent(rng, ckpt, work):
 
 def supervisor_spec(ckpt):
     """The faults job as a JobSpec for the local launcher: the same run as ``Run``'s command."""
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
     return JobSpec.from_arguments(
         flavor="debug",

@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-from airflow_dtrain.naming import default_checkpoint_uri
-from airflow_dtrain.ownership import job_dir, run_key
+from airflow_dtrain.job.naming import default_checkpoint_uri
+from airflow_dtrain.trust.ownership import job_dir, run_key
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.money.bill import dollars_at
 from trainer.base.statsd import UNKNOWN, parse_line
@@ -47,7 +47,7 @@ class StatsdListener:
 
 def checkpoint_dir(home: Path, run: Run) -> str:
     """Where the run's checkpoints and ledger are: the job's directory, or the sweep's (all members')."""
-    # the bundled DAGs' default directories carry the run's owner (airflow_dtrain.ownership.job_dir)
+    # the bundled DAGs' default directories carry the run's owner (airflow_dtrain.trust.ownership.job_dir)
     root = default_checkpoint_uri(home / "dtrain", run.dag_id)
     job = run_key(run.run_id) if run.dag_id == "sweep_llama" else run.job
     return job_dir(root, job, run, SimpleNamespace(dag_id=run.dag_id))

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import STEP_SLEEP_ENV, slow_steps_env
 from tests.integration.helpers import SMALL, group_events, node_pids, wait_for, wait_for_step, wait_terminal
 from trainer.data.loader import TRACE_SAMPLES_ENV

@@ -15,7 +15,7 @@ from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.operators.fsdp_train import TrainingFailed
-from airflow_dtrain.naming import group_base_name
+from airflow_dtrain.job.naming import group_base_name
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
 from tests.conftest import RecordingTI, run_trigger
 from tests.integration.helpers import SMALL, group_events, node_pids, wait_for, wait_for_step

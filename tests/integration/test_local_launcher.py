@@ -11,7 +11,7 @@ import pytest
 
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from trainer.events import EVENTS_DIR_ENV, read_events
 from tests.integration.helpers import SMALL, node_pids, progress, wait_for, wait_for_step, wait_terminal
 

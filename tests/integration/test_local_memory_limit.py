@@ -16,8 +16,8 @@ from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.launchers.local_memory import memory_limit
 from airflow_dtrain.launchers.local_memory import quantity_bytes
 from airflow_dtrain.launchers.local_processes import workers
-from airflow_dtrain.session import GroupFailed
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.session.group import GroupFailed
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import RecordingTI
 from tests.integration.helpers import SMALL, progress, wait_for, wait_terminal
 

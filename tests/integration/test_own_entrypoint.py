@@ -14,7 +14,7 @@ from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.launchers.base import GroupState
 from trainer.money.deadline import budget_deadline, repriced_deadline
 from airflow_dtrain.launchers.local import LocalLauncher
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from trainer.checkpoint.directory import CheckpointDir
 from tests.conftest import REPO, RecordingTI
 from tests.integration.helpers import group_events, progress, wait_for, wait_for_step

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_dtrain import FSDPTrainOperator
-from airflow_dtrain.naming import group_base_name
+from airflow_dtrain.job.naming import group_base_name
 from tests.conftest import RecordingTI
 from tests.integration.helpers import SMALL, group_events
 from trainer.report.metrics import PER_RANK_METRICS

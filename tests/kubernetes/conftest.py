@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.kubernetes.fakeapi import FakeKubernetesApiServer
 
 

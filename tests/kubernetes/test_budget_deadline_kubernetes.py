@@ -184,7 +184,7 @@ def test_every_group_is_stopped_before_the_money_runs_out_with_its_final_save_pa
     trainer stops itself before the cap; its deadline is the same, a backstop that ends even a hung trainer,
     SIGKILL included, within the budget (it used to come a grace period after the money ran out)."""
     from airflow_dtrain.kubernetes.objects import render_group
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
     def job(**own):
         spec = JobSpec.from_arguments(

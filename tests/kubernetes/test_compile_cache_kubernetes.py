@@ -16,7 +16,7 @@ from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.container import COMPILE_CACHE_MOUNT, COMPILE_CACHE_VOLUME
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 from airflow_dtrain.kubernetes.objects import render_group
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.kubernetes.test_kubernetes_objects import K8S_VERSIONS
 
 CLAIM = "dtrain-compile-cache"

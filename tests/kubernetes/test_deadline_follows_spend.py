@@ -12,8 +12,8 @@ import time
 import pytest
 
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
-from airflow_dtrain.session import GroupSession, GroupWatch
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.session.group import GroupSession, GroupWatch
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import RecordingTI
 from tests.kubernetes.conftest import Background
 from tests.kubernetes.test_budget_deadline_kubernetes import _finish, _operator, _wait

@@ -20,7 +20,7 @@ from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
 from airflow_dtrain.kubernetes.names import ANNOTATION_OUTCOME, LABEL_GROUP, LABEL_STORE
 from airflow_dtrain.kubernetes.objects import render_group
 from airflow_dtrain.launchers.base import GroupState
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import RecordingTI
 from tests.kubernetes.conftest import Background
 from tests.kubernetes.test_fsdp_train_kubernetes import _operator, _train, _wait

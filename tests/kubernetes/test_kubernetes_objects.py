@@ -9,7 +9,7 @@ import pytest
 
 from airflow_dtrain.kubernetes.objects import render_group
 from airflow_dtrain.kubernetes.names import LABEL_GROUP
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.errors import SpecError
 
 # Oldest and newest schemas this project supports: podFailurePolicy and podReplacementPolicy
@@ -222,7 +222,7 @@ def test_pod_template_overrides_merge_by_name():
 
 
 def test_names_fit_dns_limits_for_the_longest_group_names():
-    from airflow_dtrain.naming import group_base_name, group_name
+    from airflow_dtrain.job.naming import group_base_name, group_name
 
     name = group_name(group_base_name("d" * 200, "r" * 200, "t" * 200), 99)
     objects = render_group(name, _spec(16, 8), namespace="ml")

@@ -77,7 +77,7 @@ def test_an_existing_object_is_not_retried_and_leaves_nothing_behind(fake, tmp_p
 
 def test_a_launch_fails_naming_an_earlier_group_of_the_task_that_is_still_running(fake, tmp_path):
     from airflow_dtrain.launchers.base import PredecessorStillRunning
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
     launch_debug_group("writer-r0", tmp_path)
     fake.run("writer-r0")  # its pods run on: e.g. the task's worker died and Airflow retries it

@@ -25,7 +25,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.objects import render_group
 from airflow_dtrain.operators.evaluate_checkpoint import EvaluationFailed
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import REPO, RecordingTI
 from tests.kubernetes.conftest import Background
 from trainer.checkpoint.directory import CheckpointDir

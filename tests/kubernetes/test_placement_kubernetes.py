@@ -16,7 +16,7 @@ from airflow.exceptions import TaskDeferred
 
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.errors import SpecError
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import REPO, RecordingTI
 from tests.kubernetes.conftest import Background
 from tests.kubernetes.test_kubernetes_objects import K8S_VERSIONS

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from airflow_dtrain.kubernetes.objects import render_group
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import REPO
 from tests.kubernetes.pod_security import baseline, pod_spec_of, restricted
 from tests.kubernetes.test_kubernetes_objects import K8S_VERSIONS

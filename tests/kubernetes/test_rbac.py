@@ -7,7 +7,7 @@ import re
 import yaml
 
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import REPO
 
 _VERB = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}

@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from airflow_dtrain.launchers.base import GroupState
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 
 KUBECONFIG = os.environ.get("DTRAIN_TEST_KUBECONFIG")
 IMAGE = os.environ.get("DTRAIN_TEST_IMAGE", "dtrain-trainer:dev")

@@ -19,7 +19,7 @@ from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.objects import render_group
 from airflow_dtrain.kubernetes.policy import KubernetesPolicy, privileged_settings
 from airflow_dtrain.params import UnknownConfKeys, reject_unknown_conf
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import REPO, RecordingTI
 from tests.kubernetes.test_kubernetes_objects import K8S_VERSIONS
 

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from airflow.utils.state import DagRunState
 
-from airflow_dtrain.ownership import owner_for, owner_segment
+from airflow_dtrain.trust.ownership import owner_for, owner_segment
 from tests.hf_model_assets import tiny_llama
 from tests.hf_tokenizer_assets import tiny_tokenizer
 from trainer.data.builtin_text import builtin_documents

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from airflow.utils.state import DagRunState, TaskInstanceState
 
-from airflow_dtrain.ownership import check_job_dir, job_dir, owner_for
+from airflow_dtrain.trust.ownership import check_job_dir, job_dir, owner_for
 from tests.pipeline.trust_helpers import as_user, tree
 
 TEAMS = {"users": {"alice": "team-a", "bob": "team-b"}}

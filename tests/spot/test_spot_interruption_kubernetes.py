@@ -79,7 +79,7 @@ def test_beside_the_train_task_every_warning_of_every_relaunch_is_acted_on_until
 ):
     """The bundled DAG's set-up: the sensor names the train task, not a group, and has no queue
     and no instance list; it watches the nodes of that task's groups through their taints."""
-    from airflow_dtrain.naming import group_base_name
+    from airflow_dtrain.job.naming import group_base_name
     from tests.conftest import RecordingTI
 
     ti = RecordingTI(dag_id="train_llama", run_id="manual__2026-11-22T05:00:00+00:00", task_id="spot_watch")

@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.sensors.spot_interruption import SpotInterruptionSensor
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.triggers.spot_interruption import SpotInterruptionTrigger
 from tests.conftest import run_trigger, slow_steps_env
 from tests.integration.helpers import SMALL, progress, wait_for, wait_for_step

@@ -284,7 +284,7 @@ def test_simulate_preemption_stops_once_and_not_after_a_resume_past_it(tmp_path,
 def test_the_documented_environment_is_the_one_the_launchers_set():
     """docs/own_training_code.md and the contract's docstring list the variables agent_env sets."""
     from airflow_dtrain.launchers.torchrun import agent_env
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
     spec = JobSpec.from_arguments(steps=40, checkpoint_every=10, simulate_preemption_at_step=20, job="llm",
                                   checkpoint_uri="/ckpt", entrypoint=["/opt/train.py"])  # fmt: skip

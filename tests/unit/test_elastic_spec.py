@@ -7,8 +7,8 @@ import pytest
 
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.launchers.torchrun import node_command
-from airflow_dtrain.spec import JobSpec
-from airflow_dtrain.trust import Limits
+from airflow_dtrain.job.spec import JobSpec
+from airflow_dtrain.trust.limits import Limits
 
 
 def _flag(args: tuple[str, ...], name: str) -> str:

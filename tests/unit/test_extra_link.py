@@ -13,7 +13,7 @@ import pytest
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.get_provider_info import get_provider_info
 from airflow_dtrain.links import DASHBOARD_UID, TrainingDashboardLink, TrainingReportLink, browsable_url
-from airflow_dtrain.naming import group_base_name
+from airflow_dtrain.job.naming import group_base_name
 from tests.conftest import REPO
 
 RUN_ID = "manual__2026-05-01T09:30:00+00:00"

@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from airflow_dtrain.launchers.local import LocalLauncher
-from airflow_dtrain.session import LOG_TAIL_LINES, GroupFailed, GroupSession, group_event
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.session.group import LOG_TAIL_LINES, GroupFailed, GroupSession, group_event
+from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.status_line import note_rank_errors
 
 SAID = "config error: data.dataset: '/x/missing' is not \"builtin\", an s3:// store, nor a directory"

@@ -8,7 +8,7 @@ import pytest
 from airflow_dtrain.errors import SpecError
 from airflow_dtrain.launchers.torchrun import agent_env
 from airflow_dtrain.operators.train_arguments import SPEC_ARGUMENTS
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from trainer.elastic import rdzv_round, warm_join, worker_host
 from trainer.elastic.workers import FORK_ENV
 

@@ -74,7 +74,7 @@ def test_the_builtin_corpus_is_no_input_and_a_default_checkpoint_directory_is_th
     from airflow.sdk import DAG
 
     from airflow_dtrain import FSDPTrainOperator
-    from airflow_dtrain.naming import group_base_name
+    from airflow_dtrain.job.naming import group_base_name
 
     with DAG(dag_id="lineage_demo", schedule=None):
         op = FSDPTrainOperator(task_id="train", local_state_dir=str(tmp_path / "groups"))

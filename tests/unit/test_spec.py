@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from airflow_dtrain import FSDPTrainOperator
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.errors import SpecError
-from airflow_dtrain.naming import group_base_name, group_name, relaunch_index
+from airflow_dtrain.job.naming import group_base_name, group_name, relaunch_index
 from tests.conftest import RecordingTI
 
 BAD = [

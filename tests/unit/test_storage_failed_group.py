@@ -10,8 +10,8 @@ import pytest
 from airflow_dtrain.launchers._local_outcome import classify
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
-from airflow_dtrain.session import GroupFailed, GroupSession
-from airflow_dtrain.spec import JobSpec
+from airflow_dtrain.session.group import GroupFailed, GroupSession
+from airflow_dtrain.job.spec import JobSpec
 from trainer.checkpoint.errors import storage_cause
 from trainer.config.job_config import PREEMPTED_EXIT_CODE, STORAGE_EXIT_CODE
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_dtrain.operators.prepare_data import DataError, PrepareDataOperator
-from airflow_dtrain.roots import within_roots
-from airflow_dtrain.spec import JobLimits, JobSpec
+from airflow_dtrain.trust.roots import within_roots
+from airflow_dtrain.job.spec import JobLimits, JobSpec
 from airflow_dtrain.errors import SpecError
 
 

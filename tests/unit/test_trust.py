@@ -1,5 +1,5 @@
-"""The limits object and job ownership (airflow_dtrain/trust.py): what the admin, the DAG author and a trigger
-may choose, and who owns a job's directory."""
+"""The limits object and job ownership (airflow_dtrain/trust/limits.py): what the admin, the DAG author and a
+trigger may choose, and who owns a job's directory."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from airflow_dtrain.errors import SpecError
 from trainer.money.deadline import budget_deadline
-from airflow_dtrain.spec import JobSpec
-from airflow_dtrain.trust import (
+from airflow_dtrain.job.spec import JobSpec
+from airflow_dtrain.trust.limits import (
     ADMIN_DEFAULTS,
     WHO_SETS_WHAT,
     Limits,
@@ -21,8 +21,8 @@ from airflow_dtrain.trust import (
     limits_for,
     limits_table,
 )
-from airflow_dtrain.ownership import OwnershipError
-from airflow_dtrain.ownership import check_job_dir, run_key
+from airflow_dtrain.trust.ownership import OwnershipError
+from airflow_dtrain.trust.ownership import check_job_dir, run_key
 from tests.conftest import REPO, RecordingTI
 from tests.pipeline.trust_helpers import tree
 
@@ -156,7 +156,7 @@ def test_an_unclaimed_directory_with_another_jobs_data_is_refused(tmp_path):
 
 
 def test_owners_map_users_and_dags_to_teams(monkeypatch):
-    from airflow_dtrain.ownership import owner_of
+    from airflow_dtrain.trust.ownership import owner_of
 
     class Run:
         triggering_user_name = "alice"

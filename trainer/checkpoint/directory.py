@@ -67,7 +67,8 @@ REGISTRY_BEST = "best.json"
 """In a model registry, not a checkpoint directory: the best checkpoint so far."""
 OWNER = "owner.json"
 """At the root of a job's directory (its checkpoints, a sweep's ledger, its registry entry):
-``{"owner", "job"}``, written once, before anything else is (``airflow_dtrain.ownership.check_job_dir``)."""
+``{"owner", "job"}``, written once, before anything else is
+(``airflow_dtrain.trust.ownership.check_job_dir``)."""
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 STEP_DIR_GLOB = "step-*"

@@ -126,8 +126,9 @@ class TrainConfig:
     owner: str = setting(
         "",
         cli=False,
-        help="Who the job belongs to (a team the platform admin maps: airflow_dtrain.ownership.owner_of), "
-        "set by the operator once the directory is known to be the owner's; every manifest records it.",
+        help="Who the job belongs to (a team the platform admin maps: "
+        "airflow_dtrain.trust.ownership.owner_of), set by the operator once the directory is known to be the "
+        "owner's; every manifest records it.",
     )
     simulate_preemption_at_step: int = setting(
         0,

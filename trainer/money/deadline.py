@@ -5,8 +5,8 @@ the Job's ``activeDeadlineSeconds``, the local backend's supervisor keeps it. ``
 it again while the group runs (earlier when the spot price rises, later when the group spent less than
 assumed), and ``deadline_words`` says how it was derived. The result is plain data (a dict), so a launcher,
 a trigger and a Job annotation all carry it. Standard library only; ``spec`` is an
-``airflow_dtrain.spec.JobSpec`` (only its budget, price, nodes, limits and the trainer's grace period and stop
-margin are read).
+``airflow_dtrain.job.spec.JobSpec`` (only its budget, price, nodes, limits and the trainer's grace period and
+stop margin are read).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 from trainer.checkpoint.directory import OWNER
 
 from airflow_dtrain.errors import SpecError
-from airflow_dtrain.roots import conf_json, reserved_roots, within_roots
+from airflow_dtrain.trust.roots import conf_json, reserved_roots, within_roots
 
 OWNER_FILE = OWNER
 """At the root of a job's directory: ``{"owner", "job"}`` (``trainer.checkpoint.directory.OWNER``)."""

@@ -24,12 +24,12 @@ from trainer.config.job_config import TrainConfig
 from trainer.config.fields import ConfigError
 from trainer.config.fields import check, coerce, field_types, flatten, meta, setting, walk
 
-from airflow_dtrain.spec_checks import check_elastic, check_kubernetes, uneven_batch
-from airflow_dtrain.entrypoint import TRAINER_MODULE, parse_entrypoint
+from airflow_dtrain.job.checks import check_elastic, check_kubernetes, uneven_batch
+from airflow_dtrain.job.entrypoint import TRAINER_MODULE, parse_entrypoint
 from airflow_dtrain.errors import SpecError, checked
 from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity
-from airflow_dtrain.resources import Resources
-from airflow_dtrain.trust import BACKENDS, Limits
+from airflow_dtrain.job.resources import Resources
+from airflow_dtrain.trust.limits import BACKENDS, Limits
 
 GROUP = "Group"
 """Trigger-form section of the group's shape."""
@@ -382,7 +382,7 @@ class JobSpec:
 
 
 JobLimits = Limits
-"""The older name of ``airflow_dtrain.trust.Limits``."""
+"""The older name of ``airflow_dtrain.trust.limits.Limits``."""
 
 
 def _name_argument(message: str) -> str:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
-from airflow_dtrain.session_money import SessionMoney, WatchNodes, WatchPrices
-from airflow_dtrain.naming import group_name, relaunch_index
+from airflow_dtrain.session.money import SessionMoney, WatchNodes, WatchPrices
+from airflow_dtrain.job.naming import group_name, relaunch_index
 from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines, note_rank_errors
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.config.job_config import (
@@ -37,7 +37,7 @@ from trainer.config.job_config import (
 
 if TYPE_CHECKING:
     from airflow_dtrain.aws.prices import SpotPriceFeed
-    from airflow_dtrain.spec import JobSpec
+    from airflow_dtrain.job.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 from trainer.config.fields import check, field_types, setting
 
 from airflow_dtrain.errors import SpecError
-from airflow_dtrain.roots import conf_json, storage_roots, within_roots
-from airflow_dtrain.ownership import JOB_NAME, OwnershipError
+from airflow_dtrain.trust.roots import conf_json, storage_roots, within_roots
+from airflow_dtrain.trust.ownership import JOB_NAME, OwnershipError
 
 BACKENDS = ("local", "kubernetes")
 """Backends this version can launch."""
@@ -283,7 +283,7 @@ def check_run(params: Any, author: Any = None, owner: str | None = None) -> None
     for), what it reads must not lie in another owner's directory. Raises ``SpecError`` naming the field and
     the value."""
     from airflow_dtrain.aws.sqs import check_queue
-    from airflow_dtrain.ownership import check_read
+    from airflow_dtrain.trust.ownership import check_read
 
     limits = limits_for(author)
     if "job" in params and not JOB_NAME.fullmatch(str(params["job"] or "")):

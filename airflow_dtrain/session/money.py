@@ -1,13 +1,13 @@
 """The money side of a task's pod groups: their spend files, their bills, and the stop at the budget.
 
-``GroupSession`` (``airflow_dtrain.session``) owns a group's life; what that life costs is here, as a mixin
-it inherits (``SessionMoney``): a group's spend file is opened at its launch and billed when its end is seen
-(again at the spot prices in effect while it ran, for a priced spot group), the job's spend so far is read
-for the next launch's deadline, and before a relaunch the go-on decision is taken again. While a spot group
-runs, ``WatchPrices`` (mixed into ``GroupWatch``) feeds the prices in effect to its trainer's cap, and
-``follow_deadline`` moves its budget deadline with what it spent: earlier when the price rises, later when
-an elastic group ran on fewer nodes. The arithmetic is
-``trainer.money``'s; the spend files are ``trainer.checkpoint.directory``'s.
+``GroupSession`` (``airflow_dtrain.session.group``) owns a group's life; what that life costs is here, as a
+mixin it inherits (``SessionMoney``): a group's spend file is opened at its launch and billed when its end is
+seen (again at the spot prices in effect while it ran, for a priced spot group), the job's spend so far is
+read for the next launch's deadline, and before a relaunch the go-on decision is taken again. While a spot
+group runs, ``WatchPrices`` (mixed into ``GroupWatch``) feeds the prices in effect to its trainer's cap, and
+``follow_deadline`` moves its budget deadline with what it spent: earlier when the price rises, later when an
+elastic group ran on fewer nodes. The arithmetic is ``trainer.money``'s; the spend files are
+``trainer.checkpoint.directory``'s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from trainer.money.projection import (
     usd_per_second,
 )
 
-log = logging.getLogger("airflow_dtrain.session")
+log = logging.getLogger("airflow_dtrain.session.group")
 
 STARTUP_GUESS_S = 120.0
 """Seconds from a launch to the first step, before any attempt of the job has measured it."""

@@ -1,0 +1,4 @@
+"""Who may do what: ``limits`` (what a trigger, a DAG's author and the platform admin may each choose, and
+the one place that enforces it), ``ownership`` (a job's directories belong to its owner) and ``roots`` (the
+storage roots every path must lie under, below both).
+"""
