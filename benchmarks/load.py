@@ -35,6 +35,8 @@ from loadlab.cluster import Cluster
 from loadlab.database import Database
 from loadlab.runs import Run, dags_folder, plan, trigger_all, wait_all
 
+from tests.statsd_listener import StatsdListener
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -114,7 +116,7 @@ def main() -> int:
     rng, started = random.Random(seed), time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="dtrain-load-"))
     runs = plan(args.runs, args.sweeps, args.steps)
-    db, listener = Database(work, args.db), checks.StatsdListener()
+    db, listener = Database(work, args.db), StatsdListener()
     print(f"seed {seed}; {len(runs)} runs; database: {db.note}; work dir {work}", flush=True)
     cluster = None
     try:

@@ -155,8 +155,12 @@ def kill_all(find: Callable[[], list[psutil.Process]], rounds: int = 3) -> None:
 class Airflow:
     """A running ``airflow <command>`` (``standalone`` unless told) in its own Airflow home.
 
-    ``dag_id`` only chooses whose task logs :meth:`diagnostics` shows.
+    ``dag_id`` only chooses whose task logs :meth:`diagnostics` shows. benchmarks/loadlab/cluster.py's
+    ``Cluster`` is one too, whose components run as processes of their own.
     """
+
+    failure: type[Exception] = AssertionError
+    """What :meth:`cli`, :meth:`check_alive` and :func:`wait_for` raise (a test fails on it)."""
 
     def __init__(
         self, tmp_path: Path, command: Sequence[str] = ("standalone",), dag_id: str = "train_llama"
@@ -165,7 +169,7 @@ class Airflow:
         self.command = tuple(command)
         self.dag_id = dag_id
         self.home = tmp_path / "airflow"
-        self.home.mkdir()
+        self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / f"{'-'.join(self.command)}.log"
@@ -183,9 +187,14 @@ class Airflow:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "airflow", *self.command],
+        self.proc = self.popen(self.command, self.log_path)
+
+    def popen(self, command: Sequence[str], log_path: Path, mode: str = "wb") -> subprocess.Popen:
+        """``airflow <command>`` started in a process group of its own, its output written to ``log_path``
+        (``mode`` "ab": after what is there)."""
+        with open(log_path, mode) as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "airflow", *command],
                 cwd=self.tmp_path,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -218,9 +227,9 @@ class Airflow:
             timeout=timeout,
         )
         if check and result.returncode != 0:
-            raise AssertionError(
+            raise self.failure(
                 f"`airflow {' '.join(args)}` exited {result.returncode}\n"
-                f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}\n{self.diagnostics()}"
+                f"stderr:\n{result.stderr[-4000:]}\nstdout:\n{result.stdout[-4000:]}\n{self.diagnostics()}"
             )
         return result
 
@@ -232,7 +241,7 @@ class Airflow:
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(
+            raise self.failure(
                 f"airflow {' '.join(self.command)} exited with {self.proc.returncode}\n{self.diagnostics()}"
             )
 
@@ -257,4 +266,4 @@ def wait_for(what: str, airflow: Airflow, timeout: float, probe, interval: float
         if result := probe():
             return result
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{airflow.diagnostics()}")
+    raise airflow.failure(f"timed out after {timeout:.0f}s waiting for {what}\n{airflow.diagnostics()}")

@@ -6,15 +6,15 @@ import asyncio
 import atexit
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.statsd_listener import StatsdListener
 
 REPO = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="dtrain-airflow-home-"))
@@ -180,51 +180,6 @@ def run_trigger(trigger, timeout: float = 300.0) -> dict[str, Any]:
         raise AssertionError("trigger ended without an event")
 
     return asyncio.run(asyncio.wait_for(first_event(), timeout))
-
-
-class StatsdListener:
-    """A real UDP socket on 127.0.0.1 collecting statsd lines."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.lines: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65535)
-            except TimeoutError:
-                continue
-            self.lines.extend(data.decode().splitlines())
-
-    def names(self) -> set[str]:
-        return {line.split(":", 1)[0] for line in self.lines}
-
-    def wait_for(self, line: str, timeout: float = 10.0) -> None:
-        """Until ``line`` has arrived, with any tags after it (UDP: the sender does not wait for it)."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        while not any(got == line or got.startswith(f"{line}|#") for got in self.lines):
-            assert time.monotonic() < deadline, f"statsd never got {line!r}; got {self.lines}"
-            time.sleep(0.05)
-
-    def close(self):
-        self._stop.set()
-        self._thread.join()
-        self.sock.setblocking(False)  # what arrived while the thread was stopping
-        while True:
-            try:
-                self.lines.extend(self.sock.recv(65535).decode().splitlines())
-            except BlockingIOError:
-                break
-        self.sock.close()
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ another. Each check returns a list of problems (empty: it held), each naming the
 from __future__ import annotations
 
 import re
-import socket
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,32 +15,6 @@ from trainer.money.bill import dollars_at
 from trainer.base.statsd import UNKNOWN, parse_line
 
 from .runs import Run
-
-
-class StatsdListener:
-    """A UDP socket on 127.0.0.1 keeping every statsd line it receives (what statsd_exporter would get)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.lines: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.lines.extend(self.sock.recv(65535).decode(errors="replace").splitlines())
-            except TimeoutError:
-                continue
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.sock.close()
 
 
 def checkpoint_dir(home: Path, run: Run) -> str:

@@ -2,61 +2,66 @@
 process group of its own in one throwaway Airflow home, so that one of them can be stopped and started
 again while the others (and the pod groups) run on: what ``airflow standalone`` cannot do.
 
-The environment and the way a component is stopped are tests/airflow_server.py's (LocalExecutor, deferrable
-operators, the api-server on a free port with the workers' execution API there), plus the database of
-``loadlab.database``, a statsd target and a DAGs folder of the load test's own.
+``Cluster`` is tests/airflow_server.py's ``Airflow`` (its environment: LocalExecutor, deferrable operators,
+the api-server on a free port with the workers' execution API there; its ``cli``, ``wait_for`` and the way a
+process group is stopped), plus the database of ``loadlab.database``, a statsd target and a DAGs folder of
+the load test's own. Where a test fails with AssertionError, it raises RuntimeError.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
-from tests.airflow_server import airflow_environment, kill_all, processes_of, stop_process_group
+from tests.airflow_server import Airflow, airflow_environment, kill_all, processes_of, stop_process_group
+from tests.airflow_server import tail, wait_for
 
-from .database import Database, free_port
+from .database import Database
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 
-def environment(home: Path, work: Path, db: Database, port: int, dags: Path, extra: dict) -> dict[str, str]:
-    """Every component's environment: the tests' (nothing of the caller's own Airflow set-up leaks in), on
-    the load test's database, with more room for tasks and the repository and the database's driver on
-    ``PYTHONPATH``."""
-    env = airflow_environment(
-        home, port, state_dir=work / "groups", data_dir=work / "data", dags=dags, db_url=db.url, parallelism=4
-    )
-    repo = str(Path(__file__).resolve().parents[2])
-    pythonpath = (repo, *db.pythonpath, os.environ.get("PYTHONPATH", ""))
-    env.update(
-        {
-            "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
-            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
-            **extra,
-        }
-    )
-    return env
+class Cluster(Airflow):
+    """Airflow's components in ``work/airflow``; ``procs`` holds the running ones by name. ``proc`` (the
+    tests' one ``airflow standalone``) stays None: ``wait_for`` goes on while a component is down (the load
+    test restarts them)."""
 
-
-class Cluster:
-    """Airflow's components in ``work/airflow``; ``procs`` holds the running ones by name."""
+    failure = RuntimeError
 
     def __init__(self, work: Path, db: Database, dags: Path, extra_env: dict | None = None) -> None:
-        self.work, self.db = work, db
-        self.home = work / "airflow"
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.env = environment(self.home, work, db, self.port, dags, extra_env or {})
+        self.work, self.db, self.dags, self.extra_env = work, db, dags, extra_env or {}
         self.procs: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
+        super().__init__(work, command=COMPONENTS)
+
+    def _environment(self) -> dict[str, str]:
+        """Every component's environment: the tests' (nothing of the caller's own Airflow set-up leaks in), on
+        the load test's database, with more room for tasks and the repository and the database's driver on
+        ``PYTHONPATH``."""
+        env = airflow_environment(
+            self.home,
+            self.port,
+            state_dir=self.work / "groups",
+            data_dir=self.work / "data",
+            dags=self.dags,
+            db_url=self.db.url,
+            parallelism=4,
+        )
+        repo = str(Path(__file__).resolve().parents[2])
+        pythonpath = (repo, *self.db.pythonpath, os.environ.get("PYTHONPATH", ""))
+        env.update(
+            {
+                "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
+                "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
+                **self.extra_env,
+            }
+        )
+        return env
 
     # -- lifecycle ------------------------------------------------------------------------------
     def migrate(self) -> None:
@@ -65,12 +70,7 @@ class Cluster:
 
     def start(self, *names: str) -> None:
         for name in names or COMPONENTS:
-            log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "airflow", name], cwd=self.work, env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-            log.close()
+            self.procs[name] = self.popen((name,), self.work / f"{name}.log", "ab")
 
     def stop_component(self, name: str, grace_s: float = 60) -> int | None:
         """SIGTERM to the component (as systemd or a pod's stop would: it shuts its executor down, letting
@@ -106,39 +106,16 @@ class Cluster:
         return list(found.values())
 
     # -- talking to it --------------------------------------------------------------------------
-    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [sys.executable, "-m", "airflow", *args], cwd=self.work, env=self.env,
-            capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"`airflow {' '.join(args)}` exited {result.returncode}: {result.stderr[-2000:]}"
-            )
-        return result
-
     def get(self, path: str, **params: Any) -> dict | None:
         """The JSON of a 200 answer, else None (the api-server restarting, a run not there yet)."""
-        try:
-            response = self.http.get(path, params=params or None)
-        except httpx.HTTPError:
-            return None
-        return response.json() if response.status_code == 200 else None
+        response = super().get(path, **params)
+        return response.json() if response is not None and response.status_code == 200 else None
 
     def post(self, path: str, body: dict) -> dict:
         response = self.http.post(path, json=body)
         if response.status_code not in (200, 201):
             raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:2000]}")
         return response.json()
-
-    def wait_for(self, what: str, timeout: float, probe, interval: float = 2.0) -> Any:
-        """``probe()`` until truthy; after ``timeout``, RuntimeError naming ``what`` with the logs."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if result := probe():
-                return result
-            time.sleep(interval)
-        raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.diagnostics()}")
 
     def wait_healthy(self, timeout: float = 300) -> None:
         parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
@@ -147,20 +124,16 @@ class Cluster:
             health = self.get("/api/v2/monitor/health") or {}
             return all((health.get(c) or {}).get("status") == "healthy" for c in parts)
 
-        self.wait_for("every component healthy", timeout, healthy)
+        wait_for("every component healthy", self, timeout, healthy)
 
     def wait_parsed(self, *dag_ids: str, timeout: float = 300) -> dict[str, dict]:
         """Each DAG as the api-server knows it, once the dag-processor has parsed it."""
         return {
-            d: self.wait_for(f"{d} parsed", timeout, lambda d=d: self.get(f"/api/v2/dags/{d}"))
+            d: wait_for(f"{d} parsed", self, timeout, lambda d=d: self.get(f"/api/v2/dags/{d}"))
             for d in dag_ids
         }
 
     def diagnostics(self, lines: int = 40) -> str:
-        out = []
-        for name in COMPONENTS:
-            path = self.work / f"{name}.log"
-            if path.exists():
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                out += [f"--- {path} ---", *tail]
-        return "\n".join(out)
+        """The last ``lines`` of each component's log."""
+        logs = [self.work / f"{name}.log" for name in COMPONENTS]
+        return "\n".join(f"--- {path} ---\n{tail(path, lines)}" for path in logs if path.exists())

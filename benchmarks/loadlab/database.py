@@ -12,21 +12,16 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from tests.airflow_server import free_port
 
 SQLITE_LIMITS = (
     "sqlite: one writer at a time (every component waits on one file lock), no row locks (one scheduler "
     "only); Airflow supports it for tests only, so these figures bound a Postgres deployment's from above"
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _postgres_missing() -> str | None:

@@ -14,7 +14,7 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 
 from airflow_dtrain import metrics as orchestration
 from airflow_dtrain.trust.ownership import job_key, owner_for
-from tests.conftest import StatsdListener
+from tests.statsd_listener import StatsdListener
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.base.statsd import parse_line
 
