@@ -16,17 +16,15 @@ of launching a second writer.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_dtrain import metrics
-from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher, poll_group
-from airflow_dtrain.session.money import SessionMoney, WatchNodes, WatchPrices
+from airflow_dtrain.launchers.base import GroupState, GroupStatus, PodGroupLauncher
+from airflow_dtrain.session.money import SessionMoney
+from airflow_dtrain.session.watch import GroupWatch, report
 from airflow_dtrain.job.naming import group_name, relaunch_index
-from airflow_dtrain.status_line import StatusLine, group_events, has_trained, log_lines, note_rank_errors
+from airflow_dtrain.status_line import StatusLine
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.config.job_config import (
     BUDGET_EXIT_CODE,
@@ -41,103 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_LINES = 40
-
-EVENT_STATUS = {GroupState.SUCCEEDED: "success", GroupState.PREEMPTED: "preempted"}
-"""How a group's end state reads in a trigger event (anything else is "error")."""
-
-
-def report(
-    log: Any, lines: list[str], status_line: StatusLine | None, events: list[dict] | None = None
-) -> None:
-    """One poll's output of a group into the task log, batched, then the status line when it is due: fed
-    ``events`` (the poll's events, ``GroupWatch.events``) where the backend keeps them as data."""
-    log_lines(log, lines)
-    if status_line is not None:
-        status_line.feed(lines, events=events)
-        due = status_line.due()
-        if due:
-            log.info("status: %s", due)
-
 
 class GroupFailed(RuntimeError):
     """A pod group failed (not preempted), ran out of relaunches, or did not end in time."""
-
-
-def group_event(
-    status: GroupStatus, tail: list[str], cursor: Any, errors: list[str] | None = None
-) -> dict[str, Any]:
-    """The payload both the trigger and the synchronous path hand to ``GroupSession.on_end``."""
-    return {
-        "rank_errors": list(errors or []),
-        "status": EVENT_STATUS.get(status.state, "error"),
-        "name": status.name,
-        "state": status.state.value,
-        "message": status.message,
-        "node_exit_codes": {str(k): v for k, v in status.node_exit_codes.items()},
-        "log_tail": tail,
-        "log_cursor": cursor,
-    }
-
-
-@dataclass
-class GroupWatch(WatchPrices, WatchNodes):
-    """Looks at one group, one poll at a time: its state, its new log lines, and when a
-    relaunched group trains again (``group.recovery_seconds``). Plain values, so the trigger
-    can carry where it left off."""
-
-    launcher: PodGroupLauncher
-    name: str
-    cursor: Any = None
-    recovering_since: float | None = None
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_TAIL_LINES))
-    rank_errors: list[str] = field(default_factory=list)  # the ranks' first complaints (note_rank_errors)
-    tags: dict[str, str] | None = None  # the job's statsd tags (metrics.job_tags)
-    prices: dict[str, Any] | None = None
-    """A spot group's price feed (``GroupSession.price_watch``): ``{"feed": SpotPriceFeed.to_dict(),
-    "ledger_uri"}``."""
-    _prices_at: float = field(default=float("-inf"), repr=False)
-    _feeding: threading.Thread | None = field(default=None, repr=False)
-    events_cursor: Any = None
-    """Where the last poll's events ended (``status_line.group_events``)."""
-    events: list[dict] = field(default_factory=list, repr=False)
-    """The last poll's events."""
-    ledger_uri: str | None = None
-    """Where the job's spend files are (``GroupSession._ledger_dir``): an elastic group's node changes are
-    written into its own at every poll (None: a spot group's ``prices["ledger_uri"]``, else only when the
-    group ends, ``SessionMoney._close_spend``)."""
-    nodes_seen: int = 0
-    """How many of the group's node changes the metrics have had (``report_node_changes``)."""
-    deadline: dict[str, Any] | None = None
-    """The terms its budget deadline follows its spend by (``GroupSession.deadline_terms``; None: none)."""
-    deadline_every_s: float = 30.0
-    """How often a group that changed size has its budget deadline follow its spend (a spot group: at each
-    read of its prices)."""
-    _deadline_at: float = field(default=float("-inf"), repr=False)
-
-    def poll(self) -> tuple[GroupStatus, list[str]]:
-        """One look: the state, then the lines since the last look (complete once the state is terminal)."""
-        status, chunk = poll_group(self.launcher, self.name, self.cursor)
-        if not self.ended(status):
-            self.feed_prices()
-        self.cursor = chunk.cursor
-        self.tail.extend(chunk.lines)
-        note_rank_errors(self.rank_errors, chunk.lines)
-        self.events, self.events_cursor = group_events(
-            self.launcher, self.name, chunk.lines, self.events_cursor
-        )
-        if self.recovering_since is not None and has_trained(self.events):
-            metrics.timing("group.recovery_seconds", time.time() - self.recovering_since, tags=self.tags)
-            self.recovering_since = None
-        self.follow_nodes()
-        return status, chunk.lines
-
-    @staticmethod
-    def ended(status: GroupStatus) -> bool:
-        return status.state.terminal or status.state == GroupState.NOT_FOUND
-
-    def event(self, status: GroupStatus) -> dict[str, Any]:
-        return group_event(status, list(self.tail), self.cursor, self.rank_errors)
 
 
 class GroupSession(SessionMoney):
@@ -195,12 +99,18 @@ class GroupSession(SessionMoney):
         spec = self.spec
         self.log.info(
             "Launching %s group %s: %d node(s) x %d process(es) on %s (%s capacity), %s",
-            self.purpose, name, spec.num_nodes, spec.procs_per_node, spec.backend, spec.capacity.value,
-            " ".join(spec.entrypoint) or (
+            self.purpose,
+            name,
+            spec.num_nodes,
+            spec.procs_per_node,
+            spec.backend,
+            spec.capacity.value,
+            " ".join(spec.entrypoint)
+            or (
                 f"{spec.train.model.flavor} flavour, {spec.train.steps} steps, "
                 f"checkpoints in {spec.train.checkpoint.uri}"
             ),
-        )  # fmt: skip
+        )
         spent = self._spent()  # before this group's own spend file: what the job spent until now
         self._open_spend(name)  # billing starts before the first pod or process exists
         self.launcher.launch(name, self.spec, spent_usd=spent)
@@ -221,12 +131,21 @@ class GroupSession(SessionMoney):
         keep = {GroupState.PENDING, GroupState.RUNNING, GroupState.AT_BUDGET}
         keep |= {GroupState.SUCCEEDED} if reuse_succeeded else set()
         if status.state in keep or BUDGET_EXIT_CODE in status.node_exit_codes.values():
-            self.log.info("Reattaching to %s group %s (%s), launched by an earlier try", self.purpose, last,
-                          status.state.value)  # fmt: skip
+            self.log.info(
+                "Reattaching to %s group %s (%s), launched by an earlier try",
+                self.purpose,
+                last,
+                status.state.value,
+            )
             self.current = last
             return last
-        self.log.info("%s group %s of an earlier try ended %s (%s); launching the next",
-                      self.purpose.capitalize(), last, status.state.value, status.message)  # fmt: skip
+        self.log.info(
+            "%s group %s of an earlier try ended %s (%s); launching the next",
+            self.purpose.capitalize(),
+            last,
+            status.state.value,
+            status.message,
+        )
         return self.launch(relaunch_index(self.base, last) + 1)
 
     # -- watching --------------------------------------------------------------------------------
@@ -292,8 +211,11 @@ class GroupSession(SessionMoney):
             return None
         self.log.warning(
             "Group %s preempted (%s): relaunching from the latest checkpoint (preemption %d of at most %d)",
-            name, event["message"], preemptions, self.spec.max_preemptions,
-        )  # fmt: skip
+            name,
+            event["message"],
+            preemptions,
+            self.spec.max_preemptions,
+        )
         return self.launch(relaunch_index(self.base, name) + 1)
 
     def _refuse_relaunch(self, name: str, event: dict[str, Any]) -> None:
@@ -337,8 +259,12 @@ class GroupSession(SessionMoney):
                 return None
             self.log.warning(
                 "Group %s lost a training process (%s): relaunching from the last committed checkpoint "
-                "(failure %d of at most %d)", name, event["message"], lost, self.spec.max_failures,
-            )  # fmt: skip
+                "(failure %d of at most %d)",
+                name,
+                event["message"],
+                lost,
+                self.spec.max_failures,
+            )
             return self.launch(relaunch_index(self.base, name) + 1)
         raise self.error(
             f"group {name} lost a training process {lost} times, more than max_failures="
@@ -354,10 +280,11 @@ class GroupSession(SessionMoney):
         if self._status is None:
             train, ledger = self.spec.train, self._ledger_dir()
             self._status = StatusLine(
-                steps=train.steps, tokens_per_step=train.global_batch_size * train.data.seq_len,
+                steps=train.steps,
+                tokens_per_step=train.global_batch_size * train.data.seq_len,
                 budget_usd=train.cost.budget_usd,
                 ledger_uri=ledger.storage.uri if ledger is not None else None,
-            )  # fmt: skip
+            )
             try:
                 progress = CheckpointDir(train.checkpoint.uri).progress() if train.checkpoint.uri else {}
             except (OSError, ValueError):

@@ -3,27 +3,24 @@
 ``GroupSession`` (``airflow_dtrain.session.group``) owns a group's life; what that life costs is here, as a
 mixin it inherits (``SessionMoney``): a group's spend file is opened at its launch and billed when its end is
 seen (again at the spot prices in effect while it ran, for a priced spot group), the job's spend so far is
-read for the next launch's deadline, and before a relaunch the go-on decision is taken again. While a spot
-group runs, ``WatchPrices`` (mixed into ``GroupWatch``) feeds the prices in effect to its trainer's cap, and
-``follow_deadline`` moves its budget deadline with what it spent: earlier when the price rises, later when an
-elastic group ran on fewer nodes. The arithmetic is ``trainer.money``'s; the spend files are
-``trainer.checkpoint.directory``'s.
+read for the next launch's deadline, and before a relaunch the go-on decision is taken again. What a running
+group's watch follows (its prices, its size, its deadline) is ``airflow_dtrain.session.follow``. The
+arithmetic is ``trainer.money``'s; the spend files are ``trainer.checkpoint.directory``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
-from airflow_dtrain import metrics
 from airflow_dtrain.launchers.base import GroupState
+from airflow_dtrain.session.watch import node_changes
 from trainer.money.capacity import Capacity
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.config.job_config import BUDGET_EXIT_CODE
 from trainer.money.bill import at_prices_in_effect, billed
-from trainer.money.deadline import budget_deadline, deadline_words, repriced_deadline
+from trainer.money.deadline import budget_deadline
 from trainer.money.ledger import opening_entry
 from trainer.money.projection import (
     FIRST_SAVE_GUESS_S,
@@ -37,171 +34,6 @@ log = logging.getLogger("airflow_dtrain.session.group")
 
 STARTUP_GUESS_S = 120.0
 """Seconds from a launch to the first step, before any attempt of the job has measured it."""
-
-
-def follow_deadline(
-    launcher: Any,
-    name: str,
-    terms: dict[str, Any],
-    ledger: CheckpointDir,
-    entry: dict[str, Any],
-    now: float,
-    history: list | None = None,
-) -> None:
-    """Move the platform's budget deadline of group ``name`` to what the money left buys now
-    (``repriced_deadline``; ``terms``: the deadline set at its launch). The money spent counts every other
-    attempt and this group's seconds as billed: its sizes (``node_changes``) and, with a price ``history``,
-    the prices in effect. The time ahead is priced on ``num_nodes`` at the dearer of the launch price and the
-    price now, so that the deadline holds as the launch's did with nobody watching (a group that grows back,
-    a price that rises after this look). It comes earlier when the spot price rose, later when the group
-    spent less than its launch deadline assumed (an elastic group on fewer nodes). The trainer's own cap
-    reads the same spend; this is the stop that holds without it (a program of your own, a hung trainer)."""
-    launched = float(entry.get("price_per_node_hour") or 0.0)
-    group, price = billed(entry, until=now), launched
-    if history:
-        history = sorted(history)
-        price = max(launched, ([p for t, p in history if t <= now] or [history[-1][1]])[-1])
-        group = at_prices_in_effect(group, history, until=now)
-    others = sum(float(e.get("dollars", 0.0)) for n, e in ledger.spend().attempts.items() if n != name)
-    deadline = repriced_deadline(terms, spent_usd=others + float(group["dollars"]), price=price,
-                                 elapsed_s=now - float(entry["launched_at"]))  # fmt: skip
-    before = launcher.move_deadline(name, deadline)
-    if before is None:
-        return
-    if deadline["seconds"] > before:
-        spent = float(group["dollars"])
-        why = f"it has cost ${spent:.4f} so far on the nodes it ran, less than its launch deadline assumed"
-    elif price > launched:
-        why = f"the spot price is ${price:.4f}/node-h, launched at ${launched:.4f}"
-    else:
-        why = f"the job's other attempts have spent ${others:.4f}"
-    log.warning("Group %s: %s: its budget deadline moves from %ds to %s", name, why, before,
-                deadline_words(deadline, "deadline"))  # fmt: skip
-
-
-def node_changes(launcher: Any, name: str) -> list[list]:
-    """``[[at, nodes], ...]``: group ``name``'s sizes as its launcher saw them (``node_changes``: the nodes
-    billed from ``at`` on, the first at the launch); [] when the launcher cannot say (an older launcher, or
-    a read that failed: the group is billed at ``num_nodes`` throughout, as before elastic groups)."""
-    read = getattr(launcher, "node_changes", None)
-    if read is None:
-        return []
-    try:
-        return [[float(at), int(nodes)] for at, nodes in read(name) or []]
-    except Exception as err:  # the watch goes on; the bill stays at num_nodes, which is never less
-        log.warning("Group %s: could not read its node changes (%s): billed at its full size", name, err)
-        return []
-
-
-def record_node_changes(ledger: CheckpointDir | None, name: str, changes: list[list]) -> None:
-    """Write an elastic group's ``changes`` into its spend file and bill it over them up to now, when the
-    file says otherwise (the trainer rewrites the file too, and carries the changes it last read: a write
-    of its that crossed this one is mended at the next poll). A group that never changed size
-    (one entry) is billed at ``num_nodes`` throughout, as its file already says."""
-    if ledger is None or len(changes) < 2:
-        return
-    entry = ledger.spend_entry(name)
-    if not entry or entry.get("ended") or entry.get("node_changes") == changes:
-        return
-    ledger.record_spend(name, billed({**entry, "node_changes": changes}, until=time.time()))
-
-
-def report_node_changes(changes: list[list], seen: int, tags: dict[str, str] | None) -> int:
-    """The gauge ``group.nodes`` for each of ``changes`` past the first ``seen``, and ``group.resizes`` for
-    each that changed a running group's size (the group's end, 0 nodes, is no resize); how many are seen."""
-    for i in range(seen, len(changes)):
-        nodes = changes[i][1]
-        metrics.gauge("group.nodes", nodes, tags=tags)
-        if i > 0 and nodes > 0 and changes[i - 1][1] > 0 and nodes != changes[i - 1][1]:
-            metrics.incr("group.resizes", tags=tags)
-    return max(seen, len(changes))
-
-
-def spot_price_feed(terms: dict[str, Any]) -> Any:
-    """The ``SpotPriceFeed`` a watch carries as plain values (``airflow_dtrain.aws.prices`` is imported only
-    when a spot group's prices are read)."""
-    from airflow_dtrain.aws.prices import SpotPriceFeed
-
-    return SpotPriceFeed(**terms)
-
-
-class WatchPrices:
-    """``GroupWatch``'s price feed: it needs ``launcher``, ``name``, ``prices``, ``_prices_at`` and
-    ``_feeding`` of the watch it is mixed into."""
-
-    def feed_prices(self, *, wait: bool = False) -> None:
-        """Every ``feed.every_s`` while the group runs: the spot prices in effect since its launch, written
-        where its trainer's cap reads them (``CheckpointDir.record_prices``), from a thread of its own so that
-        a slow price API never holds up the watch (``wait``: until it is written). A failed read is logged;
-        the trainer goes on with the prices written last (at first: its launch price), and the group is billed
-        again when it ends."""
-        busy = self._feeding is not None and self._feeding.is_alive()
-        if (
-            self.prices
-            and not busy
-            and time.monotonic() - self._prices_at >= float(self.prices["feed"]["every_s"])
-        ):
-            self._prices_at = time.monotonic()
-            self._feeding = threading.Thread(
-                target=self._feed_once, name=f"spot-prices-{self.name}", daemon=True
-            )
-            self._feeding.start()
-        if wait and self._feeding is not None:
-            self._feeding.join()
-
-    def _feed_once(self) -> None:
-        feed, ledger = spot_price_feed(self.prices["feed"]), CheckpointDir(self.prices["ledger_uri"])
-        try:
-            entry = ledger.spend_entry(self.name)
-            if not entry:
-                return
-            now = time.time()
-            history = feed.history(float(entry["launched_at"]), now)
-            if history:
-                ledger.record_prices(self.name, {"prices_in_effect": [[round(t, 3), p] for t, p in history],
-                                                 "zone": feed.zone, "instance_type": feed.instance_type,
-                                                 "updated_at": time.time()})  # fmt: skip
-                terms = self.deadline or self.prices.get("deadline")  # a trigger of an earlier version: there
-                if terms:
-                    follow_deadline(self.launcher, self.name, terms, ledger, entry, now, history)
-        except Exception as err:  # the group goes on; the trainer's cap keeps the prices it has
-            log.warning("Group %s: could not read the spot prices in effect in %s, or act on them (%s); its "
-                        "cap counts the prices read last (at first: its launch price)", self.name, feed.zone,
-                        err)  # fmt: skip
-
-
-class WatchNodes:
-    """``GroupWatch``'s view of an elastic group's size: it needs ``launcher``, ``name``, ``tags``,
-    ``prices``, ``ledger_uri``, ``deadline``, ``deadline_every_s``, ``_deadline_at`` and ``nodes_seen`` of
-    the watch it is mixed into."""
-
-    def follow_nodes(self) -> None:
-        """Each change of the group's size to the metrics, the changes into its spend file (billed over
-        them). A spend file that cannot be written now is written at a later poll, or when the group ends.
-        Every ``deadline_every_s``, a group that changed size has its budget deadline follow its spend
-        (``follow_deadline``; a spot group's price feed does it for a spot group)."""
-        changes = node_changes(self.launcher, self.name)
-        if not changes:
-            return
-        self.nodes_seen = report_node_changes(changes, self.nodes_seen, self.tags)
-        uri = self.ledger_uri or (self.prices or {}).get("ledger_uri")
-        ledger = CheckpointDir(uri) if uri else None
-        try:
-            record_node_changes(ledger, self.name, changes)
-            if ledger is not None and len(changes) > 1 and self.deadline and not self.prices:
-                self._follow_deadline(ledger, changes)
-        except (OSError, ValueError) as err:
-            log.warning("Group %s: could not write its node changes into its spend file, or move its budget "
-                        "deadline (%s)", self.name, err)  # fmt: skip
-
-    def _follow_deadline(self, ledger: CheckpointDir, changes: list[list]) -> None:
-        if time.monotonic() - self._deadline_at < self.deadline_every_s:
-            return
-        self._deadline_at = time.monotonic()
-        entry = ledger.spend_entry(self.name)
-        if entry and not entry.get("ended"):
-            entry = {**entry, "node_changes": changes}
-            follow_deadline(self.launcher, self.name, self.deadline, ledger, entry, time.time())
 
 
 class SessionMoney:
@@ -282,26 +114,39 @@ class SessionMoney:
             history = self.spot_prices.history(float(entry["launched_at"]), until)
             repriced = at_prices_in_effect(entry, history, until=until)
         except Exception as err:  # ended: its spend is recorded whatever the price API says
-            self.log.warning("Group %s: the spot price history could not be read (%s): its $%.4f stays "
-                             "counted at its launch price, $%.4f/node-h", name, err, entry["dollars"],
-                             launch_price)  # fmt: skip
+            self.log.warning(
+                "Group %s: the spot price history could not be read (%s): its $%.4f stays "
+                "counted at its launch price, $%.4f/node-h",
+                name,
+                err,
+                entry["dollars"],
+                launch_price,
+            )
             return {
                 **entry,
                 "priced_at": f"launch price (the price history could not be read: {type(err).__name__})",
             }
         if repriced.get("dollars_at_prices_in_effect") is None:
-            self.log.warning("Group %s: the spot price history does not reach back to its launch: its $%.4f "
-                             "stays counted at its launch price, $%.4f/node-h", name, entry["dollars"],
-                             launch_price)  # fmt: skip
+            self.log.warning(
+                "Group %s: the spot price history does not reach back to its launch: its $%.4f "
+                "stays counted at its launch price, $%.4f/node-h",
+                name,
+                entry["dollars"],
+                launch_price,
+            )
             return repriced
         prices = sorted({p for _, p in repriced["prices_in_effect"]})
         self.log.info(
             "Group %s billed at the spot prices in effect while it ran ($%s/node-h): $%.4f; at its launch "
             "price "
-            "($%.4f/node-h) $%.4f; the ledger counts $%.4f", name, ", ".join(f"{p:.4f}" for p in prices),
-            repriced["dollars_at_prices_in_effect"], launch_price, repriced["dollars_at_launch_price"],
+            "($%.4f/node-h) $%.4f; the ledger counts $%.4f",
+            name,
+            ", ".join(f"{p:.4f}" for p in prices),
+            repriced["dollars_at_prices_in_effect"],
+            launch_price,
+            repriced["dollars_at_launch_price"],
             repriced["dollars"],
-        )  # fmt: skip
+        )
         return repriced
 
     def _unaffordable(self, name: str) -> bool:
@@ -319,18 +164,37 @@ class SessionMoney:
         self.log.info(
             "Budget before relaunching: $%.4f of $%.2f spent, $%.4f left; from step %d, %d steps to go at "
             "%.3f s/step, start-up %.0f s, save %.1f s, $%.4f/h: the next checkpoint needs $%.4f, the rest "
-            "of the job $%.4f", spend.total_dollars, budget, left, step, need.steps_left, need.step_s,
-            need.startup_s, need.save_s, need.usd_per_s * 3600, need.needed, need.to_finish,
-        )  # fmt: skip
+            "of the job $%.4f",
+            spend.total_dollars,
+            budget,
+            left,
+            step,
+            need.steps_left,
+            need.step_s,
+            need.startup_s,
+            need.save_s,
+            need.usd_per_s * 3600,
+            need.needed,
+            need.to_finish,
+        )
         if need.needed <= left:
             return False
-        self.stopped_at_budget = {"group": name, "spent_usd": spend.total_dollars, "budget_usd": budget,
-                                  "needed_usd": round(need.needed, 6),
-                                  "reason": "a relaunch cannot reach its next checkpoint within the "
-                                  "budget"}  # fmt: skip
-        self.log.warning("Not relaunching after %s: $%.4f left cannot pay for a start-up and the next "
-                         "checkpoint ($%.4f); the job stops at step %d within its $%.2f budget",
-                         name, left, need.needed, step, budget)  # fmt: skip
+        self.stopped_at_budget = {
+            "group": name,
+            "spent_usd": spend.total_dollars,
+            "budget_usd": budget,
+            "needed_usd": round(need.needed, 6),
+            "reason": "a relaunch cannot reach its next checkpoint within the budget",
+        }
+        self.log.warning(
+            "Not relaunching after %s: $%.4f left cannot pay for a start-up and the next "
+            "checkpoint ($%.4f); the job stops at step %d within its $%.2f budget",
+            name,
+            left,
+            need.needed,
+            step,
+            budget,
+        )
         return True
 
     def _relaunch_need(self, ledger: Any, spend: Any) -> RelaunchNeed:
@@ -348,11 +212,14 @@ class SessionMoney:
             usd_per_s=usd_per_second(
                 self.spec.num_nodes, cost.price_ceiling_per_node_hour, cost.price_per_node_hour
             ),
-            steps_left=max(0, train.steps - ledger.step), every=train.checkpoint.every, step_s=step_s,
-            startup_s=most("startup_s", STARTUP_GUESS_S), save_s=save_s,
+            steps_left=max(0, train.steps - ledger.step),
+            every=train.checkpoint.every,
+            step_s=step_s,
+            startup_s=most("startup_s", STARTUP_GUESS_S),
+            save_s=save_s,
             # as the trainer's
             reserve_s=stop_reserve_s(save_s, train.checkpoint.grace_period_s, cost.stop_margin_s),
-        )  # fmt: skip
+        )
 
     def _ended_at_cap(self, name: str, event: dict[str, Any]) -> bool:
         """At the job's dollar cap: the trainer stopped itself (exit 77), or the platform stopped it there
@@ -362,7 +229,10 @@ class SessionMoney:
             return False
         self.current = name
         self.stopped_at_budget = {"group": name, "reason": event.get("message")}
-        self.log.warning("Group %s %s at the job's dollar cap (%s): not relaunched", name,
-                         "stopped itself" if by_itself else "was stopped by the platform",
-                         event.get("message"))  # fmt: skip
+        self.log.warning(
+            "Group %s %s at the job's dollar cap (%s): not relaunched",
+            name,
+            "stopped itself" if by_itself else "was stopped by the platform",
+            event.get("message"),
+        )
         return True

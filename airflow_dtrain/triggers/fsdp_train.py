@@ -14,7 +14,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_dtrain.launchers.factory import get_launcher
-from airflow_dtrain.session.group import GroupWatch, report
+from airflow_dtrain.session.watch import GroupWatch, report
 from airflow_dtrain.status_line import StatusLine
 
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from airflow_dtrain.kubernetes.launcher import KubernetesLauncher
-from airflow_dtrain.session.group import GroupSession, GroupWatch
+from airflow_dtrain.session.group import GroupSession
+from airflow_dtrain.session.watch import GroupWatch
 from airflow_dtrain.job.spec import JobSpec
 from tests.conftest import RecordingTI
 from tests.kubernetes.conftest import Background

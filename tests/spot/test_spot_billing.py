@@ -18,7 +18,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from trainer.money.deadline import deadline_words, repriced_deadline
 from airflow_dtrain.launchers.local import LocalLauncher
 from airflow_dtrain.operators.fsdp_train import FSDPTrainOperator
-from airflow_dtrain.session.group import GroupSession, GroupWatch
+from airflow_dtrain.session.group import GroupSession
+from airflow_dtrain.session.watch import GroupWatch
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.money.bill import at_prices_in_effect, dollars_at_prices
 

@@ -159,7 +159,7 @@ def _follow(tmp_path, *, ran_s: float, shrunk_at_s: float, prices=None) -> dict:
     """The deadline ``follow_deadline`` gives a group of 2 nodes at $3.60/node-h with a $10 budget that
     launched ``ran_s`` ago and went down to 1 node ``shrunk_at_s`` after its launch (``prices``: the spot
     prices in effect, ``[(seconds after the launch, price), ...]``)."""
-    from airflow_dtrain.session.money import follow_deadline
+    from airflow_dtrain.session.watch import follow_deadline
     from trainer.checkpoint.directory import CheckpointDir
     from trainer.money.deadline import budget_deadline
 

@@ -9,7 +9,8 @@ import logging
 import pytest
 
 from airflow_dtrain.launchers.local import LocalLauncher
-from airflow_dtrain.session.group import LOG_TAIL_LINES, GroupFailed, GroupSession, group_event
+from airflow_dtrain.session.group import GroupFailed, GroupSession
+from airflow_dtrain.session.watch import LOG_TAIL_LINES, group_event
 from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.status_line import note_rank_errors
 
