@@ -16,6 +16,7 @@ import pytest
 from trainer import contract
 
 from trainer.checkpoint import directory as checkpoint_dir
+from trainer.checkpoint import lease_files, spend_files
 
 from trainer.config import job_config as config
 from trainer.checkpoint.directory import CheckpointDir
@@ -53,12 +54,12 @@ def test_the_copied_layout_and_exit_codes_are_the_houses():
     assert (contract.MANIFEST, contract.PROGRESS, contract.SPEND, contract.LEASES, contract.BEST) == (
         checkpoint_dir.MANIFEST,
         checkpoint_dir.PROGRESS,
-        checkpoint_dir.SPEND,
-        checkpoint_dir.LEASES,
+        spend_files.SPEND,
+        lease_files.LEASES,
         checkpoint_dir.BEST,
     )
     assert contract._step_dir_name(50) == checkpoint_dir.step_dir_name(50)
-    assert contract.LEASE_FILE.pattern == checkpoint_dir.LEASE_FILE.pattern
+    assert contract.LEASE_FILE.pattern == lease_files.LEASE_FILE.pattern
     assert contract.STEP_DIR.pattern == checkpoint_dir.STEP_DIR.pattern
     assert (contract.PREEMPTED_EXIT_CODE, contract.STORAGE_EXIT_CODE, contract.BUDGET_EXIT_CODE,
             contract.FENCED_EXIT_CODE) == (config.PREEMPTED_EXIT_CODE, config.STORAGE_EXIT_CODE,

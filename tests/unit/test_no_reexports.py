@@ -61,6 +61,40 @@ def imports_through_another_module(root: Path = REPO) -> list[str]:
     return found
 
 
+def _module_aliases(tree: ast.Module, modules: dict[str, Path]) -> dict[str, str]:
+    """Local name -> project module, for ``import a.b as c`` and ``from a import b`` where ``a.b`` is one."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in modules:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+def attributes_through_another_module(root: Path = REPO) -> list[str]:
+    """``file:line: module.name`` for each ``module.name`` read off an imported project module that does not
+    define ``name`` (``from trainer.checkpoint import directory``, then ``directory.SPEND``)."""
+    modules = _project(root)
+    defined = {name: _top_level_names(ast.parse(path.read_text())) for name, path in modules.items()}
+    found = []
+    for path in (p for d in IMPORTERS for p in sorted((root / d).rglob("*.py"))):
+        tree = ast.parse(path.read_text())
+        aliases = _module_aliases(tree, modules)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+                continue
+            module = aliases.get(node.value.id)
+            if module is None or module in FACADES or isinstance(node.ctx, ast.Store):
+                continue
+            if node.attr not in defined[module] and f"{module}.{node.attr}" not in modules:
+                if not node.attr.startswith("__"):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {module}.{node.attr}")
+    return found
+
+
 def modules_of_imports_only(root: Path = REPO) -> list[str]:
     """Modules whose body, past the docstring, is only imports of the project's names."""
     found = []
@@ -79,6 +113,11 @@ def test_every_import_of_a_project_name_names_its_home():
     assert not found, "imported through a module that does not define it:\n" + "\n".join(found)
 
 
+def test_every_name_read_off_a_project_module_is_defined_there():
+    found = attributes_through_another_module()
+    assert not found, "read off a module that does not define it:\n" + "\n".join(found)
+
+
 def test_no_module_is_only_imports():
     assert not modules_of_imports_only()
 
@@ -90,8 +129,10 @@ def test_a_synthetic_re_export_and_an_import_through_it_fail(tmp_path):
     (package / "home.py").write_text("NAME = 1\n")
     (package / "shim.py").write_text('"""Old names."""\nfrom trainer.home import NAME  # noqa: F401\n')
     (package / "user.py").write_text(
-        "from trainer.shim import NAME\nfrom trainer.home import NAME as N\n\nBOTH = NAME + N\n"
+        "from trainer import shim\nfrom trainer.shim import NAME\nfrom trainer.home import NAME as N\n\n"
+        "BOTH = NAME + N + shim.NAME\n"
     )
     (tmp_path / "airflow_dtrain").mkdir()
     assert modules_of_imports_only(tmp_path) == ["trainer/shim.py"]
-    assert imports_through_another_module(tmp_path) == ["trainer/user.py:1: NAME from trainer.shim"]
+    assert imports_through_another_module(tmp_path) == ["trainer/user.py:2: NAME from trainer.shim"]
+    assert attributes_through_another_module(tmp_path) == ["trainer/user.py:5: trainer.shim.NAME"]
