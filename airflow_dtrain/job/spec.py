@@ -22,24 +22,20 @@ from typing import Any
 from trainer.money.capacity import Capacity
 from trainer.config.job_config import TrainConfig
 from trainer.config.fields import ConfigError
-from trainer.config.fields import check, coerce, field_types, flatten, meta, setting, walk
+from trainer.config.fields import check, setting
 
+from airflow_dtrain.job import arguments
 from airflow_dtrain.job.checks import check_elastic, check_kubernetes, uneven_batch
 from airflow_dtrain.job.entrypoint import TRAINER_MODULE, parse_entrypoint
 from airflow_dtrain.errors import SpecError, checked
-from airflow_dtrain.kubernetes.spec import KubernetesSpec, kubernetes_and_capacity
+from airflow_dtrain.kubernetes.spec import KubernetesSpec
 from airflow_dtrain.job.resources import Resources
-from airflow_dtrain.trust.limits import BACKENDS, Limits
+from airflow_dtrain.trust.limits import BACKENDS
 
 GROUP = "Group"
 """Trigger-form section of the group's shape."""
 KUBERNETES = "Kubernetes"
 """Trigger-form section of what only the kubernetes backend uses."""
-
-TRAIN_ARGUMENTS: dict[str, str] = {meta(f).arg: dotted for dotted, f, _ in walk(TrainConfig) if meta(f).arg}
-"""Operator keyword arguments that set a field of the trainer's config: ``{"flavor": "model.flavor",
-...}``."""
-_ARGUMENT_OF = {dotted: arg for arg, dotted in TRAIN_ARGUMENTS.items()}
 
 _LABEL_VALUE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 
@@ -89,27 +85,33 @@ class JobSpec:
         "the job decides again (relaunch, fall back or stop).",
     )
     keep_workers: bool = setting(
-        True, arg="keep_workers",
+        True,
+        arg="keep_workers",
         help="An elastic group's survivors keep their training processes across a resize: no new "
         "interpreter, no compile again (trainer/elastic/worker_host.py). False: new processes at every "
         "resize, as torchrun starts them.",
-    )  # fmt: skip
+    )
     warm_before_join: bool = setting(
-        True, arg="warm_before_join",
+        True,
+        arg="warm_before_join",
         help="A node that joins an elastic group builds its model and compiles before it joins, while its "
         "peers train (trainer/elastic/warm_join.py). False: it joins at once and compiles in the group's "
         "first step.",
-    )  # fmt: skip
+    )
     resize_poll_s: float = setting(
-        0.1, gt=0, le=10, arg="resize_poll_s",
+        0.1,
+        gt=0,
+        le=10,
+        arg="resize_poll_s",
         help="Seconds between two looks of a node at an elastic group's resize round (torch's: 1).",
-    )  # fmt: skip
+    )
     fork_workers: bool = setting(
-        True, arg="fork_workers",
+        True,
+        arg="fork_workers",
         help="Each node forks its training processes from a process that has imported torch and the "
         "trainer already (trainer/elastic/workers.py). False: each starts as a new interpreter, as torchrun "
         "starts it: for a library that does not survive a fork.",
-    )  # fmt: skip
+    )
     procs_per_node: int = setting(
         1,
         ge=1,
@@ -127,10 +129,11 @@ class JobSpec:
         help="Where the group runs: local (processes on this machine) or kubernetes (an Indexed Job).",
     )
     capacity: Capacity = setting(
-        Capacity.ANY, arg="capacity",
+        Capacity.ANY,
+        arg="capacity",
         help="Capacity the group runs on and is billed as: spot, on_demand or any (on Kubernetes: the nodes "
         "its pods select).",
-    )  # fmt: skip
+    )
     price_per_node_hour: float = setting(
         0.0,
         ge=0,
@@ -138,10 +141,12 @@ class JobSpec:
         help="Dollars per node-hour of that capacity, for the cost ledger (0: not billed).",
     )
     price_ceiling_per_node_hour: float = setting(
-        0.0, ge=0, arg="price_ceiling_per_node_hour",
+        0.0,
+        ge=0,
+        arg="price_ceiling_per_node_hour",
         help="The most a node-hour can cost while the group runs (spot: your max price, else on-demand); the "
         "cap's projection uses it. 0: price_per_node_hour.",
-    )  # fmt: skip
+    )
     zone: str | None = setting(
         None,
         arg="zone",
@@ -185,11 +190,12 @@ class JobSpec:
         "Empty: the limits' max_runtime_s (the platform's default: a day).",
     )
     kubernetes: KubernetesSpec = setting(
-        factory=KubernetesSpec, cli=False,
+        factory=KubernetesSpec,
+        cli=False,
         help="Pods of the kubernetes backend: image, namespace, volumes, secret_env, kueue_queue, ... "
         "(airflow_dtrain.kubernetes.spec.KubernetesSpec), set by the DAG's author; a trigger form only "
         "chooses within them (airflow_dtrain.params.RunSettings.kubernetes).",
-    )  # fmt: skip
+    )
     entrypoint: tuple[str, ...] = setting(
         (),
         cli=False,
@@ -300,95 +306,11 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
-        data = dict(data)
-        train = checked(TrainConfig.from_dict, data.pop("train", {}))
-        resources = Resources.from_value(data.pop("resources", None))
-        kubernetes, capacity = kubernetes_and_capacity(
-            data.pop("kubernetes", None), data.pop("capacity", None)
-        )
-        entrypoint = data.pop("entrypoint", None)
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)} - {"budget_usd"})
-        if unknown:
-            raise SpecError(f"{unknown[0]}: unknown job spec field")
-        if capacity is None:
-            capacity = train.cost.capacity_type
-        data.setdefault("price_per_node_hour", train.cost.price_per_node_hour)
-        data.setdefault("price_ceiling_per_node_hour", train.cost.price_ceiling_per_node_hour)
-        if data.get("budget_usd") is not None:  # to_dict() shows the cap beside the group: it is the train's
-            cost = checked(dataclasses.replace, train.cost, budget_usd=data["budget_usd"])
-            train = dataclasses.replace(train, cost=cost)
-        data.pop("budget_usd", None)
-        return cls(train=train, resources=resources, kubernetes=kubernetes, entrypoint=entrypoint,
-                   capacity=capacity, **data)  # fmt: skip
+        """What ``to_dict`` gave, read back (``airflow_dtrain.job.arguments.spec_from_dict``)."""
+        return arguments.spec_from_dict(cls, data)
 
     @classmethod
-    def from_arguments(
-        cls,
-        *,
-        config: dict[str, Any] | None = None,
-        resources: Any = None,
-        kubernetes: Any = None,
-        entrypoint: Any = None,
-        **arguments: Any,
-    ) -> JobSpec:
-        """Build a spec from operator-style arguments (``flavor=``, ``steps=``, ``num_nodes=``, ...).
-
-        Strings (rendered templates) are coerced to the field's type. ``config`` is a full or
-        partial trainer config (nested or dotted keys) for everything the flat arguments do not
-        cover; the flat arguments win. None means "the default". ``entrypoint`` is taken as it is
-        (``parse_entrypoint``): the DAG author's, never a rendered value.
-        """
-        group_types = {f.name: t for f, t in zip(dataclasses.fields(cls), field_types(cls).values())
-                       if meta(f).arg}  # fmt: skip
-        unknown = sorted(set(arguments) - set(TRAIN_ARGUMENTS) - set(group_types))
-        if unknown:
-            raise SpecError(f"{unknown[0]}: unknown argument")
-        overrides: dict[str, Any] = {}
-        if config:
-            if not isinstance(config, dict):
-                raise SpecError(f"config: expected a mapping, got {config!r}")
-            overrides.update(flatten(config))
-        group: dict[str, Any] = {}
-        for name, value in arguments.items():
-            if value is None:
-                continue
-            if name in group_types:
-                group[name] = checked(coerce, name, group_types[name], value)
-            else:
-                overrides[TRAIN_ARGUMENTS[name]] = value
-        # The cost section belongs to the group: a config that sets it (older DAGs) gives its defaults.
-        legacy_capacity = overrides.pop("cost.capacity_type", None)
-        legacy_price = overrides.pop("cost.price_per_node_hour", None)
-        overrides.pop("cost.gpus_per_node", None)
-        legacy = overrides.pop(
-            "cost.price_ceiling_per_node_hour", None
-        )  # a config's cost section may give it
-        if "price_ceiling_per_node_hour" not in group and legacy not in (None, ""):
-            group["price_ceiling_per_node_hour"] = checked(
-                coerce, "price_ceiling_per_node_hour", float, legacy
-            )
-        try:
-            train = TrainConfig().with_overrides(overrides)
-        except ConfigError as err:
-            raise SpecError(_name_argument(str(err))) from None
-        kubernetes, k8s_capacity = kubernetes_and_capacity(kubernetes, group.pop("capacity", None))
-        capacity = k8s_capacity or legacy_capacity
-        if capacity is not None:
-            group["capacity"] = capacity
-        if "price_per_node_hour" not in group and legacy_price not in (None, ""):
-            group["price_per_node_hour"] = checked(coerce, "price_per_node_hour", float, legacy_price)
-        return cls(train=train, resources=Resources.from_value(resources), kubernetes=kubernetes,
-                   entrypoint=entrypoint, **group)  # fmt: skip
-
-
-JobLimits = Limits
-"""The older name of ``airflow_dtrain.trust.limits.Limits``."""
-
-
-def _name_argument(message: str) -> str:
-    """Add the operator argument to a trainer error: "checkpoint.uri (argument checkpoint_uri): ..."."""
-    dotted, sep, rest = message.partition(":")
-    argument = _ARGUMENT_OF.get(dotted.strip())
-    if sep and argument and argument != dotted.strip():
-        return f"{dotted} (argument {argument}):{rest}"
-    return message
+    def from_arguments(cls, **given: Any) -> JobSpec:
+        """A spec from operator-style arguments (``flavor=``, ``steps=``, ``num_nodes=``, ``config=``, ...),
+        rendered templates coerced (``airflow_dtrain.job.arguments.spec_from_arguments``)."""
+        return arguments.spec_from_arguments(cls, **given)

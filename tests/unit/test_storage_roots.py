@@ -7,7 +7,8 @@ import pytest
 
 from airflow_dtrain.operators.prepare_data import DataError, PrepareDataOperator
 from airflow_dtrain.trust.roots import within_roots
-from airflow_dtrain.job.spec import JobLimits, JobSpec
+from airflow_dtrain.job.spec import JobSpec
+from airflow_dtrain.trust.limits import Limits
 from airflow_dtrain.errors import SpecError
 
 
@@ -27,7 +28,7 @@ def test_a_path_is_within_a_root_only_after_normalising_it(tmp_path):
 
 
 def test_the_train_task_refuses_a_trigger_pointing_outside(tmp_path):
-    limits = JobLimits(storage_roots=(str(tmp_path),))
+    limits = Limits(storage_roots=(str(tmp_path),))
     inside = JobSpec.from_arguments(checkpoint_uri=str(tmp_path / "ckpt"))
     limits.check(inside)
     for argument, value in (("checkpoint_uri", "/var/lib/other-team/ckpt"), ("dataset", "/etc"),
@@ -38,7 +39,7 @@ def test_the_train_task_refuses_a_trigger_pointing_outside(tmp_path):
     with pytest.raises(
         SpecError, match=r"limits.storage_roots: expected absolute paths or s3:// prefixes, got 'data'"
     ):
-        JobLimits(storage_roots=("data",))
+        Limits(storage_roots=("data",))
 
 
 def test_prepare_data_refuses_to_read_outside(tmp_path):
