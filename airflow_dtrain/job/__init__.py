@@ -2,5 +2,7 @@
 its pod group), ``checks`` (what looks at more than one field), ``resources`` (a node's CPU, memory and GPUs),
 ``entrypoint`` (what each process runs) and ``naming`` (the names of a task's groups, a job's default paths).
 
-Stdlib and ``trainer.config`` only: DAG files build a ``JobSpec`` at parse time.
+May import: ``errors``, ``kubernetes`` (``KubernetesSpec``), ``trust`` (the backends) and, of the
+trainer, ``config`` and ``money``: DAG files build a ``JobSpec`` at parse time, so nothing that imports
+torch.
 """

@@ -251,6 +251,66 @@ def agent_imports(root: Path = REPO) -> list[str]:
     ]  # fmt: skip
 
 
+# The provider's own packages below its operators, and what each may import besides itself (their
+# docstrings say the same): of the provider (``errors``, ``kubernetes``, ...) and of the trainer
+# (``trainer.config``, ...). ``job`` is imported at DAG-parse time: no part of the trainer that imports torch.
+PROVIDER_LAYERS = {
+    "job": {"errors", "kubernetes", "trust", "trainer.config", "trainer.money"},
+    "trust": {"aws", "errors", "launchers", "trainer.base", "trainer.checkpoint", "trainer.config"},
+    "session": {
+        "aws", "job", "launchers", "metrics", "status_line", "trainer.checkpoint", "trainer.config",
+        "trainer.money",
+    },
+}  # fmt: skip
+
+
+def provider_crossings(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import from one of ``PROVIDER_LAYERS``' packages into a part it may not import."""
+    crossed = []
+    for module, edges in sorted(graph.items()):
+        parts = module.split(".")
+        mine = parts[1] if parts[0] == "airflow_dtrain" and len(parts) > 1 else None
+        if mine not in PROVIDER_LAYERS:
+            continue
+        for imported, line in sorted(edges.items()):
+            head, _, rest = imported.partition(".")
+            theirs = rest.split(".")[0] if head == "airflow_dtrain" else f"{head}.{rest.split('.')[0]}"
+            if theirs != mine and theirs not in PROVIDER_LAYERS[mine]:
+                crossed.append(f"{module} imports {imported} (line {line}): {mine} may import "
+                               f"{sorted(PROVIDER_LAYERS[mine])}")  # fmt: skip
+    return crossed
+
+
+def test_no_package_of_the_provider_imports_across_its_boundary():
+    packages = {p.parent.name for p in (REPO / "airflow_dtrain").glob("*/__init__.py")}
+    assert set(PROVIDER_LAYERS) <= packages
+    crossed = provider_crossings(import_graph())
+    assert not crossed, "imports across the provider's boundaries (PROVIDER_LAYERS):\n" + "\n".join(crossed)
+
+
+def test_a_synthetic_provider_module_that_crosses_a_boundary_fails(tmp_path):
+    for package in (
+        "trainer",
+        "trainer/step",
+        "airflow_dtrain",
+        "airflow_dtrain/job",
+        "airflow_dtrain/session",
+    ):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "trainer/step/train_step.py").write_text("import torch\n")
+    (tmp_path / "airflow_dtrain/session/group.py").write_text("SESSION = 1\n")
+    # a spec that knows the session that runs it, and one that imports torch at DAG-parse time
+    (tmp_path / "airflow_dtrain/job/spec.py").write_text(
+        "from airflow_dtrain.session import group\nfrom trainer.step import train_step\n"
+    )
+    may = "job may import ['errors', 'kubernetes', 'trainer.config', 'trainer.money', 'trust']"
+    assert provider_crossings(import_graph(tmp_path)) == [
+        f"airflow_dtrain.job.spec imports airflow_dtrain.session.group (line 1): {may}",
+        f"airflow_dtrain.job.spec imports trainer.step.train_step (line 2): {may}",
+    ]
+
+
 def test_every_part_of_the_trainer_is_a_declared_package():
     packages = sorted(p.parent.name for p in (REPO / "trainer").glob("*/__init__.py"))
     assert set(packages) - {"__pycache__"} == set(LAYERS), (
