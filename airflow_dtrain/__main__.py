@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from airflow_dtrain.render_args import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT
-from airflow_dtrain.render_args import render_args
+from airflow_dtrain.render_args import DEFAULT_CHECKPOINT as _DEFAULT_CHECKPOINT, render_args
 from airflow_dtrain.job.spec import JobSpec
 from airflow_dtrain.errors import SpecError
 

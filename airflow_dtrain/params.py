@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.config.job_config import TrainConfig
-from trainer.config.sections import CHECKPOINTS, MODEL_AND_DATA
-from trainer.config.sections import BUDGET_AND_SPOT, URI_PATTERN
+from trainer.config.sections import CHECKPOINTS, MODEL_AND_DATA, BUDGET_AND_SPOT, URI_PATTERN
 from trainer.config.fields import Setting, field_types, json_schema, meta, setting, title_of, walk
 
 from airflow_dtrain.kubernetes.spec import TRIGGER_KEYS

@@ -17,9 +17,8 @@ from airflow_dtrain import BudgetBranchOperator, FSDPTrainOperator
 from airflow_dtrain.job.naming import default_checkpoint_uri
 from airflow_dtrain.params import check_conf, trigger_params
 from airflow_dtrain.deployed import BUNDLED_LIMITS, form_limits
-from airflow_dtrain.trust.ownership import job_dir
+from airflow_dtrain.trust.ownership import job_dir, run_key
 from airflow_dtrain.trust.limits import limits_for
-from airflow_dtrain.trust.ownership import run_key
 
 _HOME = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
 SWEEP_ROOT = default_checkpoint_uri(os.path.join(_HOME, "dtrain"), "sweep_llama")

@@ -15,8 +15,7 @@ import sys
 from trainer.checkpoint.errors import CheckpointStorageError, WriterFenced
 from trainer.contract import die_with_agent  # stdlib only; shared with programs of your own
 from trainer.config.job_config import FENCED_EXIT_CODE, STORAGE_EXIT_CODE, WORKER_LOST_EXIT_CODE, TrainConfig
-from trainer.config.fields import ConfigError
-from trainer.config.fields import add_arguments
+from trainer.config.fields import ConfigError, add_arguments
 from trainer.base.say import say
 from trainer.elastic.startup import StartupClock  # stdlib only
 from trainer.elastic.workers import remember_a_stop, stopped_for_good  # stdlib only

@@ -21,8 +21,7 @@ from typing import Any
 
 from trainer.money.capacity import Capacity
 from trainer.config.job_config import TrainConfig
-from trainer.config.fields import ConfigError
-from trainer.config.fields import check, setting
+from trainer.config.fields import ConfigError, check, setting
 
 from airflow_dtrain.job import arguments
 from airflow_dtrain.job.checks import check_elastic, check_kubernetes, uneven_batch
@@ -100,7 +99,7 @@ class JobSpec:
     )
     resize_poll_s: float = setting(
         0.1,
-        gt=0,
+        ge=0.01,  # a group's nodes poll its store: not faster than a hundred times a second
         le=10,
         arg="resize_poll_s",
         help="Seconds between two looks of a node at an elastic group's resize round (torch's: 1).",

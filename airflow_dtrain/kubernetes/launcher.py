@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from airflow_dtrain.kubernetes import elastic_status
-from airflow_dtrain.kubernetes import status as group_status
+from airflow_dtrain.kubernetes import elastic_status, status as group_status
 from airflow_dtrain.kubernetes.api import _MERGE_PATCH, Conflict
 from airflow_dtrain.kubernetes.checkpoint_now import CheckpointNow
 from airflow_dtrain.kubernetes.group_logs import GroupLogs

@@ -12,8 +12,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from airflow_dtrain.kubernetes import placement as group_placement
-from airflow_dtrain.kubernetes import status as group_status
+from airflow_dtrain.kubernetes import placement as group_placement, status as group_status
 from airflow_dtrain.kubernetes.api import _MERGE_PATCH, KubernetesApi
 from airflow_dtrain.kubernetes.names import ANNOTATION_PLACEMENT, LABEL_TASK, task_name
 

@@ -8,10 +8,14 @@ from typing import Any
 
 from airflow_dtrain.launchers.base import GroupState
 
-from trainer.config.job_config import PREEMPTED_EXIT_CODE
+from trainer.config.job_config import (
+    PREEMPTED_EXIT_CODE,
+    BUDGET_EXIT_CODE,
+    FENCED_EXIT_CODE,
+    STORAGE_EXIT_CODE,
+)
 
 from trainer.money.deadline import deadline_words
-from trainer.config.job_config import BUDGET_EXIT_CODE, FENCED_EXIT_CODE, STORAGE_EXIT_CODE
 
 
 def classify(codes: dict[int, int], collateral: set[int], stopped: bool) -> tuple[GroupState, str]:

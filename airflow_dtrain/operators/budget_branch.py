@@ -11,10 +11,9 @@ from airflow.sdk import BaseBranchOperator
 
 from airflow_dtrain.operators.inputs import build, check_given, names, param_doc, parameters
 from airflow_dtrain.job.spec import JobSpec
-from trainer.money.projection import FIRST_SAVE_GUESS_S
+from trainer.money.projection import FIRST_SAVE_GUESS_S, stop_reserve_s
 from trainer.config.job_config import TrainConfig
 from trainer.config.sections import CheckpointConfig, CostConfig
-from trainer.money.projection import stop_reserve_s
 from trainer.config.fields import REQUIRED, ConfigError, borrow, check, setting
 
 DEFAULT_STOP_RESERVE_S = stop_reserve_s(

@@ -23,9 +23,8 @@ from airflow_dtrain.errors import SpecError
 from airflow_dtrain.kubernetes.spec import kubernetes_for_run
 from airflow_dtrain.templating import check_author_template, is_template
 from airflow_dtrain.triggers.fsdp_train import FSDPTrainTrigger
-from airflow_dtrain.trust.ownership import check_read
+from airflow_dtrain.trust.ownership import check_read, check_job_dir, owner_of
 from airflow_dtrain.trust.limits import Limits, limits_for
-from airflow_dtrain.trust.ownership import check_job_dir, owner_of
 from trainer.money.capacity import Capacity
 from trainer.checkpoint.directory import CheckpointDir
 from trainer.base.statsd import format_tags, parse_tags

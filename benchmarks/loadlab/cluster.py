@@ -18,8 +18,15 @@ from typing import Any
 
 import psutil
 
-from tests.airflow_server import Airflow, airflow_environment, kill_all, processes_of, stop_process_group
-from tests.airflow_server import tail, wait_for
+from tests.airflow_server import (
+    Airflow,
+    airflow_environment,
+    kill_all,
+    processes_of,
+    stop_process_group,
+    tail,
+    wait_for,
+)
 
 from .database import Database
 

@@ -13,8 +13,7 @@ import pytest
 from airflow_dtrain import FSDPTrainOperator
 from airflow_dtrain.launchers.base import GroupState
 from airflow_dtrain.launchers.local import LocalLauncher
-from airflow_dtrain.launchers.local_memory import memory_limit
-from airflow_dtrain.launchers.local_memory import quantity_bytes
+from airflow_dtrain.launchers.local_memory import memory_limit, quantity_bytes
 from airflow_dtrain.launchers.local_processes import workers
 from airflow_dtrain.session.group import GroupFailed
 from airflow_dtrain.job.spec import JobSpec

@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow_server import Airflow
-from tests.airflow_server import json_output as _json_output
-from tests.airflow_server import wait_for as _wait_for
+from tests.airflow_server import Airflow, json_output as _json_output, wait_for as _wait_for
 
 DAG_ID = "train_llama"
 TASK_ID = "train_spot"  # the budget branch chooses spot at the local backend's default prices

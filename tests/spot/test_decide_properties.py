@@ -8,8 +8,7 @@ import math
 import pytest
 
 from airflow_dtrain.spot.budget import decide
-from airflow_dtrain.spot.estimates import BudgetInputs, Choice
-from airflow_dtrain.spot.estimates import budget_chance, deadline_chance
+from airflow_dtrain.spot.estimates import BudgetInputs, Choice, budget_chance, deadline_chance
 
 # 1,000 steps of 3.6 s: one hour of training.
 BASE = dict(steps_remaining=1000, step_time_s=3.6, interruption_rate_per_hour=0.0, restart_overhead_s=600.0)

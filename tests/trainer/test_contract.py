@@ -15,8 +15,7 @@ import pytest
 
 from trainer import contract
 
-from trainer.checkpoint import directory as checkpoint_dir
-from trainer.checkpoint import lease_files, spend_files
+from trainer.checkpoint import directory as checkpoint_dir, lease_files, spend_files
 
 from trainer.config import job_config as config
 from trainer.checkpoint.directory import CheckpointDir

@@ -16,8 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from airflow_dtrain import jobs_index
-from airflow_dtrain.ui import app as ui_app
-from airflow_dtrain.ui import read
+from airflow_dtrain.ui import app as ui_app, read
 from airflow_dtrain.ui.read import Reads, RowCache, job_detail, read_row
 from tests.conftest import REPO
 from tests.ui.synthetic_jobs import write_job

@@ -44,7 +44,8 @@ def test_each_setting_is_an_operator_argument_with_its_help():
 
 
 @pytest.mark.parametrize(
-    ("argument", "value"), [("resize_poll_s", 0), ("resize_poll_s", 60), ("keep_workers", "sometimes")]
+    ("argument", "value"),
+    [("resize_poll_s", 0), ("resize_poll_s", 0.001), ("resize_poll_s", 60), ("keep_workers", "sometimes")],
 )
 def test_a_bad_setting_is_refused_naming_it_and_its_value(argument, value):
     with pytest.raises(SpecError, match=rf"{argument}.*{value}"):

@@ -21,8 +21,7 @@ from airflow_dtrain.trust.limits import (
     limits_for,
     limits_table,
 )
-from airflow_dtrain.trust.ownership import OwnershipError
-from airflow_dtrain.trust.ownership import check_job_dir, run_key
+from airflow_dtrain.trust.ownership import OwnershipError, check_job_dir, run_key
 from tests.conftest import REPO, RecordingTI
 from tests.pipeline.trust_helpers import tree
 

@@ -15,8 +15,7 @@ from trainer.checkpoint.directory import step_of
 from trainer.checkpoint.reader import storage_reader
 from trainer.checkpoint.context import CheckpointContext, RunIdentity
 from trainer.checkpoint.state import set_rng_state, training_state
-from trainer.config.fields import ConfigError
-from trainer.config.fields import flatten
+from trainer.config.fields import ConfigError, flatten
 from trainer.base.say import say
 from trainer.data.token_store import BYTES_TOKENIZER, describe_tokenizer, same_tokenizer
 
